@@ -1,0 +1,63 @@
+"""The command line: a thin skin over the library.
+
+Each command parses its options, calls one library function and renders the result.
+Library errors (:class:`~recsys_doctor.errors.RecsysDoctorError`) are translated here,
+once: one line on stderr, exit code from the error class (2 = bad input), no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import RecsysDoctorError
+
+__all__ = ["main"]
+
+
+class _Group(click.Group):
+    """Turns library errors into one clear line and the documented exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RecsysDoctorError as e:
+            click.echo(f"recsys-doctor: error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("recsys-doctor: interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="recsys-doctor")
+def main() -> None:
+    """Find out why your recommender model leaves the GPU idle, and fix it.
+
+    \b
+    Exit codes: 0 ok; 1 check found a regression; 2 bad input (missing or unreadable
+    trace, bad option), with one line on stderr saying what is wrong.
+    """
+
+
+def _register() -> None:
+    from .advise import advise_cmd
+
+    main.add_command(advise_cmd, "advise")
+    try:
+        from .gate import check_cmd, compare_cmd, history_cmd
+    except ImportError:  # pragma: no cover - the gate commands are optional during development
+        pass
+    else:
+        main.add_command(check_cmd, "check")
+        main.add_command(compare_cmd, "compare")
+        main.add_command(history_cmd, "history")
+
+
+_register()
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""``recsys-doctor advise``: diagnose one or more traces."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from ..errors import BadInputError
+from ..options import Options
+
+__all__ = ["advise_cmd", "parse_time", "demo_trace_path"]
+
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_time(text: str | None, what: str) -> int | None:
+    """``'1.5s'``, ``'200ms'``, ``'35us'``, ``'1000ns'`` or a plain number of seconds -> ns."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ns|us|ms|s)?\s*", text)
+    if not m:
+        raise BadInputError(f"{what}: cannot read {text!r} as a time (e.g. 1.5s, 200ms, 35us, 1000ns)")
+    return int(round(float(m.group(1)) * _UNITS[m.group(2) or "s"]))
+
+
+def demo_trace_path() -> Path:
+    """The sample trace shipped inside the package (see ``recsys_doctor/data/README.md``)."""
+    return Path(str(resources.files("recsys_doctor") / "data" / "demo_wdl_serial_q4.sqlite.gz"))
+
+
+def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise BadInputError(f"--set expects NAME=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+@click.command("advise")
+@click.argument("traces", nargs=-1, type=click.Path(path_type=Path, dir_okay=True, exists=False))
+@click.option("--demo", is_flag=True, help="Diagnose the sample trace shipped with recsys-doctor.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object per trace (a JSON array when several traces are given).")
+@click.option("--nvtx", metavar="NAME",
+              help="Restrict the analysis to the span of the NVTX ranges / annotations named NAME.")
+@click.option("--start", metavar="TIME", help="Start of the analysis window on the trace's clock (e.g. 1.5s, 200ms).")
+@click.option("--end", metavar="TIME", help="End of the analysis window (e.g. 2s).")
+@click.option("--short-kernel-us", type=float, metavar="US",
+              help=f"Kernels shorter than this are 'short' (default {Options.short_kernel_us}).")
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
+              help="Override any analyzer threshold (see docs/options.md), e.g. --set short_gap_us=3.")
+def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | None, start: str | None,
+               end: str | None, short_kernel_us: float | None, sets: tuple[str, ...]) -> None:
+    """Diagnose TRACE files: Nsight Systems reports (.nsys-rep), their SQLite exports
+    (.sqlite, .sqlite.gz) and PyTorch profiler JSON (.json, .json.gz).
+
+    Finds short kernels, launch-bound gaps, CPU threads contending for one stream,
+    H2D/D2H ping-pong, synchronizing calls, small grids and CUDA-graph candidates, says
+    where in the model (NVTX range, thread, stream) each happens, and proposes a
+    multi-stream plan.
+    """
+    from ..advise import advise
+    from ..reports.terminal import render_terminal
+
+    paths = list(traces)
+    if demo:
+        paths.insert(0, demo_trace_path())
+    if not paths:
+        raise BadInputError("no trace given: recsys-doctor advise TRACE... (or --demo for the sample trace)")
+    options = Options().with_overrides(_parse_sets(sets), short_kernel_us=short_kernel_us)
+    start_ns, end_ns = parse_time(start, "--start"), parse_time(end, "--end")
+    results = [advise(p, options, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns,
+                      progress=sys.stderr.isatty()) for p in paths]
+    if as_json:
+        payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
+        click.echo(json.dumps(payload, indent=1, default=_json_default))
+        return
+    for r in results:
+        render_terminal(r)
+
+
+def _json_default(o: object) -> object:
+    """numpy scalars and similar that slip into evidence dicts."""
+    if hasattr(o, "item"):
+        return o.item()  # type: ignore[no-any-return]
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)

@@ -1,0 +1,51 @@
+"""What an analyzer returns: findings (with evidence) plus numbers for reports."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "AnalysisResult", "SEVERITIES", "severity_for_share"]
+
+SEVERITIES = ("high", "medium", "low", "note")
+
+
+@dataclass
+class Finding:
+    """One diagnosis.
+
+    ``id`` is the analyzer's stable id (``short-kernels``, ``launch-bound``, ...);
+    ``evidence`` holds the numbers that justify it (JSON-serializable); ``where`` lists the
+    places it happens, most important first, each a dict with any of ``nvtx``, ``cpu_op``,
+    ``thread``, ``stream``, ``device`` and a ``share`` of the finding's total.
+    """
+
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]
+    recommendation: str
+    where: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AnalysisResult:
+    """An analyzer's output: zero or more findings plus its numbers (``data``) for reports
+    and plots (JSON-serializable)."""
+
+    name: str
+    findings: list[Finding] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def severity_for_share(share: float | None, high: float, medium: float) -> str:
+    if share is None:
+        return "low"
+    if share >= high:
+        return "high"
+    if share >= medium:
+        return "medium"
+    return "low"

@@ -1,0 +1,63 @@
+"""Shared fixtures.
+
+* ``shared_traces``: the real traces in ``../shared/traces`` beside the checkout; tests
+  that use it skip cleanly where it is absent (anyone can clone and ``make test``).
+* ``project_data``: the project's own small fixtures in ``tests/data``.
+* the ``gpu`` marker: such tests skip unless an NVIDIA GPU is usable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TRACES = Path(os.environ.get("RECSYS_DOCTOR_SHARED", ROOT.parent / "shared")) / "traces"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _have_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:
+        return False
+
+
+HAVE_GPU = _have_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords and not HAVE_GPU:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"{SHARED_TRACES} not present (clone with ../shared beside it to run these)")
+    return SHARED_TRACES
+
+
+@pytest.fixture(scope="session")
+def project_data() -> Path:
+    return DATA
+
+
+def shared_files(sub: str, patterns: tuple[str, ...]) -> list[Path]:
+    """Files under ``../shared/traces/<sub>`` for parametrizing; empty where absent."""
+    d = SHARED_TRACES / sub
+    if not d.is_dir():
+        return []
+    out: list[Path] = []
+    for p in patterns:
+        out.extend(sorted(d.glob(p)))
+    return out
