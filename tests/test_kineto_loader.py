@@ -1,0 +1,448 @@
+"""Tests of the PyTorch profiler / Kineto JSON loader.
+
+Expected numbers come either from hand arithmetic on tiny hand-built traces, or from a
+separate, deliberately naive ``json`` parse of the real trace done here in the test.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import shared_files
+from recsys_doctor.errors import TraceFormatError
+from recsys_doctor.loaders import load
+from recsys_doctor.loaders.kineto import copy_kind_from_name, load_kineto_json
+
+SHARED_KINETO = shared_files("kineto", ("*.json", "*.json.gz")) + shared_files("h100", ("*.pt.trace.json.gz",))
+
+GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+API_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
+LOADED_CATS = GPU_CATS | API_CATS | {"cuda_sync", "cpu_op", "Operator", "user_annotation"}
+
+
+def _raw_events(path: Path) -> tuple[Any, list[dict]]:
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    doc = json.loads(data)
+    return doc, (doc if isinstance(doc, list) else doc["traceEvents"])
+
+
+def _find(name_part: str) -> Path:
+    for p in SHARED_KINETO:
+        if name_part in p.name:
+            return p
+    pytest.skip(f"no shared trace matching {name_part!r}")
+
+
+def _write(tmp_path: Path, doc: Any, name: str = "t.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+# --- every real trace ---------------------------------------------------------------------
+
+@pytest.mark.shared
+@pytest.mark.parametrize("path", SHARED_KINETO, ids=[p.name[:70] for p in SHARED_KINETO])
+def test_real_trace_matches_independent_parse(shared_traces: Path, path: Path) -> None:
+    doc, events = _raw_events(path)
+    x = [e for e in events if e.get("ph") == "X"]
+    by_cat = Counter(e.get("cat") for e in x)
+
+    t = load_kineto_json(path)
+    assert t.format == "kineto-json"
+
+    # row counts per table
+    assert len(t.kernels) == by_cat["kernel"] + by_cat["Kernel"]
+    assert len(t.memsets) == by_cat["gpu_memset"] + by_cat["Memset"]
+    assert len(t.api) == by_cat["cuda_runtime"] + by_cat["Runtime"] + by_cat["cuda_driver"]
+    assert (t.api["api_class"] == "driver").sum() == by_cat["cuda_driver"]
+    assert len(t.syncs) == by_cat["cuda_sync"]
+    assert len(t.ranges) == by_cat["cpu_op"] + by_cat["Operator"] + by_cat["user_annotation"]
+    assert len(t.graphs) == 0
+
+    # copies by direction, read straight off the names
+    raw_dirs = Counter()
+    for e in x:
+        if e.get("cat") in ("gpu_memcpy", "Memcpy"):
+            m = re.search(r"(HtoD|DtoH|DtoD)", e["name"])
+            raw_dirs[m.group(1) if m else "?"] += 1
+    got_dirs = Counter(t.memcpys["kind"])
+    assert got_dirs["h2d"] == raw_dirs["HtoD"]
+    assert got_dirs["d2h"] == raw_dirs["DtoH"]
+    assert got_dirs["d2d"] == raw_dirs["DtoD"]
+    assert len(t.memcpys) == sum(raw_dirs.values())
+
+    # api names as written
+    raw_api_names = Counter(e["name"] for e in x if e.get("cat") in API_CATS)
+    assert Counter(t.api["name"]) == raw_api_names
+
+    # integer ns durations: sum of round(dur * 1000) per table
+    raw_kernel_ns = sum(round(e.get("dur", 0) * 1000) for e in x if e.get("cat") in ("kernel", "Kernel"))
+    assert int((t.kernels["end"] - t.kernels["start"]).sum()) == raw_kernel_ns
+    for name in ("kernels", "memcpys", "memsets", "api", "ranges"):
+        df = getattr(t, name)
+        assert str(df["start"].dtype) == "int64" and str(df["end"].dtype) == "int64"
+        assert (df["end"] >= df["start"]).all()
+    # the earliest loaded event is time 0
+    starts = [getattr(t, n)["start"].min() for n in ("kernels", "memcpys", "memsets", "api", "syncs", "ranges")
+              if len(getattr(t, n))]
+    assert min(starts) == 0
+
+    # GPU events launched before the window: correlation absent from every runtime call
+    api_corr = {e["args"]["correlation"] for e in x if e.get("cat") in API_CATS and "correlation" in e.get("args", {})}
+    gpu = [e for e in x if e.get("cat") in GPU_CATS]
+    unmatched = sum(1 for e in gpu if e.get("args", {}).get("correlation") not in api_corr)
+    assert t.meta["unmatched_gpu_events"] == unmatched
+
+    # kernels belonging to a cudaGraphLaunch (every file here has a single CPU process)
+    graph_corr = {e["args"]["correlation"] for e in x if e.get("cat") in API_CATS and e["name"] == "cudaGraphLaunch"}
+    raw_in_graph = sum(1 for e in x if e.get("cat") in ("kernel", "Kernel")
+                       and e["args"].get("correlation") in graph_corr)
+    assert int(t.kernels["in_graph"].sum()) == raw_in_graph
+
+    # host pid: kernels with a matching launch carry that launch's pid
+    corr_pid = {e["args"]["correlation"]: int(e["pid"]) for e in x
+                if e.get("cat") in API_CATS and "correlation" in e.get("args", {})}
+    k = t.kernels
+    for corr, pid in zip(k["correlation"].head(200), k["pid"].head(200)):
+        if corr in corr_pid:
+            assert pid == corr_pid[corr]
+
+    # devices: only GPUs that ran something, named from deviceProperties where present
+    raw_devices = {int(e["args"].get("device", e.get("pid"))) for e in gpu}
+    assert set(t.devices["device"]) == raw_devices
+    if isinstance(doc, dict) and doc.get("deviceProperties"):
+        props = {d["id"]: d for d in doc["deviceProperties"]}
+        for dev, name, sms in zip(t.devices["device"], t.devices["name"], t.devices["sm_count"]):
+            assert name == props[dev]["name"] and sms == props[dev]["numSms"]
+
+    # every CPU thread that launches work or runs ops is an int tid
+    raw_tids = {int(e["tid"]) for e in x if e.get("cat") in API_CATS}
+    assert set(t.api["tid"]) == raw_tids
+
+
+@pytest.mark.shared
+def test_legacy_string_tids_become_ints(shared_traces: Path) -> None:
+    path = _find("resnet50_autograd_api")
+    _, events = _raw_events(path)
+    raw_tids = {e["tid"] for e in events if e.get("ph") == "X" and e.get("cat") == "Runtime"}
+    assert raw_tids and all(isinstance(v, str) for v in raw_tids)
+    t = load_kineto_json(path)
+    assert str(t.api["tid"].dtype) == "int64"
+    assert set(t.api["tid"]) == {int(v) for v in raw_tids}
+    # GPU rows are named "stream N": the stream comes out as the number
+    raw_streams = {int(e["tid"].split()[1]) for e in events if e.get("ph") == "X" and e.get("cat") == "Kernel"}
+    assert set(t.kernels["stream"]) == raw_streams
+    # thread names kept for CPU threads only, keyed by the int tid
+    raw_names = {(int(e["pid"]), int(e["tid"])): e["args"]["name"] for e in events
+                 if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert {(p, tid): n for p, tid, n in t.threads.itertuples(index=False)} == raw_names
+
+
+@pytest.mark.shared
+def test_bare_array_trace(shared_traces: Path) -> None:
+    path = _find("resnet50_num_workers_0")
+    doc, events = _raw_events(path)
+    assert isinstance(doc, list)
+    t = load_kineto_json(path)
+    assert t.meta["container"] == "array"
+    assert len(t.kernels) == sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "Kernel")
+    # ProfilerStep#N was an Operator in torch 1.8; it is reported as a step annotation
+    steps = sorted(e["name"] for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+    got = t.ranges[t.ranges["source"] == "user_annotation"]
+    assert sorted(got["name"]) == steps
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("part", ["ns_resolution_trace", "Qwen"])
+def test_float_timestamps_keep_ns(shared_traces: Path, part: str) -> None:
+    path = _find(part)
+    doc, events = _raw_events(path)
+    x = [e for e in events if e.get("ph") == "X" and e.get("cat") in LOADED_CATS]
+    assert any(isinstance(e["ts"], float) for e in x)
+    t0 = min(Decimal(e["ts"]) for e in x)
+    t = load_kineto_json(path)
+    raw = sorted(int(((Decimal(e["ts"]) - t0) * 1000).to_integral_value())
+                 for e in x if e.get("cat") == "kernel")
+    assert sorted(t.kernels["start"].tolist()) == raw
+    # sub-microsecond digits survive
+    assert (t.kernels["start"] % 1000 != 0).any()
+    if "baseTimeNanoseconds" in doc:
+        assert t.meta["origin_ns_epoch"] == doc["baseTimeNanoseconds"] + int((t0 * 1000).to_integral_value())
+
+
+@pytest.mark.shared
+def test_graph_launch_marks_kernels(shared_traces: Path) -> None:
+    path = _find("negative_queue_length")
+    _, events = _raw_events(path)
+    x = [e for e in events if e.get("ph") == "X"]
+    launches = [e for e in x if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"]
+    assert len(launches) == 70
+    corr = {e["args"]["correlation"] for e in launches}
+    t = load_kineto_json(path)
+    assert (t.api["name"] == "cudaGraphLaunch").sum() == 70
+    k_in = sum(1 for e in x if e.get("cat") == "kernel" and e["args"]["correlation"] in corr)
+    s_in = sum(1 for e in x if e.get("cat") == "gpu_memset" and e["args"]["correlation"] in corr)
+    assert k_in > 0
+    assert int(t.kernels["in_graph"].sum()) == k_in
+    assert int(t.memsets["in_graph"].sum()) == s_in
+    assert set(t.kernels.loc[t.kernels["in_graph"], "correlation"]) <= corr
+
+
+@pytest.mark.shared
+def test_cuda_sync_events(shared_traces: Path) -> None:
+    path = _find("critical_path__alexnet")
+    _, events = _raw_events(path)
+    raw = Counter(e["name"] for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_sync")
+    t = load_kineto_json(path)
+    got = Counter(t.syncs["sync_type"])
+    assert got["stream"] == raw["Stream Sync"]
+    assert got["stream_wait_event"] == raw["Stream Wait Event"]
+    assert got["context"] == raw["Context Sync"]
+    # "Context Sync" says stream 4294967295 (unsigned -1): no stream
+    assert set(t.syncs.loc[t.syncs["sync_type"] == "context", "stream"]) == {-1}
+
+
+# --- hand-built traces -----------------------------------------------------------------------
+
+BASE = 1_700_000_000_000_000_000
+
+
+def _three_events() -> dict:
+    return {
+        "schemaVersion": 1,
+        "baseTimeNanoseconds": BASE,
+        "displayTimeUnit": "ms",
+        "distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 8},
+        "deviceProperties": [{"id": 0, "name": "GPU Zero", "numSms": 132}, {"id": 1, "name": "GPU One", "numSms": 132}],
+        "traceEvents": [
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": "101",
+             "ts": 1000.5, "dur": 4.25, "args": {"cbid": 211, "correlation": 7}},
+            {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1010.125, "dur": 2.0,
+             "args": {"device": 0, "stream": 7, "correlation": 7, "grid": [4, 2, 1], "block": [128, 1, 1]}},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": "stream 9",
+             "ts": 1020, "dur": 1.5, "args": {"correlation": 8, "bytes": 64}},
+            {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 7, "pid": 100, "tid": 101, "ts": 1000.5},
+            {"ph": "i", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces", "tid": "x", "ts": 999},
+            {"ph": "M", "name": "thread_name", "pid": 100, "tid": "101", "args": {"name": "main"}},
+            {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {"name": "stream 7 "}},
+        ],
+    }
+
+
+def test_three_event_trace_exact_ns(tmp_path: Path) -> None:
+    t = load_kineto_json(_write(tmp_path, _three_events()))
+    # origin is the earliest event, ts = 1000.5 us
+    api = t.api.iloc[0]
+    assert (api["start"], api["end"]) == (0, 4250)                      # dur 4.25 us
+    assert (api["pid"], api["tid"], api["correlation"]) == (100, 101, 7)
+    assert api["name"] == "cudaLaunchKernel" and api["api_class"] == "runtime"
+    k = t.kernels.iloc[0]
+    assert (k["start"], k["end"]) == (9625, 11625)                      # (1010.125 - 1000.5) us, + 2 us
+    assert (k["pid"], k["device"], k["stream"], k["correlation"]) == (100, 0, 7, 7)
+    assert (k["grid_x"], k["grid_y"], k["grid_z"], k["block_x"], k["block_y"], k["block_z"]) == (4, 2, 1, 128, 1, 1)
+    assert not k["in_graph"]
+    m = t.memcpys.iloc[0]
+    assert (m["start"], m["end"]) == (19500, 21000)                     # (1020 - 1000.5) us, + 1.5 us
+    # no args.device / args.stream: device from pid, stream from "stream 9"; correlation 8
+    # has no launch in the trace, so the only CPU process owns it
+    assert (m["device"], m["stream"], m["pid"], m["bytes"]) == (0, 9, 100, 64)
+    assert (m["kind"], m["src_mem"], m["dst_mem"]) == ("d2h", "device", "pinned")
+    assert t.meta["unmatched_gpu_events"] == 1
+    assert t.meta["origin_ns_epoch"] == BASE + 1_000_500
+    assert t.meta["time_base"] == "baseTimeNanoseconds"
+    assert (t.meta["rank"], t.meta["world_size"], t.meta["displayTimeUnit"]) == (3, 8, "ms")
+    assert t.threads.values.tolist() == [[100, 101, "main"]]
+    assert t.devices.values.tolist() == [[0, "GPU Zero", 132]]
+    assert len(t.ranges) == len(t.syncs) == len(t.graphs) == 0
+    json.dumps(t.meta)  # meta must stay JSON-serializable
+
+
+def test_float_epoch_keeps_ns_that_naive_rounding_loses(tmp_path: Path) -> None:
+    # float64 holds 1712195495505543.2 as ...543.25 and ...544.7 as ...544.75: 1.5 us apart.
+    # round(ts * 1000) on each would give a difference of 1536 ns.
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+         "ts": 1712195495505543.2, "dur": 3.123, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1712195495505544.7, "dur": 0.8,
+         "args": {"device": 0, "stream": 7, "correlation": 1}},
+    ]}
+    t = load_kineto_json(_write(tmp_path, doc))
+    assert (t.api["start"][0], t.api["end"][0]) == (0, 3123)
+    assert (t.kernels["start"][0], t.kernels["end"][0]) == (1500, 2300)
+    assert t.meta["time_base"] == "epoch"
+    assert t.meta["origin_ns_epoch"] == 1712195495505543250
+
+
+def test_integer_epoch_and_legacy_categories(tmp_path: Path) -> None:
+    doc = [
+        {"ph": "X", "cat": "Runtime", "name": "cudaMemcpyAsync", "pid": 5, "tid": "4093687616",
+         "ts": 1606910596350464, "dur": 10, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": "stream 7",
+         "ts": 1606910596350470, "dur": 2, "args": {"device": 0, "stream": 7, "correlation": 3, "bytes": 1024}},
+        {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7",
+         "ts": 1606910596350480, "dur": 1, "args": {"device": 0, "stream": 7, "correlation": 4, "bytes": 16}},
+        {"ph": "X", "cat": "Operator", "name": "aten::copy_", "pid": 5, "tid": "4093687616",
+         "ts": 1606910596350460, "dur": 30, "args": {}},
+    ]
+    t = load_kineto_json(_write(tmp_path, doc))
+    assert t.ranges[["start", "end", "tid", "source", "depth"]].values.tolist() == [[0, 30000, 4093687616, "cpu_op", 0]]
+    assert t.api[["start", "end", "tid"]].values.tolist() == [[4000, 14000, 4093687616]]
+    assert t.memcpys[["start", "end", "pid", "kind", "src_mem", "bytes"]].values.tolist() == \
+        [[10000, 12000, 5, "h2d", "pageable", 1024]]
+    assert t.memsets[["start", "end", "bytes"]].values.tolist() == [[20000, 21000, 16]]
+    assert t.meta["origin_ns_epoch"] == 1606910596350460000
+    assert t.meta["container"] == "array"
+
+
+def test_range_depth_per_thread(tmp_path: Path) -> None:
+    def r(cat: str, name: str, tid: int, ts: int, dur: int) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 9, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    doc = {"traceEvents": [
+        r("cpu_op", "b", 1, 20, 10),          # inside a, inside the step
+        r("user_annotation", "ProfilerStep#1", 1, 0, 100),
+        r("cpu_op", "a", 1, 10, 40),
+        r("cpu_op", "c", 1, 60, 10),          # after a ended: depth 1
+        r("cpu_op", "d", 2, 20, 10),          # another thread: outermost there
+    ]}
+    t = load_kineto_json(_write(tmp_path, doc))
+    depth = dict(zip(t.ranges["name"], t.ranges["depth"]))
+    assert depth == {"ProfilerStep#1": 0, "a": 1, "b": 2, "c": 1, "d": 0}
+    src = dict(zip(t.ranges["name"], t.ranges["source"]))
+    assert src["ProfilerStep#1"] == "user_annotation" and src["a"] == "cpu_op"
+
+
+def test_graph_launch_and_driver_and_sync(tmp_path: Path) -> None:
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 0, "dur": 5,
+         "args": {"correlation": 5}},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 2, "ts": 6, "dur": 5,
+         "args": {"correlation": 6}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": 20, "dur": 9,
+         "args": {"correlation": 9}},
+        *[{"ph": "X", "cat": "kernel", "name": f"g{i}", "pid": 0, "tid": 7, "ts": 10 + i, "dur": 1,
+           "args": {"device": 0, "stream": 7, "correlation": 5}} for i in range(2)],
+        {"ph": "X", "cat": "kernel", "name": "triton", "pid": 0, "tid": 7, "ts": 13, "dur": 1,
+         "args": {"device": 0, "stream": 7, "correlation": 6}},
+        {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 21, "dur": 7,
+         "args": {"device": 0, "stream": 7, "correlation": 9}},
+        {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "pid": 0, "tid": -1, "ts": 22, "dur": 1,
+         "args": {"device": 0, "stream": -1, "correlation": 9}},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "x", "pid": 0, "tid": 7, "ts": 10, "dur": 4, "args": {}},
+    ]}
+    t = load_kineto_json(_write(tmp_path, doc))
+    assert dict(zip(t.kernels["name"], t.kernels["in_graph"])) == {"g0": True, "g1": True, "triton": False}
+    assert dict(zip(t.api["name"], t.api["api_class"])) == {
+        "cudaGraphLaunch": "runtime", "cuLaunchKernel": "driver", "cudaStreamSynchronize": "runtime"}
+    assert t.syncs[["start", "end", "pid", "stream", "sync_type"]].values.tolist() == [
+        [21000, 28000, 1, 7, "stream"], [22000, 23000, 1, -1, "event"]]
+    assert t.meta["skipped_categories"] == {"gpu_user_annotation": 1}
+    assert len(t.graphs) == 0
+
+
+def test_unmatched_gpu_event_with_several_processes_has_no_pid(tmp_path: Path) -> None:
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 0, "dur": 1,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 2, "tid": 2, "ts": 0, "dur": 1,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": 7, "ts": 2, "dur": 1,
+         "args": {"device": 0, "stream": 7, "correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "early", "pid": 0, "tid": 7, "ts": 3, "dur": 1,
+         "args": {"device": 0, "stream": 7, "correlation": 99}},
+    ]}
+    t = load_kineto_json(_write(tmp_path, doc))
+    assert dict(zip(t.kernels["name"], t.kernels["pid"])) == {"a": 2, "early": -1}
+
+
+@pytest.mark.parametrize("name, kind, src, dst", [
+    ("Memcpy HtoD (Pageable -> Device)", "h2d", "pageable", "device"),
+    ("Memcpy HtoD (Pinned -> Device)", "h2d", "pinned", "device"),
+    ("Memcpy DtoH (Device -> Pageable)", "d2h", "device", "pageable"),
+    ("Memcpy DtoD (Device -> Device)", "d2d", "device", "device"),
+    ("Memcpy HtoD (Host -> Device)", "h2d", "unknown", "device"),
+    ("Memcpy PtoP (Device -> Device)", "p2p", "device", "device"),
+    ("Memcpy HtoH (Pinned -> Pinned)", "h2h", "pinned", "pinned"),
+    ("Memcpy", "other", "unknown", "unknown"),
+])
+def test_copy_kind_from_name(name: str, kind: str, src: str, dst: str) -> None:
+    assert copy_kind_from_name(name) == (kind, src, dst)
+
+
+def test_gzip_detected_by_magic_not_extension(tmp_path: Path) -> None:
+    p = tmp_path / "trace.json"  # gzip content behind a plain .json name
+    p.write_bytes(gzip.compress(json.dumps(_three_events()).encode()))
+    t = load_kineto_json(p)
+    assert len(t.kernels) == 1 and len(t.memcpys) == 1
+    # and through the dispatcher
+    assert load(p).counts() == t.counts()
+
+
+@pytest.mark.parametrize("doc", [{"traceEvents": []}, []])
+def test_empty_trace_is_valid(tmp_path: Path, doc: Any) -> None:
+    t = load_kineto_json(_write(tmp_path, doc))
+    assert all(n == 0 for n in t.counts().values())
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+def _assert_format_error(path: Path, *fragments: str) -> None:
+    with pytest.raises(TraceFormatError) as ei:
+        load_kineto_json(path)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert str(path) in msg
+    for f in fragments:
+        assert f in msg
+    # no chained "During handling of the above exception" traceback behind it
+    assert ei.value.__cause__ is None
+    assert ei.value.__context__ is None or ei.value.__suppress_context__
+
+
+def test_truncated_json(tmp_path: Path) -> None:
+    text = json.dumps(_three_events())
+    p = tmp_path / "trunc.json"
+    p.write_text(text[: len(text) // 2])
+    _assert_format_error(p, "invalid JSON")
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    data = gzip.compress(json.dumps(_three_events()).encode())
+    p = tmp_path / "trunc.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    _assert_format_error(p, "gzip")
+
+
+def test_corrupt_gzip(tmp_path: Path) -> None:
+    p = tmp_path / "bad.json.gz"
+    p.write_bytes(b"\x1f\x8b" + b"not really gzip at all" * 10)
+    _assert_format_error(p, "corrupt gzip")
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    ({"a": 1}, "traceEvents"),
+    ([1, 2, 3], "no trace events"),
+    ("just a string", "not a PyTorch profiler trace"),
+    (42, "not a PyTorch profiler trace"),
+    ({"traceEvents": 5}, "expected a list"),
+    ({"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 1, "args": {}}, 7]}, "event #1"),
+])
+def test_json_that_is_not_a_trace(tmp_path: Path, doc: Any, fragment: str) -> None:
+    _assert_format_error(_write(tmp_path, doc), fragment)
+
+
+def test_whitespace_only_file(tmp_path: Path) -> None:
+    p = tmp_path / "blank.json"
+    p.write_text("  \n ")
+    _assert_format_error(p, "empty")
