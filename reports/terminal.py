@@ -1,0 +1,174 @@
+"""The rich terminal report of ``advise``: summary, findings by severity, plan.
+
+Every string that comes from a trace (kernel names, NVTX text, thread names) is put into
+:class:`rich.text.Text` objects or escaped, never interpreted as rich markup: kernel names
+such as ``void at::native::foo<float>[abc]`` must print as they are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..advise import AdviseResult
+
+__all__ = ["render_terminal", "fmt_value"]
+
+_SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "note": "dim"}
+
+
+def fmt_value(key: str, v: Any) -> str:
+    """A human rendering of one evidence / summary number (shares as %, ns as time)."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        k = key.lower()
+        if any(t in k for t in ("fraction", "share", "utilization", "ratio_of")) and -0.001 <= v <= 1.001:
+            return f"{v * 100:.1f}%"
+        if k.endswith("_us"):
+            return f"{v:,.2f} us"
+        if k.endswith("_ms"):
+            return f"{v:,.3f} ms"
+        if k.endswith("_ns"):
+            return _ns(v)
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        if key.lower().endswith("_ns"):
+            return _ns(v)
+        return f"{v:,}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={fmt_value(k, x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt_value(key, x) for x in v[:5]) + (" ..." if len(v) > 5 else "")
+    return str(v)
+
+
+def _ns(v: float) -> str:
+    a = abs(v)
+    if a >= 1e9:
+        return f"{v / 1e9:.3f} s"
+    if a >= 1e6:
+        return f"{v / 1e6:.3f} ms"
+    if a >= 1e3:
+        return f"{v / 1e3:.2f} us"
+    return f"{v:.0f} ns"
+
+
+def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
+    t = Text()
+    for i, w in enumerate(where[:limit]):
+        if i:
+            t.append("; ")
+        parts = [f"{k}={w[k]}" for k in ("nvtx", "cpu_op", "thread", "stream", "device", "kernel") if w.get(k) is not None]
+        t.append(", ".join(parts) or "?")
+        if w.get("share") is not None:
+            t.append(f" ({w['share'] * 100:.0f}%)", style="dim")
+    if len(where) > limit:
+        t.append(f"; +{len(where) - limit} more", style="dim")
+    return t
+
+
+def _summary_table(res: "AdviseResult") -> Table:
+    s = res.summary
+    tab = Table(title="Summary", show_header=False, title_justify="left", box=None, pad_edge=False)
+    tab.add_column("metric", style="bold")
+    tab.add_column("value")
+    util = res.analyses.get("utilization", {})
+    rows = [
+        ("kernels", fmt_value("kernels", s.get("kernels"))),
+        ("GPU utilization (kernel busy / window)", fmt_value("gpu_utilization", s.get("gpu_utilization"))),
+    ]
+    steady = util.get("steady_state_utilization")
+    if steady is not None:
+        rows.append(("  steady state (start-up excluded)", fmt_value("utilization", steady)))
+    rows += [
+        ("kernels shorter than 10 us", fmt_value("short_kernel_fraction", s.get("short_kernel_fraction"))),
+        ("most CPU threads launching into one stream", fmt_value("n", s.get("launch_threads_per_stream_max"))),
+    ]
+    m = s.get("memcpy") or {}
+    rows.append(("copies H2D / D2H / direction switches",
+                 f"{m.get('h2d', 0):,} / {m.get('d2h', 0):,} / {m.get('direction_switches', 0):,}"))
+    rows.append(("synchronize calls", fmt_value("n", s.get("sync_calls"))))
+    for k, v in rows:
+        tab.add_row(k, v)
+    return tab
+
+
+def _finding_panel(f: Any) -> Panel:
+    style = _SEV_STYLE.get(f.severity, "")
+    body = Table.grid(padding=(0, 1))
+    body.add_column(style="dim", no_wrap=True)
+    body.add_column()
+    ev = ", ".join(f"{k}={fmt_value(k, v)}" for k, v in f.evidence.items()
+                   if not isinstance(v, (list, dict)) or k in ("top",))
+    body.add_row("evidence", Text(ev))
+    for k, v in f.evidence.items():
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            lines = Text()
+            for i, row in enumerate(v[:5]):
+                if i:
+                    lines.append("\n")
+                lines.append(", ".join(f"{kk}={fmt_value(kk, vv)}" for kk, vv in row.items()))
+            body.add_row(k.replace("_", " "), lines)
+    if f.where:
+        body.add_row("where", _where_text(f.where))
+    body.add_row("fix", Text(f.recommendation))
+    title = Text.assemble((f"{f.severity.upper():<6}", style), " ", (f.id, "bold"), "  ", f.title)
+    return Panel(body, title=title, title_align="left", border_style=style or "white")
+
+
+def _plan_table(plan: dict[str, Any]) -> Table:
+    tab = Table(title="Proposed multi-stream plan", title_justify="left")
+    tab.add_column("choice", style="bold")
+    tab.add_column("value")
+    tab.add_column("because")
+    for key, val in plan.items():
+        if key in ("schema", "kind", "notes", "because", "reasons"):
+            continue
+        if isinstance(val, dict) and "value" in val:
+            because = ", ".join(val.get("because", []))
+            reason = val.get("reason", "")
+            tab.add_row(key.replace("_", " "), Text(fmt_value(key, val["value"])),
+                        Text(f"{because}: {reason}" if because else reason))
+        elif not isinstance(val, (dict, list)):
+            tab.add_row(key.replace("_", " "), Text(fmt_value(key, val)), "")
+        elif isinstance(val, list) and val and isinstance(val[0], dict):
+            tab.add_row(key.replace("_", " "), Text(f"{len(val)} entries"),
+                        Text("; ".join(", ".join(f"{k}={v}" for k, v in d.items()) for d in val[:4])))
+    return tab
+
+
+def render_terminal(res: "AdviseResult", console: Console | None = None) -> None:
+    """Print the report of one trace."""
+    console = console or Console()
+    info = res.trace_info
+    meta = info.get("meta", {})
+    head = Text.assemble(("recsys-doctor advise  ", "bold"), str(info.get("path", "")))
+    sub = [info.get("format", "")]
+    for k in ("nsys_version", "export_schema_version", "device_names"):
+        if meta.get(k):
+            sub.append(f"{k.replace('_', ' ')} {meta[k]}")
+    if info.get("nvtx"):
+        sub.append(f"restricted to NVTX range {info['nvtx']!r}")
+    console.print(head)
+    console.print(Text(" | ".join(str(x) for x in sub if x), style="dim"))
+    console.print(_summary_table(res))
+    console.print()
+    if not res.findings:
+        console.print("[green]No problems found.[/green]")
+    else:
+        counts = {s: sum(1 for f in res.findings if f.severity == s) for s in ("high", "medium", "low", "note")}
+        console.print(Text("Findings: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), style="bold"))
+        console.print(Group(*[_finding_panel(f) for f in res.findings]))
+    if res.plan:
+        console.print(_plan_table(res.plan))
+        for note in res.plan.get("notes", []) or []:
+            console.print(Text(f"  - {note}", style="dim"))
+    console.print()
