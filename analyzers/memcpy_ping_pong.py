@@ -1,0 +1,129 @@
+"""Memcpy ping-pong: many small host<->device copies, alternating directions, often synchronous.
+
+Recommender serving typically copies each input tensor separately (dozens of tiny H2D
+copies per query) and reads results back with a blocking D2H: every copy is a launch,
+a DMA setup and often a sync. Evidence:
+
+* H2D/D2H counts and **direction switches** (adjacent copies of one process, by start);
+* **small copies** (``bytes <= Options.small_copy_bytes``) and how many there are per unit
+  of work: per NVTX range instance of the region that issues most of them, or per step
+  (``ProfilerStep#N``), else overall;
+* **pageable** host memory (``src_mem``/``dst_mem == "pageable"``): the driver stages
+  these through its own pinned buffer and the copy is synchronous to the host;
+* **synchronous copies**: launch calls named ``cudaMemcpy``/``cuMemcpy*`` without ``Async``;
+* which code region (innermost NVTX / ``record_function`` range) issues them.
+
+Severity is the largest of: the switch share (switches / (h2d+d2h-1)), the share of
+synchronous or pageable copies, and the small-copy share when there are at least
+``Options.many_copies_per_unit`` small copies per unit of work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..findings import SEVERITIES, AnalysisResult, Finding, severity_for_share
+from ..model import Trace
+from ..options import Options
+from ._attribution import attribute, where_shares
+from ._util import BLOCKING_COPY_RE, launches, norm_name, r, thread_labels
+from .summary import direction_switches
+
+__all__ = ["analyze"]
+
+
+def _units(trace: Trace, region_names: np.ndarray) -> tuple[str | None, int]:
+    """The unit of work: the region issuing most copies (count of its instances), else the
+    step annotation; ``(None, 1)`` when there are no ranges."""
+    rg = trace.ranges
+    if len(rg) == 0:
+        return None, 1
+    names = rg["name"].map(norm_name)
+    labelled = [x for x in region_names if x is not None]
+    if labelled:
+        top = pd.Series(labelled).value_counts().index[0]
+        n = int((names == top).sum())
+        if n:
+            return str(top), n
+    steps = names == "ProfilerStep#*"
+    if steps.any():
+        return "ProfilerStep#*", int(steps.sum())
+    return None, 1
+
+
+def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    res = AnalysisResult(name="memcpy-ping-pong")
+    mc = trace.memcpys
+    hd = mc[mc["kind"].isin(["h2d", "d2h"])]
+    n = len(hd)
+    if n == 0:
+        res.data = {"h2d": 0, "d2h": 0, "direction_switches": 0}
+        return res
+    switches = direction_switches(mc)
+    small = hd["bytes"].to_numpy(np.int64) <= options.small_copy_bytes
+    pageable = (hd["src_mem"].astype(object) == "pageable").to_numpy() | (hd["dst_mem"].astype(object) == "pageable").to_numpy()
+
+    j = launches(trace, ("memcpy",))
+    j = j[j["row"].isin(np.flatnonzero(mc["kind"].isin(["h2d", "d2h"]).to_numpy()))] if len(j) else j
+    sync_mask = j["api_name"].astype(str).str.contains(BLOCKING_COPY_RE).to_numpy() if len(j) else np.zeros(0, bool)
+    n_sync = int(sync_mask.sum())
+    reg = attribute(trace, j["pid"], j["tid"], j["api_start"]) if len(j) else np.empty(0, object)
+    jsmall = mc["bytes"].to_numpy(np.int64)[j["row"].to_numpy(np.int64)] <= options.small_copy_bytes
+    unit, n_units = _units(trace, reg[jsmall] if len(j) else reg)
+    per_unit = small.sum() / max(1, n_units)
+    copy_time = int((hd["end"] - hd["start"]).sum())
+
+    switch_share = switches / (n - 1) if n > 1 else 0.0
+    small_share = float(small.mean())
+    sync_share = n_sync / n
+    pageable_share = float(pageable.mean())
+    data = {
+        "h2d": int((hd["kind"] == "h2d").sum()), "d2h": int((hd["kind"] == "d2h").sum()),
+        "direction_switches": int(switches), "switch_share": r(switch_share),
+        "small_copies": int(small.sum()), "small_copy_bytes": options.small_copy_bytes,
+        "small_share": r(small_share), "unit": unit, "units": int(n_units),
+        "small_copies_per_unit": r(per_unit, 2),
+        "pageable_copies": int(pageable.sum()), "pageable_share": r(pageable_share),
+        "sync_copies": n_sync, "sync_share": r(sync_share),
+        "copy_time_us": r(copy_time / 1000, 3),
+        "median_copy_bytes": int(np.median(hd["bytes"])),
+        "launches_joined": int(len(j)),
+    }
+    res.data = data
+    scores = {"switch": switch_share, "sync": sync_share, "pageable": pageable_share,
+              "small": small_share if per_unit >= options.many_copies_per_unit else 0.0}
+    top = max(scores.values())
+    if n < 2 or top < options.report_min_share:
+        return res
+    sev = severity_for_share(top, options.high_share, options.medium_share)
+    # where: regions issuing the copies (weighted by count), then threads
+    where: list[dict] = []
+    if len(j):
+        if any(x is not None for x in reg):
+            where = where_shares(reg, key="nvtx", top=options.top_n)
+        labels = thread_labels(trace, j["pid"], j["tid"])
+        where += where_shares(labels, key="thread", top=options.top_n)
+    parts = []
+    if switches:
+        parts.append(f"{switches} H2D/D2H direction switches")
+    parts.append(f"{int(small.sum())} small copies" + (f" ({per_unit:.1f} per {unit})" if unit else ""))
+    if n_sync:
+        parts.append(f"{n_sync} synchronous cudaMemcpy")
+    if pageable.any():
+        parts.append(f"{int(pageable.sum())} from/to pageable memory")
+    rec = []
+    if scores["small"] or pageable.any():
+        rec.append("gather the per-tensor inputs into one pinned staging buffer and issue a single "
+                   "cudaMemcpyAsync per query/step")
+    if n_sync or switches:
+        rec.append("replace blocking cudaMemcpy/.cpu()/.item() with async copies into pinned memory and "
+                   "one event wait at the end of the request")
+    rec.append("put the copies on the group's own stream (or merge copy and compute streams when the "
+               "copies are this small and latency-bound)")
+    assert sev in SEVERITIES
+    res.findings.append(Finding(
+        id="memcpy-ping-pong", severity=sev,
+        title=f"{n} host<->device copies: " + ", ".join(parts),
+        evidence=data, recommendation="; ".join(rec).capitalize() + ".", where=where))
+    return res

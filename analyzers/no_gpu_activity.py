@@ -1,0 +1,41 @@
+"""No GPU activity: the trace has no kernels (and no graph executions) at all.
+
+Every other analyzer then has nothing to say, so this one explains why, from what the
+trace does contain: CUDA API calls without activity mean CUDA activity tracing was off
+(``nsys profile -t cuda`` / ``torch.profiler`` without ``ProfilerActivity.CUDA``) or the
+window missed the GPU work; no API calls at all mean the process never used CUDA.
+"""
+
+from __future__ import annotations
+
+from ..findings import AnalysisResult, Finding
+from ..model import Trace
+from ..options import Options
+
+__all__ = ["analyze"]
+
+
+def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    res = AnalysisResult(name="no-gpu-activity")
+    n_k, n_g = len(trace.kernels), len(trace.graphs)
+    names = trace.api["name"].astype(str)
+    n_launch = int(names.str.contains(r"Launch", regex=True).sum())
+    res.data = {"kernels": n_k, "graph_executions": n_g, "api_calls": int(len(trace.api)),
+                "launch_calls": n_launch, "memcpys": int(len(trace.memcpys)), "memsets": int(len(trace.memsets))}
+    if n_k or n_g:
+        return res
+    if len(trace.api):
+        why = (f"{len(trace.api)} CUDA API calls ({n_launch} launch calls) but no kernel activity "
+               "recorded: was CUDA activity tracing on (nsys -t cuda, torch.profiler activities=[CUDA]), "
+               "or did the capture window miss the GPU work?")
+    elif len(trace.memcpys) or len(trace.memsets):
+        why = "copies/memsets were recorded but no kernels: this trace cannot show compute utilization"
+    else:
+        why = ("no CUDA API calls and no GPU activity: the traced process did not use the GPU "
+               "(or CUDA tracing was off)")
+    res.findings.append(Finding(
+        id="no-gpu-activity", severity="note", title="No GPU kernels in this trace", evidence=res.data | {"why": why},
+        recommendation=("Re-capture with CUDA tracing on (nsys profile -t cuda,nvtx or torch.profiler with "
+                        "ProfilerActivity.CUDA) over a window where the model runs."),
+        where=[]))
+    return res

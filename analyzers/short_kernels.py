@@ -1,0 +1,102 @@
+"""Short kernels: GPU work too small to hide the CPU cost of launching it.
+
+A kernel shorter than ``Options.short_kernel_us`` finishes before the next eager launch
+call can return, so the GPU waits for the CPU. Evidence: share of kernels (by count and
+by time) that are short, the worst offenders by name, and the median launch-call
+duration against the median kernel duration (joined on ``(pid, correlation)``).
+Severity follows the count share (``Options.high_share`` / ``medium_share``); it is
+capped at medium when launch calls are cheaper than the kernels they launch (then the
+short kernels are hidden behind each other and cost little).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..findings import AnalysisResult, Finding, severity_for_share
+from ..model import Trace
+from ..options import Options
+from ._attribution import attribute, where_shares
+from ._util import launches, r, stream_labels
+
+__all__ = ["analyze"]
+
+
+def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    res = AnalysisResult(name="short-kernels")
+    k = trace.kernels
+    if len(k) == 0:
+        res.data = {"kernels": 0}
+        return res
+    dur = (k["end"] - k["start"]).to_numpy(np.int64)
+    cut = int(round(options.short_kernel_us * 1000))
+    short = dur < cut
+    n_short = int(short.sum())
+    count_share = n_short / len(k)
+    time_total = int(dur.sum())
+    time_short = int(dur[short].sum())
+    time_share = (time_short / time_total) if time_total else None
+
+    ks = pd.DataFrame({"name": k["name"].to_numpy(object)[short], "dur": dur[short]})
+    offenders = []
+    if n_short:
+        g = ks.groupby("name", dropna=False)["dur"].agg(["count", "sum", "median"]).sort_values(
+            ["count", "sum"], ascending=False)
+        for name, row in g.head(options.top_n).iterrows():
+            offenders.append({"name": None if pd.isna(name) else str(name), "count": int(row["count"]),
+                              "total_us": r(row["sum"] / 1000, 3), "median_us": r(row["median"] / 1000, 3)})
+
+    j = launches(trace, ("kernel",))
+    launch_med = float(np.median(j["api_end"] - j["api_start"])) if len(j) else None
+    kern_med = float(np.median(dur))
+    ratio = (launch_med / kern_med) if (launch_med is not None and kern_med > 0) else None
+
+    data = {
+        "kernels": int(len(k)), "short": n_short, "threshold_us": options.short_kernel_us,
+        "count_share": r(count_share), "time_share": r(time_share),
+        "short_time_us": r(time_short / 1000, 3), "kernel_time_us": r(time_total / 1000, 3),
+        "median_kernel_us": r(kern_med / 1000, 3),
+        "median_launch_us": r(launch_med / 1000, 3) if launch_med is not None else None,
+        "launch_to_kernel_ratio": r(ratio), "launches_joined": int(len(j)),
+        "offenders": offenders,
+    }
+    res.data = data
+    if n_short == 0 or count_share < options.report_min_share:
+        return res
+
+    sev = severity_for_share(count_share, options.high_share, options.medium_share)
+    if ratio is not None and ratio < 1.0 and sev == "high":
+        sev = "medium"
+
+    # where: code regions (or streams) of the short kernels' launches
+    where: list[dict] = []
+    if len(j):
+        jd = (j["end"] - j["start"]).to_numpy(np.int64)
+        js = j[jd < cut]
+        if len(js):
+            reg = attribute(trace, js["pid"], js["tid"], js["api_start"])
+            if any(x is not None for x in reg):
+                where = where_shares(reg, key="nvtx", top=options.top_n)
+            if not where:
+                labels = stream_labels(js["pid"], js["device"], js["stream"])
+                where = where_shares(labels, key="stream", top=options.top_n)
+    if not where:
+        labels = stream_labels(k["pid"][short], k["device"][short], k["stream"][short])
+        where = where_shares(labels, key="stream", top=options.top_n)
+
+    launch_txt = ""
+    if launch_med is not None:
+        launch_txt = (f"; a launch call takes {launch_med / 1000:.1f} us (median) against "
+                      f"{kern_med / 1000:.1f} us of kernel")
+    res.findings.append(Finding(
+        id="short-kernels", severity=sev,
+        title=f"{count_share:.0%} of kernels run under {options.short_kernel_us:g} us{launch_txt}",
+        evidence=data,
+        recommendation=(
+            "Amortize the launch cost: capture the repeated per-query/per-step sequence in a CUDA graph "
+            "(one cudaGraphLaunch replaces dozens of cudaLaunchKernel), fuse elementwise tails "
+            "(torch.compile), and batch several requests per launch; launching from several threads "
+            "only helps once each thread has its own stream group."),
+        where=where))
+    return res

@@ -1,0 +1,80 @@
+"""Small grids: kernels with fewer thread blocks than the GPU has SMs.
+
+A kernel whose grid (``grid_x * grid_y * grid_z``) has fewer blocks than the device's SM
+count leaves SMs empty for its whole duration; on one stream nothing else can use them.
+Such kernels are exactly the ones that gain from running concurrently on several streams.
+The SM count comes from the trace's ``devices`` table; where it is unknown the device is
+skipped (listed in ``data["skipped_devices"]``) rather than guessed. Severity follows the
+share of kernel time (on devices with a known SM count) spent in small grids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..findings import AnalysisResult, Finding, severity_for_share
+from ..model import Trace
+from ..options import Options
+from ._util import r, stream_labels
+from ._attribution import where_shares
+
+__all__ = ["analyze"]
+
+
+def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    res = AnalysisResult(name="small-grid")
+    k = trace.kernels
+    if len(k) == 0:
+        res.data = {"kernels": 0}
+        return res
+    dv = trace.devices.dropna(subset=["sm_count"]) if len(trace.devices) else trace.devices
+    sms = {int(d): int(s) for d, s in zip(dv["device"], dv["sm_count"]) if int(s) > 0}
+    kdev = k["device"].to_numpy(np.int64)
+    known_dev = np.isin(kdev, list(sms)) if sms else np.zeros(len(k), bool)
+    skipped = sorted({int(d) for d in kdev[~known_dev]})
+    g = (k["grid_x"] * k["grid_y"].fillna(1) * k["grid_z"].fillna(1))
+    known_grid = g.notna().to_numpy()
+    blocks = g.fillna(0).to_numpy(np.int64)
+    sm_of = np.array([sms.get(int(d), 0) for d in kdev], dtype=np.int64) if sms else np.zeros(len(k), np.int64)
+    ok = known_dev & known_grid
+    dur = (k["end"] - k["start"]).to_numpy(np.int64)
+    smallm = ok & (blocks < sm_of)
+    total = int(dur[ok].sum())
+    small_t = int(dur[smallm].sum())
+    tshare = small_t / total if total else None
+    data = {
+        "sm_count": {str(d): s for d, s in sms.items()}, "skipped_devices": skipped,
+        "kernels_judged": int(ok.sum()), "small_grid_kernels": int(smallm.sum()),
+        "small_grid_time_us": r(small_t / 1000, 3), "time_share": r(tshare),
+        "count_share": r(smallm.sum() / ok.sum()) if ok.any() else None,
+        "median_blocks": int(np.median(blocks[ok])) if ok.any() else None,
+    }
+    if skipped:
+        data["note"] = (f"SM count unknown for device(s) {skipped}: their kernels were not judged "
+                        "(the trace has no device properties for them)")
+    offenders = []
+    if smallm.any():
+        df = pd.DataFrame({"name": k["name"].to_numpy(object)[smallm], "dur": dur[smallm], "blocks": blocks[smallm]})
+        agg = df.groupby("name").agg(count=("dur", "size"), total=("dur", "sum"), blocks=("blocks", "median")) \
+            .sort_values("total", ascending=False)
+        offenders = [{"name": str(n), "count": int(a["count"]), "total_us": r(a["total"] / 1000, 3),
+                      "median_blocks": int(a["blocks"])} for n, a in agg.head(options.top_n).iterrows()]
+    data["offenders"] = offenders
+    res.data = data
+    if tshare is None or tshare < options.report_min_share:
+        return res
+    sev = severity_for_share(tshare, options.high_share, options.medium_share)
+    labels = stream_labels(k["pid"][smallm], k["device"][smallm], k["stream"][smallm])
+    where = where_shares(labels, dur[smallm], key="stream", top=options.top_n)
+    res.findings.append(Finding(
+        id="small-grid", severity=sev,
+        title=(f"{tshare:.0%} of kernel time is in kernels with fewer blocks than SMs "
+               f"(median grid {data['median_blocks']} blocks)"),
+        evidence=data,
+        recommendation=(
+            "These kernels leave most SMs idle: run independent work concurrently on several stream "
+            "groups (one per client thread or per independent branch) so small grids share the GPU, "
+            "or batch more requests per kernel."),
+        where=where))
+    return res

@@ -1,0 +1,114 @@
+"""The headline numbers of a trace (the ``summary`` object of ``advise --json``).
+
+The keys and their exact definitions are a contract (tests recompute each one with SQL on
+the nsys file or a plain JSON parse of the Kineto file):
+
+``kernels``
+    number of kernel executions (rows of ``trace.kernels``).
+``gpu_utilization``
+    sum over devices of busy / sum over devices of window. A device's window runs from the
+    first start to the last end of any kernel, memcpy, memset or graph execution on it;
+    busy is the length of the union of its kernel and graph-execution intervals. ``None``
+    when no device has a non-empty window.
+``short_kernel_fraction``
+    kernels with ``end - start < 10000`` ns over all kernels (``None`` without kernels).
+``launch_threads_per_stream_max``
+    the largest number of distinct CPU threads ``(pid, tid)`` whose API calls (joined on
+    ``(pid, correlation)``) issued kernels, copies or memsets into one stream
+    ``(pid, device, stream)``; 0 when nothing joins.
+``memcpy``
+    ``{"h2d", "d2h", "direction_switches"}``: copies of kind ``h2d`` / ``d2h`` (UVM
+    migrations excluded) and, per process, the number of adjacent pairs of h2d/d2h copies
+    (ordered by start, then end) whose directions differ.
+``sync_calls``
+    API calls whose name contains ``Synchronize``.
+
+Extra keys (informative, not part of the fixed contract): ``devices``, ``window_ns``,
+``busy_ns``, ``memcpys``, ``memsets``, ``api_calls``, ``graph_launches``,
+``graph_executions``, ``median_kernel_us``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..model import Trace
+from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals
+
+__all__ = ["summarize", "SHORT_KERNEL_NS", "device_windows", "direction_switches"]
+
+#: The summary's fixed short-kernel cut (10 us), independent of ``Options`` so the JSON
+#: contract does not move with user thresholds.
+SHORT_KERNEL_NS = 10_000
+
+
+def device_windows(trace: Trace) -> dict[int, dict[str, int]]:
+    """Per device: ``start``/``end`` of its window and ``busy`` (union of kernels+graphs)."""
+    act = trace.gpu_activity()
+    out: dict[int, dict[str, int]] = {}
+    if len(act) == 0:
+        return out
+    busy_src = act[act["what"].isin(["kernel", "graph"])]
+    for dev, g in act.groupby("device", sort=True):
+        lo, hi = int(g["start"].min()), int(g["end"].max())
+        b = busy_src[busy_src["device"] == dev]
+        ms, me = merge_intervals(b["start"].to_numpy(), b["end"].to_numpy())
+        out[int(dev)] = {"start": lo, "end": hi, "busy": int((me - ms).sum())}
+    return out
+
+
+def direction_switches(memcpys: Any) -> int:
+    """Adjacent h2d/d2h copies of one process (by start, then end) with different
+    directions, summed over processes."""
+    m = memcpys[memcpys["kind"].isin(["h2d", "d2h"])]
+    if len(m) < 2:
+        return 0
+    m = m.sort_values(["pid", "start", "end"], kind="stable")
+    k = (m["kind"].to_numpy(object) == "h2d")
+    p = m["pid"].to_numpy()
+    same_pid = p[1:] == p[:-1]
+    return int(((k[1:] != k[:-1]) & same_pid).sum())
+
+
+def summarize(trace: Trace) -> dict[str, Any]:
+    """The fixed summary of ``trace`` (see the module docstring for each definition)."""
+    k = trace.kernels
+    dur = (k["end"] - k["start"]).to_numpy()
+    wins = device_windows(trace)
+    window = sum(w["end"] - w["start"] for w in wins.values())
+    busy = sum(w["busy"] for w in wins.values())
+
+    j = launches(trace, ("kernel", "memcpy", "memset"))
+    if len(j):
+        per_stream = j.groupby(["pid", "device", "stream"])[["tid"]].nunique()["tid"]
+        # distinct (pid, tid): pid is part of the stream key, so tid alone is distinct within it
+        threads_max = int(per_stream.max())
+    else:
+        threads_max = 0
+
+    mc = trace.memcpys
+    api_names = trace.api["name"].astype(str)
+    return {
+        "kernels": int(len(k)),
+        "gpu_utilization": (busy / window) if window > 0 else None,
+        "short_kernel_fraction": (float((dur < SHORT_KERNEL_NS).sum()) / len(k)) if len(k) else None,
+        "launch_threads_per_stream_max": threads_max,
+        "memcpy": {
+            "h2d": int((mc["kind"] == "h2d").sum()),
+            "d2h": int((mc["kind"] == "d2h").sum()),
+            "direction_switches": direction_switches(mc),
+        },
+        "sync_calls": int(api_names.str.contains("Synchronize", regex=False).sum()),
+        # extras
+        "devices": sorted(wins),
+        "window_ns": int(window),
+        "busy_ns": int(busy),
+        "memcpys": int(len(mc)),
+        "memsets": int(len(trace.memsets)),
+        "api_calls": int(len(trace.api)),
+        "graph_launches": int(api_names.str.contains(GRAPH_LAUNCH_RE).sum()),
+        "graph_executions": int(len(trace.graphs)),
+        "median_kernel_us": float(np.median(dur)) / 1000.0 if len(k) else None,
+    }

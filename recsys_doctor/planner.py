@@ -1,0 +1,197 @@
+"""The multi-stream plan: what the stream-group runtime should do about the findings.
+
+:func:`make_plan` turns findings (and the analyzers' numbers) into a JSON document that
+the runtime (``recsys_doctor.runtime``) reads. Every choice names the findings that
+justify it (``because``) and says why in one line (``reason``), so a user can see which
+evidence drives which knob.
+
+Plan JSON (``schema`` 1)::
+
+    {
+      "schema": 1,
+      "kind": "serving" | "training",     # training: autograd threads or step/optimizer/
+                                          # backward annotations in the trace
+      "stream_groups": {                  # independent (compute stream [+ copy stream]) sets
+        "count": int,                     # 1 = leave as is
+        "because": [finding ids], "reason": str
+      },
+      "merge_copy_compute": {             # put a group's H2D/D2H copies on its compute stream
+        "enabled": bool,                  # (small latency-bound copies: no overlap to win,
+        "because": [...], "reason": str   #  one stream fewer to order/sync)
+      },
+      "per_stream_allocators": {          # one caching-allocator pool per group, so groups
+        "enabled": bool,                  # never wait on each other's frees
+        "because": [...], "reason": str
+      },
+      "cuda_graphs": {                    # capture the steady-state sequence once per group
+        "enabled": bool,
+        "already_graphed_share": float | None,   # share of GPU busy time already in graphs
+        "sequence_length": int | None,           # repeated eager kernel sequence, if found
+        "because": [...], "reason": str
+      },
+      "range_assignment": {               # training: which NVTX/record_function ranges run
+        "enabled": bool,                  # on which group (independent sibling branches,
+        "family": str | None,             # e.g. expert_0..7, round-robin over the groups)
+        "assignments": [{"nvtx": str, "group": int}],
+        "because": [...], "reason": str
+      },
+      "findings": [finding ids, most severe first]
+    }
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pandas as pd
+
+from .findings import AnalysisResult, Finding
+from .model import Trace
+from .options import Options
+
+__all__ = ["make_plan", "PLAN_SCHEMA", "detect_kind", "sibling_families"]
+
+PLAN_SCHEMA = 1
+
+_TRAINING_RANGE_RE = re.compile(r"ProfilerStep|optimizer|backward|autograd|zero_grad", re.IGNORECASE)
+_TRAINING_THREAD_RE = re.compile(r"autograd", re.IGNORECASE)
+_SIBLING_RE = re.compile(r"^(.*?[^\d])(\d+)$")
+
+
+def detect_kind(trace: Trace) -> str:
+    """``training`` when the trace shows a backward pass or an optimizer/step loop."""
+    names = trace.threads["name"].dropna().astype(str)
+    if names.str.contains(_TRAINING_THREAD_RE).any():
+        return "training"
+    r = trace.ranges
+    if len(r):
+        ann = r.loc[r["source"].astype(object) != "cpu_op", "name"].dropna().astype(str)
+        if ann.str.contains(_TRAINING_RANGE_RE).any():
+            return "training"
+        ops = r.loc[r["source"].astype(object) == "cpu_op", "name"].dropna().astype(str)
+        if ops.str.contains(r"autograd::engine|Backward", regex=True).any():
+            return "training"
+    return "serving"
+
+
+def sibling_families(trace: Trace) -> list[dict[str, Any]]:
+    """Families of sibling code regions: annotation (non-aten) ranges at the same depth
+    whose names differ only by a trailing index (``expert_0`` .. ``expert_7``), with at
+    least two distinct indices. Largest family first."""
+    r = trace.ranges
+    if len(r) == 0:
+        return []
+    r = r[r["source"].astype(object) != "cpu_op"]
+    names = r["name"].astype(object)
+    fam = []
+    for (name, depth) in pd.DataFrame({"n": names, "d": r["depth"].astype("Int64").fillna(-1)}).drop_duplicates() \
+            .itertuples(index=False):
+        if not isinstance(name, str):
+            continue
+        m = _SIBLING_RE.match(name)
+        if m and "#" not in m.group(1)[-1:]:  # ProfilerStep#3 is an iteration, not a branch
+            fam.append((m.group(1), int(depth), int(m.group(2)), name))
+    if not fam:
+        return []
+    df = pd.DataFrame(fam, columns=["prefix", "depth", "idx", "name"])
+    out = []
+    for (prefix, depth), g in df.groupby(["prefix", "depth"]):
+        members = g.drop_duplicates("idx").sort_values("idx")
+        if len(members) >= 2:
+            out.append({"prefix": prefix, "depth": depth, "members": members["name"].tolist()})
+    out.sort(key=lambda x: -len(x["members"]))
+    return out
+
+
+def _ids(findings: list[Finding], *ids: str, severities: tuple[str, ...] = ("high", "medium", "low")) -> list[str]:
+    have = {f.id for f in findings if f.severity in severities}
+    return [i for i in ids if i in have]
+
+
+def make_plan(trace: Trace, findings: list[Finding], results: list[AnalysisResult], options: Options) -> dict[str, Any]:
+    """Propose stream groups, copy/compute merging, allocators, CUDA graphs and (training)
+    the range-to-group assignment. See the module docstring for the JSON."""
+    data = {r.name: r.data for r in results}
+    byid = {f.id: f for f in findings}
+    kind = detect_kind(trace)
+    cap = max(1, int(options.max_stream_groups))
+    families = sibling_families(trace) if kind == "training" else []
+
+    # stream groups
+    contended = [s for s in data.get("stream-contention", {}).get("streams", []) if s.get("contended")]
+    if "stream-contention" in byid and contended:
+        want = max(s["concurrent_threads"] for s in contended)
+        n = min(cap, want)
+        groups = {"count": n, "because": ["stream-contention"],
+                  "reason": f"{want} CPU threads launch concurrently into one stream: one group per thread"
+                            + (f" (capped at {cap})" if want > cap else "")}
+    elif families:
+        f0 = families[0]
+        n = min(cap, len(f0["members"]))
+        because = _ids(findings, "small-grid", "launch-bound", "short-kernels")
+        groups = {"count": n, "because": because,
+                  "reason": f"{len(f0['members'])} independent sibling branches ({f0['prefix']}N) can run "
+                            f"concurrently on {n} groups"}
+    else:
+        groups = {"count": 1, "because": [], "reason": "no concurrent launching threads or independent branches found"}
+    n_groups = groups["count"]
+
+    # merge copy and compute streams
+    mp = data.get("memcpy-ping-pong", {})
+    small_latency = bool(mp.get("h2d", 0) + mp.get("d2h", 0)) and mp.get("median_copy_bytes", 1 << 62) <= options.small_copy_bytes
+    interleaved = mp.get("direction_switches", 0) > 0 or (mp.get("small_copies_per_unit") or 0) >= options.many_copies_per_unit
+    if "memcpy-ping-pong" in byid and small_latency and interleaved:
+        merge = {"enabled": True, "because": ["memcpy-ping-pong"],
+                 "reason": f"copies are small (median {mp.get('median_copy_bytes')} B) and interleaved with compute: "
+                           "a separate copy stream adds event syncs without overlap to gain"}
+    elif mp.get("h2d", 0) + mp.get("d2h", 0):
+        merge = {"enabled": False, "because": _ids(findings, "memcpy-ping-pong"),
+                 "reason": "copies are large or not interleaved: keep a copy stream per group to overlap them"}
+    else:
+        merge = {"enabled": False, "because": [], "reason": "no host<->device copies in the trace"}
+
+    alloc = {"enabled": n_groups > 1, "because": list(groups["because"]) if n_groups > 1 else [],
+             "reason": ("each group frees and reuses its own blocks without cross-stream waits"
+                        if n_groups > 1 else "one group: the default allocator is enough")}
+
+    # CUDA graphs
+    gc = data.get("graph-candidate", {})
+    already = gc.get("graphed_busy_share")
+    launchy = _ids(findings, "launch-bound", "short-kernels", "graph-candidate")
+    if already is not None and already >= 0.5:
+        graphs = {"enabled": False, "already_graphed_share": already, "sequence_length": gc.get("sequence_length"),
+                  "because": ["graph-candidate"] if "graph-candidate" in byid else [],
+                  "reason": f"{already:.0%} of GPU work already runs in CUDA graphs"}
+    elif launchy:
+        graphs = {"enabled": True, "already_graphed_share": already, "sequence_length": gc.get("sequence_length"),
+                  "because": launchy,
+                  "reason": "the GPU waits on eager launches of short kernels: capture the repeated sequence "
+                            "once per group and replay it"}
+    else:
+        graphs = {"enabled": False, "already_graphed_share": already, "sequence_length": gc.get("sequence_length"),
+                  "because": [], "reason": "not launch-bound: graphs would not pay for their static buffers"}
+
+    # training: range assignment
+    if kind == "training" and families and n_groups > 1:
+        f0 = families[0]
+        assign = [{"nvtx": name, "group": i % n_groups} for i, name in enumerate(f0["members"])]
+        ranges = {"enabled": True, "family": f0["prefix"], "assignments": assign,
+                  "because": list(groups["because"]),
+                  "reason": f"sibling ranges {f0['members'][0]}..{f0['members'][-1]} are independent: "
+                            f"round-robin over {n_groups} groups"}
+    else:
+        ranges = {"enabled": False, "family": None, "assignments": [], "because": [],
+                  "reason": ("serving: requests, not ranges, map to groups" if kind == "serving"
+                             else "no independent sibling ranges found")}
+
+    return {
+        "schema": PLAN_SCHEMA,
+        "kind": kind,
+        "stream_groups": groups,
+        "merge_copy_compute": merge,
+        "per_stream_allocators": alloc,
+        "cuda_graphs": graphs,
+        "range_assignment": ranges,
+        "findings": [f.id for f in findings],
+    }

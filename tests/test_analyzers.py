@@ -1,0 +1,225 @@
+"""Every analyzer on tiny hand-built traces; expected numbers are worked out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from recsys_doctor.analyzers import ANALYZERS, run_all
+from recsys_doctor.analyzers import (graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity,
+                                     short_kernels, small_grid, stream_contention, sync_api, utilization)
+from recsys_doctor.analyzers._attribution import attribute, enclosing_range
+from recsys_doctor.findings import SEVERITIES
+from recsys_doctor.model import Trace
+from recsys_doctor.options import Options
+
+from _tracebuild import T, api, copy, kern, rng
+
+O = Options()
+IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api", "small-grid",
+       "graph-candidate", "no-gpu-activity"}
+
+
+def ids(res):
+    return [f.id for f in res.findings]
+
+
+# --- attribution ----------------------------------------------------------------------
+def test_enclosing_range_innermost():
+    tr = T(ranges=[rng(0, 100, 5, "outer"), rng(10, 50, 5, "inner"), rng(60, 90, 5, "inner2"),
+                   rng(20, 30, 5, "deep"), rng(0, 100, 6, "other_thread"), rng(0, 10, 5, "first")])
+    # note: "first" [0,10) nests in "outer" and starts with it
+    t = [5, 25, 40, 55, 70, 150, 5]
+    tid = [5, 5, 5, 5, 5, 5, 7]
+    got = attribute(tr, [1] * 7, tid, t)
+    assert list(got) == ["first", "deep", "inner", "outer", "inner2", None, None]
+    idx = enclosing_range(tr.ranges, [1], [6], [50])
+    assert tr.ranges["name"].iloc[idx[0]] == "other_thread"
+
+
+def test_attribution_groups_steps_and_skips_cpu_ops():
+    tr = T(ranges=[rng(0, 100, 5, "ProfilerStep#3", source="user_annotation"),
+                   rng(10, 20, 5, "aten::mm", source="cpu_op")])
+    assert list(attribute(tr, [1], [5], [15])) == ["ProfilerStep#*"]
+    assert list(attribute(tr, [1], [5], [15], cpu_ops=True)) == ["aten::mm"]
+
+
+# --- utilization ------------------------------------------------------------------------
+def test_utilization_timeline_by_hand():
+    tr = T(kernels=[kern(0, 4000), kern(2000, 6000), kern(10000, 30000), kern(100, 400, device=1)],
+           memcpys=[copy(30000, 40000, "h2d")])
+    d = utilization.analyze(tr, O.with_overrides(timeline_bins=4, startup_fraction=0.0)).data
+    assert d["devices"]["0"]["busy_ns"] == 26000 and d["devices"]["0"]["window_ns"] == 40000
+    assert d["devices"]["1"]["utilization"] == pytest.approx(1.0)
+    # bins of 10000 ns over 0..40000: [0,6000] -> 0.6; [10000,30000] -> 1, 1; copy only -> 0
+    assert d["timeline"]["devices"]["0"] == [0.6, 1.0, 1.0, 0.0]
+    assert d["timeline"]["devices"]["1"] == [0.03, 0.0, 0.0, 0.0]
+    assert d["timeline"]["streams"]["pid 1 dev 0 stream 7"] == [0.6, 1.0, 1.0, 0.0]
+    # steady state: median non-empty bin 1.0 -> first bin >= 0.5 is bin 0 -> starts at 0
+    assert d["devices"]["0"]["steady_start_ns"] == 0
+    d2 = utilization.analyze(tr, O.with_overrides(timeline_bins=4, startup_fraction=0.25)).data
+    # cut at 10000: busy 20000 of 30000
+    assert d2["devices"]["0"]["steady_utilization"] == pytest.approx(20000 / 30000)
+    assert utilization.analyze(tr, O).findings == []
+
+
+# --- short kernels -------------------------------------------------------------------------
+def test_short_kernels_by_hand():
+    ks = [kern(0, 2000, corr=1, name="a"), kern(3000, 5000, corr=2, name="a"), kern(6000, 9000, corr=3, name="b"),
+          kern(10000, 40000, corr=4, name="big")]
+    calls = [api(-9000, 0, 1, 5), api(-6000, 0, 2, 5), api(-3000, 0, 3, 5), api(0, 1000, 4, 5)]
+    res = short_kernels.analyze(T(kernels=ks, api=calls), O)
+    d = res.data
+    assert d["short"] == 3 and d["count_share"] == 0.75
+    assert d["time_share"] == pytest.approx(round(7000 / 37000, 4))
+    assert d["offenders"][0] == {"name": "a", "count": 2, "total_us": 4.0, "median_us": 2.0}
+    # launch durations 9000, 6000, 3000, 1000 -> median 4500; kernels 2000,2000,3000,30000 -> 2500
+    assert d["median_launch_us"] == 4.5 and d["median_kernel_us"] == 2.5
+    (f,) = res.findings
+    assert f.id == "short-kernels" and f.severity == "high"
+
+
+def test_short_kernels_capped_when_launch_is_cheap():
+    ks = [kern(0, 2000, corr=1), kern(3000, 5000, corr=2)]
+    calls = [api(-100, 0, 1, 5), api(-100, 0, 2, 5)]
+    (f,) = short_kernels.analyze(T(kernels=ks, api=calls), O).findings
+    assert f.severity == "medium"
+
+
+# --- launch-bound -------------------------------------------------------------------------
+def test_launch_bound_split_by_hand():
+    ks = [kern(0, 1000, corr=1), kern(3000, 4000, corr=2), kern(20000, 21000, corr=3),
+          kern(30000, 31000, corr=4), kern(32000, 33000, corr=0)]
+    calls = [api(-500, -100, 1, 5), api(500, 900, 2, 5), api(10000, 11000, 3, 6), api(2000, 2500, 4, 5)]
+    res = launch_bound.analyze(T(kernels=ks, api=calls), O)
+    d = res.data
+    # gaps: 2000 (launch began before idle, < 5 us: short), 16000 (launch at 10000 >= 4000: host wait),
+    #       9000 (launch at 2000 < 21000: other), 1000 (no launch call, short)
+    assert d["idle_ns"] == 28000 and d["host_wait_ns"] == 16000
+    assert d["short_gap_ns"] == 3000 and d["other_idle_ns"] == 9000
+    assert d["host_wait_share_of_idle"] == pytest.approx(round(16000 / 28000, 4))
+    assert d["launch_share_of_window"] == pytest.approx(round(19000 / 33000, 4))
+    (f,) = res.findings
+    assert f.severity == "high"
+    assert f.where[0]["thread"].startswith("pid 1 tid 6") and f.where[0]["share"] == 1.0
+
+
+# --- stream contention ----------------------------------------------------------------
+def test_stream_contention_by_hand():
+    ks = [kern(1000 + i * 10, 1005 + i * 10, corr=i + 1) for i in range(4)]
+    calls = [api(0, 100, 1, 1), api(50, 150, 2, 2), api(200, 300, 3, 1), api(400, 500, 4, 2)]
+    res = stream_contention.analyze(T(kernels=ks, api=calls), O)
+    (s,) = res.data["streams"]
+    # per-thread unions A=[0,100]+[200,300], B=[50,150]+[400,500]; overlap [50,100] counts twice
+    assert s["overlap_share"] == pytest.approx(100 / 400)
+    assert s["switch_rate"] == 1.0 and s["concurrent_threads"] == 2
+    assert s["median_launch_us_overlapped"] == 0.1 and s["median_launch_us_alone"] == 0.1
+    (f,) = res.findings
+    assert f.id == "stream-contention" and f.severity == "high"
+
+
+def test_warmup_then_one_thread_is_not_contention():
+    ks = [kern(5000 + i * 10, 5005 + i * 10, corr=i + 1, stream=9) for i in range(4)]
+    calls = [api(0, 100, 1, 1), api(1000, 1100, 2, 2), api(1200, 1300, 3, 2), api(1400, 1500, 4, 2)]
+    res = stream_contention.analyze(T(kernels=ks, api=calls), O)
+    (s,) = res.data["streams"]
+    assert s["threads"] == 2 and s["concurrent_threads"] == 0 and not s["contended"]
+    assert res.findings == []
+
+
+# --- memcpy ping-pong -----------------------------------------------------------------
+def test_memcpy_ping_pong_by_hand():
+    cps = [copy(0, 10, "h2d", corr=1, src="pageable"), copy(1000, 1010, "d2h", corr=2),
+           copy(2000, 2010, "h2d", corr=3), copy(3000, 3010, "d2h", corr=4, nbytes=10**6)]
+    calls = [api(-50, -1, 1, 5, name="cudaMemcpy"), api(900, 950, 2, 5, name="cudaMemcpyAsync"),
+             api(1900, 1950, 3, 5, name="cudaMemcpyAsync"), api(2900, 2950, 4, 5, name="cudaMemcpyAsync")]
+    res = memcpy_ping_pong.analyze(T(memcpys=cps, api=calls, ranges=[rng(-100, 5000, 5, "query")]), O)
+    d = res.data
+    assert (d["h2d"], d["d2h"], d["direction_switches"]) == (2, 2, 3)
+    assert d["small_copies"] == 3 and d["sync_copies"] == 1 and d["pageable_copies"] == 1
+    assert d["unit"] == "query" and d["units"] == 1 and d["small_copies_per_unit"] == 3.0
+    (f,) = res.findings
+    assert f.severity == "high"  # switch share 3/3
+    assert f.where[0] == {"nvtx": "query", "share": 1.0}
+
+
+# --- sync api -----------------------------------------------------------------------
+def test_sync_api_by_hand():
+    calls = [api(0, 10, 1, 5), api(10, 60, 0, 5, name="cudaStreamSynchronize"), api(60, 100, 2, 5),
+             api(0, 1000, 3, 6)]
+    res = sync_api.analyze(T(api=calls, ranges=[rng(5, 70, 5, "step")]), O)
+    d = res.data
+    assert d["calls"] == 1 and d["blocked_us"] == 0.05
+    assert d["blocked_share"] == 0.5  # 50 of thread 5's 100 ns span
+    assert d["by_kind"] == {"stream": {"calls": 1, "blocked_us": 0.05}}
+    (f,) = res.findings
+    assert f.severity == "high" and f.where[0] == {"nvtx": "step", "share": 1.0}
+
+
+# --- small grid ----------------------------------------------------------------------
+def test_small_grid_by_hand():
+    ks = [kern(0, 100, grid=(32, 1, 1), name="tiny"), kern(100, 400, grid=(132, 2, 1)),
+          kern(0, 1000, device=1, grid=(1, 1, 1))]
+    tr = T(kernels=ks, devices=[{"device": 0, "name": "H100", "sm_count": 132}])
+    res = small_grid.analyze(tr, O)
+    d = res.data
+    assert d["skipped_devices"] == [1] and "note" in d
+    assert d["kernels_judged"] == 2 and d["small_grid_kernels"] == 1
+    assert d["time_share"] == 0.25
+    (f,) = res.findings
+    assert f.severity == "medium" and d["offenders"][0]["name"] == "tiny"
+
+
+def test_small_grid_unknown_sm_count_is_skipped():
+    res = small_grid.analyze(T(kernels=[kern(0, 100)]), O)
+    assert res.findings == [] and res.data["skipped_devices"] == [0]
+
+
+# --- graph candidates --------------------------------------------------------------
+def test_graph_candidate_by_hand():
+    names = [f"x{i}" for i in range(5)] + [c for _ in range(4) for c in "ABCDEFGH"]
+    ks = [kern(i * 1000, i * 1000 + 1000, corr=i + 1, name=n) for i, n in enumerate(names)]
+    calls = [api(i * 1000 - 500, i * 1000 - 400, i + 1, 5) for i in range(len(names))]
+    res = graph_candidate.analyze(T(kernels=ks, api=calls), O)
+    d = res.data
+    assert d["eager_kernels"] == 37 and d["candidate_kernels"] == 32
+    assert d["sequence_length"] == 8 and d["sequence_head"][:2] == ["A", "B"]
+    assert d["candidate_share_of_busy"] == pytest.approx(round(32 / 37, 4))
+    (f,) = res.findings
+    assert f.severity == "high" and d["graphed_busy_share"] == 0.0
+
+
+def test_graph_candidate_recognizes_graphs():
+    ks = [kern(0, 1000, corr=1, in_graph=True), kern(5000, 6000, corr=2)]
+    graphs = [{"start": 0, "end": 3000, "pid": 1, "device": 0, "stream": 7, "correlation": 1, "graph_id": 1}]
+    calls = [api(-10, -5, 1, 5, name="cudaGraphLaunch"), api(4000, 4100, 2, 5)]
+    res = graph_candidate.analyze(T(kernels=ks, graphs=graphs, api=calls), O)
+    # graphed: [0,3000] of busy [0,3000] U [5000,6000] = 3000 / 4000
+    assert res.data["graphed_busy_share"] == 0.75
+    (f,) = res.findings
+    assert f.id == "graph-candidate" and f.severity == "note"
+
+
+# --- no GPU activity + registry ------------------------------------------------------
+def test_no_gpu_activity():
+    res = no_gpu_activity.analyze(T(api=[api(0, 10, 1, 5)]), O)
+    (f,) = res.findings
+    assert f.id == "no-gpu-activity" and f.severity == "note" and "tracing" in f.evidence["why"]
+    assert no_gpu_activity.analyze(T(kernels=[kern(0, 1)]), O).findings == []
+
+
+def test_registry_runs_all_and_ids_are_contract():
+    tr = T(kernels=[kern(i * 100, i * 100 + 50, corr=i + 1) for i in range(40)],
+           api=[api(i * 100 - 10, i * 100 + 20, i + 1, 5 + i % 2) for i in range(40)],
+           memcpys=[copy(5000, 5010, "h2d"), copy(5020, 5030, "d2h")])
+    results = run_all(tr, O)
+    assert [r.name for r in results] == list(ANALYZERS)
+    for r in results:
+        json.dumps(r.data)
+        for f in r.findings:
+            assert f.id in IDS and f.severity in SEVERITIES and f.recommendation
+            json.dumps(f.to_dict())
+    empty = run_all(Trace(path="x", format="test"), O)
+    assert [f.id for r in empty for f in r.findings] == ["no-gpu-activity"]
