@@ -22,10 +22,21 @@ __all__ = ["render_terminal", "fmt_value"]
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "note": "dim"}
 
 
+#: kernel names are often several hundred characters of template arguments; the terminal
+#: shows the head (namespace and kernel name), the JSON and HTML reports keep them whole
+NAME_WIDTH = 100
+
+
+def _short(s: str, width: int = NAME_WIDTH) -> str:
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
 def fmt_value(key: str, v: Any) -> str:
     """A human rendering of one evidence / summary number (shares as %, ns as time)."""
     if v is None:
         return "n/a"
+    if isinstance(v, str):
+        return _short(v)
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
@@ -66,7 +77,7 @@ def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
     for i, w in enumerate(where[:limit]):
         if i:
             t.append("; ")
-        parts = [f"{k}={w[k]}" for k in ("nvtx", "cpu_op", "thread", "stream", "device", "kernel") if w.get(k) is not None]
+        parts = [f"{k}={_short(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "stream", "device", "kernel") if w.get(k) is not None]
         t.append(", ".join(parts) or "?")
         if w.get("share") is not None:
             t.append(f" ({w['share'] * 100:.0f}%)", style="dim")
@@ -101,47 +112,74 @@ def _summary_table(res: "AdviseResult") -> Table:
     return tab
 
 
+def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
+    """Evidence rows (worst kernels, streams, regions), one per line: the name first,
+    shortened, then its numbers. Lines wrap cleanly at any terminal width."""
+    t = Text()
+    for i, r in enumerate(rows[:limit]):
+        if i:
+            t.append("\n")
+        parts = []
+        for k, v in r.items():
+            if isinstance(v, (dict, list)):
+                continue
+            if k in ("name", "kernel", "nvtx", "stream", "thread", "region", "sequence"):
+                t.append(_short(str(v), 70) + "  ", style="bold")
+            else:
+                parts.append(f"{k}={fmt_value(k, v)}")
+        t.append(", ".join(parts))
+    if len(rows) > limit:
+        t.append(f"\n+{len(rows) - limit} more", style="dim")
+    return t
+
+
 def _finding_panel(f: Any) -> Panel:
     style = _SEV_STYLE.get(f.severity, "")
     body = Table.grid(padding=(0, 1))
     body.add_column(style="dim", no_wrap=True)
     body.add_column()
+    body.add_row("", Text(f.title, style="bold"))
     ev = ", ".join(f"{k}={fmt_value(k, v)}" for k, v in f.evidence.items()
                    if not isinstance(v, (list, dict)) or k in ("top",))
     body.add_row("evidence", Text(ev))
     for k, v in f.evidence.items():
         if isinstance(v, list) and v and isinstance(v[0], dict):
-            lines = Text()
-            for i, row in enumerate(v[:5]):
-                if i:
-                    lines.append("\n")
-                lines.append(", ".join(f"{kk}={fmt_value(kk, vv)}" for kk, vv in row.items()))
-            body.add_row(k.replace("_", " "), lines)
+            body.add_row(k.replace("_", " "), _rows_text(v))
     if f.where:
         body.add_row("where", _where_text(f.where))
     body.add_row("fix", Text(f.recommendation))
-    title = Text.assemble((f"{f.severity.upper():<6}", style), " ", (f.id, "bold"), "  ", f.title)
+    title = Text.assemble((f"{f.severity.upper()}", style), " ", (f.id, "bold"))
     return Panel(body, title=title, title_align="left", border_style=style or "white")
 
 
+def _plan_value(val: dict[str, Any]) -> str:
+    if "count" in val:
+        out = str(val["count"])
+    elif "enabled" in val:
+        out = "yes" if val["enabled"] else "no"
+    else:
+        out = ""
+    extra = [f"{k.replace('_', ' ')} {fmt_value(k, v)}" for k, v in val.items()
+             if k not in ("count", "enabled", "because", "reason", "assignments", "family")
+             and not isinstance(v, (dict, list)) and v is not None]
+    return out + (f" ({', '.join(extra)})" if extra else "")
+
+
 def _plan_table(plan: dict[str, Any]) -> Table:
-    tab = Table(title="Proposed multi-stream plan", title_justify="left")
-    tab.add_column("choice", style="bold")
-    tab.add_column("value")
-    tab.add_column("because")
+    """One row per choice of the plan (see ``recsys_doctor/planner.py`` for the JSON)."""
+    tab = Table(title=f"Proposed multi-stream plan ({plan.get('kind', '?')})", title_justify="left", expand=True)
+    tab.add_column("choice", style="bold", no_wrap=True)
+    tab.add_column("value", ratio=1)
+    tab.add_column("because", ratio=3)
     for key, val in plan.items():
-        if key in ("schema", "kind", "notes", "because", "reasons"):
+        if not isinstance(val, dict) or "reason" not in val:
             continue
-        if isinstance(val, dict) and "value" in val:
-            because = ", ".join(val.get("because", []))
-            reason = val.get("reason", "")
-            tab.add_row(key.replace("_", " "), Text(fmt_value(key, val["value"])),
-                        Text(f"{because}: {reason}" if because else reason))
-        elif not isinstance(val, (dict, list)):
-            tab.add_row(key.replace("_", " "), Text(fmt_value(key, val)), "")
-        elif isinstance(val, list) and val and isinstance(val[0], dict):
-            tab.add_row(key.replace("_", " "), Text(f"{len(val)} entries"),
-                        Text("; ".join(", ".join(f"{k}={v}" for k, v in d.items()) for d in val[:4])))
+        because = ", ".join(val.get("because") or [])
+        reason = val.get("reason") or ""
+        tab.add_row(key.replace("_", " "), Text(_plan_value(val)),
+                    Text(f"{because}: {reason}" if because else reason))
+        for a in (val.get("assignments") or [])[:8]:
+            tab.add_row("", Text(", ".join(f"{k}={v}" for k, v in a.items()), style="dim"), "")
     return tab
 
 
