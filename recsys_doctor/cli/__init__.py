@@ -45,16 +45,12 @@ def main() -> None:
 
 def _register() -> None:
     from .advise import advise_cmd
+    from .gate import check_cmd, compare_cmd, history_cmd
 
     main.add_command(advise_cmd, "advise")
-    try:
-        from .gate import check_cmd, compare_cmd, history_cmd
-    except ImportError:  # pragma: no cover - the gate commands are optional during development
-        pass
-    else:
-        main.add_command(check_cmd, "check")
-        main.add_command(compare_cmd, "compare")
-        main.add_command(history_cmd, "history")
+    main.add_command(check_cmd, "check")
+    main.add_command(compare_cmd, "compare")
+    main.add_command(history_cmd, "history")
 
 
 _register()

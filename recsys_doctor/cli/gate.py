@@ -1,0 +1,196 @@
+"""``check``, ``compare`` and ``history``: the CI gate and the run history on the command line.
+
+Thin: parse options, call :mod:`recsys_doctor.gate` / :mod:`recsys_doctor.history`, print.
+Library errors propagate to the group in ``cli/__init__.py`` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import BadInputError
+from ..options import Options
+
+__all__ = ["check_cmd", "compare_cmd", "history_cmd"]
+
+_SEVERITIES = click.Choice(["high", "medium", "low"], case_sensitive=False)
+
+
+def _json_default(o: object) -> object:
+    if hasattr(o, "item"):
+        return o.item()  # type: ignore[no-any-return]
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def _window(nvtx: str | None, start: str | None, end: str | None) -> dict[str, Any]:
+    from .advise import parse_time
+
+    return {"nvtx": nvtx, "start_ns": parse_time(start, "--start"), "end_ns": parse_time(end, "--end")}
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e15:
+            return f"{int(v):,}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+_db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), envvar="RECSYS_DOCTOR_DB",
+                          help="Run history database (default: the user data dir; env RECSYS_DOCTOR_DB).")
+
+
+@click.command("check")
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--baseline", "baseline_file", type=click.Path(path_type=Path), metavar="FILE",
+              help="Baseline: an `advise --json` output or a `check --write-baseline` file.")
+@click.option("--baseline-db", "baseline_branch", metavar="BRANCH",
+              help="Baseline: the latest run of this workload recorded in the history for BRANCH.")
+@click.option("--min-utilization", metavar="X", help="Fail when GPU utilization is below X (0.4 or 40%).")
+@click.option("--max-drop", metavar="D",
+              help="Fail when utilization dropped by more than D (absolute: 0.05 or 5%) vs the baseline.")
+@click.option("--fail-on", type=_SEVERITIES,
+              help="Fail when a finding of this severity or worse appears that the baseline did not have.")
+@click.option("--write-baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write this run as a baseline file (for a later --baseline).")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write the verdict as JUnit XML (one test case per rule).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@click.option("--nvtx", metavar="NAME", help="Restrict the trace to the span of these NVTX ranges.")
+@click.option("--start", metavar="TIME", help="Start of the analysis window (e.g. 1.5s).")
+@click.option("--end", metavar="TIME", help="End of the analysis window.")
+@_db_option
+@click.option("--no-history", is_flag=True, help="Do not record this run in the history.")
+@click.pass_context
+def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, baseline_branch: str | None,
+              min_utilization: str | None, max_drop: str | None, fail_on: str | None,
+              write_baseline: Path | None, junit: Path | None, as_json: bool, nvtx: str | None,
+              start: str | None, end: str | None, db: Path | None, no_history: bool) -> None:
+    """Gate a run in CI: exit 0 when TRACE passes, 1 on a regression (one reason per
+    line), 2 on bad input.
+
+    TRACE is a trace file or a saved `advise --json` output. With only a baseline, the
+    defaults are --max-drop 0.05 --fail-on high.
+    """
+    from .. import gate, history
+
+    if baseline_file and baseline_branch:
+        raise BadInputError("give either --baseline FILE or --baseline-db BRANCH, not both")
+    min_u = gate.parse_fraction(min_utilization, "--min-utilization")
+    drop = gate.parse_fraction(max_drop, "--max-drop")
+    # load the baseline first: a bad baseline should fail before a long trace load
+    base = gate.load_baseline(baseline_file) if baseline_file else None
+    result = gate.load_run(trace, Options(), progress=sys.stderr.isatty(), **_window(nvtx, start, end))
+    if baseline_branch:
+        wl = history.workload_name(result.trace_info.get("path"))
+        base = gate.baseline_from_history(baseline_branch, db, workload=wl)
+    if write_baseline:
+        gate.write_baseline(result, write_baseline)
+        click.echo(f"baseline written to {write_baseline}", err=True)
+        if base is None and min_u is None and drop is None and fail_on is None:
+            if not no_history:
+                history.record_run(result, db, command="check")
+            return
+    verdict = gate.check(result, base, min_utilization=min_u, max_drop=drop,
+                         fail_on=fail_on.lower() if fail_on else None)
+    if junit:
+        gate.write_junit(verdict, junit)
+    if not no_history:
+        history.record_run(result, db, command="check", passed=verdict.passed, reasons=verdict.reasons)
+    for line in gate.github_annotations(verdict):
+        click.echo(line)
+    if as_json:
+        click.echo(json.dumps(verdict.to_dict(), indent=1, default=_json_default))
+    elif verdict.passed:
+        for r in verdict.rules:
+            click.echo(f"ok: {r.message}")
+        click.echo("check passed")
+    else:
+        for reason in verdict.reasons:
+            click.echo(reason)
+    if not verdict.passed:
+        ctx.exit(1)
+
+
+@click.command("compare")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write a self-contained before/after HTML page.")
+@click.option("--png", "png_out", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write the before/after plot as PNG.")
+def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out: Path | None) -> None:
+    """Compare run A (before) with run B (after): metric deltas and the findings that
+    appeared or disappeared. A and B are traces or saved `advise --json` outputs."""
+    from .. import gate
+
+    ra = gate.load_run(a, Options(), progress=sys.stderr.isatty())
+    rb = gate.load_run(b, Options(), progress=sys.stderr.isatty())
+    c = gate.compare(ra, rb, a_name=str(a), b_name=str(b))
+    if html_out:
+        from ..reports.html import write_compare_html
+
+        write_compare_html(ra, rb, html_out, a_label=a.name, b_label=b.name)
+    if png_out:
+        from ..reports.plots import plot_before_after
+
+        try:
+            png_out.write_bytes(plot_before_after(ra, rb, a.name, b.name))
+        except OSError as e:
+            raise BadInputError(f"cannot write {png_out}: {e}") from None
+    if as_json:
+        click.echo(json.dumps(c.to_dict(), indent=1, default=_json_default))
+        return
+    click.echo(f"A: {a}\nB: {b}\n")
+    w = max([len(m["metric"]) for m in c.metrics] + [6])
+    click.echo(f"{'metric':<{w}}  {'A':>12}  {'B':>12}  {'B - A':>12}")
+    for m in c.metrics:
+        d = m["delta"]
+        click.echo(f"{m['metric']:<{w}}  {_fmt(m['a']):>12}  {_fmt(m['b']):>12}  "
+                   f"{('n/a' if d is None else ('+' if d > 0 else '') + _fmt(d)):>12}")
+    for label, fs in (("appeared in B", c.appeared), ("disappeared from A", c.disappeared)):
+        click.echo(f"\nfindings {label}: {len(fs)}")
+        for f in fs:
+            click.echo(f"  [{f['severity']}] {f['id']}: {f['title']}")
+    if c.changed:
+        click.echo(f"\nseverity changed: {len(c.changed)}")
+        for f in c.changed:
+            click.echo(f"  {f['id']}: {f['a']} -> {f['b']}")
+
+
+@click.command("history")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True, help="How many runs.")
+@click.option("--branch", help="Only runs recorded on this git branch.")
+@click.option("--workload", help="Only runs of this workload (trace file name without extension).")
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
+@_db_option
+def history_cmd(limit: int, branch: str | None, workload: str | None, as_json: bool, db: Path | None) -> None:
+    """List recorded advise/check runs, newest first."""
+    from .. import history
+
+    runs = history.list_runs(db, limit=limit, branch=branch, workload=workload)
+    if as_json:
+        click.echo(json.dumps(runs, indent=1, default=_json_default))
+        return
+    if not runs:
+        click.echo(f"no runs recorded in {history.resolve_db_path(db)}")
+        return
+    click.echo(f"{'id':>5}  {'when (UTC)':<25}  {'cmd':<6}  {'util':>6}  {'kernels':>8}  {'commit':<8}  "
+               f"{'branch':<16}  {'check':<5}  workload")
+    for r in runs:
+        u = r.get("gpu_utilization")
+        chk = "" if r.get("passed") is None else ("pass" if r["passed"] else "FAIL")
+        click.echo(f"{r['id']:>5}  {r['when_utc']:<25}  {r['command']:<6}  "
+                   f"{('n/a' if u is None else f'{u * 100:.1f}%'):>6}  {_fmt(r.get('kernels')):>8}  "
+                   f"{(r.get('git_commit') or '')[:8]:<8}  {(r.get('git_branch') or '')[:16]:<16}  {chk:<5}  "
+                   f"{r.get('workload') or ''}")
