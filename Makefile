@@ -19,6 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/recsys-doctor advise --demo
 
 test: $(STAMP)
+	sh tests/ensure_chromium.sh
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -61,3 +61,12 @@ def shared_files(sub: str, patterns: tuple[str, ...]) -> list[Path]:
     for p in patterns:
         out.extend(sorted(d.glob(p)))
     return out
+
+
+@pytest.fixture(autouse=True)
+def _private_history_db(tmp_path_factory, monkeypatch):
+    """Every test records runs into its own history database, never the user's."""
+    if "RECSYS_DOCTOR_DB" not in os.environ or os.environ.get("RECSYS_DOCTOR_TEST_DB_SET"):
+        db = tmp_path_factory.mktemp("history") / "history.db"
+        monkeypatch.setenv("RECSYS_DOCTOR_DB", str(db))
+        monkeypatch.setenv("RECSYS_DOCTOR_TEST_DB_SET", "1")

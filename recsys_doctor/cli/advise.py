@@ -56,8 +56,16 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
               help=f"Kernels shorter than this are 'short' (default {Options.short_kernel_us}).")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
               help="Override any analyzer threshold (see docs/options.md), e.g. --set short_gap_us=3.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Also write a self-contained HTML report (plots embedded) to FILE.")
+@click.option("--md", "md_out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Also write a Markdown report to FILE, its plots as PNGs in FILE_STEM_files/.")
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), envvar="RECSYS_DOCTOR_DB",
+              metavar="FILE", help="Run-history database (default: in the user data dir; env RECSYS_DOCTOR_DB).")
+@click.option("--no-history", is_flag=True, help="Do not record this run in the run history.")
 def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | None, start: str | None,
-               end: str | None, short_kernel_us: float | None, sets: tuple[str, ...]) -> None:
+               end: str | None, short_kernel_us: float | None, sets: tuple[str, ...], html_out: Path | None,
+               md_out: Path | None, db: Path | None, no_history: bool) -> None:
     """Diagnose TRACE files: Nsight Systems reports (.nsys-rep), their SQLite exports
     (.sqlite, .sqlite.gz) and PyTorch profiler JSON (.json, .json.gz).
 
@@ -66,7 +74,10 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     where in the model (NVTX range, thread, stream) each happens, and proposes a
     multi-stream plan.
     """
+    from .. import history
     from ..advise import advise
+    from ..reports.html import write_html
+    from ..reports.markdown import write_markdown
     from ..reports.terminal import render_terminal
 
     paths = list(traces)
@@ -78,12 +89,28 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     start_ns, end_ns = parse_time(start, "--start"), parse_time(end, "--end")
     results = [advise(p, options, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns,
                       progress=sys.stderr.isatty()) for p in paths]
+    for r in results:
+        if not no_history:
+            history.record_run(r, db, command="advise")
+        if html_out:
+            rows = history.list_runs(db, limit=50, workload=history.workload_name(r.trace_info.get("path")))
+            write_html(r, _per_trace(html_out, r, len(results)), history_rows=rows, options=options)
+        if md_out:
+            write_markdown(r, _per_trace(md_out, r, len(results)), options=options)
     if as_json:
         payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
         click.echo(json.dumps(payload, indent=1, default=_json_default))
         return
     for r in results:
         render_terminal(r)
+
+
+def _per_trace(out: Path, result: object, n: int) -> Path:
+    """With several traces, one report each: ``report.html`` -> ``report-<trace>.html``."""
+    if n == 1:
+        return out
+    name = Path(str(result.trace_info["path"])).name.split(".")[0]  # type: ignore[attr-defined]
+    return out.with_name(f"{out.stem}-{name}{out.suffix}")
 
 
 def _json_default(o: object) -> object:
