@@ -42,6 +42,8 @@ class Options:
     #: medium; otherwise low. 0.5/0.2 mirror how Nsight Systems' expert rules and HTA's
     #: idle-time breakdown are usually read (more than half the time = the main problem).
     high_share: float = 0.5
+    #: The medium cut-off of the severity scale above (a fifth of the time is worth fixing
+    #: but is not the main problem).
     medium_share: float = 0.2
 
     #: A stream fed by at least this many CPU threads is "contended".
@@ -101,5 +103,40 @@ class Options:
         return replace(self, **conv)
 
     @classmethod
-    def documented(cls) -> list[tuple[str, Any]]:
-        return [(f.name, f.default) for f in fields(cls)]
+    def documented(cls) -> list[tuple[str, Any, str]]:
+        """``(name, default, doc)`` for every field; ``doc`` is the ``#:`` comment above the
+        field in this file, so the code and the documentation cannot drift apart."""
+        import inspect
+
+        docs: dict[str, str] = {}
+        pending: list[str] = []
+        for line in inspect.getsource(cls).splitlines():
+            text = line.strip()
+            if text.startswith("#:"):
+                pending.append(text[2:].strip())
+            elif ":" in text and not text.startswith(("def ", "@", "#", '"')) and pending:
+                docs[text.split(":", 1)[0].strip()] = " ".join(pending)
+                pending = []
+            elif not text.startswith("#:"):
+                pending = [] if text else pending
+        return [(f.name, f.default, docs.get(f.name, "")) for f in fields(cls)]
+
+
+def options_markdown() -> str:
+    """The text of ``docs/options.md`` (a test keeps the file equal to this)."""
+    out = [
+        "# Analyzer thresholds",
+        "",
+        "Every threshold the analyzers use lives in `recsys_doctor.options.Options`. Override any of",
+        "them with `recsys-doctor advise TRACE --set NAME=VALUE` (repeatable); `--short-kernel-us N`",
+        "is a shortcut for `--set short_kernel_us=N`. This file is generated from the comments in",
+        "`recsys_doctor/options.py` (`python -c 'from recsys_doctor.options import options_markdown;",
+        "print(options_markdown(), end=\"\")' > docs/options.md`).",
+        "",
+        "| name | default | what it means and where the default comes from |",
+        "|---|---|---|",
+    ]
+    for name, default, doc in Options.documented():
+        cell = doc.replace("|", "\\|")
+        out.append(f"| `{name}` | `{default}` | {cell} |")
+    return "\n".join(out) + "\n"

@@ -208,3 +208,13 @@ def test_several_traces_give_a_json_array(project_data):
     d = json.loads(res.stdout)
     assert isinstance(d, list) and len(d) == 2
     assert [x["trace"]["format"] for x in d] == ["nsys-sqlite", "kineto-json"]
+
+
+def test_docs_options_md_is_current():
+    """docs/options.md documents every threshold, as generated from options.py."""
+    from recsys_doctor.options import Options, options_markdown
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+    assert doc == options_markdown()
+    for name, _default, text in Options.documented():
+        assert text, f"Options.{name} has no #: comment saying what it means"
