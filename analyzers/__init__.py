@@ -33,7 +33,14 @@ ANALYZERS: dict[str, Analyzer] = {
 }
 
 
-def run_all(trace: Trace, options: Options | None = None) -> list[AnalysisResult]:
-    """Run every registered analyzer over ``trace``, in registry order."""
+def run_all(trace: Trace, options: Options | None = None,
+            on_done: Callable[[str], None] | None = None) -> list[AnalysisResult]:
+    """Run every registered analyzer over ``trace``, in registry order; ``on_done(name)``
+    is called after each (progress reporting)."""
     options = options or Options()
-    return [fn(trace, options) for fn in ANALYZERS.values()]
+    out = []
+    for name, fn in ANALYZERS.items():
+        out.append(fn(trace, options))
+        if on_done is not None:
+            on_done(name)
+    return out

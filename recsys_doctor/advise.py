@@ -76,15 +76,23 @@ def restrict(trace: Trace, *, nvtx: str | None = None, start_ns: int | None = No
     return trace.window(start_ns, end_ns)
 
 
-def advise_trace(trace: Trace, options: Options | None = None) -> AdviseResult:
+def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool = False) -> AdviseResult:
     """Run the summary, every analyzer and the planner over an already loaded trace."""
-    from .analyzers import run_all
+    from .analyzers import ANALYZERS, run_all
     from .analyzers.summary import summarize
     from .planner import make_plan
+    from .progress import progress as progress_bar
 
     options = options or Options()
-    summary = summarize(trace)
-    results: list[AnalysisResult] = run_all(trace, options)
+    with progress_bar("analyzing", total=len(ANALYZERS) + 1, enabled=None if progress else False) as bar:
+        summary = summarize(trace)
+        bar.advance()
+
+        def done(name: str) -> None:
+            bar.update(description=f"analyzing: {name} done")
+            bar.advance()
+
+        results: list[AnalysisResult] = run_all(trace, options, on_done=done)
     findings = [f for r in results for f in r.findings]
     findings.sort(key=lambda f: _SEV_ORDER.get(f.severity, 9))
     plan = make_plan(trace, findings, results, options)
@@ -102,11 +110,13 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
            start_ns: int | None = None, end_ns: int | None = None, progress: bool = False) -> AdviseResult:
     """Load ``path`` (any supported format), optionally restrict it, and diagnose it."""
     from .loaders import load
+    from .progress import progress as progress_bar
 
-    trace = load(path, progress=progress)
+    with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False):
+        trace = load(path, progress=progress)
     trace.meta.setdefault("sha256", _file_sha256(str(path)))
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)
-    res = advise_trace(trace, options)
+    res = advise_trace(trace, options, progress=progress)
     if nvtx is not None:
         res.trace_info["nvtx"] = nvtx
     return res
