@@ -1,0 +1,277 @@
+"""Pure logic of the runtime: no CUDA, no torch. Tested on the CPU box.
+
+* :func:`pick_least_loaded` - which stream group takes the next query.
+* :func:`flatten` / :func:`unflatten` / :func:`input_signature` - how inputs are keyed to
+  a captured CUDA graph.
+* :func:`pack_layout` - where each input tensor lives inside one pinned staging buffer, so
+  that a query costs one host-to-device copy instead of one per tensor.
+* :class:`RuntimeConfig` - the runtime's knobs, also parsed from a ``plan`` dict as
+  ``recsys-doctor advise`` proposes it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+from ..errors import BadInputError
+
+__all__ = [
+    "pick_least_loaded",
+    "flatten",
+    "unflatten",
+    "input_signature",
+    "pack_layout",
+    "PackedLayout",
+    "RuntimeConfig",
+    "ALIGN",
+]
+
+#: Byte alignment of each packed run inside a staging buffer. 256 B is what cudaMalloc
+#: guarantees, so vectorized kernels see the same alignment as with separate tensors.
+ALIGN = 256
+
+
+def pick_least_loaded(in_flight: Sequence[int], start: int = 0,
+                      idle: Sequence[Callable[[], bool] | None] | None = None) -> int:
+    """Index of the group that should take the next query, decided without blocking.
+
+    The least in-flight count wins. Among equally loaded groups, one whose device work is
+    already finished (``idle[i]()`` is true: an event query, which never blocks) beats one
+    still draining; remaining ties rotate from ``start`` so that equal groups share the
+    load instead of group 0 taking everything.
+    """
+    n = len(in_flight)
+    if n == 0:
+        raise BadInputError("no stream groups to choose from")
+    low = min(in_flight)
+    order = [(start + k) % n for k in range(n)]
+    tied = [i for i in order if in_flight[i] == low]
+    if len(tied) > 1 and idle is not None:
+        for i in tied:
+            probe = idle[i]
+            if probe is not None and probe():
+                return i
+    return tied[0]
+
+
+# ----------------------------------------------------------------------------- pytrees
+
+_LEAF = "leaf"
+
+
+def flatten(tree: Any, is_leaf: Callable[[Any], bool]) -> tuple[list[Any], Any]:
+    """Leaves of a nested tuple/list/dict structure plus a hashable spec to rebuild it.
+
+    Dict keys are taken in sorted order so that two dicts with the same keys give the same
+    spec whatever their insertion order.
+    """
+    leaves: list[Any] = []
+
+    def rec(x: Any) -> Any:
+        if is_leaf(x):
+            leaves.append(x)
+            return _LEAF
+        if isinstance(x, tuple):
+            return ("tuple", tuple(rec(v) for v in x))
+        if isinstance(x, list):
+            return ("list", tuple(rec(v) for v in x))
+        if isinstance(x, Mapping):
+            keys = sorted(x)
+            return ("dict", tuple(keys), tuple(rec(x[k]) for k in keys))
+        leaves.append(x)
+        return ("const",)
+
+    spec = rec(tree)
+    return leaves, spec
+
+
+def unflatten(leaves: Sequence[Any], spec: Any) -> Any:
+    """Inverse of :func:`flatten` for tensor leaves (constants come back as given leaves)."""
+    it = iter(leaves)
+
+    def rec(s: Any) -> Any:
+        if s == _LEAF or s == ("const",):
+            return next(it)
+        kind = s[0]
+        if kind == "tuple":
+            return tuple(rec(c) for c in s[1])
+        if kind == "list":
+            return [rec(c) for c in s[1]]
+        if kind == "dict":
+            return {k: rec(c) for k, c in zip(s[1], s[2])}
+        raise BadInputError(f"bad tree spec {s!r}")
+
+    out = rec(spec)
+    rest = list(it)
+    if rest:
+        raise BadInputError(f"{len(rest)} leaves left over when rebuilding the structure")
+    return out
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def input_signature(inputs: Any) -> Hashable:
+    """Key of a captured CUDA graph: the structure plus each array's dtype and shape.
+
+    A CUDA graph bakes in shapes, dtypes and non-tensor arguments, so queries that differ in
+    any of these need their own graph; values of the arrays do not matter. Non-array leaves
+    (ints, floats, strings, None) are part of the key by value.
+    """
+    leaves, spec = flatten(inputs, _is_array)
+    key = []
+    for x in leaves:
+        if _is_array(x):
+            key.append((str(x.dtype), tuple(int(d) for d in x.shape)))
+        else:
+            try:
+                hash(x)
+                key.append(("const", type(x).__name__, x))
+            except TypeError:
+                key.append(("const", type(x).__name__, repr(x)))
+    return (spec, tuple(key))
+
+
+# ----------------------------------------------------------------------------- packing
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each tensor sits in one staging buffer.
+
+    ``offsets[i]`` is the byte offset of leaf ``i``; ``runs`` lists ``(first, count)`` of
+    consecutive leaves with equal dtype and shape that are stored back to back, so that one
+    ``torch.stack(..., out=view)`` fills a whole run (26 embedding-index tensors: one call,
+    not 26). ``nbytes`` is the buffer size.
+    """
+
+    offsets: tuple[int, ...]
+    nbytes_each: tuple[int, ...]
+    runs: tuple[tuple[int, int], ...]
+    nbytes: int
+
+
+def pack_layout(specs: Sequence[tuple[Hashable, tuple[int, ...], int]], align: int = ALIGN) -> PackedLayout:
+    """Lay out tensors given as ``(dtype_key, shape, itemsize)`` in one buffer.
+
+    Runs of consecutive equal ``(dtype_key, shape)`` are contiguous (so a stacked view of
+    the run is a plain contiguous tensor); each run starts at a multiple of ``align``.
+    An empty tensor takes no bytes but keeps its own offset.
+    """
+    if align <= 0 or align & (align - 1):
+        raise BadInputError(f"alignment must be a power of two, got {align}")
+    offsets: list[int] = []
+    sizes: list[int] = []
+    runs: list[tuple[int, int]] = []
+    pos = 0
+    i = 0
+    n = len(specs)
+    while i < n:
+        key, shape, item = specs[i]
+        j = i + 1
+        while j < n and specs[j][0] == key and tuple(specs[j][1]) == tuple(shape):
+            j += 1
+        each = int(math.prod(shape)) * int(item)
+        pos = (pos + align - 1) // align * align
+        for k in range(i, j):
+            offsets.append(pos + (k - i) * each)
+            sizes.append(each)
+        runs.append((i, j - i))
+        pos += each * (j - i)
+        i = j
+    total = (pos + align - 1) // align * align
+    return PackedLayout(tuple(offsets), tuple(sizes), tuple(runs), max(total, align))
+
+
+# ----------------------------------------------------------------------------- config
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The runtime's knobs. Defaults are the measured best for a small-batch wide&deep
+    model at 8 client threads on the H100 (see ``docs/runtime.md``)."""
+
+    #: number of stream groups (each: a compute stream + copy streams, or one merged stream)
+    groups: int = 4
+    #: one stream per group for copies and compute (no cross-stream waits inside a group)
+    merge_streams: bool = True
+    #: a memory pool per group (else one pool shared by all groups)
+    per_stream_allocator: bool = True
+    #: capture the whole query (H2D, forward, D2H) into a CUDA graph per group and shape
+    cuda_graphs: bool = True
+    #: queries a group can have in flight at once (each has its own staging buffers)
+    slots_per_group: int = 2
+    #: upper limit in bytes on the runtime's device pools together (None: no limit)
+    pool_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
+            raise BadInputError(f"groups must be a positive integer, got {self.groups!r}")
+        if not isinstance(self.slots_per_group, int) or self.slots_per_group < 1:
+            raise BadInputError(f"slots_per_group must be a positive integer, got {self.slots_per_group!r}")
+        if self.pool_limit_bytes is not None and (not isinstance(self.pool_limit_bytes, int)
+                                                  or self.pool_limit_bytes <= 0):
+            raise BadInputError(f"pool_limit_bytes must be a positive integer, got {self.pool_limit_bytes!r}")
+        for f in ("merge_streams", "per_stream_allocator", "cuda_graphs"):
+            if not isinstance(getattr(self, f), bool):
+                raise BadInputError(f"{f} must be true or false, got {getattr(self, f)!r}")
+
+    #: accepted spellings of each field in a plan dict
+    _ALIASES = {
+        "groups": ("groups", "stream_groups", "num_groups", "streams"),
+        "merge_streams": ("merge_streams", "merge_copy_compute", "merge", "stream_merging"),
+        "per_stream_allocator": ("per_stream_allocator", "per_stream_allocators", "per_group_allocator"),
+        "cuda_graphs": ("cuda_graphs", "graphs", "use_cuda_graphs"),
+        "slots_per_group": ("slots_per_group", "slots"),
+        "pool_limit_bytes": ("pool_limit_bytes",),
+    }
+
+    @classmethod
+    def from_plan(cls, plan: Mapping[str, Any], **overrides: Any) -> "RuntimeConfig":
+        """Build a config from a plan dict: ``advise --json``'s ``plan`` (planner schema 1:
+        ``stream_groups.count``, ``merge_copy_compute.enabled``,
+        ``per_stream_allocators.enabled``, ``cuda_graphs.enabled``) or a flat dict of the
+        field names (``groups``, ``merge_streams``...), optionally under ``runtime``. Unknown keys are ignored (a plan carries more than the
+        runtime needs); a recognized key with a wrong type raises :class:`BadInputError`.
+        ``overrides`` (not None) win over the plan."""
+        if not isinstance(plan, Mapping):
+            raise BadInputError(f"a plan must be a mapping, got {type(plan).__name__}")
+        src: Mapping[str, Any] = plan
+        for sub in ("runtime", "config"):
+            if isinstance(plan.get(sub), Mapping):
+                src = {**plan, **plan[sub]}
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            for alias in cls._ALIASES.get(f.name, (f.name,)):
+                if alias in src and src[alias] is not None:
+                    kw[f.name] = _coerce(f.name, src[alias], type(getattr(cls(), f.name)))
+                    break
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
+
+def _coerce(name: str, v: Any, typ: type) -> Any:
+    if isinstance(v, Mapping):  # planner schema 1: {"count": 4, ...} / {"enabled": true, ...}
+        v = v.get("count") if "count" in v else v.get("enabled")
+        if v is None:
+            raise BadInputError(f"plan field {name}: expected 'count' or 'enabled' in it")
+    if name == "pool_limit_bytes":
+        typ = int
+    if typ is bool:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return v.lower() in ("true", "yes", "on", "1")
+        raise BadInputError(f"plan field {name}: expected true/false, got {v!r}")
+    if typ is int:
+        if isinstance(v, bool):
+            raise BadInputError(f"plan field {name}: expected an integer, got {v!r}")
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, str) and v.strip().isdigit():
+            return int(v)
+        raise BadInputError(f"plan field {name}: expected an integer, got {v!r}")
+    return v

@@ -1,0 +1,316 @@
+"""Stream groups and the stream manager, on cuda-python (no torch here).
+
+A :class:`StreamGroup` owns one compute stream plus an H2D and a D2H copy stream (or one
+merged stream for all three), a device memory pool (``cuda.core.DeviceMemoryResource``,
+i.e. ``cuMemPoolCreate``), and ``slots``: per in-flight query, pinned host staging buffers,
+device staging buffers and the events that order the stages. Cross-stream dependencies
+are only CUDA events (record / wait); the host waits only on the event that ends a query.
+
+A :class:`StreamManager` owns N groups on one device and hands out the least-loaded one
+without blocking (in-flight counts; equal counts are broken by a non-blocking event query).
+
+Every handle is owned explicitly: ``close()`` (idempotent) or ``with``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+from collections import OrderedDict
+from typing import Any, Iterator
+
+from contextlib import contextmanager
+
+from ..errors import BadInputError, RuntimeCudaError
+from ._cuda import call, check, ensure_context, translating
+from ._policy import pick_least_loaded
+
+__all__ = ["StreamGroup", "StreamManager", "HostBuffer", "DeviceBuffer", "Slot"]
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+class HostBuffer:
+    """Pinned (page-locked) host memory from ``cuMemHostAlloc``, owned; ``close()`` frees."""
+
+    def __init__(self, nbytes: int) -> None:
+        d = _driver()
+        self.nbytes = int(nbytes)
+        self.ptr = int(call(d.cuMemHostAlloc, self.nbytes, 0))
+        # a writable Python buffer over the memory, for zero-copy CPU views
+        self.ctypes_view = (ctypes.c_char * self.nbytes).from_address(self.ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            self.ctypes_view = None
+            call(_driver().cuMemFreeHost, self.ptr)
+            self.ptr = 0
+
+    def __del__(self) -> None:  # best effort; close() is the contract
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class DeviceBuffer:
+    """Device memory from a group's pool (stream-ordered); owned, ``close(stream)`` frees."""
+
+    def __init__(self, mr: Any, nbytes: int, stream: Any) -> None:
+        with translating(f"cuMemAllocFromPoolAsync({nbytes} bytes)"):
+            self._buf = mr.allocate(int(nbytes), stream=stream)
+        self.nbytes = int(nbytes)
+        self.ptr = int(self._buf.handle)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Lets ``torch.as_tensor(buf, device='cuda')`` view the bytes without a copy."""
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                "strides": None, "version": 2}
+
+    def close(self, stream: Any = None) -> None:
+        if self._buf is not None:
+            with translating("cuMemFreeAsync"):
+                self._buf.close(stream)
+            self._buf = None
+            self.ptr = 0
+
+
+class Slot:
+    """Staging buffers and events for one query in flight in a group.
+
+    Buffers are keyed by whoever uses the slot (the PyTorch adapter keys them by input
+    signature); the slot itself only owns handles and the ordering events.
+    """
+
+    def __init__(self, group: "StreamGroup", index: int) -> None:
+        self.group = group
+        self.index = index
+        self.ev_h2d = group._new_event()
+        self.ev_compute = group._new_event()
+        self.ev_done = group._new_event()
+        d = _driver()
+        # raw CUevent handles for the hot path
+        self.h_h2d = d.CUevent(int(self.ev_h2d.handle))
+        self.h_compute = d.CUevent(int(self.ev_compute.handle))
+        self.h_done = d.CUevent(int(self.ev_done.handle))
+        #: per input signature, what the adapter prepared (LRU order)
+        self.entries: "OrderedDict[Any, Any]" = OrderedDict()
+
+    def close(self) -> None:
+        for e in (self.ev_h2d, self.ev_compute, self.ev_done):
+            with translating("cuEventDestroy"):
+                e.close()
+
+
+class StreamGroup:
+    """One stream group on a device. Create through :class:`StreamManager`."""
+
+    def __init__(self, manager: "StreamManager", index: int, merge: bool, slots: int, mr: Any) -> None:
+        import cuda.core as cc
+
+        self.manager = manager
+        self.index = index
+        self.merge = merge
+        dev = manager.device
+        with translating("cuStreamCreate"):
+            opts = cc.StreamOptions(nonblocking=True)
+            self.compute = dev.create_stream(options=opts)
+            if merge:
+                self.h2d = self.d2h = self.compute
+            else:
+                self.h2d = dev.create_stream(options=opts)
+                self.d2h = dev.create_stream(options=opts)
+        d = _driver()
+        # raw handles for the hot path (one driver call per stage, no cuda.core wrapper)
+        self.compute_h = d.CUstream(int(self.compute.handle))
+        self.h2d_h = d.CUstream(int(self.h2d.handle))
+        self.d2h_h = d.CUstream(int(self.d2h.handle))
+        self.mr = mr
+        self.in_flight = 0
+        self.served = 0
+        self._last_done: Any = None
+        self.slots = [Slot(self, k) for k in range(slots)]
+        self._free: "queue.SimpleQueue[Slot]" = queue.SimpleQueue()
+        for s in self.slots:
+            self._free.put(s)
+        self.closed = False
+
+    # -- handles ---------------------------------------------------------------------
+    def _new_event(self) -> Any:
+        import cuda.core as cc
+
+        with translating("cuEventCreate"):
+            return self.manager.device.create_event(options=cc.EventOptions(timing_enabled=False))
+
+    @property
+    def stream_handles(self) -> tuple[int, int, int]:
+        """``(compute, h2d, d2h)`` as integers (equal when merged), for
+        ``torch.cuda.ExternalStream``."""
+        return int(self.compute.handle), int(self.h2d.handle), int(self.d2h.handle)
+
+    def allocate(self, nbytes: int) -> DeviceBuffer:
+        """Device memory from this group's pool, ordered on the compute stream."""
+        return DeviceBuffer(self.mr, nbytes, self.compute)
+
+    # -- slots -----------------------------------------------------------------------
+    def take_slot(self) -> Slot:
+        """A free slot; blocks only when all of this group's slots are in flight."""
+        return self._free.get()
+
+    def give_slot(self, slot: Slot) -> None:
+        self._last_done = slot.h_done
+        self._free.put(slot)
+
+    def idle(self) -> bool:
+        """Non-blocking: has the device finished this group's last query?"""
+        ev = self._last_done
+        if ev is None:
+            return True
+        d = _driver()
+        ensure_context(self.manager.context)
+        r = d.cuEventQuery(ev)
+        err = r[0] if isinstance(r, tuple) else r
+        if err == d.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        check(r, "cuEventQuery")
+        return True
+
+    # -- ordering helpers (hot path) ------------------------------------------------
+    @staticmethod
+    def record(event_h: Any, stream_h: Any) -> None:
+        """``cuEventRecord`` of a raw event handle on a raw stream handle."""
+        check(_driver().cuEventRecord(event_h, stream_h), "cuEventRecord")
+
+    @staticmethod
+    def wait(stream_h: Any, event_h: Any) -> None:
+        """``cuStreamWaitEvent``: ``stream_h`` waits on the device for ``event_h``."""
+        check(_driver().cuStreamWaitEvent(stream_h, event_h, 0), "cuStreamWaitEvent")
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on this group's streams (not on the hot path)."""
+        for s in {id(x): x for x in (self.h2d, self.compute, self.d2h)}.values():
+            with translating("cuStreamSynchronize"):
+                s.sync()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.synchronize()
+        for s in self.slots:
+            s.close()
+        for s in {id(x): x for x in (self.h2d, self.compute, self.d2h)}.values():
+            with translating("cuStreamDestroy"):
+                s.close()
+
+    def __repr__(self) -> str:
+        return f"StreamGroup({self.index}, merge={self.merge}, in_flight={self.in_flight})"
+
+
+class StreamManager:
+    """A pool of N stream groups on one device.
+
+    ``with manager.acquire() as group:`` gives the least-loaded group (in-flight count,
+    ties broken by a non-blocking event query, then round-robin) and counts the query in
+    flight until the block ends. Thread-safe; never blocks to choose.
+
+    Memory: with ``per_group_pool`` each group gets its own ``cuMemPoolCreate`` pool (no
+    contention on one allocator, reuse within a group); otherwise one pool is shared.
+    ``pool_limit_bytes`` caps the pools together: split evenly over per-group pools (each
+    pool's ``maxSize``), or the shared pool's ``maxSize``.
+    """
+
+    def __init__(self, groups: int = 4, *, device: int = 0, merge: bool = True, slots: int = 2,
+                 per_group_pool: bool = True, pool_limit_bytes: int | None = None) -> None:
+        if groups < 1 or slots < 1:
+            raise BadInputError(f"need at least one group and one slot, got groups={groups} slots={slots}")
+        import cuda.core as cc
+
+        with translating(f"cuDevicePrimaryCtxRetain / cuCtxSetCurrent (device {device})"):
+            self.device = cc.Device(device)
+            self.device.set_current()
+            self.context = _driver().CUcontext(int(self.device.context.handle))
+        ensure_context(self.context)
+        self.device_id = device
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._pools: list[Any] = []
+        self.closed = False
+        n_pools = groups if per_group_pool else 1
+        max_size = (pool_limit_bytes // n_pools) if pool_limit_bytes else 0
+        with translating("cuMemPoolCreate"):
+            for _ in range(n_pools):
+                opts = cc.DeviceMemoryResourceOptions(max_size=max_size) if max_size else cc.DeviceMemoryResourceOptions()
+                self._pools.append(cc.DeviceMemoryResource(self.device, options=opts))
+        self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools]) for i in range(groups)]
+        self.merge = merge
+        self.per_group_pool = per_group_pool
+        self.pool_limit_bytes = pool_limit_bytes
+
+    def pick(self) -> StreamGroup:
+        """Choose and count one query in flight on the least-loaded group (no blocking)."""
+        with self._lock:
+            loads = [g.in_flight for g in self.groups]
+            i = pick_least_loaded(loads, self._rr, [g.idle for g in self.groups])
+            self._rr = (i + 1) % len(self.groups)
+            g = self.groups[i]
+            g.in_flight += 1
+            return g
+
+    def release(self, group: StreamGroup) -> None:
+        with self._lock:
+            group.in_flight -= 1
+            group.served += 1
+
+    @contextmanager
+    def acquire(self) -> Iterator[StreamGroup]:
+        if self.closed:
+            raise RuntimeCudaError("the stream manager is closed")
+        g = self.pick()
+        try:
+            yield g
+        finally:
+            self.release(g)
+
+    def pool_stats(self) -> list[dict[str, int]]:
+        """Reserved / used bytes of each pool (``cuMemPoolGetAttribute``)."""
+        d = _driver()
+        out = []
+        for mr in self._pools:
+            pool = d.CUmemoryPool(int(mr.handle))
+            res = check(d.cuMemPoolGetAttribute(pool, d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+                        "cuMemPoolGetAttribute")
+            used = check(d.cuMemPoolGetAttribute(pool, d.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+                         "cuMemPoolGetAttribute")
+            out.append({"reserved": int(res), "used": int(used)})
+        return out
+
+    def synchronize(self) -> None:
+        for g in self.groups:
+            g.synchronize()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for g in self.groups:
+            g.close()
+        for mr in self._pools:
+            with translating("cuMemPoolDestroy"):
+                mr.close()
+        self._pools = []
+
+    def __enter__(self) -> "StreamManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StreamManager(groups={len(self.groups)}, merge={self.merge}, device={self.device_id})"

@@ -1,0 +1,328 @@
+"""GPU tests of the stream-group runtime (marker ``gpu``; skipped without a GPU).
+
+Every expected value is computed independently: a single-stream eager run of the same
+PyTorch model on the same inputs (serving), or single-stream eager training from the same
+initial weights and data (training).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+pytestmark = pytest.mark.gpu
+
+N_SPARSE, VOCAB, DIM, N_DENSE, HOT = 26, 5000, 16, 13, 4
+
+
+class WDL(nn.Module):
+    """Wide&deep as in ../shared/probe/opportunity.py, smaller vocabulary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embs = nn.ModuleList([nn.EmbeddingBag(VOCAB, DIM, mode="sum") for _ in range(N_SPARSE)])
+        self.wide = nn.ModuleList([nn.EmbeddingBag(VOCAB, 1, mode="sum") for _ in range(N_SPARSE)])
+        self.mlp = nn.Sequential(nn.Linear(N_SPARSE * DIM + N_DENSE, 128), nn.ReLU(),
+                                 nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, dense, idx, offs):
+        e = [m(i, offs) for m, i in zip(self.embs, idx)]
+        w = self.wide[0](idx[0], offs)
+        for m, i in zip(self.wide[1:], idx[1:]):
+            w = w + m(i, offs)
+        x = torch.cat(e + [dense], 1)
+        return torch.sigmoid(self.mlp(x) + w)
+
+
+def make_query(seed: int, batch: int = 64):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(batch, N_DENSE, generator=g)
+    idx = [torch.randint(0, VOCAB, (batch * HOT,), generator=g) for _ in range(N_SPARSE)]
+    offs = torch.arange(0, batch * HOT, HOT)
+    return dense, idx, offs
+
+
+def reference(model, q):
+    with torch.no_grad():
+        d, i, o = q
+        return model(d.cuda(), [t.cuda() for t in i], o.cuda()).cpu()
+
+
+@pytest.fixture(scope="module")
+def wdl():
+    torch.manual_seed(0)
+    return WDL().cuda().eval()
+
+
+def _hammer(served, queries, n_threads):
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def worker(k: int) -> None:
+        try:
+            barrier.wait()
+            for j in range(k, len(queries), n_threads):
+                results[j] = served(*queries[j])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ths = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("groups,merge,graphs", [(4, True, True), (3, False, True), (2, True, False),
+                                                 (2, False, False), (1, True, True)])
+def test_serve_matches_single_stream_eager(wdl, groups, merge, graphs):
+    from recsys_doctor.runtime import serve
+
+    queries = [make_query(100 + j) for j in range(160)]
+    refs = [reference(wdl, q) for q in queries]
+    # distinct inputs really give distinct outputs (so a mix-up would be caught)
+    assert not torch.allclose(refs[0], refs[1])
+    with serve(wdl, queries[0], groups=groups, merge=merge, graphs=graphs) as served:
+        got = _hammer(served, queries, n_threads=8)
+        st = served.stats()
+    assert sorted(got) == list(range(len(queries)))
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert sum(g["served"] for g in st["groups"]) == len(queries)
+    assert st["fallbacks"] == {}
+    if graphs:
+        assert all(g["graphs"] >= 1 for g in st["groups"])
+    if groups > 1:  # least-loaded dispatch spreads 8 threads over all groups
+        assert all(g["served"] > 0 for g in st["groups"])
+
+
+def test_new_shape_is_captured_on_demand_and_correct(wdl):
+    from recsys_doctor.runtime import serve
+
+    with serve(wdl, make_query(1, batch=64), groups=2) as served:
+        for b in (32, 64, 17):
+            q = make_query(7 + b, batch=b)
+            torch.testing.assert_close(served(*q), reference(wdl, q), rtol=1e-5, atol=1e-6)
+        st = served.stats()
+    assert st["fallbacks"] == {}
+    assert sum(g["graphs"] for g in st["groups"]) >= 2 * 2 + 2  # example shape everywhere + new ones
+
+
+def test_failed_cuda_call_names_the_call_and_meaning():
+    from cuda.bindings import driver
+
+    from recsys_doctor.errors import RuntimeCudaError
+    from recsys_doctor.runtime import call
+    from recsys_doctor.runtime._cuda import ensure_context
+    from recsys_doctor.runtime._streams import StreamManager
+
+    with StreamManager(1) as mgr:
+        ensure_context(mgr.context)
+        with pytest.raises(RuntimeCudaError) as ei:
+            call(driver.cuMemAlloc, 1 << 62)
+    msg = str(ei.value)
+    assert msg.startswith("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2)")
+    assert "allocate enough memory" in msg
+
+
+def test_manager_spreads_and_closes():
+    from recsys_doctor.runtime import StreamManager
+
+    mgr = StreamManager(3, merge=False, slots=1)
+    with mgr.acquire() as a, mgr.acquire() as b, mgr.acquire() as c:
+        assert {a.index, b.index, c.index} == {0, 1, 2}
+        assert len(set(a.stream_handles)) == 3  # unmerged: three distinct streams
+    assert [g.in_flight for g in mgr.groups] == [0, 0, 0]
+    mgr.close()
+    mgr.close()  # idempotent
+
+
+def test_no_memory_growth_over_many_queries(wdl):
+    from cuda.bindings import driver
+
+    from recsys_doctor.runtime import serve
+
+    queries = [make_query(500 + j) for j in range(16)]
+    with serve(wdl, queries[0], groups=4) as served:
+        _hammer(served, queries * 20, n_threads=8)  # warm
+        torch.cuda.synchronize()
+        free0 = driver.cuMemGetInfo()[1]
+        res0 = torch.cuda.memory_reserved()
+        pools0 = served.manager.pool_stats()
+        _hammer(served, queries * 250, n_threads=8)  # 4000 queries
+        torch.cuda.synchronize()
+        free1 = driver.cuMemGetInfo()[1]
+        assert torch.cuda.memory_reserved() == res0
+        assert served.manager.pool_stats() == pools0
+        assert free0 - free1 < (4 << 20)
+
+
+# ----------------------------------------------------------------------------- training
+
+F, D, E, T, H, B, VOC = 26, 16, 8, 4, 64, 256, 4000
+
+
+class Expert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(F * D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 32))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Task(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(F * D, E)
+        self.tower = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x, ex):
+        w = torch.softmax(self.gate(x), 1).unsqueeze(2)
+        return self.tower((w * ex).sum(1))
+
+
+class MMoE(nn.Module):
+    def __init__(self, streams) -> None:
+        super().__init__()
+        self.emb = nn.ModuleList([nn.Embedding(VOC, D) for _ in range(F)])
+        self.experts = nn.ModuleList([Expert() for _ in range(E)])
+        self.tasks = nn.ModuleList([Task() for _ in range(T)])
+        self.streams = streams
+
+    def forward(self, ids):
+        from recsys_doctor.runtime import parallel_branches
+
+        x = torch.cat([e(ids[:, i]) for i, e in enumerate(self.emb)], 1)
+        ex = torch.stack(parallel_branches(self.experts, x, streams=self.streams), 1)
+        return torch.cat(parallel_branches(self.tasks, x, ex, streams=self.streams), 1)
+
+
+def _train(streams, graph: bool, steps: int = 50):
+    torch.manual_seed(0)
+    m = MMoE(streams).cuda()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2, capturable=True)
+    lossf = nn.BCEWithLogitsLoss()
+    gen = torch.Generator().manual_seed(123)
+    data = [(torch.randint(0, VOC, (B, F), generator=gen), torch.rand(B, T, generator=gen)) for _ in range(steps)]
+    ids = torch.empty(B, F, dtype=torch.long, device="cuda")
+    y = torch.empty(B, T, device="cuda")
+    loss_buf = torch.zeros((), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = lossf(m(ids), y)
+        loss.backward()
+        opt.step()
+        loss_buf.copy_(loss.detach())
+
+    losses = []
+    if not graph:
+        for a, b in data:
+            ids.copy_(a)
+            y.copy_(b)
+            step()
+            losses.append(loss_buf.item())
+        return losses
+    # warm-up on a side stream with the first batch, then start over from the same
+    # weights and optimizer state: capture must not change what is computed
+    init = {k: v.clone() for k, v in m.state_dict().items()}
+    ids.copy_(data[0][0])
+    y.copy_(data[0][1])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        m.load_state_dict(init)
+        for st in opt.state.values():
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    v.zero_()
+    for a, b in data:
+        ids.copy_(a)
+        y.copy_(b)
+        g.replay()
+        losses.append(loss_buf.item())
+    return losses
+
+
+def test_training_branches_on_streams_match_single_stream():
+    from recsys_doctor.runtime import BranchStreams
+
+    ref = _train(False, graph=False)
+    assert ref[-1] < ref[0]  # it learns: a real training run
+    with BranchStreams(8) as bs:
+        eager = _train(bs, graph=False)
+        graphed = _train(bs, graph=True)
+    ref_graph = _train(False, graph=True)
+    torch.testing.assert_close(torch.tensor(eager), torch.tensor(ref), rtol=2e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(ref_graph), rtol=2e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(ref), rtol=2e-3, atol=1e-4)
+
+
+def test_stream_scope_runs_forward_and_backward_on_the_branch_stream():
+    from recsys_doctor.runtime import stream_scope
+
+    torch.manual_seed(3)
+    lin = nn.Linear(64, 64).cuda()
+    x = torch.randn(128, 64, device="cuda", requires_grad=True)
+    ref_y = lin(x).relu().sum()
+    ref_y.backward()
+    ref_gx, ref_gw = x.grad.clone(), lin.weight.grad.clone()
+    x.grad = None
+    lin.weight.grad = None
+    main = torch.cuda.current_stream()
+    with stream_scope(2, inputs=[x]) as sc:
+        assert torch.cuda.current_stream() == sc.stream and sc.stream != main
+        y = sc.returns(lin(x).relu())
+    assert torch.cuda.current_stream() == main
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, ref_gx)
+    torch.testing.assert_close(lin.weight.grad, ref_gw)
+
+
+# runs last: it exercises a capture that must fail
+class HostSync(nn.Module):
+    """Reads a value back to the host in forward: cannot be captured in a CUDA graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        scale = float(y.abs().max().item()) + 1.0
+        return y / scale
+
+
+def test_capture_failure_falls_back_to_eager_and_says_why():
+    from recsys_doctor.runtime import serve
+
+    torch.manual_seed(1)
+    m = HostSync().cuda().eval()
+    xs = [torch.randn(16, 8) for _ in range(24)]
+    with torch.no_grad():
+        refs = [m(x.cuda()).cpu() for x in xs]
+    with serve(m, (xs[0],), groups=2, graphs=True) as served:
+        got = _hammer(served, [(x,) for x in xs], n_threads=4)
+        fb = dict(served.fallbacks)
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert len(fb) == 1
+    (reason,) = fb.values()
+    assert "capture failed" in reason and "running eagerly" in reason
