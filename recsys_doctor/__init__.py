@@ -10,14 +10,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import BadInputError, NsysNotFoundError, RecsysDoctorError, TraceFormatError
+from .errors import BadInputError, NsysNotFoundError, RecsysDoctorError, TraceFormatError, WorkloadError
 from .model import Trace
 from .options import Options
+from .workload import Workload
 
 __all__ = [
     "__version__",
     "Trace",
     "Options",
+    "Workload",
+    "WorkloadError",
     "RecsysDoctorError",
     "BadInputError",
     "TraceFormatError",

@@ -12,6 +12,7 @@ __all__ = [
     "TraceFormatError",
     "NsysNotFoundError",
     "RuntimeCudaError",
+    "WorkloadError",
 ]
 
 
@@ -35,5 +36,12 @@ class NsysNotFoundError(BadInputError):
 
 class RuntimeCudaError(RecsysDoctorError):
     """A CUDA call made by the stream-group runtime failed; the message names the call."""
+
+    exit_code = 1
+
+
+class WorkloadError(RecsysDoctorError):
+    """The user's workload raised while the tool drove it (exit code 1: the tool worked,
+    the profiled program did not)."""
 
     exit_code = 1

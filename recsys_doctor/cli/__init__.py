@@ -46,11 +46,13 @@ def main() -> None:
 def _register() -> None:
     from .advise import advise_cmd
     from .gate import check_cmd, compare_cmd, history_cmd
+    from .profile import profile_cmd
 
     main.add_command(advise_cmd, "advise")
     main.add_command(check_cmd, "check")
     main.add_command(compare_cmd, "compare")
     main.add_command(history_cmd, "history")
+    main.add_command(profile_cmd, "profile")
 
 
 _register()

@@ -1,0 +1,48 @@
+"""The child process that drives a Workload for the nsys backend (and for the baseline
+measurement without any profiler): loads the module, runs :func:`measure`, writes the
+:class:`~recsys_doctor.workload.Measurement` as JSON.
+
+    python -m recsys_doctor.capture._child WORKLOAD.py --result m.json [--threads N]
+        [--duration S | --steps N] [--profiled nsys] [-- ARGS]
+
+Errors print one line on stderr and exit 2 (bad input) or 1 (the workload failed); the
+parent turns the exit status and that line into the matching error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import RecsysDoctorError
+from ..workload import load_workload, measure
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(prog="python -m recsys_doctor.capture._child")
+    ap.add_argument("workload")
+    ap.add_argument("--result", required=True)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--duration", type=float)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--profiled")
+    a = ap.parse_args(argv)
+    try:
+        wl = load_workload(a.workload, extra)
+        m = measure(wl, threads=a.threads, duration_s=a.duration, steps=a.steps, profiled=a.profiled)
+    except RecsysDoctorError as e:
+        print(f"recsys-doctor: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    with open(a.result, "w") as f:
+        json.dump(m.to_dict(), f)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a subprocess
+    sys.exit(main())

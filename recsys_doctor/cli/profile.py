@@ -1,0 +1,138 @@
+"""``recsys-doctor profile``: run a model on the GPU under a profiler and diagnose it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import BadInputError
+from ..options import Options
+
+__all__ = ["profile_cmd", "render_capture"]
+
+
+def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise BadInputError(f"--set expects NAME=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+@click.command("profile")
+@click.argument("model", type=click.Path(path_type=Path, dir_okay=True, exists=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--backend", type=click.Choice(["auto", "nsys", "torch"]), default="auto", show_default=True,
+              help="nsys: Nsight Systems; torch: CUPTI through torch.profiler; auto: nsys when found.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for the trace, NVML samples and plot, logs (default ./recsys-doctor-runs/<timestamp>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the advise JSON plus a 'capture' object.")
+@click.option("--threads", type=int, metavar="N", help="Workload: client threads (overrides its concurrency).")
+@click.option("--duration", type=float, metavar="SECONDS", help="Workload: length of the measurement window.")
+@click.option("--steps", type=int, metavar="N", help="Workload: exactly N calls per client instead of --duration.")
+@click.option("--baseline/--no-baseline", default=True, show_default=True,
+              help="Workload: also measure it once without any profiler attached.")
+@click.option("--no-nvml", is_flag=True, help="Do not sample GPU utilization with NVML.")
+@click.option("--nvtx", metavar="NAME",
+              help="Analyze only the span of the NVTX ranges named NAME (default for a workload: 'measure').")
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
+              help="Override any analyzer threshold (see docs/options.md).")
+def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
+                threads: int | None, duration: float | None, steps: int | None, baseline: bool,
+                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...]) -> None:
+    """Run MODEL (a Python file) on the GPU under a profiler and diagnose the trace.
+
+    MODEL is a plain script (run as `python MODEL ARGS`, profiled as it is) or a
+    workload module with a `workload()` function returning a recsys_doctor Workload: the
+    tool then drives it (warm-up, client threads, measurement window, NVTX ranges) and
+    measures queries/s and p50/p99 latency, or step time. Pass the program's own
+    arguments after `--`:
+
+    \b
+        recsys-doctor profile examples/wdl_workload.py --threads 8
+        recsys-doctor profile train.py -- --epochs 1
+
+    Prints the same report as `advise`, plus the backend used, NVML utilization and the
+    measured numbers.
+    """
+    from ..capture import profile
+
+    if threads is not None and threads < 1:
+        raise BadInputError(f"--threads must be >= 1, got {threads}")
+    if duration is not None and not duration > 0:
+        raise BadInputError(f"--duration must be > 0, got {duration}")
+    if steps is not None and steps < 1:
+        raise BadInputError(f"--steps must be >= 1, got {steps}")
+    options = Options().with_overrides(_parse_sets(sets))
+    res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
+                  steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options)
+    if as_json:
+        from ..capture import json_default
+
+        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
+        return
+    from rich.console import Console
+
+    from ..reports.terminal import render_terminal
+
+    console = Console()
+    render_terminal(res.advise, console)
+    render_capture(res.capture, console)
+
+
+def _fmt(v: Any, unit: str = "", nd: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}{unit}"
+    return f"{v}{unit}"
+
+
+def render_capture(cap: dict[str, Any], console: Any) -> None:
+    """The capture part of the report: backend, files, NVML, measured numbers."""
+    from rich.table import Table
+
+    t = Table(title="Capture", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("backend", f"{cap['backend']} ({'Nsight Systems' if cap['backend'] == 'nsys' else 'CUPTI via torch.profiler'})"
+              + ("" if cap.get("backend_requested") in (None, cap["backend"]) else f", asked for {cap['backend_requested']}"))
+    t.add_row("command", " ".join(cap.get("command", [])))
+    t.add_row("trace", str(cap.get("trace")))
+    if cap.get("window"):
+        t.add_row("analyzed", f"NVTX range {cap['window']!r}")
+    t.add_row("wall", f"{_fmt(cap.get('wall_s'), ' s')} total, capture {_fmt(cap.get('capture_wall_s'), ' s')}")
+    nv = cap.get("nvml") or {}
+    if nv.get("n"):
+        t.add_row("NVML util (" + ("measure window" if nv.get("window_epoch") else "whole capture") + ")",
+                  f"mean {_fmt(nv.get('util_mean'), '%', 1)}, p50 {_fmt(nv.get('util_p50'), '%', 0)}, "
+                  f"max {_fmt(nv.get('util_max'), '%', 0)}; SM clock {_fmt(nv.get('sm_clock_mean_mhz'), ' MHz', 0)}; "
+                  f"memory peak {_fmt(nv.get('mem_used_max_mib'), ' MiB', 0)} ({nv['n']} samples)")
+        if cap.get("nvml_plot"):
+            t.add_row("NVML plot", str(cap["nvml_plot"]))
+    else:
+        t.add_row("NVML", f"no samples: {nv.get('reason', 'unknown')}")
+    for label, m, nvb in (("measured (no profiler)", (cap.get("baseline") or {}).get("measurement"),
+                           (cap.get("baseline") or {}).get("nvml")),
+                          (f"measured under {cap['backend']}", cap.get("measurement"), None)):
+        if not m:
+            continue
+        if m["kind"] == "serve":
+            text = (f"{_fmt(m['qps'], ' queries/s', 1)}, p50 {_fmt(m['p50_ms'], ' ms', 3)}, "
+                    f"p99 {_fmt(m['p99_ms'], ' ms', 3)} ({m['calls']} queries, {m['threads']} threads, "
+                    f"{_fmt(m['wall_s'], ' s')})")
+        else:
+            text = (f"step {_fmt(m['step_ms'], ' ms', 3)}, p50 {_fmt(m['p50_ms'], ' ms', 3)}, "
+                    f"p99 {_fmt(m['p99_ms'], ' ms', 3)} ({m['calls']} steps)")
+            if m.get("losses"):
+                text += f"; loss {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}"
+        if nvb and nvb.get("n"):
+            text += f"; NVML util mean {_fmt(nvb.get('util_mean'), '%', 1)}, p50 {_fmt(nvb.get('util_p50'), '%', 0)}"
+        t.add_row(label, text)
+    t.add_row("files", str(cap.get("out_dir")))
+    console.print(t)
