@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import BadInputError
+from ._json import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
     from .advise import AdviseResult
@@ -294,18 +295,10 @@ def baseline_to_dict(result: "AdviseResult | Mapping[str, Any]") -> dict[str, An
 
 def write_baseline(result: "AdviseResult | Mapping[str, Any]", path: str | os.PathLike[str]) -> None:
     try:
-        Path(path).write_text(json.dumps(baseline_to_dict(result), indent=1, default=_json_default) + "\n",
+        Path(path).write_text(json.dumps(baseline_to_dict(result), indent=1, default=json_default) + "\n",
                               encoding="utf-8")
     except OSError as e:
         raise BadInputError(f"cannot write baseline {path}: {e}") from None
-
-
-def _json_default(o: object) -> object:
-    if hasattr(o, "item"):
-        return o.item()  # type: ignore[no-any-return]
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)
 
 
 # --- the gate --------------------------------------------------------------------------

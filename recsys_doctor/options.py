@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import BadInputError
 
-__all__ = ["Options"]
+__all__ = ["Options", "parse_set_pairs", "options_markdown"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,18 @@ class Options:
             elif not text.startswith("#:"):
                 pending = [] if text else pending
         return [(f.name, f.default, docs.get(f.name, "")) for f in fields(cls)]
+
+
+def parse_set_pairs(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``("short_gap_us=3", ...)`` from repeated ``--set NAME=VALUE`` -> ``{name: value}``,
+    for :meth:`Options.with_overrides`."""
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise BadInputError(f"--set expects NAME=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
 
 
 def options_markdown() -> str:

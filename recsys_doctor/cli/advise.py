@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from ..errors import BadInputError
-from ..options import Options
+from ..options import Options, parse_set_pairs
+from .._json import json_default
 
 __all__ = ["advise_cmd", "parse_time", "demo_trace_path"]
 
@@ -31,16 +32,6 @@ def parse_time(text: str | None, what: str) -> int | None:
 def demo_trace_path() -> Path:
     """The sample trace shipped inside the package (see ``recsys_doctor/data/README.md``)."""
     return Path(str(resources.files("recsys_doctor") / "data" / "demo_wdl_serial_q4.sqlite.gz"))
-
-
-def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for p in pairs:
-        if "=" not in p:
-            raise BadInputError(f"--set expects NAME=VALUE, got {p!r}")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
 
 
 @click.command("advise")
@@ -85,7 +76,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         paths.insert(0, demo_trace_path())
     if not paths:
         raise BadInputError("no trace given: recsys-doctor advise TRACE... (or --demo for the sample trace)")
-    options = Options().with_overrides(_parse_sets(sets), short_kernel_us=short_kernel_us)
+    options = Options().with_overrides(parse_set_pairs(sets), short_kernel_us=short_kernel_us)
     start_ns, end_ns = parse_time(start, "--start"), parse_time(end, "--end")
     results = [advise(p, options, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns,
                       progress=sys.stderr.isatty()) for p in paths]
@@ -99,7 +90,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
             write_markdown(r, _per_trace(md_out, r, len(results)), options=options)
     if as_json:
         payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
-        click.echo(json.dumps(payload, indent=1, default=_json_default))
+        click.echo(json.dumps(payload, indent=1, default=json_default))
         return
     for r in results:
         render_terminal(r)
@@ -111,12 +102,3 @@ def _per_trace(out: Path, result: object, n: int) -> Path:
         return out
     name = Path(str(result.trace_info["path"])).name.split(".")[0]  # type: ignore[attr-defined]
     return out.with_name(f"{out.stem}-{name}{out.suffix}")
-
-
-def _json_default(o: object) -> object:
-    """numpy scalars and similar that slip into evidence dicts."""
-    if hasattr(o, "item"):
-        return o.item()  # type: ignore[no-any-return]
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)

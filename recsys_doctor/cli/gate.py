@@ -15,18 +15,11 @@ import click
 
 from ..errors import BadInputError
 from ..options import Options
+from .._json import json_default
 
 __all__ = ["check_cmd", "compare_cmd", "history_cmd"]
 
 _SEVERITIES = click.Choice(["high", "medium", "low"], case_sensitive=False)
-
-
-def _json_default(o: object) -> object:
-    if hasattr(o, "item"):
-        return o.item()  # type: ignore[no-any-return]
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)
 
 
 def _window(nvtx: str | None, start: str | None, end: str | None) -> dict[str, Any]:
@@ -109,7 +102,7 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
     for line in gate.github_annotations(verdict):
         click.echo(line)
     if as_json:
-        click.echo(json.dumps(verdict.to_dict(), indent=1, default=_json_default))
+        click.echo(json.dumps(verdict.to_dict(), indent=1, default=json_default))
     elif verdict.passed:
         for r in verdict.rules:
             click.echo(f"ok: {r.message}")
@@ -149,7 +142,7 @@ def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out:
         except OSError as e:
             raise BadInputError(f"cannot write {png_out}: {e}") from None
     if as_json:
-        click.echo(json.dumps(c.to_dict(), indent=1, default=_json_default))
+        click.echo(json.dumps(c.to_dict(), indent=1, default=json_default))
         return
     click.echo(f"A: {a}\nB: {b}\n")
     w = max([len(m["metric"]) for m in c.metrics] + [6])
@@ -180,7 +173,7 @@ def history_cmd(limit: int, branch: str | None, workload: str | None, as_json: b
 
     runs = history.list_runs(db, limit=limit, branch=branch, workload=workload)
     if as_json:
-        click.echo(json.dumps(runs, indent=1, default=_json_default))
+        click.echo(json.dumps(runs, indent=1, default=json_default))
         return
     if not runs:
         click.echo(f"no runs recorded in {history.resolve_db_path(db)}")
