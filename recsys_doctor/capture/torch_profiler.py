@@ -44,8 +44,19 @@ def require_torch_cuda() -> Any:
 def _profiler(torch: Any) -> Iterator[Any]:
     from torch.profiler import ProfilerActivity, profile
 
+    # The profiler's CPU side is thread-local by default: record_function ranges and aten
+    # ops of client threads would be lost (only CUPTI's kernels and API calls are
+    # process-wide). profile_all_threads (PyTorch >= 2.8) records every thread; the
+    # CUDA sync events feed the sync-api analyzer.
+    kw: dict[str, Any] = {}
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        kw["experimental_config"] = _ExperimentalConfig(profile_all_threads=True, enable_cuda_sync_events=True)
+    except (ImportError, TypeError):  # older PyTorch: main-thread annotations only
+        pass
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=False,
-                 with_stack=False) as prof:
+                 with_stack=False, **kw) as prof:
         yield prof
         torch.cuda.synchronize()  # the last kernels' records must reach CUPTI's buffers
 
