@@ -125,6 +125,9 @@ def stream_label(pid: Any, device: Any, stream: Any) -> str:
     return f"pid {int(pid)} dev {int(device)} stream {int(stream)}"
 
 
+_KINETO_THREAD_NAME = re.compile(r"thread \d+ \((.*)\)")
+
+
 def thread_label(trace: Trace, pid: Any, tid: Any) -> str:
     """``pid P tid T (name)`` for one thread."""
     return thread_labels(trace, [pid], [tid])[0]
@@ -145,6 +148,9 @@ def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
     labels = []
     for a, b in pairs:
         n = names.get((int(a), int(b)))
+        if isinstance(n, str):  # Kineto names threads "thread <tid> (<comm>)": keep <comm>
+            m = _KINETO_THREAD_NAME.fullmatch(n)
+            n = m.group(1) if m and int(m.group(0).split()[1]) == int(b) else n
         base = f"pid {int(a)} tid {int(b)}"
         labels.append(f"{base} ({n})" if isinstance(n, str) and n else base)
     return [labels[i] for i in np.asarray(inv).ravel()]

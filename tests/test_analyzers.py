@@ -223,3 +223,16 @@ def test_registry_runs_all_and_ids_are_contract():
             json.dumps(f.to_dict())
     empty = run_all(Trace(path="x", format="test"), O)
     assert [f.id for r in empty for f in r.findings] == ["no-gpu-activity"]
+
+
+def test_thread_label_unwraps_kineto_thread_names():
+    """Kineto names a thread 'thread <tid> (<comm>)'; the label shows <comm> once."""
+    import pandas as pd
+
+    from recsys_doctor.analyzers._util import thread_labels
+    from recsys_doctor.model import Trace
+
+    tr = Trace(path="x", format="kineto-json",
+               threads=pd.DataFrame({"pid": [7, 7], "tid": [1313, 9], "name": ["thread 1313 (python3)", "worker"]}))
+    assert thread_labels(tr, [7, 7, 7], [1313, 9, 5]) == [
+        "pid 7 tid 1313 (python3)", "pid 7 tid 9 (worker)", "pid 7 tid 5"]
