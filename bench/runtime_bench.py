@@ -11,7 +11,8 @@ Training: MMoE step (26 embeddings, 8 experts, 4 towers, Adam, batch 512):
 Memory: 100k queries through the best Q=8 runtime configuration, memory before/after.
 
     OUT=dir python bench/runtime_bench.py     # writes dir/runtime_bench.json
-Env: DUR (seconds per serving config, default 1.5), QS (default 1,4,8), GROUPS (1,2,4,8),
+Env: DUR (seconds per serving config, default 1.5), QS (default 1,4,8), BENCH_GROUPS (1,2,4,8;
+not GROUPS, a bash built-in),
 MEMQ (queries of the memory check, default 100000), SKIP (comma list: serve,train,mem).
 """
 
@@ -41,7 +42,7 @@ except Exception:  # noqa: BLE001
 N_SPARSE, VOCAB, DIM, N_DENSE, BATCH, HOT = 26, 200_000, 16, 13, 256, 4
 DUR = float(os.environ.get("DUR", 1.5))
 QS = [int(q) for q in os.environ.get("QS", "1,4,8").split(",")]
-GROUPS = [int(g) for g in os.environ.get("GROUPS", "1,2,4,8").split(",")]
+GROUPS = [int(g) for g in os.environ.get("BENCH_GROUPS", "1,2,4,8").split(",")]
 SKIP = set(filter(None, os.environ.get("SKIP", "").split(",")))
 
 

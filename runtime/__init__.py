@@ -19,6 +19,7 @@ from typing import Any
 
 from ._cuda import call, check, describe
 from ._policy import (
+    FairSlotPool,
     PackedLayout,
     RuntimeConfig,
     flatten,
@@ -43,6 +44,7 @@ __all__ = [
     "call",
     "describe",
     "pick_least_loaded",
+    "FairSlotPool",
     "input_signature",
     "pack_layout",
     "PackedLayout",

@@ -1,6 +1,8 @@
 """Pure logic of the runtime: no CUDA, no torch. Tested on the CPU box.
 
 * :func:`pick_least_loaded` - which stream group takes the next query.
+* :class:`FairSlotPool` - the in-flight slots of all groups, handed out first come first
+  served when clients outnumber slots.
 * :func:`flatten` / :func:`unflatten` / :func:`input_signature` - how inputs are keyed to
   a captured CUDA graph.
 * :func:`pack_layout` - where each input tensor lives inside one pinned staging buffer, so
@@ -12,13 +14,16 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from ..errors import BadInputError
+from ..errors import BadInputError, RuntimeCudaError
 
 __all__ = [
     "pick_least_loaded",
+    "FairSlotPool",
     "flatten",
     "unflatten",
     "input_signature",
@@ -54,6 +59,112 @@ def pick_least_loaded(in_flight: Sequence[int], start: int = 0,
             if probe is not None and probe():
                 return i
     return tied[0]
+
+
+class _Ticket:
+    """One blocked :meth:`FairSlotPool.acquire`: its own event, the groups it may take, and
+    the ``(group, slot)`` a release hands to it."""
+
+    __slots__ = ("event", "only", "grant")
+
+    def __init__(self, only: int | None) -> None:
+        self.event = threading.Event()
+        self.only = only
+        self.grant: tuple[int, Any] | None = None
+
+
+class FairSlotPool:
+    """The slots of N groups (a slot = one query in flight), handed out in arrival order.
+
+    Why: when client threads outnumber ``groups x slots``, a per-group blocking queue lets
+    a thread that committed to a busy group wait while another group frees up, and lets
+    late arrivals overtake (lock acquisition is not FIFO): p99 grew 30x over p50 on the
+    H100. Here a thread that finds a free slot takes one at once, in the least-loaded group
+    that has one (:func:`pick_least_loaded`: fewest slots in use, ties by the ``idle`` probes,
+    then round-robin); otherwise it queues a ticket and sleeps on its own
+    ``threading.Event`` (no polling). :meth:`release` hands the slot directly to the OLDEST
+    ticket that may take that group, so nobody can overtake a waiter: a waiter with ``w``
+    tickets ahead of it is served within ``w + 1`` releases of slots it may take.
+
+    ``slots[g]`` lists group ``g``'s slot objects (any values; the pool does not look at
+    them). ``acquire(only=g)`` waits for a slot of group ``g`` alone. Thread-safe; the lock
+    is held only for list and counter updates (and the ``idle`` probes, which must not
+    block). Invariant: a ticket waits only while no slot it may take is free.
+    """
+
+    def __init__(self, slots: Sequence[Sequence[Any]],
+                 idle: Sequence[Callable[[], bool] | None] | None = None) -> None:
+        if not slots or any(len(s) == 0 for s in slots):
+            raise BadInputError("a slot pool needs at least one group and one slot per group")
+        self._free: list[list[Any]] = [list(s) for s in slots]
+        self.capacity: tuple[int, ...] = tuple(len(s) for s in slots)
+        #: slots in use per group (= queries in flight there)
+        self.in_use: list[int] = [0] * len(slots)
+        self._idle = idle
+        self._waiters: deque[_Ticket] = deque()
+        self._lock = threading.Lock()
+        self._rr = 0
+        self.closed = False
+
+    @property
+    def waiting(self) -> int:
+        """How many acquirers are queued right now."""
+        return len(self._waiters)
+
+    def _take_free(self, only: int | None) -> tuple[int, Any] | None:
+        if only is not None:
+            if not self._free[only]:
+                return None
+            i = only
+        else:
+            big = sum(self.capacity) + 1
+            loads = [n if f else big for n, f in zip(self.in_use, self._free)]
+            if min(loads) == big:
+                return None
+            i = pick_least_loaded(loads, self._rr, self._idle)
+            self._rr = (i + 1) % len(loads)
+        self.in_use[i] += 1
+        return i, self._free[i].pop()
+
+    def acquire(self, only: int | None = None) -> tuple[int, Any]:
+        """``(group index, slot)``; blocks (on an event, FIFO) only when no slot it may take
+        is free or older tickets wait for one."""
+        if only is not None and not 0 <= only < len(self._free):
+            raise BadInputError(f"no group {only} in a pool of {len(self._free)}")
+        with self._lock:
+            if self.closed:
+                raise RuntimeCudaError("the stream manager is closed")
+            got = self._take_free(only)
+            if got is not None:
+                return got
+            t = _Ticket(only)
+            self._waiters.append(t)
+        t.event.wait()
+        if t.grant is None:
+            raise RuntimeCudaError("the stream manager was closed while waiting for a slot")
+        return t.grant
+
+    def release(self, group: int, slot: Any) -> None:
+        """Give a slot back: straight to the oldest ticket that may take ``group``, else to
+        the free list."""
+        with self._lock:
+            for t in self._waiters:
+                if t.only is None or t.only == group:
+                    self._waiters.remove(t)
+                    t.grant = (group, slot)
+                    t.event.set()
+                    return
+            self.in_use[group] -= 1
+            self._free[group].append(slot)
+
+    def close(self) -> None:
+        """Wake every waiter (their ``acquire`` raises :class:`RuntimeCudaError`); later
+        acquires raise too."""
+        with self._lock:
+            self.closed = True
+            waiters, self._waiters = list(self._waiters), deque()
+        for t in waiters:
+            t.event.set()
 
 
 # ----------------------------------------------------------------------------- pytrees

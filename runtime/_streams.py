@@ -8,6 +8,8 @@ are only CUDA events (record / wait); the host waits only on the event that ends
 
 A :class:`StreamManager` owns N groups on one device and hands out the least-loaded one
 without blocking (in-flight counts; equal counts are broken by a non-blocking event query).
+When every slot of every group is in flight, waiters are served first come first served
+(:class:`~recsys_doctor.runtime._policy.FairSlotPool`).
 
 Every handle is owned explicitly: ``close()`` (idempotent) or ``with``.
 """
@@ -15,7 +17,6 @@ Every handle is owned explicitly: ``close()`` (idempotent) or ``with``.
 from __future__ import annotations
 
 import ctypes
-import queue
 import threading
 from collections import OrderedDict
 from typing import Any, Iterator
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 
 from ..errors import BadInputError, RuntimeCudaError
 from ._cuda import call, check, ensure_context, translating
-from ._policy import pick_least_loaded
+from ._policy import FairSlotPool, pick_least_loaded
 
 __all__ = ["StreamGroup", "StreamManager", "HostBuffer", "DeviceBuffer", "Slot"]
 
@@ -136,9 +137,6 @@ class StreamGroup:
         self.served = 0
         self._last_done: Any = None
         self.slots = [Slot(self, k) for k in range(slots)]
-        self._free: "queue.SimpleQueue[Slot]" = queue.SimpleQueue()
-        for s in self.slots:
-            self._free.put(s)
         self.closed = False
 
     # -- handles ---------------------------------------------------------------------
@@ -160,12 +158,14 @@ class StreamGroup:
 
     # -- slots -----------------------------------------------------------------------
     def take_slot(self) -> Slot:
-        """A free slot; blocks only when all of this group's slots are in flight."""
-        return self._free.get()
+        """A free slot of this group; blocks (in arrival order, behind older waiters) only
+        when all of this group's slots are in flight. Prefer
+        :meth:`StreamManager.acquire_slot`, which may take any group's slot."""
+        return self.manager._slots.acquire(only=self.index)[1]
 
     def give_slot(self, slot: Slot) -> None:
         self._last_done = slot.h_done
-        self._free.put(slot)
+        self.manager._slots.release(self.index, slot)
 
     def idle(self) -> bool:
         """Non-blocking: has the device finished this group's last query?"""
@@ -216,9 +216,12 @@ class StreamGroup:
 class StreamManager:
     """A pool of N stream groups on one device.
 
-    ``with manager.acquire() as group:`` gives the least-loaded group (in-flight count,
-    ties broken by a non-blocking event query, then round-robin) and counts the query in
-    flight until the block ends. Thread-safe; never blocks to choose.
+    ``with manager.acquire_slot() as (group, slot):`` gives a free slot of the least-loaded
+    group that has one (in-flight count, ties broken by a non-blocking event query, then
+    round-robin); when all slots are in flight it waits first come first served, and a
+    released slot goes straight to the oldest waiter (no polling, no host synchronize).
+    ``with manager.acquire() as group:`` only picks the least-loaded group, never blocks,
+    and takes no slot. Both count the query in flight until the block ends. Thread-safe.
 
     Memory: with ``per_group_pool`` each group gets its own ``cuMemPoolCreate`` pool (no
     contention on one allocator, reuse within a group); otherwise one pool is shared.
@@ -249,6 +252,7 @@ class StreamManager:
                 opts = cc.DeviceMemoryResourceOptions(max_size=max_size) if max_size else cc.DeviceMemoryResourceOptions()
                 self._pools.append(cc.DeviceMemoryResource(self.device, options=opts))
         self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools]) for i in range(groups)]
+        self._slots = FairSlotPool([g.slots for g in self.groups], idle=[g.idle for g in self.groups])
         self.merge = merge
         self.per_group_pool = per_group_pool
         self.pool_limit_bytes = pool_limit_bytes
@@ -278,6 +282,24 @@ class StreamManager:
         finally:
             self.release(g)
 
+    @contextmanager
+    def acquire_slot(self) -> Iterator[tuple[StreamGroup, Slot]]:
+        """``(group, slot)`` for one query, served in arrival order when all are busy."""
+        if self.closed:
+            raise RuntimeCudaError("the stream manager is closed")
+        i, slot = self._slots.acquire()
+        g = self.groups[i]
+        with self._lock:
+            g.in_flight += 1
+        try:
+            yield g, slot
+        finally:
+            g._last_done = slot.h_done
+            with self._lock:
+                g.in_flight -= 1
+                g.served += 1
+            self._slots.release(i, slot)
+
     def pool_stats(self) -> list[dict[str, int]]:
         """Reserved / used bytes of each pool (``cuMemPoolGetAttribute``)."""
         d = _driver()
@@ -299,6 +321,7 @@ class StreamManager:
         if self.closed:
             return
         self.closed = True
+        self._slots.close()
         for g in self.groups:
             g.close()
         for mr in self._pools:

@@ -159,18 +159,15 @@ class ServedModel:
             raise RuntimeCudaError("this served model is closed")
         leaves, spec = flatten(args, self._is_tensor)
         sig = self._signature(leaves, spec)
-        with self.manager.acquire() as g:
-            slot = g.take_slot()
-            try:
-                entry = slot.entries.get(sig)
-                if entry is None:
-                    entry = self._prepare(g, slot, sig, leaves, spec)
-                    self._remember(g, slot, sig, entry)
-                else:
-                    slot.entries.move_to_end(sig)
-                return self._run(g, slot, entry, leaves)
-            finally:
-                g.give_slot(slot)
+        # a free slot of the least-loaded group, or the oldest waiter's turn (FIFO)
+        with self.manager.acquire_slot() as (g, slot):
+            entry = slot.entries.get(sig)
+            if entry is None:
+                entry = self._prepare(g, slot, sig, leaves, spec)
+                self._remember(g, slot, sig, entry)
+            else:
+                slot.entries.move_to_end(sig)
+            return self._run(g, slot, entry, leaves)
 
     def _remember(self, g: StreamGroup, slot: Any, sig: Any, entry: _Entry) -> None:
         slot.entries[sig] = entry

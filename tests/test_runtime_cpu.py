@@ -4,14 +4,18 @@ importing without torch). The GPU parts are tested for real in test_runtime_gpu.
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from recsys_doctor.errors import BadInputError, RuntimeCudaError
 from recsys_doctor.runtime import (
+    FairSlotPool,
     RuntimeConfig,
     check,
     flatten,
@@ -74,6 +78,170 @@ def test_simulated_dispatch_balances_queries():
 def test_no_groups_is_an_error():
     with pytest.raises(BadInputError):
         pick_least_loaded([])
+
+
+# ----------------------------------------------------------------------------- fair slot pool
+
+
+def _until(pred, what: str, timeout: float = 10.0) -> None:
+    """Test-side wait for a state of the pool (the pool itself never polls)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.0005)
+
+
+def test_pool_free_slots_go_to_the_least_loaded_group():
+    pool = FairSlotPool([["a0", "a1"], ["b0", "b1"], ["c0", "c1"]])
+    got = [pool.acquire() for _ in range(6)]
+    # loads 0,0,0 -> rotate 0,1,2, then 1,1,1 -> rotate again (by hand)
+    assert [g for g, _ in got] == [0, 1, 2, 0, 1, 2]
+    assert sorted(s for _, s in got) == ["a0", "a1", "b0", "b1", "c0", "c1"]
+    assert pool.in_use == [2, 2, 2] and pool.waiting == 0
+    pool.release(1, "b1")
+    assert pool.in_use == [2, 1, 2]
+    assert pool.acquire() == (1, "b1")  # the only group with a free slot
+
+
+def test_pool_idle_probe_breaks_ties_between_free_groups():
+    pool = FairSlotPool([["a"], ["b"]], idle=[lambda: False, lambda: True])
+    assert pool.acquire() == (1, "b")
+
+
+def test_pool_serves_waiters_in_arrival_order_without_starvation():
+    # K = 2 slots, N = 5 client threads, 3 rounds each. The main thread keeps slot "b",
+    # so one slot circulates and every handoff is observable one at a time.
+    n, rounds = 5, 3
+    pool = FairSlotPool([["a"], ["b"]])
+    held = [pool.acquire(), pool.acquire()]
+    assert sorted(held) == [(0, "a"), (1, "b")]
+    grants: "queue.Queue[tuple[int, int, str]]" = queue.Queue()
+    go = [threading.Event() for _ in range(n)]
+
+    def client(i: int) -> None:
+        for _ in range(rounds):
+            g, s = pool.acquire()
+            grants.put((i, g, s))
+            go[i].wait()
+            go[i].clear()
+            pool.release(g, s)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+    for i, t in enumerate(threads):  # arrival order 0, 1, 2, 3, 4
+        t.start()
+        _until(lambda: pool.waiting == i + 1, f"client {i} to queue")
+    pool.release(0, "a")
+    order: list[int] = []
+    done = [0] * n
+    while True:
+        i, g, s = grants.get(timeout=10)
+        assert (g, s) == (0, "a")
+        order.append(i)
+        done[i] += 1
+        if len(order) == n * rounds:
+            break
+        # before the holder releases, the previous holder must be back in the queue (or finished)
+        want = sum(1 for k in range(n) if k != i and done[k] < rounds)
+        _until(lambda: pool.waiting == want, f"{want} waiters")
+        go[i].set()
+    go[order[-1]].set()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    # strict arrival order: each waiter was served after exactly the n - 1 waiters ahead of it
+    assert order == list(range(n)) * rounds
+    pool.release(1, "b")
+    assert pool.in_use == [0, 0] and pool.waiting == 0
+
+
+def test_pool_release_skips_waiters_that_cannot_take_that_group():
+    pool = FairSlotPool([["a"], ["b"]])
+    held = [pool.acquire(), pool.acquire()]
+    out: "queue.Queue[tuple[str, tuple[int, str]]]" = queue.Queue()
+    go = {name: threading.Event() for name in "ABC"}
+
+    def client(name: str, only: int | None) -> None:
+        got = pool.acquire(only=only)
+        out.put((name, got))
+        go[name].wait()
+        pool.release(*got)
+
+    ts = []
+    for k, (name, only) in enumerate([("A", 1), ("B", None), ("C", 0)]):
+        ts.append(threading.Thread(target=client, args=(name, only), daemon=True))
+        ts[-1].start()
+        _until(lambda: pool.waiting == k + 1, f"{name} to queue")
+    pool.release(*held[0])                        # group 0: A may not take it, B is next
+    assert out.get(timeout=10) == ("B", (0, "a"))
+    pool.release(*held[1])                        # group 1: A, the oldest
+    assert out.get(timeout=10) == ("A", (1, "b"))
+    go["B"].set()                                 # B gives group 0 back: C
+    assert out.get(timeout=10) == ("C", (0, "a"))
+    go["A"].set()
+    go["C"].set()
+    for t in ts:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert pool.in_use == [0, 0] and pool.waiting == 0
+
+
+def test_pool_many_threads_never_share_a_slot_and_all_finish():
+    pool = FairSlotPool([["a0", "a1"], ["b0"]])   # K = 3 slots
+    lock = threading.Lock()
+    holding: set[str] = set()
+    errors: list[str] = []
+    served = [0] * 8
+
+    def client(i: int) -> None:
+        for _ in range(200):
+            g, s = pool.acquire()
+            with lock:
+                if s in holding or len(holding) >= 3 or s[0] != "ab"[g]:
+                    errors.append(f"bad grant {g} {s} while {sorted(holding)}")
+                holding.add(s)
+            time.sleep(0)  # hold the slot across a thread switch
+            with lock:
+                holding.discard(s)
+            served[i] += 1
+            pool.release(g, s)
+
+    ts = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=30)
+        assert not t.is_alive()
+    assert errors == []
+    assert served == [200] * 8
+    assert pool.in_use == [0, 0] and pool.waiting == 0
+
+
+def test_pool_close_wakes_waiters_and_bad_arguments_are_user_errors():
+    pool = FairSlotPool([["a"]])
+    pool.acquire()
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            pool.acquire()
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            raised.append(e)
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    _until(lambda: pool.waiting == 1, "the waiter to queue")
+    pool.close()
+    t.join(timeout=10)
+    assert not t.is_alive() and len(raised) == 1 and isinstance(raised[0], RuntimeCudaError)
+    with pytest.raises(RuntimeCudaError):
+        pool.acquire()
+    with pytest.raises(BadInputError):
+        FairSlotPool([])
+    with pytest.raises(BadInputError):
+        FairSlotPool([["a"], []])
+    with pytest.raises(BadInputError):
+        FairSlotPool([["a"]]).acquire(only=1)
 
 
 # ----------------------------------------------------------------------------- signatures
