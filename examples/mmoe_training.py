@@ -10,7 +10,15 @@ whole-step CUDA graph takes ~4.2 ms (``../shared/GPU.md``). The experts are inde
 branches, the textbook case for side streams once launches are cheap.
 
 The step returns the loss, which the tool records, so a faster configuration can be
-checked to compute the same losses. The input batch is fixed (as in the probe that
+checked to compute the same losses.
+
+What ``profile --apply`` needs from a training workload (``recsys_doctor.apply.make_runner``):
+``model.streams`` - the experts and the task heads run through
+``recsys_doctor.runtime.parallel_branches(..., streams=model.streams)``; ``False`` (the
+default here) runs them one after another on the current stream, exactly as plain eager
+code, and the runtime sets a ``BranchStreams`` to run them on side streams; and
+``step.optimizer`` - the optimizer, which the runtime makes ``capturable`` to capture the
+whole step (forward, backward, Adam) as one CUDA graph. The input batch is fixed (as in the probe that
 measured the numbers above), so the loss falls step after step.
 
 Arguments after ``--``: ``--batch N`` (512), ``--vocab N`` (100000), ``--seed N`` (0).
@@ -23,6 +31,7 @@ import argparse
 import torch
 import torch.nn as nn
 
+from recsys_doctor.runtime import parallel_branches
 from recsys_doctor.workload import Workload
 
 N_FEATURES, DIM, N_EXPERTS, N_TASKS, HIDDEN, EXPERT_OUT = 26, 16, 8, 4, 128, 64
@@ -48,15 +57,19 @@ class MMoE(nn.Module):
         self.gates = nn.ModuleList([nn.Linear(N_FEATURES * DIM, N_EXPERTS) for _ in range(N_TASKS)])
         self.towers = nn.ModuleList([nn.Sequential(nn.Linear(EXPERT_OUT, 32), nn.ReLU(), nn.Linear(32, 1))
                                      for _ in range(N_TASKS)])
+        #: where the branches run: False = the current stream (eager reference); the
+        #: runtime puts a recsys_doctor.runtime.BranchStreams here (profile --apply)
+        self.streams: object = False
+
+    def _task(self, k: int, x: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
+        w = torch.softmax(self.gates[k](x), 1).unsqueeze(2)
+        return self.towers[k]((w * ex).sum(1))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = torch.cat([e(ids[:, i]) for i, e in enumerate(self.emb)], 1)
-        ex = torch.stack([e(x) for e in self.experts], 1)  # B, E, 64
-        out = []
-        for g, t in zip(self.gates, self.towers):
-            w = torch.softmax(g(x), 1).unsqueeze(2)
-            out.append(t((w * ex).sum(1)))
-        return torch.cat(out, 1)
+        ex = torch.stack(parallel_branches(self.experts, x, streams=self.streams), 1)  # B, E, 64
+        heads = [lambda x, ex, k=k: self._task(k, x, ex) for k in range(N_TASKS)]
+        return torch.cat(parallel_branches(heads, x, ex, streams=self.streams), 1)
 
 
 def workload(argv: list[str] | None = None) -> Workload:
@@ -78,6 +91,8 @@ def workload(argv: list[str] | None = None) -> Workload:
         loss.backward()
         opt.step()
         return loss.detach()
+
+    step.optimizer = opt  # type: ignore[attr-defined]  # for profile --apply (capturable Adam)
 
     return Workload(model=model, inputs=lambda k: (ids, labels), kind="train", concurrency=1,
                     steps=200, warmup=5, run=step, name="mmoe_training")

@@ -16,10 +16,9 @@ the trace (``trace.sqlite`` + ``trace.nsys-rep``, or ``trace.json``), ``program.
 ``nvml.json``, ``nvml.png``, ``measurement.json`` and ``profile.json`` (the advise JSON plus
 a ``capture`` object).
 
-Not here yet (issue 5, second half): plan search, ``--apply`` and re-measurement. They
-plug in through :func:`recsys_doctor.workload.measure`'s ``run`` / ``client_context`` hooks
-(a stream-group ``ServedModel`` has the same host-in/host-out contract as the default
-serving query) and through :func:`profile`'s returned :class:`ProfileResult`.
+Plan search, ``--apply`` and re-measurement live in :mod:`recsys_doctor.apply`; they use
+:func:`profile` with ``apply=`` (a workload driven with runtime settings) or
+``apply_plan=`` (a plain script run with the interpreter-start hook) for the "after" trace.
 """
 
 from __future__ import annotations
@@ -118,9 +117,13 @@ def require_gpu(device_index: int = 0) -> dict[str, Any]:
 
 
 def child_argv(target: Path, result: Path, args: tuple[str, ...] | list[str], *, threads: int | None,
-               duration_s: float | None, steps: int | None, profiled: str | None) -> list[str]:
-    """The command that drives a workload in a child process (see :mod:`._child`)."""
+               duration_s: float | None, steps: int | None, profiled: str | None,
+               apply: dict[str, Any] | None = None) -> list[str]:
+    """The command that drives a workload in a child process (see :mod:`._child`);
+    ``apply``: runtime settings to apply (:func:`recsys_doctor.apply.make_runner`)."""
     argv = [sys.executable, "-m", "recsys_doctor.capture._child", str(target), "--result", str(result)]
+    if apply is not None:
+        argv += ["--apply", json.dumps(apply)]
     if threads is not None:
         argv += ["--threads", str(threads)]
     if duration_s is not None:
@@ -187,7 +190,8 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             out_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
             duration_s: float | None = None, steps: int | None = None, baseline: bool = True,
             nvml: bool = True, nvml_interval_s: float = 0.05, nvtx: str | None = None,
-            options: Options | None = None, device_index: int = 0) -> ProfileResult:
+            options: Options | None = None, device_index: int = 0, apply: dict[str, Any] | None = None,
+            apply_plan: str | os.PathLike[str] | None = None) -> ProfileResult:
     """Capture ``target`` on the GPU and diagnose it; see the module docstring.
 
     ``threads``/``duration_s``/``steps`` override a workload's settings (an error for a
@@ -196,6 +200,9 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     not inflated by tracing overhead (the profiled run's own numbers are kept too).
     ``nvtx``: analyze only inside that range (default: ``measure`` for a workload, the
     whole trace for a script).
+    ``apply``: runtime settings applied to a workload while it is profiled (the "after"
+    run of ``profile --apply``); ``apply_plan``: a plan file applied to a plain script
+    through the interpreter-start hook (:func:`recsys_doctor.apply.script_env`).
     """
     t_start = time.perf_counter()
     target = Path(target)
@@ -203,6 +210,10 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
         raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
                             "(one with a workload() function); a plain script is profiled as it is")
+    if apply is not None and not is_wl:
+        raise BadInputError(f"{target}: runtime settings apply to a workload module; use a plan file for a script")
+    if apply_plan is not None and is_wl:
+        raise BadInputError(f"{target}: a plan file applies to a plain script; a workload takes runtime settings")
     chosen = choose_backend(backend)
     env = require_gpu(device_index)
     out = Path(out_dir) if out_dir is not None else default_out_dir()
@@ -211,7 +222,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     except OSError as e:
         raise BadInputError(f"--out {out}: cannot create ({e.strerror or e})") from None
     log = out / "program.log"
-    mkw = {"threads": threads, "duration_s": duration_s, "steps": steps}
+    mkw: dict[str, Any] = {"threads": threads, "duration_s": duration_s, "steps": steps}
     meas: Measurement | None = None
     base: Measurement | None = None
     base_nvml: NvmlSamples | None = None
@@ -230,12 +241,17 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
                 with NvmlSampler(device_index, nvml_interval_s, enabled=nvml) as bs:
                     base = _run_child_measure(child_argv(target, bres, args, profiled=None, **mkw), bres, log)
                 base_nvml = bs.result
-            program = child_argv(target, out / "measurement.json", args, profiled="nsys", **mkw)
+            program = child_argv(target, out / "measurement.json", args, profiled="nsys", apply=apply, **mkw)
         else:
             program = [sys.executable, str(target), *args]
+        penv = _child_env()
+        if apply_plan is not None:
+            from ..apply import script_env
+
+            penv = script_env(apply_plan, base_env=penv, hook_dir=out / "hook")
         t_cap = time.perf_counter()
         with sampler:
-            trace_path, command = run_nsys(program, out, env=_child_env(), nsys=nsys)
+            trace_path, command = run_nsys(program, out, env=penv, nsys=nsys)
         cap_wall = time.perf_counter() - t_cap
         if is_wl:
             meas = _measurement_from_json(out / "measurement.json")
@@ -251,15 +267,30 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
                 with NvmlSampler(device_index, nvml_interval_s, enabled=nvml) as bs:
                     base = measure(wl, **mkw)
                 base_nvml = bs.result
+            run = None
+            closer = None
+            if apply is not None:
+                from ..apply import make_runner
+
+                run, closer, _info, wl = make_runner(wl, apply)
             t_cap = time.perf_counter()
-            with sampler:
-                trace_path, meas = profile_workload(wl, out, **mkw)
+            try:
+                with sampler:
+                    trace_path, meas = profile_workload(wl, out, **mkw, **({"run": run} if run is not None else {}))
+            finally:
+                if closer is not None:
+                    closer()
             cap_wall = time.perf_counter() - t_cap
             (out / "measurement.json").write_text(json.dumps(meas.to_dict()))
         else:
+            undo = _activate_in_process(apply_plan) if apply_plan is not None else None
             t_cap = time.perf_counter()
-            with sampler:
-                trace_path = profile_script(target, args, out)
+            try:
+                with sampler:
+                    trace_path = profile_script(target, args, out)
+            finally:
+                if undo is not None:
+                    undo()
             cap_wall = time.perf_counter() - t_cap
     if base is not None:
         (out / "baseline.json").write_text(json.dumps(base.to_dict()))
@@ -298,6 +329,26 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     result = ProfileResult(advise=res, capture=capture, out_dir=out, measurement=meas, baseline=base, nvml=samples)
     (out / "profile.json").write_text(json.dumps(result.to_dict(), indent=1, default=json_default))
     return result
+
+
+def _activate_in_process(plan_path: str | os.PathLike[str]) -> Any:
+    """Start the plain-script hook in this process (the torch backend runs the script
+    here); returns the function that stops it."""
+    import importlib.util
+
+    from ..apply import read_plan
+
+    plan = read_plan(plan_path)
+    auto = Path(__file__).resolve().parents[1] / "_autoapply.py"
+    mod = sys.modules.get("_recsys_doctor_autoapply")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("_recsys_doctor_autoapply", auto)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_recsys_doctor_autoapply"] = mod
+        spec.loader.exec_module(mod)
+    mod.activate(plan)
+    return mod.deactivate
 
 
 def json_default(o: object) -> object:

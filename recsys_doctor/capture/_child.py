@@ -3,7 +3,11 @@ measurement without any profiler): loads the module, runs :func:`measure`, write
 :class:`~recsys_doctor.workload.Measurement` as JSON.
 
     python -m recsys_doctor.capture._child WORKLOAD.py --result m.json [--threads N]
-        [--duration S | --steps N] [--profiled nsys] [-- ARGS]
+        [--duration S | --steps N] [--profiled nsys] [--apply RUNTIME_JSON] [-- ARGS]
+
+``--apply``: runtime settings (a JSON object, see :func:`recsys_doctor.apply.make_runner`)
+applied to the workload; what the runtime reports (fallbacks, notes) goes to
+``RESULT.apply.json``.
 
 Errors print one line on stderr and exit 2 (bad input) or 1 (the workload failed); the
 parent turns the exit status and that line into the matching error.
@@ -15,7 +19,7 @@ import argparse
 import json
 import sys
 
-from ..errors import RecsysDoctorError
+from ..errors import BadInputError, RecsysDoctorError
 from ..workload import load_workload, measure
 
 
@@ -32,13 +36,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--profiled")
+    ap.add_argument("--apply")
     a = ap.parse_args(argv)
+    info = None
     try:
         wl = load_workload(a.workload, extra)
-        m = measure(wl, threads=a.threads, duration_s=a.duration, steps=a.steps, profiled=a.profiled)
+        run = None
+        close = None
+        if a.apply:
+            from ..apply import make_runner
+
+            try:
+                runtime = json.loads(a.apply)
+            except json.JSONDecodeError as e:
+                raise BadInputError(f"--apply: not JSON ({e.msg})") from None
+            run, close, info, wl = make_runner(wl, runtime)
+        try:
+            m = measure(wl, threads=a.threads, duration_s=a.duration, steps=a.steps, profiled=a.profiled, run=run)
+        finally:
+            if close is not None:
+                close()
     except RecsysDoctorError as e:
         print(f"recsys-doctor: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except Exception as e:  # noqa: BLE001 - e.g. a CUDA error inside the runtime
+        msg = str(e).strip().splitlines()
+        print(f"recsys-doctor: error: {type(e).__name__}: {msg[0] if msg else ''}", file=sys.stderr, flush=True)
+        return 1
+    if info is not None:
+        with open(a.result + ".apply.json", "w") as f:
+            json.dump(info, f, default=str)
     with open(a.result, "w") as f:
         json.dump(m.to_dict(), f)
     return 0

@@ -46,6 +46,7 @@ def main() -> None:
 def _register() -> None:
     from .advise import advise_cmd
     from .gate import check_cmd, compare_cmd, history_cmd
+    from .apply import apply_cmd
     from .profile import profile_cmd
 
     main.add_command(advise_cmd, "advise")
@@ -53,6 +54,7 @@ def _register() -> None:
     main.add_command(compare_cmd, "compare")
     main.add_command(history_cmd, "history")
     main.add_command(profile_cmd, "profile")
+    main.add_command(apply_cmd, "apply")
 
 
 _register()

@@ -11,7 +11,7 @@ import click
 from ..errors import BadInputError
 from ..options import Options
 
-__all__ = ["profile_cmd", "render_capture"]
+__all__ = ["profile_cmd", "render_capture", "render_apply"]
 
 
 def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -42,9 +42,19 @@ def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Analyze only the span of the NVTX ranges named NAME (default for a workload: 'measure').")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
               help="Override any analyzer threshold (see docs/options.md).")
+@click.option("--apply", "do_apply", is_flag=True,
+              help="Then search plans (what-if estimate from the trace), measure the best --top-k with the "
+                   "stream-group runtime, keep the best measured; write plan.json, apply.json, compare.html.")
+@click.option("--top-k", type=int, default=3, show_default=True, metavar="K",
+              help="--apply: how many candidate plans to measure (the advisor's own plan is always measured).")
+@click.option("--history/--no-history", default=True, show_default=True,
+              help="--apply: record the after-run in the history database.")
+@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="--apply: history database (default: the user data folder).")
 def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
                 threads: int | None, duration: float | None, steps: int | None, baseline: bool,
-                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...]) -> None:
+                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], do_apply: bool, top_k: int,
+                history: bool, db_path: Path | None) -> None:
     """Run MODEL (a Python file) on the GPU under a profiler and diagnose the trace.
 
     MODEL is a plain script (run as `python MODEL ARGS`, profiled as it is) or a
@@ -69,6 +79,13 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     if steps is not None and steps < 1:
         raise BadInputError(f"--steps must be >= 1, got {steps}")
     options = Options().with_overrides(_parse_sets(sets))
+    if do_apply:
+        _run_apply(model, args, backend=backend, out_dir=out_dir, threads=threads, duration=duration, steps=steps,
+                   nvml=not no_nvml, options=options, top_k=top_k, history=history, db_path=db_path,
+                   as_json=as_json)
+        return
+    if top_k != 3 or db_path is not None:
+        raise BadInputError("--top-k and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
                   steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options)
     if as_json:
@@ -83,6 +100,64 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     console = Console()
     render_terminal(res.advise, console)
     render_capture(res.capture, console)
+
+
+def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,
+               duration: float | None, steps: int | None, nvml: bool, options: Options, top_k: int,
+               history: bool, db_path: Path | None, as_json: bool) -> None:
+    import sys
+
+    from ..apply import apply_workload
+    from ..capture import json_default
+
+    def say(msg: str) -> None:
+        if not as_json:
+            click.echo(f"recsys-doctor: {msg}", err=True)
+
+    res, before, after = apply_workload(model, args, backend=backend, out_dir=out_dir, threads=threads,
+                                        duration_s=duration, steps=steps, top_k=top_k, nvml=nvml, options=options,
+                                        history=history, db_path=db_path, progress=say)
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
+        return
+    from rich.console import Console
+
+    from ..reports.terminal import render_terminal
+
+    console = Console()
+    render_terminal(before.advise, console)
+    render_capture(before.capture, console)
+    render_apply(res.to_dict(), console)
+    sys.stdout.flush()
+
+
+def render_apply(d: dict[str, Any], console: Any) -> None:
+    """The --apply part of the report: candidates (predicted vs measured), before/after."""
+    from rich.table import Table
+
+    train = d["kind"] == "train"
+    key, unit = ("step_ms", "step ms") if train else ("qps", "queries/s")
+    t = Table(title="Plan search: predicted vs measured", title_justify="left")
+    for c in ("plan", f"predicted {unit}", f"measured {unit}", "predicted p99 ms", "measured p99 ms", "bound", "note"):
+        t.add_column(c)
+    for c in d["candidates"]:
+        if c["measured"] is None and c["error"] is None:
+            continue
+        p, m = c["predicted"], c["measured"] or {}
+        t.add_row(c["label"], _fmt(p.get(key), "", 1), _fmt(m.get(key), "", 1), _fmt(p.get("p99_ms"), "", 3),
+                  _fmt(m.get("p99_ms"), "", 3), str(p.get("bound")), c["error"] or "; ".join(p.get("notes") or []))
+    console.print(t)
+    b = Table(title=f"Before / after (chosen: {(d.get('chosen') or {}).get('label', '-')})", title_justify="left")
+    for c in ("metric", "before", "after", "after / before"):
+        b.add_column(c)
+    for r in d["table"]:
+        b.add_row(r["metric"], _fmt(r["before"], "", 3), _fmt(r["after"], "", 3), _fmt(r["ratio"], "x", 3))
+    console.print(b)
+    for n in d.get("notes") or []:
+        console.print(f"note: {n}")
+    files = d.get("files") or {}
+    console.print(f"plan: {files.get('plan')}  report: {files.get('html', '-')}  "
+                  f"result: {files.get('apply', '-')}  ({d.get('wall_s', 0):.1f} s)")
 
 
 def _fmt(v: Any, unit: str = "", nd: int = 2) -> str:

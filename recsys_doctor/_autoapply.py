@@ -1,0 +1,347 @@
+"""Apply a stream-group plan to a plain script, with no change to the script.
+
+Activated at interpreter start by a generated ``sitecustomize.py`` (see
+:func:`recsys_doctor.apply.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
+this module is loaded by file path, so it imports nothing of ``recsys_doctor`` (whose
+package import pulls in pandas) and never imports torch itself. What it does:
+
+* **a stream per client thread**: every ``threading.Thread`` started once torch has
+  initialized CUDA runs its whole life inside ``torch.cuda.stream(group_stream)``; thread
+  ``i`` (in start order) gets group ``i mod groups``. The script's own copies, kernels and
+  ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one
+  stream shared (and synchronized) by every thread.
+* **CUDA graphs for top-level model calls** (where the plan enables graphs): a call of an
+  ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
+  gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
+  (group, module, argument dtypes/shapes/devices and constants). The first
+  ``WARMUP_CALLS`` calls of a key run eagerly on the group stream, then the call is
+  captured once (on a private capture stream, so that the group's other threads keep
+  using the group stream meanwhile) into a graph with static input buffers; later calls
+  copy their inputs
+  into the static buffers (one ``_foreach_copy_``), replay, and return a clone of the
+  static output. A group's copy-in, replay and clone are enqueued under the group's lock,
+  so threads sharing a group never read each other's results. Anything that cannot be
+  captured (a host sync in the forward, data-dependent shapes, non-tensor outputs) runs
+  eagerly from then on; the reason is printed to stderr once per key.
+
+The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
+``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+__all__ = ["activate", "deactivate", "read_runtime", "stats", "ENV_PLAN", "WARMUP_CALLS"]
+
+ENV_PLAN = "RECSYS_DOCTOR_PLAN"
+#: eager calls of a key before it is captured (lazy inits: cuBLAS handles, allocator blocks)
+WARMUP_CALLS = 2
+
+_state: dict[str, Any] = {"active": False}
+_tls = threading.local()
+_lock = threading.Lock()
+
+
+def _log(msg: str) -> None:
+    print(f"recsys-doctor apply: {msg}", file=sys.stderr, flush=True)
+
+
+def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
+    """``groups`` and ``cuda_graphs`` from a plan dict (``runtime`` object, or planner
+    schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
+    rt: dict[str, Any] = plan["runtime"] if isinstance(plan.get("runtime"), dict) else {}
+
+    def pick(flat: str, nested: str, sub: str, default: Any) -> Any:
+        if flat in rt:
+            return rt[flat]
+        v = plan.get(nested)
+        if isinstance(v, dict) and sub in v:
+            return v[sub]
+        return default
+
+    groups = pick("groups", "stream_groups", "count", 4)
+    graphs = pick("cuda_graphs", "cuda_graphs", "enabled", True)
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"plan: groups must be a positive integer, got {groups!r}")
+    if not isinstance(graphs, bool):
+        raise ValueError(f"plan: cuda_graphs must be true or false, got {graphs!r}")
+    return {"groups": groups, "cuda_graphs": graphs}
+
+
+class _Group:
+    def __init__(self, index: int, stream: Any) -> None:
+        self.index = index
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.entries: dict[Any, Any] = {}
+        self.capture_stream: Any = None
+
+
+class _Entry:
+    __slots__ = ("calls", "graph", "static_in", "static_out", "out_is_tuple", "reason")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.graph: Any = None
+        self.static_in: list[Any] = []
+        self.static_out: Any = None
+        self.out_is_tuple = False
+        self.reason: str | None = None
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _group_for_new_thread() -> _Group | None:
+    torch = _torch()
+    if torch is None or not _state["active"]:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+    except Exception:
+        return None
+    with _lock:
+        i = _state["started"]
+        _state["started"] += 1
+        groups = _state["groups"]
+        k = i % _state["n_groups"]
+        g = groups.get(k)
+        if g is None:
+            g = groups[k] = _Group(k, torch.cuda.Stream())
+        if not _state["patched_module"]:
+            _patch_module(torch)
+    return g
+
+
+def _wrapped_bootstrap(orig: Any) -> Any:
+    def bootstrap_inner(self: threading.Thread) -> None:
+        g = _group_for_new_thread()
+        if g is None:
+            return orig(self)
+        torch = _torch()
+        _tls.group = g
+        _tls.depth = 0
+        with torch.cuda.stream(g.stream):
+            return orig(self)
+
+    bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
+    return bootstrap_inner
+
+
+# --------------------------------------------------------------------------- graphs
+
+def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
+    """(hashable key, flat tensor list) or None when an argument is not graph-friendly."""
+    tensors: list[Any] = []
+    parts: list[Any] = []
+
+    def rec(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if not x.is_cuda:
+                raise TypeError("a CPU tensor argument")
+            tensors.append(x)
+            return ("T", x.dtype, tuple(x.shape), x.stride(), x.device.index)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(rec(v) for v in x))
+        if isinstance(x, dict):
+            return ("dict", tuple((k, rec(x[k])) for k in sorted(x)))
+        if x is None or isinstance(x, (int, float, bool, str)):
+            return ("C", x)
+        raise TypeError(f"an argument of type {type(x).__name__}")
+
+    try:
+        parts.append(rec(args))
+        parts.append(rec(kwargs))
+    except TypeError:
+        return None
+    return (id(module), tuple(parts)), tensors
+
+
+def _rebuild(torch: Any, x: Any, it: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return next(it)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rebuild(torch, v, it) for v in x)
+    if isinstance(x, dict):
+        return {k: _rebuild(torch, x[k], it) for k in x}
+    return x
+
+
+def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args: Any, kwargs: Any,
+             tensors: list[Any]) -> None:
+    e.static_in = [t.clone() for t in tensors]
+    it = iter(e.static_in)
+    s_args = _rebuild(torch, args, it)
+    s_kwargs = _rebuild(torch, kwargs, it)
+    g.stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # capture on a private stream, never on the group stream: the other threads of the
+    # group keep enqueuing their copies on the group stream meanwhile, and work from
+    # another thread must not land in (or invalidate) this capture. Replays then run on
+    # the group stream (the current stream of the calling thread).
+    if g.capture_stream is None:
+        g.capture_stream = torch.cuda.Stream()
+    with _state["capture_lock"]:
+        with torch.cuda.graph(graph, stream=g.capture_stream, capture_error_mode="thread_local"):
+            out = orig_call(module, *s_args, **s_kwargs)
+    g.capture_stream.synchronize()
+    if isinstance(out, torch.Tensor):
+        e.static_out, e.out_is_tuple = out, False
+    elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        e.static_out, e.out_is_tuple = tuple(out), True
+    else:
+        raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
+    e.graph = graph
+
+
+def _first_line(ex: BaseException) -> str:
+    msg = str(ex).strip().splitlines()
+    return f"{type(ex).__name__}: {msg[0] if msg else ''}"
+
+
+def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    torch = _torch()
+    g: _Group = _tls.group
+    if module.training or torch.is_grad_enabled():
+        return orig_call(module, *args, **kwargs)
+    kt = _key(torch, module, args, kwargs)
+    if kt is None:
+        return orig_call(module, *args, **kwargs)
+    key, tensors = kt
+    e = g.entries.get(key)
+    if e is None:
+        e = g.entries[key] = _Entry()
+    if e.reason is not None:
+        return orig_call(module, *args, **kwargs)
+    with g.lock:
+        if e.graph is None:
+            e.calls += 1
+            if e.calls <= WARMUP_CALLS:
+                return orig_call(module, *args, **kwargs)
+            try:
+                _capture(torch, g, e, orig_call, module, args, kwargs, tensors)
+                _state["captured"] += 1
+            except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
+                e.reason = _first_line(ex)
+                e.graph = None
+                try:
+                    torch.cuda.synchronize()
+                except Exception:
+                    pass
+                _log(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})")
+                _state["fallbacks"].append(e.reason)
+                return orig_call(module, *args, **kwargs)
+        try:
+            torch._foreach_copy_(e.static_in, tensors)
+            e.graph.replay()
+            _state["replays"] += 1
+            if e.out_is_tuple:
+                return tuple(o.clone() for o in e.static_out)
+            return e.static_out.clone()
+        except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
+            e.reason = f"replay failed: {_first_line(ex)}"
+            e.graph = None
+            _log(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})")
+            _state["fallbacks"].append(e.reason)
+    return orig_call(module, *args, **kwargs)
+
+
+def _patch_module(torch: Any) -> None:
+    nn = torch.nn
+    orig = nn.Module.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        g = getattr(_tls, "group", None)
+        if g is None or not _state["graphs"]:
+            return orig(self, *args, **kwargs)
+        depth = _tls.depth
+        if depth > 0:
+            return orig(self, *args, **kwargs)
+        _tls.depth = depth + 1
+        try:
+            return _graphed_call(orig, self, args, kwargs)
+        finally:
+            _tls.depth = depth
+
+    __call__.__wrapped__ = orig  # type: ignore[attr-defined]
+    nn.Module.__call__ = __call__
+    _state["patched_module"] = True
+    _state["orig_module_call"] = orig
+
+
+# --------------------------------------------------------------------------- control
+
+def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Start applying ``plan`` (a dict, a path, or ``$RECSYS_DOCTOR_PLAN``) to threads
+    started from now on. Returns the runtime settings used. Idempotent."""
+    if plan is None:
+        plan = os.environ.get(ENV_PLAN)
+        if not plan:
+            raise ValueError(f"{ENV_PLAN} is not set")
+    doc: dict[str, Any]
+    if isinstance(plan, dict):
+        doc = plan
+    else:
+        with open(plan, encoding="utf-8") as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict):
+            raise ValueError("the plan file must hold a JSON object")
+    rt = read_runtime(doc)
+    with _lock:
+        if _state["active"]:
+            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
+        _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
+                      patched_module=False, captured=0, replays=0, fallbacks=[], capture_lock=threading.Lock())
+        if hasattr(threading.Thread, "_bootstrap_inner"):
+            _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+            threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]
+        else:  # pragma: no cover - every CPython we support has it
+            raise RuntimeError("threading.Thread has no _bootstrap_inner on this Python")
+    return rt
+
+
+def deactivate() -> None:
+    """Undo :func:`activate` for threads started from now on (and restore ``nn.Module``)."""
+    with _lock:
+        if not _state.get("active"):
+            return
+        threading.Thread._bootstrap_inner = _state.pop("orig_bootstrap")  # type: ignore[attr-defined]
+        if _state.get("patched_module"):
+            torch = _torch()
+            if torch is not None:
+                torch.nn.Module.__call__ = _state["orig_module_call"]
+        _state["active"] = False
+
+
+def stats() -> dict[str, Any]:
+    """Groups created, threads placed, graphs captured, replays, fallback reasons."""
+    return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
+            "graphs": _state.get("graphs"), "threads": _state.get("started", 0),
+            "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
+            "fallbacks": list(_state.get("fallbacks", []))}
+
+
+def _at_exit() -> None:
+    if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
+        _log(json.dumps(stats()))
+
+
+def _main() -> None:
+    """Entry of the generated ``sitecustomize``: activate from the environment; a bad plan
+    is one line on stderr and the script runs unchanged."""
+    try:
+        rt = activate()
+    except Exception as ex:  # noqa: BLE001 - never break the user's program
+        _log(f"not applied: {_first_line(ex)}")
+        return
+    atexit.register(_at_exit)
+    if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
+        _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}")

@@ -1,0 +1,58 @@
+"""``recsys-doctor apply PLAN -- COMMAND``: run a program with a plan applied, unmodified."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import click
+
+from ..errors import BadInputError
+
+__all__ = ["apply_cmd"]
+
+
+@click.command("apply", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("plan", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--compare", is_flag=True,
+              help="Run COMMAND twice, as it is and with the plan, and print both of its measurements "
+                   "(its last output line: a JSON object with qps or step_ms).")
+@click.option("--json", "as_json", is_flag=True, help="With --compare: print the before/after as JSON.")
+def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool) -> None:
+    """Run COMMAND (usually `python script.py ARGS`) with PLAN applied at interpreter start.
+
+    \b
+        recsys-doctor apply plan.json -- python serve.py --threads 8
+        recsys-doctor apply --compare plan.json -- python serve.py
+
+    PLAN is the plan.json of `profile --apply` (or an `advise --json` output). No code
+    change: a generated sitecustomize starts the stream-group runtime in every Python
+    started by COMMAND: each client thread gets a group's stream, and top-level model
+    calls are replayed as CUDA graphs where the plan says so (eager fallback, reason on
+    stderr). Exit status: COMMAND's.
+    """
+    from ..apply import before_after_rows, read_plan, run_script, script_env
+
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise BadInputError("give the command to run after --, e.g. recsys-doctor apply plan.json -- python serve.py")
+    read_plan(plan)
+    env = script_env(plan)
+    if not compare:
+        try:
+            rc = subprocess.call(list(command), env=env)
+        except FileNotFoundError:
+            raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
+        raise SystemExit(rc)
+    before, _ = run_script(command)
+    after, _ = run_script(command, env=env)
+    rows = before_after_rows(before, after)
+    if as_json:
+        click.echo(json.dumps({"before": before, "after": after, "table": rows}, indent=1))
+        return
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+        click.echo(f"{r['metric']:<22} {r['before']!s:>12} -> {r['after']!s:>12}  ({ratio})")

@@ -1,0 +1,356 @@
+"""What-if: how fast would a workload run under a stream-group plan? Estimated from its trace.
+
+``profile --apply`` cannot measure every candidate plan (group count x merged copy/compute
+streams x per-stream allocator x CUDA graphs is 32 of them), so it ranks them with this
+estimate and measures only the best few. The estimate is deliberately simple, so that it
+can be checked by hand and held to account next to the measured numbers:
+
+1. :func:`trace_stats` reduces the trace (inside the measurement window) to per-unit numbers
+   (a unit is one query or one training step): GPU time of kernels and of copies, how many
+   GPU operations the host launched, the host time spent per unit, and how much of the GPU
+   one kernel fills (its grid against the SM count).
+2. :func:`estimate` replays those numbers onto a candidate:
+
+   * **host time per unit** ``H``. Eager: every GPU operation costs the measured host time
+     per operation ``h = host_ns_per_unit / ops_per_unit`` (Python dispatch plus the launch
+     API, as measured), so ``H = ops_per_unit * h``; separate copy streams add
+     ``unmerged_extra_ops`` event records/waits. With CUDA graphs the whole unit is one
+     graph launch plus packing the inputs: ``H = graph_host_ops * h``. Host work of all
+     client threads is serialized (one Python interpreter lock), so the host alone allows
+     ``1 / H`` units per second.
+   * **GPU time per unit** ``D``. Eager: the measured kernel + copy time. With graphs:
+     kernel time plus ``graph_node_gap_ns`` per kernel, and the copies packed into one
+     transfer each way (``packed_copy_ns``).
+   * **overlap** across groups: a kernel that uses a fraction ``o`` of the SMs (time-
+     weighted mean of ``min(1, blocks / SMs)``) leaves room for about ``1 / o`` such kernels
+     at once, so ``overlap = min(groups, clients, 1 / o)``.
+   * **serving throughput** ``X = min(1 / H, overlap / D, clients_in_flight / (H + D))``
+     where ``clients_in_flight = min(clients, groups * slots)``; latency by Little's law
+     ``p50 = clients / X``, and ``p99 = p50 * tail`` with the baseline's own p99/p50 ratio.
+   * **training step**: eager ``max(H, D)``; with graphs ``max(H_graph, D_graph)`` where the
+     part of the GPU time in kernels that do not fill the GPU (``small_grid_share``) is
+     divided by the overlap of ``groups`` branch streams.
+
+Pure: numbers in, numbers out; no torch, no GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import BadInputError
+from .model import Trace
+
+__all__ = ["TraceStats", "Candidate", "Prediction", "WhatIfCosts", "trace_stats", "estimate", "rank",
+           "union_ns", "host_busy_ns"]
+
+_SYNC_API = r"Synchronize|^(?:cuda|cu)Memcpy(?!.*Async)"
+_SYNC_RE = __import__("re").compile(_SYNC_API)
+
+
+@dataclass(frozen=True)
+class WhatIfCosts:
+    """Constants of the model that the trace cannot tell, each with where it comes from."""
+
+    #: host operations of one graphed query: pack the inputs (~one op per run of equal
+    #: tensors: dense, the 26 stacked id lists, offsets), the graph launch, an event record,
+    #: the event wait and the output clone (``runtime/torch_adapter.py`` hot path).
+    graph_host_ops: float = 7.0
+    #: extra host operations per unit when copies run on their own streams (2 event records
+    #: + 2 stream waits per query in the unmerged runtime path).
+    unmerged_extra_ops: float = 4.0
+    #: GPU gap between consecutive kernels inside a CUDA graph (~1 us on Hopper; eager
+    #: launches leave far more between them).
+    graph_node_gap_ns: float = 1_000.0
+    #: fixed cost of one packed copy (DMA setup) and its bandwidth for small pinned copies.
+    copy_fixed_ns: float = 2_000.0
+    copy_bytes_per_ns: float = 20.0
+    #: queries a group keeps in flight (``RuntimeConfig.slots_per_group``); None: enough
+    #: for every client (what ``profile --apply`` configures, see ``apply.runtime_plan``).
+    slots_per_group: int | None = None
+    #: resident threads per SM (2048 on Volta..Hopper): a kernel's share of the GPU is
+    #: ``blocks * threads_per_block / (SMs * this)``, capped at 1.
+    threads_per_sm: int = 2048
+    #: the GPU time with graphs cannot go below this share of the eager GPU time (keeps the
+    #: estimate from promising more than the kernels themselves take).
+    min_gpu_share: float = 0.0
+
+
+@dataclass
+class TraceStats:
+    """Per-unit numbers of one trace window (a unit: one query or one training step)."""
+
+    units: int
+    unit_source: str
+    kind: str
+    threads: int
+    wall_ns: int
+    kernel_ns_per_unit: float
+    copy_ns_per_unit: float
+    kernels_per_unit: float
+    copies_per_unit: float
+    ops_per_unit: float
+    bytes_per_unit: float
+    host_ns_per_unit: float
+    gpu_busy_ns: int
+    sm_count: int | None
+    mean_sm_share: float
+    small_grid_share: float
+    p99_over_p50: float = 1.0
+
+    @property
+    def gpu_ns_per_unit(self) -> float:
+        return self.kernel_ns_per_unit + self.copy_ns_per_unit
+
+    @property
+    def host_ns_per_op(self) -> float:
+        return self.host_ns_per_unit / self.ops_per_unit if self.ops_per_unit else 0.0
+
+    @property
+    def utilization(self) -> float:
+        return self.gpu_busy_ns / self.wall_ns if self.wall_ns else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(gpu_ns_per_unit=self.gpu_ns_per_unit, host_ns_per_op=self.host_ns_per_op,
+                 utilization=self.utilization)
+        return d
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan the runtime can run: the four knobs of :class:`recsys_doctor.runtime.RuntimeConfig`."""
+
+    groups: int
+    merge_streams: bool = True
+    per_stream_allocator: bool = True
+    cuda_graphs: bool = True
+
+    @property
+    def label(self) -> str:
+        return (f"g{self.groups} {'merged' if self.merge_streams else 'split'} "
+                f"{'own-pool' if self.per_stream_allocator else 'shared-pool'} "
+                f"{'graphs' if self.cuda_graphs else 'eager'}")
+
+    def to_runtime(self) -> dict[str, Any]:
+        """The flat dict :meth:`RuntimeConfig.from_plan` reads."""
+        return {"groups": self.groups, "merge_streams": self.merge_streams,
+                "per_stream_allocator": self.per_stream_allocator, "cuda_graphs": self.cuda_graphs}
+
+
+@dataclass
+class Prediction:
+    """The estimate for one candidate. ``qps``/``p50_ms``/``p99_ms`` for serving,
+    ``step_ms`` for training; ``bound`` says which limit decided it."""
+
+    candidate: Candidate
+    host_ns: float
+    gpu_ns: float
+    overlap: float
+    bound: str
+    qps: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    step_ms: float | None = None
+    score: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["candidate"] = self.candidate.to_runtime()
+        d["label"] = self.candidate.label
+        return d
+
+
+# ------------------------------------------------------------------------------ intervals
+
+def union_ns(starts: Sequence[int] | np.ndarray, ends: Sequence[int] | np.ndarray) -> int:
+    """Total length of the union of intervals ``[start, end)`` (ns)."""
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    if s.size == 0:
+        return 0
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    run_end = np.maximum.accumulate(e)
+    # a new block starts where the start is past everything before it
+    new = np.ones(s.size, dtype=bool)
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    block_end = np.append(run_end[idx[1:] - 1], run_end[-1])
+    return int(np.sum(block_end - s[idx]))
+
+
+def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def host_busy_ns(api: pd.DataFrame) -> int:
+    """Time during which at least one CPU thread was doing host work: per thread, from its
+    first to its last CUDA API call, minus the time it sat in a blocking call (a
+    synchronize or a synchronous copy); then the union over threads. With one Python
+    interpreter lock this is the serialized host cost of the window."""
+    if len(api) == 0:
+        return 0
+    busy: list[tuple[int, int]] = []
+    for _, g in api.groupby(["pid", "tid"], sort=False):
+        lo, hi = int(g["start"].min()), int(g["end"].max())
+        blocked = g[g["name"].astype(str).str.contains(_SYNC_RE)]
+        cur = lo
+        for s, e in _merge(list(zip(blocked["start"].astype("int64"), blocked["end"].astype("int64")))):
+            if s > cur:
+                busy.append((cur, min(s, hi)))
+            cur = max(cur, e)
+        if cur < hi:
+            busy.append((cur, hi))
+    busy = [(s, e) for s, e in busy if e > s]
+    return union_ns([s for s, _ in busy], [e for _, e in busy])
+
+
+# ------------------------------------------------------------------------------ the stats
+
+def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", unit_range: str | None = None,
+                p99_over_p50: float = 1.0, threads_per_sm: int = 2048) -> TraceStats:
+    """Reduce ``trace`` (already restricted to the measurement window) to per-unit numbers.
+
+    The unit count is ``units`` when given (the measured call count), else the number of
+    ``unit_range`` ranges (``query``/``step``), else the number of device-to-host copies
+    (one result copy per query is the serving pattern). ``mean_sm_share`` is the
+    time-weighted mean of ``min(1, blocks * threads_per_block / (SMs * threads_per_sm))``;
+    ``small_grid_share`` the share of kernel time in kernels with fewer blocks than SMs.
+    Raises :class:`BadInputError`
+    when the trace has no GPU work or no units can be counted.
+    """
+    k, m, ms = trace.kernels, trace.memcpys, trace.memsets
+    if len(k) + len(m) == 0:
+        raise BadInputError("the trace has no kernels or copies: nothing to estimate from")
+    source = "given"
+    if units is None and unit_range is not None and len(trace.ranges):
+        n = int((trace.ranges["name"].astype(object) == unit_range).sum())
+        if n:
+            units, source = n, f"{unit_range} ranges"
+    if units is None:
+        n = int((m["kind"].astype(object) == "d2h").sum()) if len(m) else 0
+        if n:
+            units, source = n, "device-to-host copies"
+    if not units or units < 1:
+        raise BadInputError("cannot count queries/steps in the trace (no ranges, no result copies)")
+    act = trace.gpu_activity()
+    lo = int(act["start"].min())
+    hi = int(act["end"].max())
+    if len(trace.api):
+        lo = min(lo, int(trace.api["start"].min()))
+        hi = max(hi, int(trace.api["end"].max()))
+    kdur = (k["end"] - k["start"]).clip(lower=0).astype("float64")
+    mdur = (m["end"] - m["start"]).clip(lower=0).astype("float64")
+    sdur = (ms["end"] - ms["start"]).clip(lower=0).astype("float64")
+    sm = None
+    if len(trace.devices) and trace.devices["sm_count"].notna().any():
+        sm = int(trace.devices["sm_count"].dropna().max())
+    share = 1.0
+    small = 0.0
+    if len(k) and sm:
+        blocks = (k["grid_x"].astype("Float64").fillna(1) * k["grid_y"].astype("Float64").fillna(1)
+                  * k["grid_z"].astype("Float64").fillna(1)).astype("float64")
+        bt = (k["block_x"].astype("Float64").fillna(1) * k["block_y"].astype("Float64").fillna(1)
+              * k["block_z"].astype("Float64").fillna(1)).astype("float64")
+        frac = np.minimum(1.0, blocks.to_numpy() * bt.to_numpy() / (sm * threads_per_sm))
+        w = kdur.to_numpy()
+        if w.sum() > 0:
+            share = float(np.sum(frac * w) / w.sum())
+            small = float(w[blocks.to_numpy() < sm].sum() / w.sum())
+    threads = int(trace.api.groupby(["pid", "tid"]).ngroups) if len(trace.api) else 1
+    return TraceStats(
+        units=int(units), unit_source=source, kind=kind, threads=max(1, threads), wall_ns=max(1, hi - lo),
+        kernel_ns_per_unit=float(kdur.sum()) / units,
+        copy_ns_per_unit=float(mdur.sum() + sdur.sum()) / units,
+        kernels_per_unit=len(k) / units,
+        copies_per_unit=(len(m) + len(ms)) / units,
+        ops_per_unit=(len(k) + len(m) + len(ms)) / units,
+        bytes_per_unit=float(m["bytes"].sum()) / units if len(m) else 0.0,
+        host_ns_per_unit=host_busy_ns(trace.api) / units,
+        gpu_busy_ns=union_ns(act["start"].to_numpy(), act["end"].to_numpy()),
+        sm_count=sm, mean_sm_share=share, small_grid_share=small,
+        p99_over_p50=max(1.0, float(p99_over_p50)),
+    )
+
+
+# ------------------------------------------------------------------------------ the estimate
+
+def _overlap(stats: TraceStats, groups: int, clients: int) -> float:
+    cap = 1.0 / stats.mean_sm_share if stats.mean_sm_share > 0 else 1.0
+    return max(1.0, min(float(groups), float(clients), cap))
+
+
+def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
+             costs: WhatIfCosts = WhatIfCosts()) -> Prediction:
+    """The predicted throughput/latency (serving) or step time (training) of ``cand``; see
+    the module docstring for the model."""
+    q = int(clients if clients is not None else stats.threads)
+    if q < 1:
+        raise BadInputError(f"clients must be >= 1, got {q}")
+    h = stats.host_ns_per_op
+    notes: list[str] = []
+    packed_copy_ns = 0.0
+    if stats.copies_per_unit:
+        directions = min(2.0, stats.copies_per_unit)
+        packed_copy_ns = directions * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
+    if cand.cuda_graphs:
+        host = costs.graph_host_ops * h
+        gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + packed_copy_ns
+        gpu = max(gpu, costs.min_gpu_share * stats.gpu_ns_per_unit)
+    else:
+        host = stats.host_ns_per_unit
+        gpu = stats.gpu_ns_per_unit
+    if not cand.merge_streams and stats.kind == "serve":
+        host += costs.unmerged_extra_ops * h
+    if not cand.per_stream_allocator and cand.groups > 1:
+        notes.append("shared pool: estimated like own pools (the model does not price allocator waits)")
+    if stats.kind == "train":
+        ov = _overlap(stats, cand.groups, cand.groups)
+        par = stats.small_grid_share
+        gpu_s = gpu * (1 - par) + gpu * par / ov
+        if cand.groups > 1 and not cand.cuda_graphs:
+            host += 2 * cand.groups * h  # stream waits/records around each branch set, eagerly launched
+        step = max(host, gpu_s)
+        bound = "host" if host >= gpu_s else "gpu"
+        return Prediction(cand, host, gpu_s, ov, bound, step_ms=step / 1e6, score=-step, notes=notes)
+    ov = _overlap(stats, cand.groups, q)
+    in_flight = q if costs.slots_per_group is None else min(q, cand.groups * costs.slots_per_group)
+    limits = {"host": 1e9 / host if host > 0 else math.inf,
+              "gpu": 1e9 * ov / gpu if gpu > 0 else math.inf,
+              "clients": 1e9 * in_flight / (host + gpu) if host + gpu > 0 else math.inf}
+    bound = min(limits, key=lambda k: limits[k])
+    x = limits[bound]
+    if in_flight < q:
+        notes.append(f"{q} clients share {in_flight} slots: some wait for a slot")
+    p50 = q / x * 1e3 if x > 0 else math.inf
+    return Prediction(cand, host, gpu, ov, bound, qps=x, p50_ms=p50, p99_ms=p50 * stats.p99_over_p50,
+                      score=x, notes=notes)
+
+
+def rank(stats: TraceStats, cands: Sequence[Candidate], *, clients: int | None = None,
+         prefer: Candidate | None = None, costs: WhatIfCosts = WhatIfCosts()) -> list[Prediction]:
+    """Predictions for ``cands``, best first. Ties (equal estimates within 0.5%) go to
+    ``prefer`` (the advisor's plan), then to fewer groups, then to own pools."""
+    preds = [estimate(stats, c, clients=clients, costs=costs) for c in cands]
+    best = max((p.score for p in preds), default=0.0)
+
+    def key(p: Prediction) -> tuple[float, int, int, int]:
+        s = p.score
+        bucket = round(s / (abs(best) * 0.005)) if best else 0  # 0.5% buckets
+        return (-bucket, 0 if prefer is not None and p.candidate == prefer else 1, p.candidate.groups,
+                0 if p.candidate.per_stream_allocator else 1)
+
+    return sorted(preds, key=key)

@@ -1,0 +1,336 @@
+"""Plan search and --apply without a GPU: the what-if estimate on hand-built traces (every
+expected number worked out by hand in the comments), candidate ranking, plan.json round
+trip, the plain-script hook's activation, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from recsys_doctor.apply import (
+    before_after_rows,
+    candidates,
+    parse_script_result,
+    plan_candidate,
+    read_plan,
+    runtime_plan,
+    script_env,
+    select_to_measure,
+    write_plan,
+)
+from recsys_doctor.cli import main
+from recsys_doctor.errors import BadInputError, WorkloadError
+from recsys_doctor.model import Trace
+from recsys_doctor.runtime import RuntimeConfig
+from recsys_doctor.whatif import Candidate, WhatIfCosts, estimate, host_busy_ns, rank, trace_stats, union_ns
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ intervals
+
+def test_union_of_intervals_by_hand():
+    # [0,10) and [5,15) merge into [0,15) = 15; [20,30) = 10; [22,25) inside it adds 0
+    assert union_ns([0, 5, 20, 22], [10, 15, 30, 25]) == 25
+    assert union_ns([], []) == 0
+    # touching intervals: [0,5) + [5,9) = 9
+    assert union_ns([5, 0], [9, 5]) == 9
+
+
+def _api(rows):
+    return pd.DataFrame(rows, columns=["start", "end", "pid", "tid", "correlation", "name", "api_class"])
+
+
+def test_host_busy_excludes_blocking_calls_and_unions_threads():
+    api = _api([
+        # thread 1: launch [0,2), synchronize [2,10) (blocked), launch [10,12) -> busy [0,2) + [10,12)
+        (0, 2, 1, 1, 1, "cudaLaunchKernel", "runtime"),
+        (2, 10, 1, 1, 0, "cudaStreamSynchronize", "runtime"),
+        (10, 12, 1, 1, 2, "cudaLaunchKernel", "runtime"),
+        # thread 2: launch [5,7), a synchronous cudaMemcpy [7,8) (blocked), launch [8,9)
+        #   -> busy [5,7) + [8,9)
+        (5, 7, 1, 2, 3, "cudaLaunchKernel", "runtime"),
+        (7, 8, 1, 2, 4, "cudaMemcpy", "runtime"),
+        (8, 9, 1, 2, 5, "cudaMemcpyAsync", "runtime"),
+    ])
+    # union: [0,2) + [5,7) + [8,9) + [10,12) = 2 + 2 + 1 + 2 = 7
+    assert host_busy_ns(api) == 7
+
+
+# ------------------------------------------------------------------------------ trace stats
+
+def _trace() -> Trace:
+    """Two queries on one thread, SM count 100.
+
+    query 1: kernel A [100,120) grid 10x1x1 block 128 -> 1280 threads; kernel B [130,170)
+             grid 200 block 1024 -> 204800 threads; H2D [90,100) 1000 B; D2H [170,180) 10 B
+    query 2: the same shifted by 185 (closed loop: the next query starts when the last ends).
+    API (thread 7): launches [0,20) [20,40) [40,60) [60,80) then sync [80,185) per query.
+    """
+    k, m, a = [], [], []
+    for q in (0, 185):
+        k += [(100 + q, 120 + q, 1, 0, 7, 1, "A", 10, 1, 1, 128, 1, 1, False),
+              (130 + q, 170 + q, 1, 0, 7, 2, "B", 200, 1, 1, 1024, 1, 1, False)]
+        m += [(90 + q, 100 + q, 1, 0, 7, 3, 1000, "h2d", "pinned", "device", False),
+              (170 + q, 180 + q, 1, 0, 7, 4, 10, "d2h", "device", "pinned", False)]
+        a += [(0 + q, 20 + q, 1, 7, 3, "cudaMemcpyAsync", "runtime"),
+              (20 + q, 40 + q, 1, 7, 1, "cudaLaunchKernel", "runtime"),
+              (40 + q, 60 + q, 1, 7, 2, "cudaLaunchKernel", "runtime"),
+              (60 + q, 80 + q, 1, 7, 4, "cudaMemcpyAsync", "runtime"),
+              (80 + q, 185 + q, 1, 7, 0, "cudaStreamSynchronize", "runtime")]
+    kernels = pd.DataFrame(k, columns=["start", "end", "pid", "device", "stream", "correlation", "name",
+                                       "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "in_graph"])
+    memcpys = pd.DataFrame(m, columns=["start", "end", "pid", "device", "stream", "correlation", "bytes", "kind",
+                                       "src_mem", "dst_mem", "in_graph"])
+    devices = pd.DataFrame([(0, "test GPU", 100)], columns=["device", "name", "sm_count"])
+    return Trace(path="hand.sqlite", format="nsys-sqlite", kernels=kernels, memcpys=memcpys, api=_api(a),
+                 devices=devices)
+
+
+def test_trace_stats_by_hand():
+    st = trace_stats(_trace(), kind="serve", p99_over_p50=1.5)
+    assert st.units == 2 and st.unit_source == "device-to-host copies"  # two D2H copies
+    assert st.kernel_ns_per_unit == 60  # (20 + 40) per query
+    assert st.copy_ns_per_unit == 20  # 10 + 10
+    assert st.kernels_per_unit == 2 and st.copies_per_unit == 2 and st.ops_per_unit == 4
+    assert st.bytes_per_unit == 1010
+    # host busy: [0,80) and [185,265) (the syncs are blocked time) = 160 over 2 queries
+    assert st.host_ns_per_unit == 80
+    assert st.host_ns_per_op == 20
+    # GPU share: A = 1280 / (100 * 2048) = 0.00625 for 20 ns; B = 204800 / 204800 = 1 for 40 ns
+    # time-weighted: (0.00625 * 20 + 1 * 40) / 60
+    assert st.mean_sm_share == pytest.approx((0.00625 * 20 + 40) / 60)
+    # small grid: A (10 blocks < 100 SMs) is 20 of 60 ns
+    assert st.small_grid_share == pytest.approx(20 / 60)
+    # wall: first API call 0 .. last sync end 370; GPU busy per query [90,120) + [130,180) = 80
+    assert st.wall_ns == 370 and st.gpu_busy_ns == 160
+    assert st.threads == 1 and st.sm_count == 100
+
+
+def test_trace_stats_counts_units_from_ranges_or_as_given():
+    t = _trace()
+    t.ranges = pd.DataFrame([(0, 185, 1, 7, "query", "nvtx", 0), (185, 370, 1, 7, "query", "nvtx", 0),
+                             (0, 2000, 1, 7, "measure", "nvtx", 0)],
+                            columns=["start", "end", "pid", "tid", "name", "source", "depth"])
+    assert trace_stats(t, unit_range="query").unit_source == "query ranges"
+    st = trace_stats(t, units=4)
+    assert st.units == 4 and st.kernel_ns_per_unit == 30
+
+
+def test_trace_stats_refuses_empty_trace():
+    with pytest.raises(BadInputError, match="no kernels"):
+        trace_stats(Trace(path="x", format="nsys-sqlite"))
+
+
+# ------------------------------------------------------------------------------ estimate
+
+def test_estimate_eager_baseline_by_hand():
+    st = trace_stats(_trace(), p99_over_p50=1.5)
+    p = estimate(st, Candidate(1, True, True, False), clients=1)
+    # host 80 ns, GPU 80 ns (60 kernels + 20 copies), overlap 1:
+    # limits: host 1e9/80 = 12.5e6; gpu 1e9/80 = 12.5e6; clients 1e9 * 1 / 160 = 6.25e6
+    assert p.bound == "clients" and p.qps == pytest.approx(6.25e6)
+    assert p.p50_ms == pytest.approx(1 / 6.25e6 * 1e3)
+    assert p.p99_ms == pytest.approx(p.p50_ms * 1.5)
+
+
+def test_estimate_graphs_by_hand():
+    st = trace_stats(_trace())
+    costs = WhatIfCosts(graph_host_ops=3, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101)
+    p = estimate(st, Candidate(2, True, True, True), clients=4, costs=costs)
+    # host: 3 ops * 20 ns = 60
+    # gpu: kernels 60 + 2 kernels * 5 + packed copies (2 directions * 4 + 1010 / 101 = 18) = 88
+    # overlap: 1 / share = 60 / (0.125 + 40) = 1.4953..., below groups 2 and clients 4
+    ov = 60 / (0.00625 * 20 + 40)
+    assert p.host_ns == pytest.approx(60) and p.gpu_ns == pytest.approx(88)
+    assert p.overlap == pytest.approx(ov)
+    # limits: host 1e9/60 = 16.67e6; gpu 1e9*1.4953/88 = 16.99e6; clients 4e9/148 = 27.0e6
+    assert p.bound == "host" and p.qps == pytest.approx(1e9 / 60)
+    assert p.p50_ms == pytest.approx(4 / (1e9 / 60) * 1e3)
+    # split copy streams add 4 host ops: 60 + 4 * 20 = 140
+    q = estimate(st, Candidate(2, False, True, True), clients=4, costs=costs)
+    assert q.host_ns == pytest.approx(140) and q.qps == pytest.approx(1e9 / 140)
+
+
+def test_estimate_training_by_hand():
+    st = trace_stats(_trace(), kind="train")
+    costs = WhatIfCosts(graph_host_ops=1, graph_node_gap_ns=0, copy_fixed_ns=0, copy_bytes_per_ns=1010)
+    eager = estimate(st, Candidate(1, True, True, False), costs=costs)
+    # eager: max(host 80, GPU 80) = 80 ns
+    assert eager.step_ms == pytest.approx(80 / 1e6)
+    g = estimate(st, Candidate(8, True, True, True), costs=costs)
+    # graphs: host 1 * 20 = 20; GPU 60 + 0 + (2 * 0 + 1010/1010 = 1) = 61; overlap min(8, 8, 1.4953)
+    # the small-grid third runs overlapped: 61 * 2/3 + 61 * 1/3 / 1.4953
+    ov = 60 / (0.00625 * 20 + 40)
+    assert g.step_ms == pytest.approx((61 * (1 - 1 / 3) + 61 * (1 / 3) / ov) / 1e6)
+    assert g.bound == "gpu"
+
+
+def test_estimate_rejects_no_clients():
+    with pytest.raises(BadInputError):
+        estimate(trace_stats(_trace()), Candidate(1), clients=0)
+
+
+# ------------------------------------------------------------------------------ ranking
+
+def test_candidates_cover_the_grid():
+    c = candidates("serve")
+    assert len(c) == 4 * 2 * 2 * 2 == len(set(c))
+    assert {x.groups for x in c} == {1, 2, 4, 8}
+    assert len(candidates("train")) == 8 and len(candidates("script")) == 8
+    # 8 script clients: graphed plans on 1 or 2 groups (8 or 4 threads per group) are left out
+    assert sorted((c.groups, c.cuda_graphs) for c in candidates("script", clients=8)) == [
+        (1, False), (2, False), (4, False), (4, True), (8, False), (8, True)]
+    with pytest.raises(BadInputError):
+        candidates("nope")
+
+
+def test_rank_prefers_graphs_when_host_bound_and_breaks_ties_with_the_plan():
+    st = trace_stats(_trace())
+    costs = WhatIfCosts(graph_host_ops=3, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101)
+    r = rank(st, candidates("serve"), clients=8, prefer=Candidate(4, True, True, True), costs=costs)
+    # as in test_estimate_graphs_by_hand: merged graphs on >= 2 groups are host-bound at
+    # 1e9/60 q/s, eager ones at 1e9/80, one graphed group is GPU-bound at 1e9/88: the
+    # advisor's g4 wins the tie among g2/g4/g8, then fewer groups first
+    assert [p.candidate for p in r[:3]] == [Candidate(4), Candidate(2), Candidate(2, True, False, True)]
+    assert r[0].qps == pytest.approx(1e9 / 60)
+    g1 = next(p for p in r if p.candidate == Candidate(1))
+    assert g1.bound == "gpu" and g1.qps == pytest.approx(1e9 / 88)
+    worst_graph = min(p.score for p in r if p.candidate.cuda_graphs and p.candidate.merge_streams
+                      and p.candidate.groups > 1)
+    assert all(p.score < worst_graph for p in r if not p.candidate.cuda_graphs)
+    picked = select_to_measure(r, 3, Candidate(4, True, True, True))
+    keys = [(p.candidate.groups, p.candidate.merge_streams, p.candidate.cuda_graphs) for p in picked]
+    assert len(picked) == 3 and len(set(keys)) == 3  # allocator twins are not measured twice
+    # the advisor's plan is added when it is not among the top k
+    eager_plan = Candidate(1, True, True, False)
+    picked = select_to_measure(r, 2, eager_plan)
+    assert len(picked) == 3 and picked[-1].candidate == eager_plan
+
+
+# ------------------------------------------------------------------------------ plan.json
+
+ADVISED = {"schema": 1, "kind": "serving", "stream_groups": {"count": 4, "because": [], "reason": "x"},
+           "merge_copy_compute": {"enabled": True, "because": [], "reason": "x"},
+           "per_stream_allocators": {"enabled": True, "because": [], "reason": "x"},
+           "cuda_graphs": {"enabled": True, "because": [], "reason": "x"}, "findings": []}
+
+
+def test_plan_round_trip(tmp_path):
+    chosen = Candidate(8, False, False, True)
+    p = write_plan(tmp_path / "sub" / "plan.json", ADVISED, chosen, clients=12,
+                   predicted={"qps": 1.0}, measured={"qps": 2.0})
+    doc = read_plan(p)
+    assert plan_candidate(doc) == chosen  # the runtime object wins over the advisor's plan
+    cfg = RuntimeConfig.from_plan(doc)
+    assert (cfg.groups, cfg.merge_streams, cfg.per_stream_allocator, cfg.cuda_graphs) == (8, False, False, True)
+    assert cfg.slots_per_group == 2  # ceil(12 / 8) = 2
+    assert runtime_plan(Candidate(1), 8)["slots_per_group"] == 8
+    assert doc["apply"]["measured"] == {"qps": 2.0} and doc["stream_groups"]["count"] == 4
+    assert plan_candidate(ADVISED) == Candidate(4, True, True, True)
+
+
+def test_read_plan_errors(tmp_path):
+    with pytest.raises(BadInputError, match="no such plan"):
+        read_plan(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(BadInputError, match="not JSON"):
+        read_plan(bad)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(BadInputError, match="not a recsys-doctor plan"):
+        read_plan(other)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"runtime": {"groups": "many"}}))
+    with pytest.raises(BadInputError, match="groups"):
+        read_plan(wrong)
+    adv = tmp_path / "advise.json"
+    adv.write_text(json.dumps({"schema": 1, "findings": [], "plan": ADVISED}))
+    assert read_plan(adv)["stream_groups"]["count"] == 4
+
+
+def test_parse_script_result_takes_the_last_json_line():
+    out = 'hello\n{"qps": 1}\nnoise\n{"qps": 12.5, "p99_ms": 3}\n\n'
+    assert parse_script_result(out) == {"qps": 12.5, "p99_ms": 3}
+    with pytest.raises(WorkloadError, match="no measurement"):
+        parse_script_result('{"other": 1}\nplain text')
+
+
+def test_before_after_rows():
+    rows = before_after_rows({"qps": 100.0, "p99_ms": 20.0}, {"qps": 1500.0, "p99_ms": 2.0})
+    by = {r["key"]: r for r in rows}
+    assert by["qps"]["ratio"] == 15.0 and by["p99_ms"]["ratio"] == 0.1
+    assert "step_ms" not in by
+
+
+# ------------------------------------------------------------------------------ the script hook
+
+_PROBE = ("import sys, threading; m = sys.modules.get('_recsys_doctor_autoapply'); "
+          "t = threading.Thread(target=lambda: None); t.start(); t.join(); "
+          "print(m is not None and m.stats()['active'], m.stats()['groups'] if m else None)")
+
+
+def test_script_env_activates_the_hook_at_interpreter_start(tmp_path):
+    p = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2, True, True, False))
+    env = script_env(p, hook_dir=tmp_path / "hook")
+    assert (tmp_path / "hook" / "sitecustomize.py").is_file()
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "2"]
+    # without the variable the same interpreter runs untouched
+    env.pop("RECSYS_DOCTOR_PLAN")
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "None"]
+
+
+def test_hook_with_a_broken_plan_leaves_the_script_running(tmp_path):
+    p = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2))
+    env = script_env(p, hook_dir=tmp_path / "hook")
+    Path(env["RECSYS_DOCTOR_PLAN"]).write_text('{"runtime": {"groups": 0}}')
+    out = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ran"
+    assert "not applied" in out.stderr and "groups" in out.stderr
+
+
+# ------------------------------------------------------------------------------ CLI
+
+def test_cli_apply_errors(tmp_path):
+    r = CliRunner()
+    res = r.invoke(main, ["apply", str(tmp_path / "none.json"), "--", "python", "x.py"])
+    assert res.exit_code == 2 and "no such plan file" in res.output
+    p = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2))
+    res = r.invoke(main, ["apply", str(p)])
+    assert res.exit_code == 2 and "give the command" in res.output
+    res = r.invoke(main, ["apply", str(p), "--", "/no/such/program-xyz"])
+    assert res.exit_code == 2 and "no such program" in res.output
+
+
+def test_cli_apply_runs_the_command_and_compares(tmp_path):
+    p = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2, True, True, False))
+    script = tmp_path / "s.py"
+    # prints a larger number when the hook is active, so before and after differ
+    script.write_text("import sys, json\nm = sys.modules.get('_recsys_doctor_autoapply')\n"
+                      "print(json.dumps({'qps': 30.0 if m and m.stats()['active'] else 10.0, 'p99_ms': 4.0}))\n")
+    res = CliRunner().invoke(main, ["apply", "--compare", "--json", str(p), "--", sys.executable, str(script)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["before"]["qps"] == 10.0 and d["after"]["qps"] == 30.0
+    assert {r["key"]: r["ratio"] for r in d["table"]}["qps"] == 3.0
+    fail = tmp_path / "f.py"
+    fail.write_text("import sys; sys.exit(3)\n")
+    res = CliRunner().invoke(main, ["apply", str(p), "--", sys.executable, str(fail)])
+    assert res.exit_code == 3
+
+
+def test_cli_profile_apply_options_need_apply(tmp_path):
+    script = tmp_path / "m.py"
+    script.write_text("print(1)\n")
+    res = CliRunner().invoke(main, ["profile", str(script), "--top-k", "2"])
+    assert res.exit_code == 2 and "--top-k" in res.output
