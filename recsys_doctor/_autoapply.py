@@ -74,6 +74,57 @@ def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
     return {"groups": groups, "cuda_graphs": graphs}
 
 
+class _Gate:
+    """Model executions of hooked threads hold it shared; a capture holds it alone.
+
+    A capture must not run while another thread executes a model eagerly or replays a
+    graph: seen on the H200 with 4 threads per group, concurrent forwards invalidated the
+    capture ("operation failed due to a previous error during capture"). Writers are
+    preferred (new readers wait while a capture is pending), so a capture is never starved.
+    No reader waits for anything else while holding it, so it cannot deadlock with the
+    group locks."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    def acquire_shared(self) -> None:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if self._readers == 0:
+                self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+def _run_shared(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    gate: _Gate = _state["gate"]
+    gate.acquire_shared()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        gate.release_shared()
+
+
 class _Group:
     def __init__(self, index: int, stream: Any) -> None:
         self.index = index
@@ -189,9 +240,23 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     # the group stream (the current stream of the calling thread).
     if g.capture_stream is None:
         g.capture_stream = torch.cuda.Stream()
-    with _state["capture_lock"]:
+    gate: _Gate = _state["gate"]
+    prev = torch.cuda.current_stream()
+    gate.acquire_exclusive()
+    try:
         with torch.cuda.graph(graph, stream=g.capture_stream, capture_error_mode="thread_local"):
             out = orig_call(module, *s_args, **s_kwargs)
+    except BaseException:
+        # torch.cuda.graph's __exit__ skips restoring the current stream when ending the
+        # capture fails: without this the thread would stay on a stream whose capture is
+        # broken, and every later copy of the thread would fail. End any capture still
+        # open on that stream and never use the stream again.
+        _end_broken_capture(g.capture_stream)
+        g.capture_stream = None
+        raise
+    finally:
+        torch.cuda.set_stream(prev)
+        gate.release_exclusive()
     g.capture_stream.synchronize()
     if isinstance(out, torch.Tensor):
         e.static_out, e.out_is_tuple = out, False
@@ -200,6 +265,18 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     else:
         raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
     e.graph = graph
+
+
+def _end_broken_capture(stream: Any) -> None:
+    try:
+        from cuda.bindings import runtime as cudart
+
+        err, status = cudart.cudaStreamIsCapturing(stream.cuda_stream)
+        if int(err) == 0 and int(status) != int(cudart.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone):
+            cudart.cudaStreamEndCapture(stream.cuda_stream)
+        cudart.cudaGetLastError()
+    except Exception:  # noqa: BLE001 - best effort: the capture failed already, eager follows
+        pass
 
 
 def _first_line(ex: BaseException) -> str:
@@ -211,21 +288,21 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     torch = _torch()
     g: _Group = _tls.group
     if module.training or torch.is_grad_enabled():
-        return orig_call(module, *args, **kwargs)
+        return _run_shared(orig_call, module, *args, **kwargs)
     kt = _key(torch, module, args, kwargs)
     if kt is None:
-        return orig_call(module, *args, **kwargs)
+        return _run_shared(orig_call, module, *args, **kwargs)
     key, tensors = kt
     e = g.entries.get(key)
     if e is None:
         e = g.entries[key] = _Entry()
     if e.reason is not None:
-        return orig_call(module, *args, **kwargs)
+        return _run_shared(orig_call, module, *args, **kwargs)
     with g.lock:
         if e.graph is None:
             e.calls += 1
             if e.calls <= WARMUP_CALLS:
-                return orig_call(module, *args, **kwargs)
+                return _run_shared(orig_call, module, *args, **kwargs)
             try:
                 _capture(torch, g, e, orig_call, module, args, kwargs, tensors)
                 _state["captured"] += 1
@@ -238,20 +315,25 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
                     pass
                 _log(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})")
                 _state["fallbacks"].append(e.reason)
-                return orig_call(module, *args, **kwargs)
+                return _run_shared(orig_call, module, *args, **kwargs)
         try:
-            torch._foreach_copy_(e.static_in, tensors)
-            e.graph.replay()
-            _state["replays"] += 1
-            if e.out_is_tuple:
-                return tuple(o.clone() for o in e.static_out)
-            return e.static_out.clone()
+            return _run_shared(_replay, e, tensors)
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
             e.reason = f"replay failed: {_first_line(ex)}"
             e.graph = None
             _log(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})")
             _state["fallbacks"].append(e.reason)
-    return orig_call(module, *args, **kwargs)
+    return _run_shared(orig_call, module, *args, **kwargs)
+
+
+def _replay(e: _Entry, tensors: list[Any]) -> Any:
+    torch = _torch()
+    torch._foreach_copy_(e.static_in, tensors)
+    e.graph.replay()
+    _state["replays"] += 1
+    if e.out_is_tuple:
+        return tuple(o.clone() for o in e.static_out)
+    return e.static_out.clone()
 
 
 def _patch_module(torch: Any) -> None:
@@ -299,7 +381,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         if _state["active"]:
             return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
-                      patched_module=False, captured=0, replays=0, fallbacks=[], capture_lock=threading.Lock())
+                      patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate())
         if hasattr(threading.Thread, "_bootstrap_inner"):
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]

@@ -69,10 +69,11 @@ ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 # ------------------------------------------------------------------------------ candidates
 
 #: plain scripts: at most this many client threads share one group when graphs are on.
-#: Measured on the H200 (bench/results/apply_script*.json): with 4 threads per group
-#: (8 threads on 2 groups) a graph capture in one thread makes another thread's
-#: non-pinned ``.cpu()`` fail ("Cannot copy between CPU and CUDA tensors during CUDA graph
-#: capture") and the script's clients die; 1-2 threads per group never hit it.
+#: Measured on the H200: with 4 or 8 threads per group (8 threads on 2 or 1 groups) the
+#: hook's captures fail ("operation failed due to a previous error during capture") even
+#: with every other model execution held off during a capture, so those groups run eagerly
+#: (bench/results/apply_script_g2_after_gate_h200.log; before the hook handled the failure,
+#: the clients died: apply_script_g2_diag.log); 1-2 threads per group capture fine.
 SCRIPT_MAX_THREADS_PER_GROUP = 2
 
 

@@ -1,0 +1,75 @@
+"""The start-up hook's capture gate (pure threading logic, no GPU): a capture waits for
+running model executions to finish and blocks new ones until it is done."""
+
+from __future__ import annotations
+
+import threading
+
+from recsys_doctor._autoapply import _Gate
+
+
+def test_capture_waits_for_running_executions_and_blocks_new_ones():
+    gate = _Gate()
+    log: list[str] = []
+    reader_in = threading.Event()
+    release_reader = threading.Event()
+    writer_waiting = threading.Event()
+
+    def reader():
+        gate.acquire_shared()
+        log.append("reader 1 in")
+        reader_in.set()
+        release_reader.wait(5)
+        log.append("reader 1 out")
+        gate.release_shared()
+
+    def writer():
+        reader_in.wait(5)
+        writer_waiting.set()
+        gate.acquire_exclusive()
+        log.append("capture")
+        gate.release_exclusive()
+
+    def late_reader():
+        writer_waiting.wait(5)
+        # the writer is (about to be) waiting: give it the chance to register first
+        while not gate._writers_waiting and not gate._writer:
+            pass
+        gate.acquire_shared()
+        log.append("reader 2 in")
+        gate.release_shared()
+
+    ts = [threading.Thread(target=f) for f in (reader, writer, late_reader)]
+    for t in ts:
+        t.start()
+    writer_waiting.wait(5)
+    while not gate._writers_waiting:
+        pass
+    release_reader.set()
+    for t in ts:
+        t.join(5)
+        assert not t.is_alive()
+    # the capture ran only after reader 1 left, and reader 2 (arriving while the capture
+    # was pending) ran only after the capture
+    assert log == ["reader 1 in", "reader 1 out", "capture", "reader 2 in"]
+
+
+def test_many_readers_share_the_gate():
+    gate = _Gate()
+    inside = []
+    barrier = threading.Barrier(4, timeout=5)
+
+    def reader():
+        gate.acquire_shared()
+        inside.append(1)
+        barrier.wait()  # all four are inside at once, or this times out
+        gate.release_shared()
+
+    ts = [threading.Thread(target=reader) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(5)
+    assert len(inside) == 4
+    gate.acquire_exclusive()  # nobody left inside: a capture gets in at once
+    gate.release_exclusive()
