@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ._json import json_default
 from .errors import BadInputError, RecsysDoctorError, WorkloadError
 from .whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
 
@@ -146,7 +147,7 @@ def write_plan(path: str | os.PathLike[str], advised: dict[str, Any], chosen: Ca
     doc["apply"] = {"label": chosen.label, "predicted": predicted, "measured": measured, "baseline": baseline}
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+        p.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
     except OSError as e:
         raise BadInputError(f"cannot write the plan to {p} ({e.strerror or e})") from None
     return p
@@ -172,16 +173,6 @@ def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise BadInputError(f"{p}: not a recsys-doctor plan (no runtime, stream_groups or cuda_graphs)")
     plan_candidate(doc)  # validates types
     return doc
-
-
-def _json_default(o: object) -> object:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    return str(o)
 
 
 # ------------------------------------------------------------------------------ workloads
@@ -621,7 +612,7 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     res.files["plan"] = str(plan_path)
     _finish(res, before, after, out, history=history, db_path=db_path)
     res.wall_s = time.perf_counter() - t0
-    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=_json_default) + "\n")
+    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=json_default) + "\n")
     res.files["apply"] = str(out / "apply.json")
     return res, before, after
 
@@ -755,6 +746,6 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     res.files["plan"] = str(plan_path)
     _finish(res, before, after, out, history=history, db_path=db_path)
     res.wall_s = time.perf_counter() - t0
-    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=_json_default) + "\n")
+    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=json_default) + "\n")
     res.files["apply"] = str(out / "apply.json")
     return res, before, after

@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .._json import json_default
 from ..advise import AdviseResult, advise_trace, restrict
 from ..errors import BadInputError, NsysNotFoundError
 from ..options import Options
@@ -349,15 +350,6 @@ def _activate_in_process(plan_path: str | os.PathLike[str]) -> Any:
         spec.loader.exec_module(mod)
     mod.activate(plan)
     return mod.deactivate
-
-
-def json_default(o: object) -> object:
-    """numpy scalars, sets and tuples that slip into evidence dicts (as ``advise --json``)."""
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)
 
 
 def _diagnose(trace_path: Path, options: Options | None, window: str | None,

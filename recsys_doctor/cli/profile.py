@@ -9,19 +9,9 @@ from typing import Any
 import click
 
 from ..errors import BadInputError
-from ..options import Options
+from ..options import Options, parse_set_pairs
 
 __all__ = ["profile_cmd", "render_capture", "render_apply"]
-
-
-def _parse_sets(pairs: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for p in pairs:
-        if "=" not in p:
-            raise BadInputError(f"--set expects NAME=VALUE, got {p!r}")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
 
 
 @click.command("profile")
@@ -78,7 +68,7 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
         raise BadInputError(f"--duration must be > 0, got {duration}")
     if steps is not None and steps < 1:
         raise BadInputError(f"--steps must be >= 1, got {steps}")
-    options = Options().with_overrides(_parse_sets(sets))
+    options = Options().with_overrides(parse_set_pairs(sets))
     if do_apply:
         _run_apply(model, args, backend=backend, out_dir=out_dir, threads=threads, duration=duration, steps=steps,
                    nvml=not no_nvml, options=options, top_k=top_k, history=history, db_path=db_path,
