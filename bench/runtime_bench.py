@@ -46,21 +46,14 @@ GROUPS = [int(g) for g in os.environ.get("BENCH_GROUPS", "1,2,4,8").split(",")]
 SKIP = set(filter(None, os.environ.get("SKIP", "").split(",")))
 
 
-class WDL(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.embs = nn.ModuleList([nn.EmbeddingBag(VOCAB, DIM, mode="sum") for _ in range(N_SPARSE)])
-        s.wide = nn.ModuleList([nn.EmbeddingBag(VOCAB, 1, mode="sum") for _ in range(N_SPARSE)])
-        s.mlp = nn.Sequential(nn.Linear(N_SPARSE * DIM + N_DENSE, 512), nn.ReLU(),
-                              nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1))
+# the wide&deep model of the examples (identical layers: 26 EmbeddingBag deep + 26 wide,
+# MLP 429-512-256-1), here with the probe's 200k vocabulary
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from wdl_serving import WideDeep  # noqa: E402
 
-    def forward(s, dense, idx, offs):
-        e = [m(i, offs) for m, i in zip(s.embs, idx)]
-        w = s.wide[0](idx[0], offs)
-        for m, i in zip(s.wide[1:], idx[1:]):
-            w = w + m(i, offs)
-        x = torch.cat(e + [dense], 1)
-        return torch.sigmoid(s.mlp(x) + w)
+
+def WDL() -> nn.Module:  # noqa: N802 - keeps the benchmark's config names
+    return WideDeep(VOCAB)
 
 
 def host_query(seed):
