@@ -38,8 +38,9 @@ def main() -> None:
     """Find out why your recommender model leaves the GPU idle, and fix it.
 
     \b
-    Exit codes: 0 ok; 1 check found a regression; 2 bad input (missing or unreadable
-    trace, bad option), with one line on stderr saying what is wrong.
+    Exit codes: 0 ok; 1 check found a regression, or the program profile ran failed;
+    2 bad input (missing or unreadable trace, bad option), with one line on stderr saying
+    what is wrong. apply exits with the status of the command it ran.
     """
 
 
