@@ -609,18 +609,16 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
             notes.append(f"losses of {n} measured steps: max |before - after| = {diff:.3g}")
     res = ApplyResult(kind=kind, target=str(target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes)
-    res.files["plan"] = str(plan_path)
-    _finish(res, before, after, out, history=history, db_path=db_path)
-    res.wall_s = time.perf_counter() - t0
-    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=json_default) + "\n")
-    res.files["apply"] = str(out / "apply.json")
+    _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
 
 
-def _finish(res: ApplyResult, before: Any, after: Any, out: Path, *, history: bool,
-            db_path: str | os.PathLike[str] | None) -> None:
+def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Path, t0: float, *,
+            history: bool, db_path: str | os.PathLike[str] | None) -> None:
     """The HTML before/after report and the history record (both best effort: a missing
-    plotting backend or an unwritable history is a note, not a failure of the apply)."""
+    plotting backend or an unwritable history is a note, not a failure of the apply),
+    then the wall time and ``apply.json``."""
+    res.files["plan"] = str(plan_path)
     if after is not None:
         try:
             from .reports.html import write_compare_html
@@ -639,6 +637,9 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, *, history: bo
             res.files["history_row"] = str(rid)
         except Exception as e:  # noqa: BLE001
             res.notes.append(f"no history record: {type(e).__name__}: {e}")
+    res.wall_s = time.perf_counter() - t0
+    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=json_default) + "\n")
+    res.files["apply"] = str(out / "apply.json")
 
 
 def _add_table_to_html(path: Path, res: ApplyResult) -> None:
@@ -743,9 +744,5 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
     res = ApplyResult(kind="script", target=str(target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes)
-    res.files["plan"] = str(plan_path)
-    _finish(res, before, after, out, history=history, db_path=db_path)
-    res.wall_s = time.perf_counter() - t0
-    (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=json_default) + "\n")
-    res.files["apply"] = str(out / "apply.json")
+    _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
