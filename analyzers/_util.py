@@ -16,7 +16,7 @@ from ..model import Trace
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "stream_label", "stream_labels", "thread_label", "thread_labels", "norm_name", "share", "r",
+    "launches", "op_table", "str_contains", "stream_label", "stream_labels", "thread_label", "thread_labels", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -76,6 +76,22 @@ def intersect_length(ms: np.ndarray, me: np.ndarray, lo: int, hi: int) -> int:
     return int(c[1] - c[0])
 
 
+def str_contains(s: pd.Series, pat: Any, regex: bool = True) -> pd.Series:
+    """``s.astype(str).str.contains(pat)`` as a bool Series (missing -> False), evaluated
+    once per distinct value when ``s`` is categorical (the trace model's string columns),
+    so a 10-million-row API table costs one regex per distinct name, not per call."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        cats = s.cat.categories
+        if regex:
+            rx = pat if isinstance(pat, re.Pattern) else re.compile(pat)
+            hit = [rx.search(str(c)) is not None for c in cats]
+        else:
+            hit = [pat in str(c) for c in cats]
+        m = np.append(np.array(hit, dtype=bool), False)[s.cat.codes.to_numpy()]
+        return pd.Series(m, index=s.index)
+    return s.astype(str).str.contains(pat, regex=regex).fillna(False).astype(bool)
+
+
 def op_table(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
     """GPU operations of the requested kinds in one frame (``Trace.gpu_activity`` columns
     plus ``row``: the index in the source table)."""
@@ -113,12 +129,63 @@ def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
             out[c] = pd.Series(dtype="int64")
         out["api_name"] = pd.Series(dtype="object")
         return out
+    ops = ops[ops["correlation"] != 0]
+    idx = _api_index(trace)
+    if idx is not None:
+        # one int64 key per (pid, correlation): a binary search instead of a hash join
+        keys, rows = idx
+        k = _pid_corr_key(ops["pid"].to_numpy(), ops["correlation"].to_numpy())
+        if k is not None:
+            pos = np.minimum(np.searchsorted(keys, k), max(len(keys) - 1, 0))
+            hit = (keys[pos] == k) if len(keys) else np.zeros(len(k), dtype=bool)
+            src = rows[pos[hit]]
+            out = ops[hit].reset_index(drop=True)
+            out["tid"] = api["tid"].to_numpy()[src]
+            out["api_start"] = api["start"].to_numpy()[src]
+            out["api_end"] = api["end"].to_numpy()[src]
+            out["api_name"] = api["name"].take(src).reset_index(drop=True)
+            return out
     a = api.loc[api["correlation"] != 0, ["pid", "correlation", "tid", "start", "end", "name"]]
     if a["correlation"].duplicated().any() or a.duplicated(["pid", "correlation"]).any():
         a = a.sort_values("start", kind="stable").drop_duplicates(["pid", "correlation"], keep="first")
     a = a.rename(columns={"start": "api_start", "end": "api_end", "name": "api_name"})
-    ops = ops[ops["correlation"] != 0]
     return ops.merge(a, on=["pid", "correlation"], how="inner")
+
+
+_KEY_BITS = 40  # correlation ids are 32-bit in CUPTI; pids fit in 23 bits on Linux
+
+
+def _pid_corr_key(pid: np.ndarray, corr: np.ndarray) -> np.ndarray | None:
+    """``pid << 40 | correlation`` when every pair fits, else None (use the hash join)."""
+    pid = np.asarray(pid, dtype=np.int64)
+    corr = np.asarray(corr, dtype=np.int64)
+    if len(pid) and (pid.min() < 0 or pid.max() >= 1 << (63 - _KEY_BITS)
+                     or corr.min() < 0 or corr.max() >= 1 << _KEY_BITS):
+        return None
+    return (pid << _KEY_BITS) | corr
+
+
+def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
+    """Sorted unique ``(pid, correlation)`` keys of the API calls with a correlation and,
+    for each, the row of its earliest-starting call (first in table order on ties), as
+    the hash join above would pick it. Computed once per trace."""
+    api = trace.api
+    cache = trace.__dict__.setdefault("_analysis_cache", {})
+    hit = cache.get("api_index")
+    if hit is not None and hit[0] is api:
+        return hit[1]
+    corr = api["correlation"].to_numpy()
+    rows = np.flatnonzero(corr != 0)
+    key = _pid_corr_key(api["pid"].to_numpy()[rows], corr[rows])
+    res = None
+    if key is not None:
+        order = np.lexsort((api["start"].to_numpy()[rows], key))  # stable: ties keep table order
+        ks = key[order]
+        first = np.ones(len(ks), dtype=bool)
+        first[1:] = ks[1:] != ks[:-1]
+        res = (ks[first], rows[order[first]])
+    cache["api_index"] = (api, res)
+    return res
 
 
 def stream_label(pid: Any, device: Any, stream: Any) -> str:
@@ -144,16 +211,20 @@ def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
     q = np.asarray(tids, dtype=np.int64)
     if p.size == 0:
         return []
-    pairs, inv = np.unique(np.stack([p, q], axis=1), axis=0, return_inverse=True)
+    # distinct (pid, tid) pairs by factorizing each column, then their combination
+    fp, up = pd.factorize(p)
+    fq, uq = pd.factorize(q)
+    inv, pair = pd.factorize(fp.astype(np.int64) * max(len(uq), 1) + fq)
     labels = []
-    for a, b in pairs:
-        n = names.get((int(a), int(b)))
+    for code in pair:
+        a, b = int(up[code // max(len(uq), 1)]), int(uq[code % max(len(uq), 1)])
+        n = names.get((a, b))
         if isinstance(n, str):  # Kineto names threads "thread <tid> (<comm>)": keep <comm>
             m = _KINETO_THREAD_NAME.fullmatch(n)
-            n = m.group(1) if m and int(m.group(0).split()[1]) == int(b) else n
-        base = f"pid {int(a)} tid {int(b)}"
+            n = m.group(1) if m and int(m.group(0).split()[1]) == b else n
+        base = f"pid {a} tid {b}"
         labels.append(f"{base} ({n})" if isinstance(n, str) and n else base)
-    return [labels[i] for i in np.asarray(inv).ravel()]
+    return np.array(labels, dtype=object)[inv].tolist()
 
 
 def stream_labels(pids: Any, devices: Any, streams: Any) -> list[str]:

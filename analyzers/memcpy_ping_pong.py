@@ -27,7 +27,7 @@ from ..findings import SEVERITIES, AnalysisResult, Finding, severity_for_share
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
-from ._util import BLOCKING_COPY_RE, launches, norm_name, r, thread_labels
+from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_labels
 from .summary import direction_switches
 
 __all__ = ["analyze"]
@@ -66,7 +66,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
 
     j = launches(trace, ("memcpy",))
     j = j[j["row"].isin(np.flatnonzero(mc["kind"].isin(["h2d", "d2h"]).to_numpy()))] if len(j) else j
-    sync_mask = j["api_name"].astype(str).str.contains(BLOCKING_COPY_RE).to_numpy() if len(j) else np.zeros(0, bool)
+    sync_mask = str_contains(j["api_name"], BLOCKING_COPY_RE).to_numpy() if len(j) else np.zeros(0, bool)
     n_sync = int(sync_mask.sum())
     reg = attribute(trace, j["pid"], j["tid"], j["api_start"]) if len(j) else np.empty(0, object)
     jsmall = mc["bytes"].to_numpy(np.int64)[j["row"].to_numpy(np.int64)] <= options.small_copy_bytes

@@ -19,7 +19,7 @@ from ..findings import AnalysisResult, Finding, severity_for_share
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
-from ._util import BLOCKING_COPY_RE, SYNC_RE, r, thread_label, thread_labels
+from ._util import BLOCKING_COPY_RE, SYNC_RE, r, str_contains, thread_label, thread_labels
 
 __all__ = ["analyze"]
 
@@ -37,8 +37,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if len(api) == 0:
         res.data = {"calls": 0}
         return res
-    names = api["name"].astype(str)
-    m = (names.str.contains(SYNC_RE) | names.str.contains(BLOCKING_COPY_RE)).to_numpy()
+    m = (str_contains(api["name"], SYNC_RE) | str_contains(api["name"], BLOCKING_COPY_RE)).to_numpy()
     sy = api[m]
     if len(sy) == 0:
         res.data = {"calls": 0, "blocked_us": 0.0}

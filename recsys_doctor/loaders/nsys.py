@@ -250,16 +250,17 @@ class _Reader:
         gp = self.col(table, a, "globalPid")
         if gp == "NULL":
             self.repairs.append(f"{table} has no globalPid column: pid set to 0")
+        # raw columns only: decoding in SQL (bit arithmetic, CASE) would cost SQLite more
+        # than reading the rows; :func:`_decode_ids` does it on whole columns
         return (
-            f'{a}.start AS start, {a}."end" AS "end", '
-            f"{_PID.format(col=gp) if gp != 'NULL' else '0'} AS pid, "
+            f'{a}.start AS start, {a}."end" AS "end", {gp if gp != "NULL" else "0"} AS gp_raw, '
             f"{self.col(table, a, 'deviceId', '0')} AS device, {self.col(table, a, 'streamId', '0')} AS stream, "
             f"{self.col(table, a, 'correlationId', '0')} AS correlation"
         )
 
     def in_graph(self, table: str, a: str) -> str:
         g = self.col(table, a, "graphNodeId")
-        return "0" if g == "NULL" else f"CASE WHEN {g} IS NOT NULL AND {g} != 0 THEN 1 ELSE 0 END"
+        return "0" if g == "NULL" else g
 
     # --- read everything -----------------------------------------------------------
     def read(self) -> Trace:
@@ -280,7 +281,7 @@ class _Reader:
         with ThreadPoolExecutor(max_workers=2 if self.engine.engine == "adbc" else 1) as pool:
             futures = {k: pool.submit(self.engine.run, sql) for k, (sql, _) in jobs.items()}
             for k, (_, post) in jobs.items():  # post-process in this thread as each arrives
-                df = futures[k].result()
+                df = _decode_ids(futures[k].result())
                 tables[k] = post(df) if post is not None else df
                 self.progress.update(description=f"loading {self.shown.name}: {k}")
                 self.progress.advance()
@@ -357,16 +358,15 @@ class _Reader:
         if t not in self.tables:
             return None
         dims = ", ".join(
-            f"{_cast_int(self.col(t, 'k', c))} AS {o}" for c, o in (
+            f"{self.col(t, 'k', c)} AS {o}" for c, o in (
                 ("gridX", "grid_x"), ("gridY", "grid_y"), ("gridZ", "grid_z"),
                 ("blockX", "block_x"), ("blockY", "block_y"), ("blockZ", "block_z"))
         )
         sql = (f"SELECT {self.gpu_common(t, 'k')}, {self.string_cols(t, 'k', 'demangledName', 'dn')}, "
-               f"{self.string_cols(t, 'k', 'shortName', 'sn')}, {dims}, {self.in_graph(t, 'k')} AS in_graph FROM {t} k")
+               f"{self.string_cols(t, 'k', 'shortName', 'sn')}, {dims}, {self.in_graph(t, 'k')} AS ig_raw FROM {t} k")
 
         def post(df: pd.DataFrame) -> pd.DataFrame:
             codes, values = self.coalesce(self.resolve(df, "dn"), self.resolve(df, "sn"))
-            df = df.drop(columns=["dn_id", "dn_txt", "sn_id", "sn_txt"])
             df["name"] = categorical(codes, values)
             return df
 
@@ -376,9 +376,9 @@ class _Reader:
         t = K + "MEMCPY"
         if t not in self.tables:
             return None
-        sql = (f"SELECT {self.gpu_common(t, 'm')}, {_cast_int(self.col(t, 'm', 'bytes', '0'))} AS bytes, "
-               f"{_cast_int(self.col(t, 'm', 'copyKind'))} AS kind, {_cast_int(self.col(t, 'm', 'srcKind'))} AS src_mem, "
-               f"{_cast_int(self.col(t, 'm', 'dstKind'))} AS dst_mem, {self.in_graph(t, 'm')} AS in_graph FROM {t} m")
+        sql = (f"SELECT {self.gpu_common(t, 'm')}, {self.col(t, 'm', 'bytes', '0')} AS bytes, "
+               f"{self.col(t, 'm', 'copyKind')} AS kind, {self.col(t, 'm', 'srcKind')} AS src_mem, "
+               f"{self.col(t, 'm', 'dstKind')} AS dst_mem, {self.in_graph(t, 'm')} AS ig_raw FROM {t} m")
         has = {c: self.col(t, "m", c) != "NULL" for c in ("copyKind", "srcKind", "dstKind")}
 
         def post(df: pd.DataFrame) -> pd.DataFrame:
@@ -393,8 +393,8 @@ class _Reader:
         t = K + "MEMSET"
         if t not in self.tables:
             return None
-        return (f"SELECT {self.gpu_common(t, 's')}, {_cast_int(self.col(t, 's', 'bytes', '0'))} AS bytes, "
-                f"{self.in_graph(t, 's')} AS in_graph FROM {t} s"), None
+        return (f"SELECT {self.gpu_common(t, 's')}, {self.col(t, 's', 'bytes', '0')} AS bytes, "
+                f"{self.in_graph(t, 's')} AS ig_raw FROM {t} s"), None
 
     def syncs(self) -> Job | None:
         t = K + "SYNCHRONIZATION"
@@ -409,13 +409,13 @@ class _Reader:
                                                "unknown", len(df))
             return df
 
-        return f"SELECT {self.gpu_common(t, 'y')}, {_cast_int(st)} AS sync_type FROM {t} y", post
+        return f"SELECT {self.gpu_common(t, 'y')}, {st} AS sync_type FROM {t} y", post
 
     def graphs(self) -> Job | None:
         t = K + "GRAPH_TRACE"
         if t not in self.tables:
             return None
-        return f"SELECT {self.gpu_common(t, 'g')}, {_cast_int(self.col(t, 'g', 'graphId'))} AS graph_id FROM {t} g", None
+        return f"SELECT {self.gpu_common(t, 'g')}, {self.col(t, 'g', 'graphId')} AS graph_id FROM {t} g", None
 
     # --- CPU side -----------------------------------------------------------------------
     def api(self) -> Job | None:
@@ -424,13 +424,12 @@ class _Reader:
             return None
         gt = self.col(t, "r", "globalTid")
         ec = self.col(t, "r", "eventClass")
-        sql = (f'SELECT r.start AS start, r."end" AS "end", {_PID.format(col=gt)} AS pid, {_TID.format(col=gt)} AS tid, '
-               f"{_cast_int(self.col(t, 'r', 'correlationId', '0'))} AS correlation, "
-               f"{self.string_cols(t, 'r', 'nameId', 'nm')}, {_cast_int(ec)} AS event_class FROM {t} r")
+        sql = (f'SELECT r.start AS start, r."end" AS "end", {gt} AS gt_raw, '
+               f"{self.col(t, 'r', 'correlationId', '0')} AS correlation, "
+               f"{self.string_cols(t, 'r', 'nameId', 'nm')}, {ec} AS event_class FROM {t} r")
 
         def post(df: pd.DataFrame) -> pd.DataFrame:
             codes, values = self.resolve(df, "nm")
-            df = df.drop(columns=["nm_id", "nm_txt"])
             if ec != "NULL":
                 cls = df.pop("event_class")
                 keep = cls.isin([0, 1]).to_numpy()
@@ -459,9 +458,8 @@ class _Reader:
             return None
         gt = self.col(t, "n", "globalTid")
         text = self.col(t, "n", "text")
-        sql = (f'SELECT n.start AS start, n."end" AS "end", {_PID.format(col=gt)} AS pid, {_TID.format(col=gt)} AS tid, '
-               f"CASE WHEN {text} IS NOT NULL THEN CAST({text} AS TEXT) END AS tx_txt, "
-               f"{self.string_cols(t, 'n', 'textId', 'ti')}, {_cast_int(self.col(t, 'n', 'eventType'))} AS event_type "
+        sql = (f'SELECT n.start AS start, n."end" AS "end", {gt} AS gt_raw, {text} AS tx_txt, '
+               f"{self.string_cols(t, 'n', 'textId', 'ti')}, {self.col(t, 'n', 'eventType')} AS event_type "
                f"FROM {t} n")
 
         def post(df: pd.DataFrame) -> pd.DataFrame:
@@ -482,7 +480,6 @@ class _Reader:
                 self.repairs.append(f"{open_ended} NVTX ranges had no end: closed at the last NVTX timestamp")
             txt = df.pop("tx_txt")
             codes, values = self.coalesce(text_codes(txt), self.resolve(df, "ti"))
-            df = df.drop(columns=["ti_id", "ti_txt"])
             df["name"] = categorical(codes, values)
             df["source"] = pd.Categorical.from_codes(np.zeros(len(df), dtype=np.int8), categories=["nvtx"])
             if len(df):
@@ -493,14 +490,11 @@ class _Reader:
 
     # --- strings ------------------------------------------------------------------------
     def string_cols(self, table: str, alias: str, id_col: str, out: str) -> str:
-        """Two columns for a StringIds reference: ``{out}_id`` (the integer id) and
-        ``{out}_txt`` (the value itself where the column already holds text, as some
-        post-processing tools write it)."""
+        """A StringIds reference, raw: an integer id, or the text itself where the column
+        already holds text (some post-processing tools write it so)."""
         if id_col not in self.cols(table):
-            return f"NULL AS {out}_id, NULL AS {out}_txt"
-        c = f'{alias}."{id_col}"'
-        return (f"CASE WHEN typeof({c})='integer' THEN {c} END AS {out}_id, "
-                f"CASE WHEN typeof({c})='text' THEN {c} END AS {out}_txt")
+            return f"NULL AS {out}"
+        return f'{alias}."{id_col}" AS {out}'
 
     def string_table(self) -> tuple[np.ndarray, np.ndarray]:
         """``StringIds`` as (sorted ids, values), read once."""
@@ -516,15 +510,20 @@ class _Reader:
         """(codes, values) of a StringIds reference read by :meth:`string_cols`: a text
         value is used as is, an id is looked up (unknown ids -> missing)."""
         sid, sval = self.string_table()
-        ids = df[f"{out}_id"]
+        raw = df.pop(out)
+        txt = pd.Series([None] * len(raw), dtype=object)
+        if raw.dtype == object or str(raw.dtype) == "str":  # text, or ids and text mixed
+            is_txt = raw.map(lambda v: isinstance(v, str)).to_numpy(dtype=bool)
+            txt = raw.where(is_txt, None).astype(object)
+            raw = pd.to_numeric(raw.where(~is_txt, None), errors="coerce")
         codes = np.full(len(df), -1, dtype=np.int64)
-        if sid.size and ids.notna().any():
-            iv = pd.to_numeric(ids).fillna(-1).to_numpy(dtype=np.int64)
+        if sid.size and raw.notna().any():
+            iv = pd.to_numeric(raw).fillna(-1).to_numpy(dtype=np.int64)
             pos = np.searchsorted(sid, iv)
             pos_c = np.minimum(pos, sid.size - 1)
             hit = (iv >= 0) & (pos < sid.size) & (sid[pos_c] == iv)
             codes = np.where(hit, pos_c, -1)
-        return self.coalesce(text_codes(df[f"{out}_txt"]), (codes, sval))
+        return self.coalesce(text_codes(txt), (codes, sval))
 
     @staticmethod
     def coalesce(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -682,10 +681,22 @@ def enum_categorical(col: pd.Series | None, names: dict[int, str], default: str 
     return categorical(codes, np.array(values, dtype=object))
 
 
-def _cast_int(expr: str) -> str:
-    """An SQL expression as INTEGER (NULL stays NULL), so every value of a column has one
-    type: the Arrow reader types a column from its first rows."""
-    return expr if expr in ("NULL", "0") else f"CAST({expr} AS INTEGER)"
+def _decode_ids(df: pd.DataFrame) -> pd.DataFrame:
+    """Raw nsys columns -> canonical ones, whole-column: ``globalPid``/``globalTid``
+    (``vid << 48 | pid << 24 | tid``) -> ``pid``/``tid``; ``graphNodeId`` -> ``in_graph``
+    (set and non-zero). A missing id (NULL) gives pid/tid 0."""
+    for raw, outs in (("gp_raw", ("pid",)), ("gt_raw", ("pid", "tid"))):
+        if raw in df.columns:
+            v = pd.to_numeric(df.pop(raw), errors="coerce")
+            ok = v.notna().to_numpy()
+            g = v.fillna(0).to_numpy().astype(np.int64)
+            cols = {"pid": np.where(ok, (g >> 24) & 0xFFFFFF, 0), "tid": np.where(ok, g & 0xFFFFFF, 0)}
+            for i, o in enumerate(outs):
+                df.insert(2 + i, o, cols[o])
+    if "ig_raw" in df.columns:
+        v = pd.to_numeric(df.pop("ig_raw"), errors="coerce")
+        df["in_graph"] = (v.notna() & (v != 0)).to_numpy(dtype=bool)
+    return df
 
 
 # --------------------------------------------------------------------------------------
