@@ -135,7 +135,7 @@ def make_table(table: str, df: pd.DataFrame | None) -> pd.DataFrame:
         else:
             s = s.astype("object")
         out[col] = s.reset_index(drop=True)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)
 
 
 def as_categorical(s: pd.Series) -> pd.Series:

@@ -712,13 +712,17 @@ def _adbc_available() -> bool:
 
 def _arrow_to_pandas(tab: Any) -> pd.DataFrame:
     """Arrow table -> pandas without float round trips: integer columns with nulls
-    become nullable ``Int64``, text stays text."""
+    become nullable ``Int64``, text stays text. Columns are converted and released one
+    at a time, so the peak is the Arrow table plus one column, not two full copies."""
     import pyarrow as pa
 
     cols = {}
-    for name, col in zip(tab.column_names, tab.columns):
+    n = tab.num_rows
+    for name in list(tab.column_names):
+        col = tab.column(0)
+        tab = tab.remove_column(0)
         if pa.types.is_null(col.type):
-            cols[name] = pd.Series([None] * len(col), dtype=object)
+            cols[name] = pd.Series([None] * n, dtype=object)
         elif pa.types.is_integer(col.type):
             if col.null_count:
                 cols[name] = pd.Series(col.to_pandas(types_mapper={col.type: pd.Int64Dtype()}.get), dtype="Int64")
@@ -728,7 +732,8 @@ def _arrow_to_pandas(tab: Any) -> pd.DataFrame:
             cols[name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object)
         else:
             cols[name] = col.to_pandas()
-    return pd.DataFrame(cols)
+        del col
+    return pd.DataFrame(cols, copy=False)
 
 
 class _Engine:
