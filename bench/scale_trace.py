@@ -75,6 +75,48 @@ def tile(src: Path, dst: Path, k: int) -> int:
     return rows
 
 
+KINETO = ROOT.parent / "shared" / "traces" / "kineto" / \
+    "facebookresearch__HolisticTraceAnalysis__tests__data__df_index_resolver__df_index_resolver.json.gz"
+
+
+def tile_kineto(src: Path, dst: Path, k: int) -> int:
+    """Write a K-times tiled copy of a Kineto JSON trace (events shifted by K x the
+    trace span, correlation and flow ids offset); return the number of events."""
+    import orjson
+
+    raw = gzip.open(src).read() if src.suffix == ".gz" else src.read_bytes()
+    doc = orjson.loads(raw)
+    events = doc.pop("traceEvents")
+    ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(ts) - min(ts) + 1000
+    corr = max((e.get("args") or {}).get("correlation", 0) or 0 for e in events
+               if isinstance((e.get("args") or {}).get("correlation", 0), int)) + 1
+    fid = max((e.get("id", 0) for e in events if isinstance(e.get("id"), int)), default=0) + 1
+    n = 0
+    with open(dst, "wb") as f:
+        head = orjson.dumps(doc)[:-1]
+        f.write(head + (b", " if doc else b"") + b'"traceEvents": [\n')
+        first = True
+        for i in range(k):
+            for e in events:
+                if i and e.get("ph") == "M":
+                    continue  # metadata once
+                if i:
+                    e = dict(e)
+                    if isinstance(e.get("ts"), (int, float)):
+                        e["ts"] = e["ts"] + i * span
+                    if isinstance(e.get("id"), int):
+                        e["id"] = e["id"] + i * fid
+                    a = e.get("args")
+                    if isinstance(a, dict) and isinstance(a.get("correlation"), int) and a["correlation"] > 0:
+                        e["args"] = dict(a, correlation=a["correlation"] + i * corr)
+                f.write((b"" if first else b",\n") + orjson.dumps(e))
+                first = False
+                n += 1
+        f.write(b"\n]}\n")
+    return n
+
+
 _CHILD = r"""
 import json, resource, sys, time
 t = time.perf_counter()
