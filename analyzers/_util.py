@@ -16,7 +16,7 @@ from ..model import Trace
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "str_contains", "stream_label", "stream_labels", "thread_label", "thread_labels", "norm_name", "share", "r",
+    "launches", "op_table", "left_join_ops", "str_contains", "OP_KINDS", "stream_label", "stream_labels", "thread_label", "thread_labels", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -92,9 +92,13 @@ def str_contains(s: pd.Series, pat: Any, regex: bool = True) -> pd.Series:
     return s.astype(str).str.contains(pat, regex=regex).fillna(False).astype(bool)
 
 
-def op_table(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
-    """GPU operations of the requested kinds in one frame (``Trace.gpu_activity`` columns
-    plus ``row``: the index in the source table)."""
+#: the kinds of GPU operation, in op_table's default order
+OP_KINDS = ("kernel", "memcpy", "memset", "graph")
+#: ``what`` is a categorical with these categories (sorted, so it sorts like the strings)
+_WHAT_CATS = pd.Index(sorted(OP_KINDS), dtype=object)
+
+
+def _build_op_table(trace: Trace, what: Iterable[str]) -> pd.DataFrame:
     cols = ["start", "end", "pid", "device", "stream", "correlation"]
     src = {"kernel": trace.kernels, "memcpy": trace.memcpys, "memset": trace.memsets, "graph": trace.graphs}
     parts = []
@@ -102,7 +106,8 @@ def op_table(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
         df = src[w]
         if len(df):
             p = df[cols].copy()
-            p["what"] = w
+            p["what"] = pd.Categorical.from_codes(np.full(len(df), _WHAT_CATS.get_loc(w), dtype=np.int8),
+                                                  categories=_WHAT_CATS)
             p["row"] = np.arange(len(df))
             parts.append(p)
     if not parts:
@@ -113,6 +118,67 @@ def op_table(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
     return pd.concat(parts, ignore_index=True)
 
 
+def _subset(full: pd.DataFrame, what: tuple[str, ...]) -> pd.DataFrame | None:
+    """Rows of a full (all kinds, default order) table for ``what``, if ``what`` keeps the
+    default order (then the rows come out exactly as a table built for ``what`` would)."""
+    if what == OP_KINDS:
+        return full.copy(deep=False)
+    pos = [OP_KINDS.index(w) for w in what if w in OP_KINDS]
+    if len(pos) != len(what) or pos != sorted(pos):
+        return None
+    if not len(full) or not isinstance(full["what"].dtype, pd.CategoricalDtype):
+        return full.iloc[:0].copy() if not len(full) else None
+    keep = np.isin(full["what"].cat.codes.to_numpy(), [_WHAT_CATS.get_loc(w) for w in what])
+    return full[keep].reset_index(drop=True)
+
+
+def _cached(trace: Trace, name: str, make: Any) -> Any:
+    """A per-trace cache for the tables several analyzers build (the trace is read-only
+    to analyzers); entries are keyed to the table objects they were built from."""
+    cache = trace.__dict__.setdefault("_analysis_cache", {})
+    key = (name, id(trace.kernels), id(trace.memcpys), id(trace.memsets), id(trace.graphs), id(trace.api))
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def op_table(trace: Trace, what: Iterable[str] = OP_KINDS) -> pd.DataFrame:
+    """GPU operations of the requested kinds in one frame (``Trace.gpu_activity`` columns
+    plus ``row``: the index in the source table). ``what`` is categorical."""
+    what = tuple(what)
+    full = _cached(trace, "ops", lambda: _build_op_table(trace, OP_KINDS))
+    sub = _subset(full, what)
+    return sub if sub is not None else _build_op_table(trace, what)
+
+
+def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """``ops.merge(j[["what", "row"] + cols], on=["what", "row"], how="left")`` for an
+    :func:`op_table` frame and a :func:`launches` frame (unique ``(what, row)``): the
+    added columns are float64 with NaN where an operation has no launch call."""
+    def key(df: pd.DataFrame) -> np.ndarray:
+        w = df["what"]
+        codes = (w.cat.codes.to_numpy().astype(np.int64) if isinstance(w.dtype, pd.CategoricalDtype)
+                 else _WHAT_CATS.get_indexer(w.astype(object)).astype(np.int64))
+        return (codes << 40) | df["row"].to_numpy(np.int64)
+
+    out = ops.copy(deep=False)
+    if not len(j):
+        for c in cols:
+            out[c] = np.full(len(ops), np.nan)
+        return out
+    kj = key(j)
+    order = np.argsort(kj, kind="stable")
+    ks = kj[order]
+    ko = key(ops)
+    pos = np.minimum(np.searchsorted(ks, ko), len(ks) - 1)
+    hit = ks[pos] == ko
+    src = order[pos]
+    for c in cols:
+        v = j[c].to_numpy(dtype="float64", na_value=np.nan)
+        out[c] = np.where(hit, v[src], np.nan)
+    return out
+
+
 def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
     """GPU operations joined to the CPU API call that issued them, on ``(pid, correlation)``.
 
@@ -121,6 +187,13 @@ def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
     e.g. work launched before the profiler window opened). When several API rows share a
     ``(pid, correlation)`` the earliest-starting one (the outermost call) is used.
     """
+    what = tuple(what)
+    full = _cached(trace, "launches", lambda: _launches(trace, OP_KINDS))
+    sub = _subset(full, what)
+    return sub if sub is not None else _launches(trace, what)
+
+
+def _launches(trace: Trace, what: tuple[str, ...]) -> pd.DataFrame:
     ops = op_table(trace, what)
     api = trace.api
     if len(ops) == 0 or len(api) == 0:

@@ -25,7 +25,7 @@ from ..findings import AnalysisResult, Finding, severity_for_share
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
-from ._util import launches, op_table, r, thread_labels
+from ._util import launches, left_join_ops, op_table, r, thread_labels
 
 __all__ = ["analyze"]
 
@@ -37,8 +37,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         res.data = {"devices": {}}
         return res
     j = launches(trace)
-    key = ["what", "row"]
-    ops = ops.merge(j[key + ["tid", "api_start"]], on=key, how="left")
+    ops = left_join_ops(ops, j, ["tid", "api_start"])
     short_ns = int(round(options.short_gap_us * 1000))
     devices: dict[str, dict] = {}
     hw_parts = []
