@@ -129,6 +129,9 @@ def _subset(full: pd.DataFrame, what: tuple[str, ...]) -> pd.DataFrame | None:
     if not len(full) or not isinstance(full["what"].dtype, pd.CategoricalDtype):
         return full.iloc[:0].copy() if not len(full) else None
     keep = np.isin(full["what"].cat.codes.to_numpy(), [_WHAT_CATS.get_loc(w) for w in what])
+    idx = np.flatnonzero(keep)
+    if idx.size and idx[-1] - idx[0] + 1 == idx.size:  # one block: a slice, no copy
+        return full.iloc[int(idx[0]): int(idx[-1]) + 1].reset_index(drop=True)
     return full[keep].reset_index(drop=True)
 
 

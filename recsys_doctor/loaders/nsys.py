@@ -39,8 +39,10 @@ import sqlite3
 import struct
 import tempfile
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -276,15 +278,35 @@ class _Reader:
         }
         jobs = {k: j for k, j in jobs.items() if j is not None}
         self.string_table()  # read once here, not raced by the workers
-        self.progress.update(total=len(jobs) + 1, completed=0)
-        tables: dict[str, pd.DataFrame | None] = {}
-        with ThreadPoolExecutor(max_workers=2 if self.engine.engine == "adbc" else 1) as pool:
-            futures = {k: pool.submit(self.engine.run, sql) for k, (sql, _) in jobs.items()}
-            for k, (_, post) in jobs.items():  # post-process in this thread as each arrives
-                df = _decode_ids(futures[k].result())
-                tables[k] = post(df) if post is not None else df
+        # big tables are read in rowid chunks, each turned into its final compact columns
+        # before more are read: memory stays near the size of the result, not of the raw rows
+        tasks: list[tuple[str, str]] = []
+        for k, (sql, _) in jobs.items():
+            m = _FROM.search(sql)
+            if k == "ranges" or m is None:  # NVTX nesting needs the whole table at once
+                tasks.append((k, sql))
+                continue
+            for lo, hi in self.rowid_ranges(m.group(1)):
+                tasks.append((k, f"{sql} WHERE {m.group(2)}.rowid >= {lo} AND {m.group(2)}.rowid < {hi}"))
+        self.progress.update(total=len(tasks) + 1, completed=0)
+        parts: dict[str, list[pd.DataFrame]] = {k: [] for k in jobs}
+        workers = 2 if self.engine.engine == "adbc" else 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: deque[tuple[str, Future[pd.DataFrame]]] = deque()
+            todo = iter(tasks)
+            for k, q in islice(todo, workers + 1):
+                pending.append((k, pool.submit(self.engine.run, q)))
+            while pending:  # post-process in this thread, in order, as each arrives
+                k, fut = pending.popleft()
+                df = _decode_ids(fut.result())
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt[0], pool.submit(self.engine.run, nxt[1])))
+                post = jobs[k][1]
+                parts[k].append(post(df) if post is not None else df)
                 self.progress.update(description=f"loading {self.shown.name}: {k}")
                 self.progress.advance()
+        tables: dict[str, pd.DataFrame | None] = {k: _concat(v) for k, v in parts.items()}
         tables["threads"] = self.threads(tables.get("api"), tables.get("ranges"))
         tables["devices"] = self.devices(tables)
         self.meta["tables_missing"] = [t for t in READ_TABLES if t not in self.tables]
@@ -435,7 +457,7 @@ class _Reader:
                 keep = cls.isin([0, 1]).to_numpy()
                 if not keep.all():
                     # e.g. eventClass 67: backtrace duplicates of the same calls
-                    self.meta["api_rows_skipped"] = int((~keep).sum())
+                    self.meta["api_rows_skipped"] = self.meta.get("api_rows_skipped", 0) + int((~keep).sum())
                     df, codes, cls = df[keep].reset_index(drop=True), codes[keep], cls[keep]
                 df["api_class"] = enum_categorical(cls, {0: "runtime", 1: "driver"}, None, len(df))
             else:
@@ -487,6 +509,18 @@ class _Reader:
             return df
 
         return sql, post
+
+    def rowid_ranges(self, table: str) -> list[tuple[int, int]]:
+        """``[lo, hi)`` rowid ranges of about :data:`CHUNK_ROWS` rows each (one range for
+        a table without rowids or with no rows)."""
+        try:
+            lo, hi = self.con.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
+        except sqlite3.Error:
+            lo = hi = None
+        if lo is None or hi is None:
+            return [(-(2**62), 2**62)]
+        edges = list(range(int(lo), int(hi) + 1, CHUNK_ROWS)) + [int(hi) + 1]
+        return list(zip(edges[:-1], edges[1:]))
 
     # --- strings ------------------------------------------------------------------------
     def string_cols(self, table: str, alias: str, id_col: str, out: str) -> str:
@@ -681,6 +715,31 @@ def enum_categorical(col: pd.Series | None, names: dict[int, str], default: str 
     return categorical(codes, np.array(values, dtype=object))
 
 
+#: rows per read of a big table (about 50-90 MB of raw columns)
+CHUNK_ROWS = 1_000_000
+_FROM = re.compile(r'FROM (\S+) (\w+)$')
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
+    """Chunks of one table -> one frame; categoricals are united (sorted categories)."""
+    if not frames:
+        return None
+    if len(frames) == 1:
+        return frames[0]
+    from pandas.api.types import union_categoricals
+
+    cols = {}
+    for c in frames[0].columns:
+        if isinstance(frames[0][c].dtype, pd.CategoricalDtype):
+            u = union_categoricals([f[c] for f in frames], sort_categories=True)
+            cols[c] = pd.Series(pd.Categorical.from_codes(u.codes, categories=pd.Index(u.categories, dtype=object)))
+        else:
+            cols[c] = pd.concat([f[c] for f in frames], ignore_index=True)
+        for f in frames:  # release each chunk's column as soon as it is copied
+            del f[c]
+    return pd.DataFrame(cols, copy=False)
+
+
 def _decode_ids(df: pd.DataFrame) -> pd.DataFrame:
     """Raw nsys columns -> canonical ones, whole-column: ``globalPid``/``globalTid``
     (``vid << 48 | pid << 24 | tid``) -> ``pid``/``tid``; ``graphNodeId`` -> ``in_graph``
@@ -736,6 +795,11 @@ def _arrow_to_pandas(tab: Any) -> pd.DataFrame:
     return pd.DataFrame(cols, copy=False)
 
 
+#: the only columns the big SELECTs return as text (NVTX's inline text); every other
+#: column is an integer (an id, a code, a time)
+TEXT_COLUMNS = ("tx_txt",)
+
+
 class _Engine:
     """Runs the big ``SELECT``s: with ADBC, each on its own read-only connection in a
     pool of two threads (the driver steps SQLite and builds Arrow buffers without the
@@ -752,11 +816,20 @@ class _Engine:
             import adbc_driver_manager
             import adbc_driver_sqlite.dbapi as dbapi
 
+            import pyarrow as pa
+
             try:
                 with dbapi.connect(self.uri) as c, c.cursor() as cur:
                     cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
                     cur.execute(sql)
-                    return _arrow_to_pandas(cur.fetch_arrow_table())
+                    tab = cur.fetch_arrow_table()
+                # the reader types a column from its first batch and turns the integers of a
+                # column that also holds text into strings ("3"): such a (rare) table is read
+                # through sqlite3, which keeps each value's own type
+                if not any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                           for f in tab.schema if f.name not in TEXT_COLUMNS):
+                    return _arrow_to_pandas(tab)
+                del tab
             except adbc_driver_manager.Error as e:
                 if "Type mismatch" not in str(e):
                     raise sqlite3.DatabaseError(_one_line(e)) from None
