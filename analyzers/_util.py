@@ -244,24 +244,18 @@ def _pid_corr_key(pid: np.ndarray, corr: np.ndarray) -> np.ndarray | None:
 def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
     """Sorted unique ``(pid, correlation)`` keys of the API calls with a correlation and,
     for each, the row of its earliest-starting call (first in table order on ties), as
-    the hash join above would pick it. Computed once per trace."""
+    the hash join would pick it; None when a key does not fit in one int64."""
     api = trace.api
-    cache = trace.__dict__.setdefault("_analysis_cache", {})
-    hit = cache.get("api_index")
-    if hit is not None and hit[0] is api:
-        return hit[1]
     corr = api["correlation"].to_numpy()
     rows = np.flatnonzero(corr != 0)
     key = _pid_corr_key(api["pid"].to_numpy()[rows], corr[rows])
-    res = None
-    if key is not None:
-        order = np.lexsort((api["start"].to_numpy()[rows], key))  # stable: ties keep table order
-        ks = key[order]
-        first = np.ones(len(ks), dtype=bool)
-        first[1:] = ks[1:] != ks[:-1]
-        res = (ks[first], rows[order[first]])
-    cache["api_index"] = (api, res)
-    return res
+    if key is None:
+        return None
+    order = np.lexsort((api["start"].to_numpy()[rows], key))  # stable: ties keep table order
+    ks = key[order]
+    first = np.ones(len(ks), dtype=bool)
+    first[1:] = ks[1:] != ks[:-1]
+    return ks[first], rows[order[first]]
 
 
 def stream_label(pid: Any, device: Any, stream: Any) -> str:

@@ -62,12 +62,14 @@ def device_windows(trace: Trace) -> dict[int, dict[str, int]]:
 def direction_switches(memcpys: Any) -> int:
     """Adjacent h2d/d2h copies of one process (by start, then end) with different
     directions, summed over processes."""
-    m = memcpys[memcpys["kind"].isin(["h2d", "d2h"])]
-    if len(m) < 2:
+    sel = memcpys["kind"].isin(["h2d", "d2h"]).to_numpy()
+    if sel.sum() < 2:
         return 0
-    m = m.sort_values(["pid", "start", "end"], kind="stable")
-    k = (m["kind"].to_numpy(object) == "h2d")
-    p = m["pid"].to_numpy()
+    # a stable sort of the three key columns (no copy of the table)
+    p, s, e = (memcpys[c].to_numpy()[sel] for c in ("pid", "start", "end"))
+    order = np.lexsort((e, s, p))
+    k = (memcpys["kind"] == "h2d").to_numpy()[sel][order]
+    p = p[order]
     same_pid = p[1:] == p[:-1]
     return int(((k[1:] != k[:-1]) & same_pid).sum())
 

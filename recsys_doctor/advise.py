@@ -112,8 +112,8 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
     from .loaders import load
     from .progress import progress as progress_bar
 
-    with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False):
-        trace = load(path, progress=progress)
+    with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False) as bar:
+        trace = load(path, progress=bar)
     trace.meta.setdefault("sha256", _file_sha256(str(path)))
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)
     res = advise_trace(trace, options, progress=progress)
