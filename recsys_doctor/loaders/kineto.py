@@ -40,6 +40,7 @@ are in ``meta["skipped_categories"]`` and the profiler span, when present, in
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 from operator import attrgetter
@@ -112,19 +113,23 @@ def load_kineto_json(path: str | os.PathLike[str]) -> Trace:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        raw = _read_bytes(p)
-        fast = _decode_fast(raw)
-        if fast is not None:
-            del raw
-            top, events, is_array = fast
-        else:  # anything the typed decoder refuses: the plain parse, with its exact error messages
-            doc = _parse_json(p, raw)
-            del raw
-            top, events = _split_document(p, doc)
-            is_array = isinstance(doc, list)
-            del doc
-        buckets, meta_events, skipped, n_events = _bucket_events(p, events)
-        del events
+        streamed = _load_streamed(p)
+        if streamed is not None:
+            top, is_array, (buckets, meta_events, skipped, n_events) = streamed
+        else:
+            raw = _read_bytes(p)
+            fast = _decode_fast(raw)
+            if fast is not None:
+                del raw
+                top, events, is_array = fast
+            else:  # anything the typed decoder refuses: the plain parse, with its exact error messages
+                doc = _parse_json(p, raw)
+                del raw
+                top, events = _split_document(p, doc)
+                is_array = isinstance(doc, list)
+                del doc
+            buckets, meta_events, skipped, n_events = _bucket_events(p, events)
+            del events
         try:
             return _build_trace(p, top, buckets, meta_events, skipped, n_events, is_array=is_array)
         except (TypeError, ValueError, AttributeError, KeyError) as e:
@@ -245,6 +250,146 @@ def _decode_fast(raw: bytes) -> tuple[dict[str, Any], list[Any], bool] | None:
         return None
     top = {k: getattr(doc, k) for k in _TOP_KEYS if getattr(doc, k) is not msgspec.UNSET}
     return top, doc.traceEvents, False
+
+
+#: bytes of JSON decoded at a time by the streamed path
+STREAM_CHUNK = 16 << 20
+#: files smaller than this are decoded in one piece (no gain from streaming them)
+STREAM_MIN = 64 << 20
+#: a gzip file larger than this is decompressed to a temporary file, then streamed
+GZ_TO_DISK = 8 << 20
+
+
+def _load_streamed(path: str) -> tuple[dict[str, Any], bool, Any] | None:
+    """Large traces: decode ``traceEvents`` a chunk (~16 MB) at a time and keep only the
+    events the loader uses, so memory follows the kept events, not the file.
+
+    The file is memory-mapped (a large ``.gz`` is first decompressed to a temporary file)
+    and the pages already decoded are released as it goes. Chunks end at ``},`` followed
+    by a newline: JSON strings cannot hold a raw newline, so that brace is outside any
+    string; if it closes a nested object instead of an event, the chunk is unbalanced,
+    fails to decode, and the next such cut is tried. Invalid JSON and any unusual layout
+    return None: the caller then decodes the whole file (same result, more memory), which
+    also words the error."""
+    import mmap
+    import shutil
+    import tempfile
+
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+    except OSError:
+        return None
+    if (size < GZ_TO_DISK) if gz else (size < STREAM_MIN):
+        return None
+    tmp = None
+    try:
+        if gz:
+            fd, tmp = tempfile.mkstemp(prefix="recsys-doctor-", suffix=".json")
+            try:
+                with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as g:
+                    shutil.copyfileobj(g, out, 1 << 20)
+            except (OSError, EOFError, zlib.error):
+                return None
+            src = tmp
+        else:
+            src = path
+        with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                return _decode_streamed(path, mm, view)
+            finally:
+                view.release()
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+_SKIP = frozenset(b" \t\r\n,")
+
+
+def _decode_streamed(path: str, mm: Any, view: memoryview) -> tuple[dict[str, Any], bool, Any] | None:
+    import mmap
+
+    n = len(mm)
+    i = 0
+    while i < n and mm[i:i + 1] in (b" ", b"\t", b"\r", b"\n", b"\xef", b"\xbb", b"\xbf"):
+        i += 1
+    first = mm[i:i + 1]
+    if first == b"[":
+        is_array, top = True, {}
+        arr_start = i
+        arr_end = mm.rfind(b"]")
+        if arr_end <= arr_start or mm[arr_end + 1:].strip():
+            return None
+    elif first == b"{":
+        is_array = False
+        key = mm.find(b'"traceEvents"')
+        arr_start = mm.find(b"[", key) if key >= 0 else -1
+        if arr_start < 0 or mm[key + 13:arr_start].strip() != b":":
+            return None
+        head = mm[:arr_start]
+        # the array ends at the last "]" after which the rest of the document still parses
+        arr_end, tries, top = n, 0, None
+        while tries < 64:
+            arr_end = mm.rfind(b"]", arr_start, arr_end)
+            if arr_end < 0:
+                return None
+            try:
+                doc = _DOC_DECODER.decode(head + b"[]" + mm[arr_end + 1:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                tries += 1
+                continue
+            top = {k: getattr(doc, k) for k in _TOP_KEYS if getattr(doc, k) is not msgspec.UNSET}
+            break
+        if top is None:
+            return None
+    else:
+        return None
+    lists: dict[str, list[Any]] = {b: [] for b in _BUCKETS}
+    meta_events: list[Any] = []
+    skipped: dict[str, int] = {}
+    n_events = 0
+    pos = arr_start + 1
+    released = 0
+    page = mmap.ALLOCATIONGRANULARITY
+    while pos < arr_end:
+        a = pos
+        while a < arr_end and mm[a] in _SKIP:  # whitespace and the separating comma
+            a += 1
+        if a >= arr_end:
+            break
+        cut = mm.find(b"},\n", min(a + STREAM_CHUNK, arr_end), arr_end)
+        evs = None
+        for _ in range(64):  # a cut inside an event (a nested object's "},"): try the next one
+            stop = arr_end if cut < 0 else cut + 1
+            try:
+                evs = _ARRAY_DECODER.decode(b"".join((b"[", view[a:stop], b"]")))
+                break
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                if cut < 0:
+                    return None
+                cut = mm.find(b"},\n", stop, arr_end)
+        if evs is None:
+            return None
+        pos = stop + 1
+        if is_array and n_events == 0 and evs and not any(e.ph is not None for e in evs[:1000]):
+            return None
+        b, m, sk, cnt = _bucket_events(path, evs)
+        del evs
+        for k, v in b.items():
+            lists[k].extend(v)
+        meta_events.extend(m)
+        for k, v in sk.items():
+            skipped[k] = skipped.get(k, 0) + v
+        n_events += cnt
+        done = (pos // page) * page
+        if done > released and hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_DONTNEED, released, done - released)  # decoded pages leave RSS
+            released = done
+    return top, is_array, (lists, meta_events, skipped, n_events)
 
 
 def _col(items: list[Any], key: str) -> list[Any]:
