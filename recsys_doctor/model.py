@@ -188,14 +188,17 @@ class Trace:
     # --- small conveniences shared by analyzers -------------------------------------
     def gpu_activity(self) -> pd.DataFrame:
         """All GPU intervals (kernels, copies, memsets, graph executions) in one frame
-        with columns ``start, end, pid, device, stream, correlation, what``."""
+        with columns ``start, end, pid, device, stream, correlation, what`` (``what`` a
+        categorical: kernel, memcpy, memset or graph)."""
         cols = ["start", "end", "pid", "device", "stream", "correlation"]
         parts = []
+        whats = pd.Index(["graph", "kernel", "memcpy", "memset"], dtype=object)  # sorted: sorts like str
         for what, df in (("kernel", self.kernels), ("memcpy", self.memcpys),
                          ("memset", self.memsets), ("graph", self.graphs)):
             if len(df):
                 p = df[cols].copy()
-                p["what"] = what
+                p["what"] = pd.Categorical.from_codes(np.full(len(df), whats.get_loc(what), dtype=np.int8),
+                                                      categories=whats)
                 parts.append(p)
         if not parts:
             return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols} | {"what": pd.Series(dtype="object")})

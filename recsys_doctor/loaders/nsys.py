@@ -318,7 +318,9 @@ class _Reader:
                 if not (st[1:] >= st[:-1]).all():  # exports are mostly in time order already
                     tables[k] = df.take(np.argsort(st, kind="stable")).reset_index(drop=True)
         self.progress.advance()
-        return Trace(path=str(self.shown), format="nsys-sqlite", meta=self.meta, **tables)
+        trace = Trace(path=str(self.shown), format="nsys-sqlite", meta=self.meta, **tables)
+        _release_free_memory()
+        return trace
 
     # --- metadata ------------------------------------------------------------------
     def read_meta(self) -> None:
@@ -713,6 +715,23 @@ def enum_categorical(col: pd.Series | None, names: dict[int, str], default: str 
     values = [names.get(int(u), default) if float(u).is_integer() else default for u in uniq] + [default]
     codes = np.where(codes < 0, len(uniq), codes)
     return categorical(codes, np.array(values, dtype=object))
+
+
+def _release_free_memory() -> None:
+    """Hand the raw chunks' freed memory back to the system (Arrow's pool, glibc's heap),
+    so the analysis starts from the size of the trace, not of the peak of the load."""
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except ImportError:  # pragma: no cover - a dependency
+        pass
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 #: rows per read of a big table (about 50-90 MB of raw columns)
