@@ -515,8 +515,9 @@ class _Reader:
     def rowid_ranges(self, table: str) -> list[tuple[int, int]]:
         """``[lo, hi)`` rowid ranges of about :data:`CHUNK_ROWS` rows each (one range for
         a table without rowids or with no rows)."""
-        try:
-            lo, hi = self.con.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
+        try:  # two queries: SQLite answers a lone min() or max() of rowid from the b-tree
+            lo = self.con.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
+            hi = self.con.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
         except sqlite3.Error:
             lo = hi = None
         if lo is None or hi is None:
@@ -554,11 +555,15 @@ class _Reader:
             raw = pd.to_numeric(raw.where(~is_txt, None), errors="coerce")
         codes = np.full(len(df), -1, dtype=np.int64)
         if sid.size and raw.notna().any():
-            iv = pd.to_numeric(raw).fillna(-1).to_numpy(dtype=np.int64)
-            pos = np.searchsorted(sid, iv)
-            pos_c = np.minimum(pos, sid.size - 1)
-            hit = (iv >= 0) & (pos < sid.size) & (sid[pos_c] == iv)
-            codes = np.where(hit, pos_c, -1)
+            iv = (raw.to_numpy() if raw.dtype == np.int64 else pd.to_numeric(raw).fillna(-1).to_numpy(dtype=np.int64))
+            if sid[-1] - sid[0] == sid.size - 1:  # dense ids (every export seen): an offset
+                pos = iv - sid[0]
+                codes = np.where((pos >= 0) & (pos < sid.size), pos, -1)
+            else:
+                pos = np.searchsorted(sid, iv)
+                pos_c = np.minimum(pos, sid.size - 1)
+                hit = (iv >= 0) & (pos < sid.size) & (sid[pos_c] == iv)
+                codes = np.where(hit, pos_c, -1)
         return self.coalesce(text_codes(txt), (codes, sval))
 
     @staticmethod
@@ -590,7 +595,7 @@ class _Reader:
         # threads that call CUDA or NVTX but were never named (Windows captures, some
         # OpenACC runs) still get a row, with name None
         df = df.dropna(subset=["pid", "tid"])
-        seen = [x[["pid", "tid"]] for x in (api, ranges) if x is not None and len(x)]
+        seen = [_distinct_threads(x) for x in (api, ranges) if x is not None and len(x)]
         if seen:
             act = pd.concat(seen).dropna().astype("int64").drop_duplicates()
             known = pd.MultiIndex.from_frame(df[["pid", "tid"]].astype("int64"))
@@ -675,6 +680,16 @@ class _Reader:
 # --------------------------------------------------------------------------------------
 # string columns as categoricals
 # --------------------------------------------------------------------------------------
+def _distinct_threads(df: pd.DataFrame) -> pd.DataFrame:
+    """The distinct non-null (pid, tid) pairs of a table, as int64 columns."""
+    t = df[["pid", "tid"]].dropna()
+    p = pd.to_numeric(t["pid"]).to_numpy(dtype=np.int64)
+    q = pd.to_numeric(t["tid"]).to_numpy(dtype=np.int64)
+    _, first = np.unique(p * (1 << 32) + (q & 0xFFFFFFFF), return_index=True) if len(p) else (None, np.zeros(0, int))
+    first.sort()
+    return pd.DataFrame({"pid": p[first], "tid": q[first]})
+
+
 def text_codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """(codes, values) of a column of text values (None = missing)."""
     if not len(s) or not s.notna().any():
@@ -711,6 +726,10 @@ def enum_categorical(col: pd.Series | None, names: dict[int, str], default: str 
     (``col`` None: the column is absent, every row is ``default``)."""
     if col is None:
         return categorical(np.zeros(n, dtype=np.int64), np.array([default], dtype=object))
+    v = col.to_numpy() if col.dtype == np.int64 else None
+    if v is not None and len(v) and 0 <= v.min() and v.max() < 1024:  # small codes: a lookup table
+        values = [names.get(i, default) for i in range(int(v.max()) + 1)]
+        return categorical(v, np.array(values, dtype=object))
     codes, uniq = pd.factorize(pd.to_numeric(col), use_na_sentinel=True)
     values = [names.get(int(u), default) if float(u).is_integer() else default for u in uniq] + [default]
     codes = np.where(codes < 0, len(uniq), codes)
