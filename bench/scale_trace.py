@@ -145,8 +145,12 @@ def best_of(runs: list[dict]) -> dict:
     if not ok:
         return {"failed": runs[-1]["stderr_tail"][-500:], "rc": runs[-1]["rc"]}
     b = min(ok, key=lambda r: r["seconds"])
-    return {"seconds": b["seconds"], "seconds_all": [r["seconds"] for r in ok],
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in ok)}
+    out = {"seconds": b["seconds"], "seconds_all": [r["seconds"] for r in ok],
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in ok)}
+    if len(ok) < len(runs):
+        bad = next(r for r in runs if r["rc"] != 0)
+        out["failed_runs"] = {"count": len(runs) - len(ok), "rc": bad["rc"], "stderr_tail": bad["stderr_tail"][-300:]}
+    return out
 
 
 def ours(path: Path, repeat: int) -> dict:
@@ -166,12 +170,13 @@ def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Pa
         try:
             f = d / path.name
             shutil.copyfile(path, f)
-            cmd = [exe, "diagnose", str(f), "--format", "json", "-o", str(d / "out.json")]
-            r = run_cmd(cmd, env)
-            engine.add("sqlite3 fallback" if "falling back to sqlite3" in r["stderr_tail"].lower()
-                       or "falling back to sqlite" in r["stderr_tail"].lower() else "duckdb")
+            # a session directory of its own per run: nsys-ai refuses to reuse the session
+            # of a profile copy that is gone ("SESSION_CORRUPT")
+            cmd = [exe, "diagnose", str(f), "--format", "json", "-o", str(d / "out.json"), "--session"]
+            r = run_cmd(cmd + [str(d / "session-cold")], env)
+            engine.add("sqlite3 fallback" if "falling back to sqlite" in r["stderr_tail"].lower() else "duckdb")
             cold.append(r)
-            warm.append(run_cmd(cmd, env))
+            warm.append(run_cmd(cmd + [str(d / "session-warm")], env))
         finally:
             shutil.rmtree(d, ignore_errors=True)
     return {"engine": sorted(engine), "cold": best_of(cold), "warm_cache": best_of(warm)}
