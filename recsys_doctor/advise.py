@@ -80,6 +80,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     """Run the summary, every analyzer and the planner over an already loaded trace."""
     from .analyzers import ANALYZERS, run_all
     from .analyzers.summary import summarize
+    from .loaders.nsys import release_free_memory
     from .planner import make_plan
     from .progress import progress as progress_bar
 
@@ -91,6 +92,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
         def done(name: str) -> None:
             bar.update(description=f"analyzing: {name} done")
             bar.advance()
+            release_free_memory()  # each analyzer's scratch goes back before the next one
 
         results: list[AnalysisResult] = run_all(trace, options, on_done=done)
     findings = [f for r in results for f in r.findings]

@@ -319,7 +319,7 @@ class _Reader:
                     tables[k] = df.take(np.argsort(st, kind="stable")).reset_index(drop=True)
         self.progress.advance()
         trace = Trace(path=str(self.shown), format="nsys-sqlite", meta=self.meta, **tables)
-        _release_free_memory()
+        release_free_memory()
         return trace
 
     # --- metadata ------------------------------------------------------------------
@@ -736,7 +736,7 @@ def enum_categorical(col: pd.Series | None, names: dict[int, str], default: str 
     return categorical(codes, np.array(values, dtype=object))
 
 
-def _release_free_memory() -> None:
+def release_free_memory() -> None:
     """Hand the raw chunks' freed memory back to the system (Arrow's pool, glibc's heap),
     so the analysis starts from the size of the trace, not of the peak of the load."""
     try:
