@@ -251,10 +251,14 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
     key = _pid_corr_key(api["pid"].to_numpy()[rows], corr[rows])
     if key is None:
         return None
-    order = np.lexsort((api["start"].to_numpy()[rows], key))  # stable: ties keep table order
+    order = np.argsort(key, kind="stable")  # nearly sorted already: correlation ids grow with time
     ks = key[order]
     first = np.ones(len(ks), dtype=bool)
     first[1:] = ks[1:] != ks[:-1]
+    if not first.all():  # shared keys: the earliest start wins, then table order
+        order = np.lexsort((api["start"].to_numpy()[rows], key))
+        ks = key[order]
+        first[1:] = ks[1:] != ks[:-1]
     return ks[first], rows[order[first]]
 
 
