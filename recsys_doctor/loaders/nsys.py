@@ -685,9 +685,11 @@ def _distinct_threads(df: pd.DataFrame) -> pd.DataFrame:
     t = df[["pid", "tid"]].dropna()
     p = pd.to_numeric(t["pid"]).to_numpy(dtype=np.int64)
     q = pd.to_numeric(t["tid"]).to_numpy(dtype=np.int64)
-    _, first = np.unique(p * (1 << 32) + (q & 0xFFFFFFFF), return_index=True) if len(p) else (None, np.zeros(0, int))
-    first.sort()
-    return pd.DataFrame({"pid": p[first], "tid": q[first]})
+    if len(p) and (p.min() < -(1 << 30) or p.max() >= 1 << 30 or q.min() < -(1 << 31) or q.max() >= 1 << 31):
+        return t.astype("int64").drop_duplicates()  # ids beyond 32 bits: the general way
+    k = pd.unique(p * (1 << 32) + (q & 0xFFFFFFFF))  # a hash pass, no sort
+    lo = k & 0xFFFFFFFF
+    return pd.DataFrame({"pid": (k - lo) >> 32, "tid": np.where(lo >= 1 << 31, lo - (1 << 32), lo)})
 
 
 def text_codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -764,13 +766,20 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
         return None
     if len(frames) == 1:
         return frames[0]
-    from pandas.api.types import union_categoricals
-
     cols = {}
     for c in frames[0].columns:
         if isinstance(frames[0][c].dtype, pd.CategoricalDtype):
-            u = union_categoricals([f[c] for f in frames], sort_categories=True)
-            cols[c] = pd.Series(pd.Categorical.from_codes(u.codes, categories=pd.Index(u.categories, dtype=object)))
+            # the union of the chunks' (few) categories, sorted; each chunk's codes remapped
+            cats = list(dict.fromkeys(v for f in frames for v in f[c].cat.categories))
+            try:
+                cats.sort()
+            except TypeError:  # mixed types (never in a real export): first-seen order
+                pass
+            at = {v: i for i, v in enumerate(cats)}
+            codes = np.concatenate([
+                np.append(np.array([at[v] for v in f[c].cat.categories], dtype=np.int64), -1)[
+                    f[c].cat.codes.to_numpy()] for f in frames])
+            cols[c] = pd.Series(pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object)))
         elif all(isinstance(f[c].dtype, np.dtype) and f[c].dtype == frames[0][c].dtype for f in frames) \
                 and frames[0][c].dtype != object:
             cols[c] = pd.Series(np.concatenate([f[c].to_numpy() for f in frames]))
