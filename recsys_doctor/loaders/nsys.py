@@ -782,7 +782,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
             cols[c] = pd.Series(pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object)))
         elif all(isinstance(f[c].dtype, np.dtype) and f[c].dtype == frames[0][c].dtype for f in frames) \
                 and frames[0][c].dtype != object:
-            cols[c] = pd.Series(np.concatenate([f[c].to_numpy() for f in frames]))
+            cols[c] = pd.Series(np.concatenate([f[c].to_numpy() for f in frames]), copy=False)
         else:
             cols[c] = pd.concat([f[c] for f in frames], ignore_index=True)
         for f in frames:  # release each chunk's column as soon as it is copied
