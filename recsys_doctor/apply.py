@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -113,11 +113,14 @@ def runtime_plan(cand: Candidate, clients: int) -> dict[str, Any]:
     return d
 
 
-def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidate | None = None) -> list[Prediction]:
+def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidate | None = None,
+                      allocator_twin: bool = True) -> list[Prediction]:
     """The first ``top_k`` of ``ranked`` that differ in something the estimate prices
     (groups, merged streams, graphs: the allocator variants of one plan estimate the
-    same, so only the first of them is taken), plus ``prefer`` (the advisor's plan) when
-    it is not among them."""
+    same, so only the first of them is taken), then, with ``allocator_twin``, the best
+    one's twin with the other allocator setting (own pools per group vs one shared pool
+    are measured, not guessed), plus ``prefer`` (the advisor's plan) when it is not among
+    them."""
     out: list[Prediction] = []
     seen: set[tuple[int, bool, bool]] = set()
     for p in ranked:
@@ -128,6 +131,10 @@ def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidat
         if len(out) < top_k:
             out.append(p)
             seen.add(k)
+    if allocator_twin and out and out[0].candidate.groups > 1:
+        top = out[0].candidate
+        twin = replace(top, per_stream_allocator=not top.per_stream_allocator)
+        out.extend(p for p in ranked if p.candidate == twin and all(q.candidate != twin for q in out))
     if prefer is not None and all(p.candidate != prefer for p in out):
         out.extend(p for p in ranked if p.candidate == prefer)
     return out

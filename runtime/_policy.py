@@ -100,6 +100,8 @@ class FairSlotPool:
         self.capacity: tuple[int, ...] = tuple(len(s) for s in slots)
         #: slots in use per group (= queries in flight there)
         self.in_use: list[int] = [0] * len(slots)
+        #: queries finished per group (releases)
+        self.served: list[int] = [0] * len(slots)
         self._idle = idle
         self._waiters: deque[_Ticket] = deque()
         self._lock = threading.Lock()
@@ -148,6 +150,7 @@ class FairSlotPool:
         """Give a slot back: straight to the oldest ticket that may take ``group``, else to
         the free list."""
         with self._lock:
+            self.served[group] += 1
             for t in self._waiters:
                 if t.only is None or t.only == group:
                     self._waiters.remove(t)

@@ -103,6 +103,83 @@ def test_serve_matches_single_stream_eager(wdl, groups, merge, graphs):
         assert all(g["served"] > 0 for g in st["groups"])
 
 
+def test_request_zero_copy_matches_eager_under_threads(wdl):
+    """The zero-copy path: clients write into the slot's pinned views / flat buffer."""
+    from recsys_doctor.runtime import serve
+
+    queries = [make_query(300 + j) for j in range(96)]
+    refs = [reference(wdl, q) for q in queries]
+    got: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    with serve(wdl, queries[0], groups=4, merge=True, graphs=True) as served:
+        # the flat buffer holds the inputs at the layout's offsets: pack one query by hand
+        with served.request() as r:
+            lay = r.layout
+            flat = [queries[5][0], *queries[5][1], queries[5][2]]
+            for t, off in zip(flat, lay.offsets):
+                nb = t.numel() * t.element_size()
+                r.buffer[off:off + nb].copy_(t.reshape(-1).view(torch.uint8))
+            torch.testing.assert_close(r.run().clone(), refs[5], rtol=1e-5, atol=1e-6)
+
+        def worker(k: int) -> None:
+            try:
+                for j in range(k, len(queries), 8):
+                    d, i, o = queries[j]
+                    with served.request() as q:
+                        q.inputs[0].copy_(d)
+                        for dst, src in zip(q.inputs[1], i):
+                            dst.copy_(src)
+                        q.inputs[2].copy_(o)
+                        got[j] = q.run().clone()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        ths = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        st = served.stats()
+    assert not errors, errors
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["driver_path"] == "ctypes"
+    assert st["fallbacks"] == {}
+
+
+def test_request_after_close_and_reuse_errors(wdl):
+    from recsys_doctor.errors import RuntimeCudaError
+    from recsys_doctor.runtime import serve
+
+    q0 = make_query(1)
+    with serve(wdl, q0, groups=1, slots_per_group=1) as served:
+        r = served.request()
+        r.close()
+        with pytest.raises(RuntimeCudaError, match="closed"):
+            r.run()
+        # the slot went back: a second request does not block
+        with served.request(*make_query(2, batch=32)) as r2:  # another signature, captured on demand
+            assert r2.inputs[0].shape == (32, N_DENSE)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_activations_come_from_the_groups_own_pool(wdl, own):
+    """per_stream_allocator: each group's graph activations live in that group's pool."""
+    from recsys_doctor.runtime import serve
+
+    with serve(wdl, make_query(1), groups=3, per_stream_allocator=own) as served:
+        for j in range(12):
+            served(*make_query(j))
+        st = served.stats()
+    if own:
+        assert st["activation_pool"] == "group"
+        sizes = st["activation_pool_bytes"]
+        assert sizes is not None and len(sizes) == 3 and all(b > 0 for b in sizes)
+    else:
+        assert st["activation_pool"] == "shared"
+        assert st["activation_pool_bytes"] is None
+
+
 def test_new_shape_is_captured_on_demand_and_correct(wdl):
     from recsys_doctor.runtime import serve
 
