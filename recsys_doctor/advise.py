@@ -94,7 +94,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
 
         results: list[AnalysisResult] = run_all(trace, options, on_done=done)
     findings = [f for r in results for f in r.findings]
-    findings.sort(key=lambda f: _SEV_ORDER.get(f.severity, 9))
+    findings.sort(key=lambda f: (_SEV_ORDER.get(f.severity, 9), -(f.recoverable_ns or 0)))
     plan = make_plan(trace, findings, results, options)
     info = {
         "path": trace.path,
