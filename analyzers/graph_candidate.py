@@ -204,6 +204,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                         "one pinned copy) and replay it with one cudaGraphLaunch per request/step."),
                     where=where))
                 f = res.findings[-1]
+                f.action = f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it"
                 if len(gc):
                     f.examples = examples(trace, start=gc["start"], end=gc["end"], pid=gc["pid"],
                                           device=gc["device"], stream=gc["stream"],
@@ -221,5 +222,6 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             recommendation=("Nothing to capture: the repeated work is already graphed. Keep one graph "
                             "per stream group so concurrent requests do not share a stream."),
             where=[]))
+        res.findings[-1].action = "nothing to capture: the repeated work already runs in CUDA graphs"
         finish(res.findings[-1], 0, steady_window(trace, options), options)
     return res

@@ -129,6 +129,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         recommendation=_advice(trace, ops),
         where=where))
     f = res.findings[-1]
+    f.action = ("overlap requests on several stream groups (the work already runs in CUDA graphs)"
+                if f.recommendation.startswith("The work is already in CUDA graphs")
+                else "capture the per-query/step sequence in a CUDA graph so the GPU stops waiting for launches")
     if ex_parts:
         ex = pd.concat(ex_parts, ignore_index=True)
         f.examples = examples(trace, start=ex["start"], end=ex["end"], pid=ex["pid"], tid=ex["tid"],

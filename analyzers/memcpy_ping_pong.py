@@ -146,6 +146,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         title=f"{n} host<->device copies: " + ", ".join(parts),
         evidence=data, recommendation=_sentence("; ".join(rec)), where=where))
     f = res.findings[-1]
+    f.action = "stage each request's inputs in one pinned buffer and read results back asynchronously"
     if len(rt):
         f.examples = examples(trace, start=rt["start"], end=rt["end"], pid=rt["pid"], device=rt["device"],
                               stream=rt["stream"], what="GPU idle after a D2H copy (host round trip)",

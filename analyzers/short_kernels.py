@@ -105,6 +105,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "only helps once each thread has its own stream group."),
         where=where))
     f = res.findings[-1]
+    f.action = "capture the repeated per-query/step kernel sequence in a CUDA graph (or fuse it with torch.compile)"
     if len(gk):
         f.examples = examples(trace, start=gk["start"], end=gk["end"], pid=gk["pid"],
                               device=gk["device"], stream=gk["stream"],

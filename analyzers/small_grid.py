@@ -88,6 +88,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "or batch more requests per kernel."),
         where=where))
     f = res.findings[-1]
+    f.action = "run independent requests concurrently on several stream groups so small grids share the GPU"
     if sel.any():
         ks = k[sel]
         f.examples = examples(trace, start=ks["start"], end=ks["end"], pid=ks["pid"], device=ks["device"],

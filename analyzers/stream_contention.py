@@ -149,6 +149,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "requests overlap on the GPU; use CUDA graphs per group to cut the launch calls."),
         where=where))
     f = res.findings[-1]
+    f.action = "give every client thread its own stream group instead of one shared stream"
     gaps = idle_gaps(trace, options)
     keys = {(x["pid"], x["device"], x["stream_id"]) for x in flagged}
     cap = 0

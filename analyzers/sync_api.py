@@ -134,6 +134,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "asynchronously."),
         where=where))
     f = res.findings[-1]
+    f.action = "replace the per-request synchronize calls with one event wait where the result is used"
     if used.size:
         gu = gaps.iloc[used]
         f.examples = examples(trace, start=gu["start"], end=gu["end"], pid=gu["pid"], device=gu["device"],

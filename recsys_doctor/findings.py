@@ -34,6 +34,8 @@ class Finding:
     #: 1-3 moments to jump to in Nsight Systems / Perfetto: ``{"start_ns", "duration_ns",
     #: "thread", "stream", "what"}`` on the trace's own clock
     examples: list[dict[str, Any]] = field(default_factory=list)
+    #: the first thing to do, in one short line (the verdict's "first action")
+    action: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

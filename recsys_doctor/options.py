@@ -37,10 +37,10 @@ class Options:
     #: GPU front end need between back-to-back launches).
     short_gap_us: float = 5.0
 
-    #: Severity cut-offs applied to the share of something that hurts (idle share, short
-    #: share, time share). At or above ``high_share``: high; at or above ``medium_share``:
-    #: medium; otherwise low. 0.5/0.2 mirror how Nsight Systems' expert rules and HTA's
-    #: idle-time breakdown are usually read (more than half the time = the main problem).
+    #: Cut-offs on the share of something that hurts (idle share, short share, time share)
+    #: still used where a share, not a time, is judged (the planner's choices). Severity of a
+    #: finding follows its recoverable time instead (``recoverable_high`` below). 0.5/0.2
+    #: mirror how Nsight Systems' expert rules and HTA's idle-time breakdown are read.
     high_share: float = 0.5
     #: The medium cut-off of the severity scale above (a fifth of the time is worth fixing
     #: but is not the main problem).
@@ -86,8 +86,8 @@ class Options:
     max_stream_groups: int = 4
 
     #: Severity follows what a fix can win: a finding whose estimated recoverable GPU time
-    #: is at least this share of the analysis window is ``high`` (a quarter of the window
-    #: back is the main problem of the run) ...
+    #: is at least this share of the steady-state window is ``high`` (a quarter of the
+    #: time back is the main problem of the run; see docs/findings.md) ...
     recoverable_high: float = 0.25
     #: ... at least this share ``medium`` (a tenth of the window: worth a change) ...
     recoverable_medium: float = 0.10

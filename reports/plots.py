@@ -118,12 +118,16 @@ def _util_data(result: "AdviseResult") -> dict[str, Any] | None:
             "devices": devs, "streams": streams}
 
 
+#: one clock everywhere: plots, the report header, --start/--end and example moments
+CLOCK_LABEL = "time on the trace clock (s; what --start/--end take)"
+
+
 def _edges_s(tl: Mapping[str, Any]) -> np.ndarray:
     if tl.get("edges_ns"):
         e = np.asarray(tl["edges_ns"], dtype=float)
     else:
         e = np.linspace(float(tl["start_ns"]), float(tl["end_ns"]), int(tl["bins"]) + 1)
-    return (e - e[0]) / 1e9
+    return e / 1e9  # the trace's own clock: the one --start/--end take
 
 
 def _stream_rows(streams: Mapping[str, Sequence[float]]) -> tuple[list[str], np.ndarray]:
@@ -192,7 +196,7 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
         axh.text(0.5, 0.5, "no kernels", ha="center", va="center", transform=axh.transAxes)
         axh.set_yticks([])
     axh.set_title("Per stream (each row: one CUDA stream, darker green = busier)", loc="left")
-    axh.set_xlabel("time since first GPU activity (s)")
+    axh.set_xlabel(CLOCK_LABEL)
     return fig
 
 
@@ -391,7 +395,7 @@ def _draw_copies(result: "AdviseResult", bins: int) -> "Figure | None":
     kinds = m["kind"].astype(str).to_numpy()
     groups = {"H2D": kinds == "h2d", "D2H": kinds == "d2h"}
     groups["other"] = ~(groups["H2D"] | groups["D2H"])
-    e_s = (edges - edges[0]) / 1e9
+    e_s = edges / 1e9
     w = np.diff(e_s)
     bw_ms = (hi - lo) / bins / 1e6
     fig = _fig(11, 4.6)
@@ -415,7 +419,7 @@ def _draw_copies(result: "AdviseResult", bins: int) -> "Figure | None":
                    + (f": {switches:,} direction switches" if isinstance(switches, int) else ""), loc="left")
     ax_n.set_ylabel("copies / ms")
     ax_b.set_ylabel("MB / s")
-    ax_b.set_xlabel("time since first GPU activity (s)")
+    ax_b.set_xlabel(CLOCK_LABEL)
     ax_n.legend(loc="upper right", fontsize=8, ncols=3)
     return fig
 
