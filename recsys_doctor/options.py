@@ -37,10 +37,9 @@ class Options:
     #: GPU front end need between back-to-back launches).
     short_gap_us: float = 5.0
 
-    #: Cut-offs on the share of something that hurts (idle share, short share, time share)
-    #: still used where a share, not a time, is judged (the planner's choices). Severity of a
-    #: finding follows its recoverable time instead (``recoverable_high`` below). 0.5/0.2
-    #: mirror how Nsight Systems' expert rules and HTA's idle-time breakdown are read.
+    #: Former severity cut-offs on shares (idle share, short share). No longer decide
+    #: severity - that follows recoverable time (``recoverable_high`` below) - and kept
+    #: only so existing ``--set high_share=...`` lines are still accepted.
     high_share: float = 0.5
     #: The medium cut-off of the severity scale above (a fifth of the time is worth fixing
     #: but is not the main problem).

@@ -196,7 +196,7 @@ def test_check_write_baseline_and_baseline_db(tmp_path, monkeypatch):
     r = _cli("check", cur, "--baseline-db", "main", "--db", db, "--no-history")
     assert r.exit_code == 1 and "0.6000" in r.output and "0.3000" in r.output
     r = _cli("check", cur, "--baseline-db", "no-such-branch", "--db", db, "--no-history")
-    assert r.exit_code == 2 and "no run recorded" in r.output
+    assert r.exit_code == 2 and "no passed check recorded" in r.output
 
 
 def test_compare_cli(tmp_path):
