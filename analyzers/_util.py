@@ -167,12 +167,20 @@ def stream_labels(pids: Any, devices: Any, streams: Any) -> list[str]:
 
 
 _STEP_RE = re.compile(r"#\d+$")
+#: per-instance fields PyTorch's ``emit_nvtx`` / ``record_shapes`` append to an op's range
+#: name (``aten::mm, seq = 12, op_id = 318072, sizes = [[256, 64], [64, 64]]``)
+_INSTANCE_RE = re.compile(r"\s*,\s*(?:seq|op_id|sizes|input_op_ids|stashed seq|stashed_seq)\s*=.*$")
+_LONE_ID_RE = re.compile(r"^(op_id|seq)\s*=\s*\d+$")
 
 
 def norm_name(name: Any) -> Any:
-    """Group per-iteration names together: ``ProfilerStep#12`` -> ``ProfilerStep#*``."""
+    """Group per-instance names by what they name: ``ProfilerStep#12`` ->
+    ``ProfilerStep#*``, ``aten::view, op_id = 314290`` -> ``aten::view``, a bare
+    ``op_id = 318072`` -> ``op_id = *``."""
     if isinstance(name, str):
-        return _STEP_RE.sub("#*", name)
+        out = _INSTANCE_RE.sub("", name)
+        out = _LONE_ID_RE.sub(r"\1 = *", out)
+        return _STEP_RE.sub("#*", out or name)
     return name
 
 

@@ -41,7 +41,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         return res
     j = launches(trace)
     key = ["what", "row"]
-    ops = ops.merge(j[key + ["tid", "api_start"]], on=key, how="left")
+    ops = ops.merge(j[key + ["tid", "api_start", "api_name"]], on=key, how="left")
     short_ns = int(round(options.short_gap_us * 1000))
     steady = steady_starts(trace, options, ops)
     rec = 0
@@ -91,7 +91,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         if host.any():
             hw_parts.append(pd.DataFrame({
                 "pid": g["pid"].to_numpy()[idx][host], "tid": g["tid"].to_numpy(dtype="float64", na_value=np.nan)[idx][host],
-                "api_start": api_start[host], "gap": gl[host]}))
+                "api_start": api_start[host], "gap": gl[host],
+                "api": g["api_name"].to_numpy(object)[idx][host]}))
     W = tot["window"]
     launch_share = ((tot["host_wait"] + tot["short_gap"]) / W) if W else None
     data = {
@@ -120,6 +121,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                 where = where_shares(reg, hw["gap"], key="nvtx", top=options.top_n)
             labels = thread_labels(trace, hw["pid"], tid)
             where += where_shares(labels, hw["gap"], key="thread", top=options.top_n)
+            if not any("nvtx" in w for w in where):
+                # no code regions: the CUDA calls whose late arrival left the GPU idle
+                where += where_shares(hw["api"].to_numpy(object), hw["gap"], key="api", top=options.top_n)
     res.findings.append(Finding(
         id="launch-bound", severity=sev,
         title=(f"GPU idle {data['idle_share']:.0%} of the window; {launch_share:.0%} of the window is "

@@ -129,6 +129,8 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     findings.sort(key=lambda f: (_SEV_ORDER.get(f.severity, 9), -(f.recoverable_ns or 0)))
     plan = make_plan(trace, findings, results, options)
     span = trace_span(trace)
+    rg = trace.ranges
+    has_regions = bool(len(rg)) and bool((rg["source"].astype(object) != "cpu_op").any())
     info = {
         "path": trace.path,
         "format": trace.format,
@@ -137,6 +139,10 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
         # additive: the trace's span on its own clock, and the analysis window asked for
         "span_ns": list(span) if span else None,
         "window_ns": (trace.meta.get("window_ns") if isinstance(trace.meta.get("window_ns"), list) else None),
+        # additive: how places are named when the trace has no code regions
+        "attribution": None if has_regions else (
+            "No NVTX ranges or record_function annotations in this trace: places are named by thread "
+            "(name and id), stream and CUDA API call; add NVTX ranges around queries/steps to see code regions."),
     }
     analyses = {r.name: r.data for r in results}
     return AdviseResult(trace_info=info, summary=summary, findings=findings, plan=plan,

@@ -79,7 +79,7 @@ def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
     for i, w in enumerate(where[:limit]):
         if i:
             t.append("; ")
-        parts = [f"{k}={_short(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "stream", "device", "kernel") if w.get(k) is not None]
+        parts = [f"{k}={_short(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "api", "stream", "device", "kernel") if w.get(k) is not None]
         t.append(", ".join(parts) or "?")
         if w.get("share") is not None:
             t.append(f" ({w['share'] * 100:.0f}%)", style="dim")
@@ -250,6 +250,8 @@ def render_terminal(res: "AdviseResult", console: Console | None = None) -> None
             console.print(Text(f"Plan: {v['plan']} (details below)", style="bold"))
     console.print(Text(" | ".join(str(x) for x in sub if x), style="dim"))
     console.print(Text(window_text(info), style="dim"))
+    if info.get("attribution"):
+        console.print(Text(info["attribution"], style="dim"))
     console.print(_summary_table(res))
     console.print()
     if not res.findings:
