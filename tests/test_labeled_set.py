@@ -155,3 +155,17 @@ def test_large_kernels_are_long_and_back_to_back(tmp_path, results):
     assert sum(max(g, 0) for g in gaps) < 0.01 * busy  # back to back: < 1% idle between them
     res = _advise(rel, None, results)
     assert res.verdict["finding"] is None and "no fix" in res.verdict["line"]
+
+
+def test_two_threads_pageable_syncs_are_reported(shared_traces):
+    """200 cudaStreamSynchronize after pageable D2H copies from two threads: reported by
+    count even though each blocks the CPU little (the issue's missed finding)."""
+    path = shared_traces / "h100" / "torch_matmul_2threads_h100.sqlite"
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    n_sync = _api(db, "cudaStreamSynchronize%")
+    n_pageable = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 2 AND dstKind = 0"
+                            ).fetchone()[0]  # D2H into pageable memory (ENUM_CUDA_MEM_KIND 0)
+    assert n_sync == 200 and n_pageable == 200
+    f = next(f for f in advise(path).findings if f.id == "sync-api")
+    assert f.evidence["by_kind"]["stream"]["calls"] == n_sync
+    assert f.evidence["pageable_d2h_copies"] == n_pageable
