@@ -88,11 +88,13 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         tot["host_wait"] += d["host_wait_ns"]
         tot["short_gap"] += d["short_gap_ns"]
         tot["other"] += d["other_ns"]
-        if host.any():
+        # where: the steady-state host waits (the ones counted as recoverable), else all
+        wm = hs if hs.any() else host
+        if wm.any():
             hw_parts.append(pd.DataFrame({
-                "pid": g["pid"].to_numpy()[idx][host], "tid": g["tid"].to_numpy(dtype="float64", na_value=np.nan)[idx][host],
-                "api_start": api_start[host], "gap": gl[host],
-                "api": g["api_name"].to_numpy(object)[idx][host]}))
+                "pid": g["pid"].to_numpy()[idx][wm], "tid": g["tid"].to_numpy(dtype="float64", na_value=np.nan)[idx][wm],
+                "api_start": api_start[wm], "gap": gl[wm],
+                "api": g["api_name"].to_numpy(object)[idx][wm]}))
     W = tot["window"]
     launch_share = ((tot["host_wait"] + tot["short_gap"]) / W) if W else None
     data = {

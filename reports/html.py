@@ -185,8 +185,7 @@ def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]
     sev = v.get("severity")
     cls = {"high": "bad", "medium": "warn"}.get(sev or "", "")
     if v.get("first_action"):
-        why = (f"{v.get('finding')}: {v.get('problem')}. First: {v['first_action']}."
-               + (f" Plan: {v['plan']}." if v.get("plan") else ""))
+        why = f"{v.get('problem')}." + (f" Plan: {v['plan']}." if v.get("plan") else "")
     name = trace_name(result)
     info = result.trace_info or {}
     tiles = "".join(

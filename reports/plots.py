@@ -158,8 +158,11 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
     fig = _fig(11, h_top + h_heat + 0.9)
     gs = fig.add_gridspec(n_dev + 1, 1, height_ratios=[1.9] * n_dev + [0.32 * max(len(labels), 1) + 0.5])
     overall = (result.summary or {}).get("gpu_utilization")
-    fig.suptitle(f"GPU busy {_pct(overall)} of the time, idle {_pct(None if overall is None else 1 - overall)}"
-                 " (green = computing, red = idle)", fontsize=13, fontweight="bold",
+    from ..advise import idle_share
+
+    idle = idle_share(result.summary or {}, result.analyses or {})  # the one idle figure
+    fig.suptitle(f"GPU busy {_pct(overall)} of the time, idle {_pct(idle)}"
+                 " (green = computing, red = idle; the rest: copies only)", fontsize=13, fontweight="bold",
                  color=IDLE if (overall is not None and overall < 0.5) else "black")
     w = np.diff(edges)
     ax0 = None
