@@ -15,6 +15,7 @@ that ended it (``what``/``row`` in :func:`~._util.op_table`).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,34 @@ __all__ = ["steady_starts", "idle_gaps", "analysis_window", "steady_window", "fi
            "gaps_containing"]
 
 
+#: per live trace (by id, dropped when the trace is collected): results of the functions
+#: below per options, so the analyzers that all need the gaps compute them once
+_CACHE: dict[int, dict] = {}
+
+
+def _cached(trace: Trace, key: tuple, make: Any) -> Any:
+    tid = id(trace)
+    if tid not in _CACHE:
+        try:
+            weakref.finalize(trace, _CACHE.pop, tid, None)
+        except TypeError:  # pragma: no cover - not weak-referenceable: no caching
+            return make()
+        _CACHE[tid] = {}
+    d = _CACHE[tid]
+    if key not in d:
+        d[key] = make()
+    return d[key]
+
+
 def steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -> dict[int, int]:
     """Per device, where its steady state starts: the later of
     ``Options.startup_fraction`` of its window and the first timeline bin (of
     ``Options.timeline_bins`` over the whole trace) whose busy fraction reaches half of
     the device's median non-empty bin."""
+    return dict(_cached(trace, ("steady", options), lambda: _steady_starts(trace, options, ops)))
+
+
+def _steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None) -> dict[int, int]:
     ops = op_table(trace) if ops is None else ops
     out: dict[int, int] = {}
     if len(ops) == 0:
@@ -84,6 +108,10 @@ def idle_gaps(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -
     steady`` - ``start`` is when the device went idle (end of all work before), ``end``
     when the operation (``what``, ``row``) that ended the gap started; ``steady`` is True
     when the gap lies after the device's steady-state start."""
+    return _cached(trace, ("gaps", options), lambda: _idle_gaps(trace, options, ops)).copy()
+
+
+def _idle_gaps(trace: Trace, options: Options, ops: pd.DataFrame | None) -> pd.DataFrame:
     ops = op_table(trace) if ops is None else ops
     cols = ["device", "start", "end", "ns", "what", "row", "pid", "stream", "steady"]
     if len(ops) == 0:
@@ -107,25 +135,24 @@ def idle_gaps(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -
 
 
 def gaps_containing(gaps: pd.DataFrame, t: Any, device: Any = None) -> np.ndarray:
-    """Indices (into ``gaps``) of the gap that contains each time ``t`` (``start <= t <
-    end``), -1 where none; with ``device`` only gaps of that device."""
+    """Index (into ``gaps``) of the gap that contains each time ``t`` (``start <= t <
+    end``), -1 where none; with ``device`` only that device's gaps, else the first device
+    (in device order) with a gap there."""
     t = np.asarray(t, dtype=np.int64)
     out = np.full(t.size, -1, dtype=np.int64)
     if len(gaps) == 0 or t.size == 0:
         return out
-    devs = np.unique(gaps["device"].to_numpy(np.int64)) if device is None else [None]
+    gdev = gaps["device"].to_numpy(np.int64)
+    devs = [int(device)] if device is not None else sorted(set(gdev.tolist()))
     for d in devs:
-        m = np.ones(len(gaps), bool) if d is None else (gaps["device"].to_numpy(np.int64) == d)
-        if device is not None:
-            m = gaps["device"].to_numpy(np.int64) == int(device)
-        gi = np.flatnonzero(m)
+        gi = np.flatnonzero(gdev == d)
         gs = gaps["start"].to_numpy(np.int64)[gi]
         ge = gaps["end"].to_numpy(np.int64)[gi]
         o = np.argsort(gs, kind="stable")
         gi, gs, ge = gi[o], gs[o], ge[o]
         i = np.searchsorted(gs, t, side="right") - 1
-        ok = (i >= 0)
         hit = np.zeros(t.size, bool)
+        ok = i >= 0
         hit[ok] = ge[i[ok]] > t[ok]
         sel = hit & (out < 0)
         out[sel] = gi[i[sel]]

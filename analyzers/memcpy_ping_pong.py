@@ -107,8 +107,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     rt = gaps.iloc[:0]
     if len(gaps):
         d2h = hd[hd["kind"] == "d2h"]
-        ends = set(zip(d2h["device"].astype(int), d2h["end"].astype(int)))
-        m = np.array([(int(d), int(t)) in ends for d, t in zip(gaps["device"], gaps["start"])], dtype=bool)
+        ends = pd.MultiIndex.from_arrays([d2h["device"].to_numpy(np.int64), d2h["end"].to_numpy(np.int64)])
+        m = pd.MultiIndex.from_arrays([gaps["device"].to_numpy(np.int64),
+                                       gaps["start"].to_numpy(np.int64)]).isin(ends)
         rt = gaps[m & gaps["steady"].to_numpy(bool)]
     round_trip = int(rt["ns"].sum()) if len(rt) else 0
     merge = 0.0

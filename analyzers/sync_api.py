@@ -57,9 +57,11 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             rows = pj["row"].to_numpy(np.int64)
             pg = ((mc["kind"].to_numpy(object)[rows] == "d2h")
                   & (mc["dst_mem"].astype(object).to_numpy()[rows] == "pageable"))
-            keys = set(zip(pj["pid"].to_numpy(np.int64)[pg], pj["correlation"].to_numpy(np.int64)[pg]))
-            if keys:
-                pm = np.array([(int(p), int(c)) in keys for p, c in zip(api["pid"], api["correlation"])], bool)
+            if pg.any():
+                keys = pd.MultiIndex.from_arrays([pj["pid"].to_numpy(np.int64)[pg],
+                                                  pj["correlation"].to_numpy(np.int64)[pg]])
+                pm = np.asarray(pd.MultiIndex.from_arrays([api["pid"].to_numpy(np.int64),
+                                                           api["correlation"].to_numpy(np.int64)]).isin(keys), bool)
                 pm &= ~m
                 pageable_d2h = int(pm.sum())
                 m = m | pm

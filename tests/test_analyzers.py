@@ -198,7 +198,7 @@ def test_sync_api_costs_the_gpu_idle_after_it():
 def test_sync_api_by_count_and_pageable_copies():
     # 120 pageable D2H cudaMemcpyAsync (block the host) + 120 stream syncs of 1 ns each
     # over a long-running thread: blocked share tiny, but 240 syncs are reported by count
-    ks, cps, calls = [], [], [api(0, 10**9, 10**6, 5, name="cudaLaunchKernel")]
+    cps, calls = [], [api(0, 10**9, 10**6, 5, name="cudaLaunchKernel")]
     for i in range(120):
         t = 1000 + i * 10_000
         cps.append(copy(t, t + 100, "d2h", corr=i + 1, src="device", dst="pageable"))
