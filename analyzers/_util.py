@@ -100,8 +100,8 @@ def op_table(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
 def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
     """GPU operations joined to the CPU API call that issued them, on ``(pid, correlation)``.
 
-    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end`` and
-    ``api_name`` (inner join: operations without a launch call in the trace are dropped,
+    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end``,
+    ``api_name`` (and ``callsite`` when the trace has backtraces) (inner join: operations without a launch call in the trace are dropped,
     e.g. work launched before the profiler window opened). When several API rows share a
     ``(pid, correlation)`` the earliest-starting one (the outermost call) is used.
     """
@@ -113,7 +113,8 @@ def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
             out[c] = pd.Series(dtype="int64")
         out["api_name"] = pd.Series(dtype="object")
         return out
-    a = api.loc[api["correlation"] != 0, ["pid", "correlation", "tid", "start", "end", "name"]]
+    cols = ["pid", "correlation", "tid", "start", "end", "name"] + (["callsite"] if "callsite" in api.columns else [])
+    a = api.loc[api["correlation"] != 0, cols]
     if a["correlation"].duplicated().any() or a.duplicated(["pid", "correlation"]).any():
         a = a.sort_values("start", kind="stable").drop_duplicates(["pid", "correlation"], keep="first")
     a = a.rename(columns={"start": "api_start", "end": "api_end", "name": "api_name"})

@@ -41,7 +41,10 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         return res
     j = launches(trace)
     key = ["what", "row"]
-    ops = ops.merge(j[key + ["tid", "api_start", "api_name"]], on=key, how="left")
+    jc = key + ["tid", "api_start", "api_name"] + (["callsite"] if "callsite" in j.columns else [])
+    ops = ops.merge(j[jc], on=key, how="left")
+    if "callsite" not in ops.columns:
+        ops["callsite"] = None
     short_ns = int(round(options.short_gap_us * 1000))
     steady = steady_starts(trace, options, ops)
     rec = 0
@@ -94,7 +97,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             hw_parts.append(pd.DataFrame({
                 "pid": g["pid"].to_numpy()[idx][wm], "tid": g["tid"].to_numpy(dtype="float64", na_value=np.nan)[idx][wm],
                 "api_start": api_start[wm], "gap": gl[wm],
-                "api": g["api_name"].to_numpy(object)[idx][wm]}))
+                "api": g["api_name"].to_numpy(object)[idx][wm],
+                "callsite": g["callsite"].to_numpy(object)[idx][wm]}))
     W = tot["window"]
     launch_share = ((tot["host_wait"] + tot["short_gap"]) / W) if W else None
     data = {
@@ -126,6 +130,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             if not any("nvtx" in w for w in where):
                 # no code regions: the CUDA calls whose late arrival left the GPU idle
                 where += where_shares(hw["api"].to_numpy(object), hw["gap"], key="api", top=options.top_n)
+                # and, where the trace has backtraces, the program's own frame that called
+                where += where_shares(hw["callsite"].to_numpy(object), hw["gap"], key="callsite", top=options.top_n)
     res.findings.append(Finding(
         id="launch-bound", severity=sev,
         title=(f"GPU idle {data['idle_share']:.0%} of the window; {launch_share:.0%} of the window is "

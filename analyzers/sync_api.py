@@ -123,6 +123,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         where = where_shares(reg, dur, key="nvtx", top=options.top_n)
     where += where_shares(thread_labels(trace, sy["pid"], sy["tid"]), dur,
                           key="thread", top=options.top_n)
+    if "callsite" in sy.columns and sy["callsite"].notna().any():  # backtraces in the trace
+        where += where_shares(sy["callsite"].to_numpy(object), dur, key="callsite", top=options.top_n)
     res.findings.append(Finding(
         id="sync-api", severity=sev,
         title=(f"{len(sy)} synchronizing calls block CPU threads for {blocked / 1e6:.2f} ms "

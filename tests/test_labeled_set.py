@@ -169,3 +169,21 @@ def test_two_threads_pageable_syncs_are_reported(shared_traces):
     f = next(f for f in advise(path).findings if f.id == "sync-api")
     assert f.evidence["by_kind"]["stream"]["calls"] == n_sync
     assert f.evidence["pageable_d2h_copies"] == n_pageable
+
+
+def test_backtraces_name_the_call_site(shared_traces):
+    """An nsys export made with --cudabacktrace: places include the program's own frames
+    that made the CUDA calls."""
+    path = shared_traces / "nsys" / "hpcgroup__pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    n_bt = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE callchainId IS NOT NULL").fetchone()[0]
+    # the program's own frames (its module is the binary saxpy-mpi-cuda), CUDA wrappers left out
+    own = {s for (s,) in db.execute(
+        "SELECT DISTINCT s.value FROM CUDA_CALLCHAINS c JOIN StringIds s ON s.id = c.symbol "
+        "JOIN StringIds m ON m.id = c.module WHERE m.value LIKE '%/saxpy-mpi-cuda' AND s.value NOT LIKE '%cuda%'")}
+    assert "main" in own
+    res = advise(path)
+    assert int(res.trace.api["callsite"].notna().sum()) == n_bt
+    assert set(res.trace.api["callsite"].dropna().str.split(" \\(").str[0]) <= own
+    sync = next(f for f in res.findings if f.id == "sync-api")
+    assert {"callsite": "main (saxpy-mpi-cuda)", "share": 1.0} in sync.where
