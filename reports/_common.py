@@ -155,11 +155,18 @@ _SUMMARY_LABELS = (
 )
 
 
-def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) rows of the summary's contract keys, then any other scalar key."""
+def summary_rows(summary: Mapping[str, Any], analyses: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows of the summary's contract keys, then any other scalar key. With
+    ``analyses``, the short-kernel row uses the threshold the analysis ran with (the
+    summary's own field is fixed at 10 us by the JSON contract)."""
     rows: list[tuple[str, str]] = []
     seen = set()
+    sk = (analyses or {}).get("short-kernels") or {}
     for key, label, f in _SUMMARY_LABELS:
+        if key == "short_kernel_fraction" and sk.get("threshold_us") is not None and sk.get("count_share") is not None:
+            rows.append((f"kernels shorter than {sk['threshold_us']:g} us", pct(sk["count_share"])))
+            seen.add(key)
+            continue
         cur: Any = summary
         for part in key.split("."):
             cur = cur.get(part) if isinstance(cur, Mapping) else None

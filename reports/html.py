@@ -190,8 +190,8 @@ def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]
     info = result.trace_info or {}
     tiles = "".join(
         f'<div class="metric"><div class="v">{_e(v)}</div><div class="l">{_e(label)}</div></div>'
-        for label, v in summary_rows(s)[:8])
-    summary_tbl = "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(v)}</td></tr>" for k, v in summary_rows(s))
+        for label, v in summary_rows(s, result.analyses)[:8])
+    summary_tbl = "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(v)}</td></tr>" for k, v in summary_rows(s, result.analyses))
     sections = []
     for sev, fs in by_severity(result):
         sections.append(f"<h3>{_e(sev.capitalize())} ({len(fs)})</h3>" + "".join(_finding(f) for f in fs))

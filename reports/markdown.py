@@ -65,7 +65,7 @@ def render_markdown(result: "AdviseResult", image_links: Sequence[tuple[str, str
              f"**{md_escape(big)}**", "", f"**Why:** {md_escape(why)}", "",
              md_escape(window_text(result.trace_info or {})), "",
              "| metric | value |", "|---|---:|"]
-    lines += [f"| {md_escape(k)} | {md_escape(v)} |" for k, v in summary_rows(s)]
+    lines += [f"| {md_escape(k)} | {md_escape(v)} |" for k, v in summary_rows(s, result.analyses)]
     lines.append("")
     for title, cap, rel in image_links:
         lines += [f"## {md_escape(title)}", "", f"![{md_escape(title)}]({rel})", "", f"*{md_escape(cap)}*", ""]

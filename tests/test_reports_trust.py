@@ -211,3 +211,12 @@ def test_compare_html_shows_severity_changes(tmp_path):
     assert "Findings whose severity changed" in doc
     for c in changed:
         assert f"{c['a']}</span> &rarr; <span class='sev sev-{c['b']}'>{c['b']}" in doc
+
+
+def test_html_and_markdown_labels_follow_the_threshold(tmp_path):
+    res = advise(SYNCQ, Options(short_kernel_us=5))
+    from recsys_doctor.reports.html import render_html
+    from recsys_doctor.reports.markdown import render_markdown
+
+    for doc in (render_html(res), render_markdown(res)):
+        assert "kernels shorter than 5 us" in doc and "kernels shorter than 10 us" not in doc
