@@ -100,8 +100,8 @@ def op_table(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
 def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
     """GPU operations joined to the CPU API call that issued them, on ``(pid, correlation)``.
 
-    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end`` and
-    ``api_name`` (inner join: operations without a launch call in the trace are dropped,
+    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end``,
+    ``api_name`` (and ``callsite`` when the trace has backtraces) (inner join: operations without a launch call in the trace are dropped,
     e.g. work launched before the profiler window opened). When several API rows share a
     ``(pid, correlation)`` the earliest-starting one (the outermost call) is used.
     """
@@ -113,7 +113,8 @@ def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", 
             out[c] = pd.Series(dtype="int64")
         out["api_name"] = pd.Series(dtype="object")
         return out
-    a = api.loc[api["correlation"] != 0, ["pid", "correlation", "tid", "start", "end", "name"]]
+    cols = ["pid", "correlation", "tid", "start", "end", "name"] + (["callsite"] if "callsite" in api.columns else [])
+    a = api.loc[api["correlation"] != 0, cols]
     if a["correlation"].duplicated().any() or a.duplicated(["pid", "correlation"]).any():
         a = a.sort_values("start", kind="stable").drop_duplicates(["pid", "correlation"], keep="first")
     a = a.rename(columns={"start": "api_start", "end": "api_end", "name": "api_name"})
@@ -167,12 +168,20 @@ def stream_labels(pids: Any, devices: Any, streams: Any) -> list[str]:
 
 
 _STEP_RE = re.compile(r"#\d+$")
+#: per-instance fields PyTorch's ``emit_nvtx`` / ``record_shapes`` append to an op's range
+#: name (``aten::mm, seq = 12, op_id = 318072, sizes = [[256, 64], [64, 64]]``)
+_INSTANCE_RE = re.compile(r"\s*,\s*(?:seq|op_id|sizes|input_op_ids|stashed seq|stashed_seq)\s*=.*$")
+_LONE_ID_RE = re.compile(r"^(op_id|seq)\s*=\s*\d+$")
 
 
 def norm_name(name: Any) -> Any:
-    """Group per-iteration names together: ``ProfilerStep#12`` -> ``ProfilerStep#*``."""
+    """Group per-instance names by what they name: ``ProfilerStep#12`` ->
+    ``ProfilerStep#*``, ``aten::view, op_id = 314290`` -> ``aten::view``, a bare
+    ``op_id = 318072`` -> ``op_id = *``."""
     if isinstance(name, str):
-        return _STEP_RE.sub("#*", name)
+        out = _INSTANCE_RE.sub("", name)
+        out = _LONE_ID_RE.sub(r"\1 = *", out)
+        return _STEP_RE.sub("#*", out or name)
     return name
 
 

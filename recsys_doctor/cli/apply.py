@@ -40,6 +40,10 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     if not command:
         raise BadInputError("give the command to run after --, e.g. recsys-doctor apply plan.json -- python serve.py")
     read_plan(plan)
+    why = _inactive_reason()
+    if why:
+        click.echo(f"recsys-doctor: warning: the plan is not active here ({why}); "
+                   "the command runs unchanged", err=True)
     env = script_env(plan)
     if not compare:
         try:
@@ -56,3 +60,20 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     for r in rows:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
         click.echo(f"{r['metric']:<22} {r['before']!s:>12} -> {r['after']!s:>12}  ({ratio})")
+
+
+def _inactive_reason() -> str | None:
+    """Why the plan cannot take effect in this Python (no PyTorch, no CUDA device), or
+    None. The runtime needs both; without them the hook leaves the program as it is."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA device is available to PyTorch"
+    except Exception as e:  # a broken torch install is the same: nothing to apply to
+        return f"PyTorch cannot start CUDA: {e}"
+    return None

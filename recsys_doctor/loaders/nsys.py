@@ -78,6 +78,10 @@ GPU_TABLES = (K + "KERNEL", K + "MEMCPY", K + "MEMSET", K + "SYNCHRONIZATION", K
 
 _PID = "(({col} >> 24) & 16777215)"  # globalTid/globalPid = vid<<48 | pid<<24 | tid
 _TID = "({col} & 16777215)"
+#: libraries whose frames are not the program's own call site
+_RUNTIME_LIB = re.compile(r"^(lib(cuda|cudart|cupti|nvidia|nvToolsExt|c10_cuda|torch_cuda|cublas|cudnn)|libc[-.])")
+#: CUDA API wrappers (the runtime's templates inlined into the program)
+_CUDA_SYMBOL = re.compile(r"\bcu(da)?[A-Z]\w*")
 _API_SUFFIX = re.compile(r"_v\d+$")
 _VERSION_IN_PATH = re.compile(r"nsight[-_ ]?systems[-/_ ]*(20\d\d\.\d+(?:\.\d+)*)", re.IGNORECASE)
 _HPCSDK_IN_PATH = re.compile(r"hpc_sdk/[^/]+/(\d+\.\d+)/\S*nsys", re.IGNORECASE)
@@ -391,6 +395,13 @@ class _Reader:
             f"{self.col(t, 'r', 'correlationId', '0')} AS correlation, {name} AS name, {cls} AS api_class "
             f"FROM {t} r {join} {where}"
         )
+        if len(df) and "callchainId" in self.cols(t) and "CUDA_CALLCHAINS" in self.tables and self.has_strings:
+            bt = self.query(  # --cudabacktrace: duplicate rows carry the chain, same correlation
+                f"SELECT {_PID.format(col=gt)} AS pid, {self.col(t, 'r', 'correlationId', '0')} AS correlation, "
+                f"r.callchainId AS chain, {name} AS name FROM {t} r {join} WHERE r.callchainId IS NOT NULL")
+            if len(bt):
+                sites = self.callsites(bt)
+                df = df.merge(sites, on=["pid", "correlation"], how="left")
         if len(df):
             codes, uniq = pd.factorize(df["name"])
             clean = np.array([_API_SUFFIX.sub("", u) if isinstance(u, str) else u for u in uniq], dtype=object)
@@ -399,6 +410,33 @@ class _Reader:
                 s = df["name"].astype(str)
                 df["api_class"] = np.where(s.str.startswith("cu") & ~s.str.startswith("cuda"), "driver", "runtime")
         return df
+
+    def callsites(self, bt: pd.DataFrame) -> pd.DataFrame:
+        """``--cudabacktrace`` exports: per backtraced call ``(pid, correlation)``, the first
+        frame in the program's own code (resolved, outside the CUDA/profiler libraries, not
+        a CUDA API wrapper), as ``symbol (module)``. The call's ``callchainId`` is 0-based
+        in some exports and equal to ``CUDA_CALLCHAINS.id`` in others: the offset whose
+        chains contain the call's own API name more often wins."""
+        rows = self.con.execute(
+            "SELECT c.id, s.value, m.value, c.unresolved FROM CUDA_CALLCHAINS c "
+            "JOIN StringIds s ON s.id = c.symbol JOIN StringIds m ON m.id = c.module "
+            "ORDER BY c.id, c.stackDepth").fetchall()
+        site: dict[int, str] = {}
+        syms: dict[int, set[str]] = {}
+        for cid, sym, mod, unresolved in rows:
+            syms.setdefault(int(cid), set()).add(str(sym))
+            if int(cid) in site or unresolved or not isinstance(sym, str):
+                continue
+            base = str(mod).rsplit("/", 1)[-1]
+            if _RUNTIME_LIB.search(base) or _CUDA_SYMBOL.search(sym):
+                continue
+            site[int(cid)] = f"{sym} ({base})"
+        chain = bt["chain"].to_numpy(np.int64)
+        api = [_API_SUFFIX.sub("", str(n)) for n in bt["name"]]
+        best = max((0, 1), key=lambda off: sum(a in syms.get(int(c) + off, ()) for c, a in zip(chain, api)))
+        out = pd.DataFrame({"pid": bt["pid"].to_numpy(np.int64), "correlation": bt["correlation"].to_numpy(np.int64),
+                            "callsite": [site.get(int(c) + best) for c in chain]})
+        return out.drop_duplicates(["pid", "correlation"])
 
     def ranges(self) -> pd.DataFrame | None:
         t = "NVTX_EVENTS"
