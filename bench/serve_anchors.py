@@ -21,6 +21,7 @@ Columns (configs):
 
     python bench/serve_anchors.py                       # writes bench/results/serve_anchors.json
     OUT=dir QS=1,4,8 DUR=2 CONFIGS=serve,graph_prepacked python bench/serve_anchors.py
+    SERVE_GROUPS=4 SERVE_SLOTS=1 RECSYS_DOCTOR_LAUNCH=release-gil ...   # runtime variants
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def run_one(config: str, q: int, dur: float) -> dict:
     if closer:
         closer()
     res = {"config": config, "q": q, "errors": errors}
+    if config.startswith("serve"):
+        res["runtime"] = {"groups": int(os.environ.get("SERVE_GROUPS", q)), "slots": int(os.environ.get("SERVE_SLOTS", 2)),
+                          "launch": os.environ.get("RECSYS_DOCTOR_LAUNCH", "keep-gil")}
     all_l = sorted(x for row in lat for x in row)
     if all_l:
         n = len(all_l)
@@ -178,7 +182,9 @@ def _make(config: str, model, queries):
     if config in ("serve", "serve_request"):
         from recsys_doctor.runtime import serve
 
-        served = serve(model, queries[0], groups=q, merge=True, graphs=True, slots_per_group=2)
+        groups = int(os.environ.get("SERVE_GROUPS", q))
+        slots = int(os.environ.get("SERVE_SLOTS", 2))
+        served = serve(model, queries[0], groups=groups, merge=True, graphs=True, slots_per_group=slots)
         if config == "serve":
             fns = [(lambda a=a: served(*a)) for a in queries]
         else:

@@ -18,6 +18,10 @@ be loaded by name (an unusual install), :func:`driver_fastpath` falls back to
 ``cuda.bindings`` with the same interface, so behaviour never depends on this module,
 only speed.
 
+``RECSYS_DOCTOR_LAUNCH=release-gil`` makes launches and records release the GIL too (the
+wait always does): for measuring which is better on a given machine and driver
+(``bench/serve_anchors.py`` records the setting with its numbers).
+
 No compiled extension is needed: the entry points used here have had the same C ABI since
 CUDA 10 (``cuMemcpyHtoDAsync_v2`` is the versioned name the CUDA headers map to).
 """
@@ -31,7 +35,10 @@ from typing import Any, Callable
 
 from ..errors import RuntimeCudaError
 
-__all__ = ["DriverFastPath", "driver_fastpath", "LIBCUDA_NAMES"]
+__all__ = ["DriverFastPath", "driver_fastpath", "LIBCUDA_NAMES", "ENV_LAUNCH"]
+
+#: environment variable: ``keep-gil`` (default) or ``release-gil`` for launches/records
+ENV_LAUNCH = "RECSYS_DOCTOR_LAUNCH"
 
 #: names tried, in order, when loading the driver library
 LIBCUDA_NAMES = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
@@ -60,8 +67,8 @@ class DriverFastPath:
     ``source`` says which path is in use: ``"ctypes"`` or ``"cuda.bindings"``.
     """
 
-    def __init__(self, lib_name: str | None = None) -> None:
-        self.source = "ctypes"
+    def __init__(self, lib_name: str | None = None, release_gil_on_launch: bool = False) -> None:
+        self.source = "ctypes" + (" (launch releases the GIL)" if release_gil_on_launch else "")
         self.library: str | None = None
         errors = []
         for name in ((lib_name,) if lib_name else LIBCUDA_NAMES):
@@ -75,8 +82,9 @@ class DriverFastPath:
         else:
             raise OSError("; ".join(errors) or "no driver library name to try")
         vp, i64, sz = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t
-        self._launch = self._fn(keep, "cuGraphLaunch", (vp, vp))
-        self._record = self._fn(keep, "cuEventRecord", (vp, vp))
+        short = release if release_gil_on_launch else keep
+        self._launch = self._fn(short, "cuGraphLaunch", (vp, vp))
+        self._record = self._fn(short, "cuEventRecord", (vp, vp))
         self._query = self._fn(keep, "cuEventQuery", (vp,))
         self._htod = self._fn(keep, "cuMemcpyHtoDAsync_v2", (i64, vp, sz, vp))
         self._wait = self._fn(release, "cuEventSynchronize", (vp,))
@@ -147,8 +155,13 @@ def driver_fastpath() -> DriverFastPath:
     global _instance
     with _lock:
         if _instance is None:
+            import os
+
+            mode = os.environ.get(ENV_LAUNCH, "keep-gil")
+            if mode not in ("keep-gil", "release-gil"):
+                raise RuntimeCudaError(f"{ENV_LAUNCH} must be keep-gil or release-gil, got {mode!r}")
             try:
-                _instance = DriverFastPath()
+                _instance = DriverFastPath(release_gil_on_launch=mode == "release-gil")
             except (OSError, AttributeError):
                 _instance = _BindingsFastPath()
         return _instance

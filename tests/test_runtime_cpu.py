@@ -436,3 +436,18 @@ def test_request_load_copies_bytes_and_checks_sizes():
 
     with pytest.raises(RuntimeCudaError, match="closed"):
         r.load(b"a")
+
+
+def test_launch_mode_setting_is_checked(monkeypatch):
+    from recsys_doctor.errors import RuntimeCudaError
+    from recsys_doctor.runtime import _fastpath
+
+    monkeypatch.setattr(_fastpath, "_instance", None)
+    monkeypatch.setenv(_fastpath.ENV_LAUNCH, "sometimes")
+    with pytest.raises(RuntimeCudaError, match="keep-gil or release-gil"):
+        _fastpath.driver_fastpath()
+    # without a driver library (this CPU box) the bindings path stands in, whatever the mode
+    monkeypatch.setenv(_fastpath.ENV_LAUNCH, "release-gil")
+    fp = _fastpath.driver_fastpath()
+    assert fp.source.startswith("ctypes") or fp.source == "cuda.bindings"
+    monkeypatch.setattr(_fastpath, "_instance", None)
