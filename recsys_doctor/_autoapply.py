@@ -1,7 +1,7 @@
 """Apply a stream-group plan to a plain script, with no change to the script.
 
 Activated at interpreter start by a generated ``sitecustomize.py`` (see
-:func:`recsys_doctor.apply.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
+:func:`recsys_doctor.script_hook.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
 this module is loaded by file path, so it imports nothing of ``recsys_doctor`` (whose
 package import pulls in pandas) and never imports torch itself. What it does:
 

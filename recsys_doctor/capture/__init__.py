@@ -121,7 +121,7 @@ def child_argv(target: Path, result: Path, args: tuple[str, ...] | list[str], *,
                duration_s: float | None, steps: int | None, profiled: str | None,
                apply: dict[str, Any] | None = None) -> list[str]:
     """The command that drives a workload in a child process (see :mod:`._child`);
-    ``apply``: runtime settings to apply (:func:`recsys_doctor.apply.make_runner`)."""
+    ``apply``: runtime settings to apply (:func:`recsys_doctor.train_runner.make_runner`)."""
     argv = [sys.executable, "-m", "recsys_doctor.capture._child", str(target), "--result", str(result)]
     if apply is not None:
         argv += ["--apply", json.dumps(apply)]
@@ -203,7 +203,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     whole trace for a script).
     ``apply``: runtime settings applied to a workload while it is profiled (the "after"
     run of ``profile --apply``); ``apply_plan``: a plan file applied to a plain script
-    through the interpreter-start hook (:func:`recsys_doctor.apply.script_env`).
+    through the interpreter-start hook (:func:`recsys_doctor.script_hook.script_env`).
     """
     t_start = time.perf_counter()
     target = Path(target)
@@ -247,7 +247,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             program = [sys.executable, str(target), *args]
         penv = _child_env()
         if apply_plan is not None:
-            from ..apply import script_env
+            from ..script_hook import script_env
 
             penv = script_env(apply_plan, base_env=penv, hook_dir=out / "hook")
         t_cap = time.perf_counter()
@@ -271,7 +271,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             run = None
             closer = None
             if apply is not None:
-                from ..apply import make_runner
+                from ..train_runner import make_runner
 
                 run, closer, _info, wl = make_runner(wl, apply)
             t_cap = time.perf_counter()
@@ -337,7 +337,7 @@ def _activate_in_process(plan_path: str | os.PathLike[str]) -> Any:
     here); returns the function that stops it."""
     import importlib.util
 
-    from ..apply import read_plan
+    from ..plan_io import read_plan
 
     plan = read_plan(plan_path)
     auto = Path(__file__).resolve().parents[1] / "_autoapply.py"

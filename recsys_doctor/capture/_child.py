@@ -5,7 +5,7 @@ measurement without any profiler): loads the module, runs :func:`measure`, write
     python -m recsys_doctor.capture._child WORKLOAD.py --result m.json [--threads N]
         [--duration S | --steps N] [--profiled nsys] [--apply RUNTIME_JSON] [-- ARGS]
 
-``--apply``: runtime settings (a JSON object, see :func:`recsys_doctor.apply.make_runner`)
+``--apply``: runtime settings (a JSON object, see :func:`recsys_doctor.train_runner.make_runner`)
 applied to the workload; what the runtime reports (fallbacks, notes) goes to
 ``RESULT.apply.json``.
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         run = None
         close = None
         if a.apply:
-            from ..apply import make_runner
+            from ..train_runner import make_runner
 
             try:
                 runtime = json.loads(a.apply)
