@@ -7,35 +7,27 @@ initial weights and data (training).
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from mmoe_training import MMoE as _MMoE  # noqa: E402 - the examples' models, one definition each
+from wdl_serving import WideDeep  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 N_SPARSE, VOCAB, DIM, N_DENSE, HOT = 26, 5000, 16, 13, 4
 
 
-class WDL(nn.Module):
-    """Wide&deep as in ../shared/probe/opportunity.py, smaller vocabulary."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embs = nn.ModuleList([nn.EmbeddingBag(VOCAB, DIM, mode="sum") for _ in range(N_SPARSE)])
-        self.wide = nn.ModuleList([nn.EmbeddingBag(VOCAB, 1, mode="sum") for _ in range(N_SPARSE)])
-        self.mlp = nn.Sequential(nn.Linear(N_SPARSE * DIM + N_DENSE, 128), nn.ReLU(),
-                                 nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
-
-    def forward(self, dense, idx, offs):
-        e = [m(i, offs) for m, i in zip(self.embs, idx)]
-        w = self.wide[0](idx[0], offs)
-        for m, i in zip(self.wide[1:], idx[1:]):
-            w = w + m(i, offs)
-        x = torch.cat(e + [dense], 1)
-        return torch.sigmoid(self.mlp(x) + w)
+def WDL() -> nn.Module:  # noqa: N802
+    """The examples' wide&deep (as in ../shared/probe/opportunity.py), smaller vocabulary and MLP."""
+    return WideDeep(VOCAB, hidden=128)
 
 
 def make_query(seed: int, batch: int = 64):
@@ -243,43 +235,12 @@ def test_no_memory_growth_over_many_queries(wdl):
 
 # ----------------------------------------------------------------------------- training
 
-F, D, E, T, H, B, VOC = 26, 16, 8, 4, 64, 256, 4000
+F, T, H, B, VOC = 26, 4, 64, 256, 4000  # features, tasks, expert width, batch, vocabulary
 
 
-class Expert(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(F * D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 32))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class Task(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = nn.Linear(F * D, E)
-        self.tower = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, x, ex):
-        w = torch.softmax(self.gate(x), 1).unsqueeze(2)
-        return self.tower((w * ex).sum(1))
-
-
-class MMoE(nn.Module):
-    def __init__(self, streams) -> None:
-        super().__init__()
-        self.emb = nn.ModuleList([nn.Embedding(VOC, D) for _ in range(F)])
-        self.experts = nn.ModuleList([Expert() for _ in range(E)])
-        self.tasks = nn.ModuleList([Task() for _ in range(T)])
-        self.streams = streams
-
-    def forward(self, ids):
-        from recsys_doctor.runtime import parallel_branches
-
-        x = torch.cat([e(ids[:, i]) for i, e in enumerate(self.emb)], 1)
-        ex = torch.stack(parallel_branches(self.experts, x, streams=self.streams), 1)
-        return torch.cat(parallel_branches(self.tasks, x, ex, streams=self.streams), 1)
+def MMoE(streams) -> nn.Module:  # noqa: N802
+    """The examples' MMoE, smaller: experts 416-64-64-32, towers 32-16-1, vocabulary 4000."""
+    return _MMoE(VOC, hidden=H, expert_out=32, tower=16, streams=streams)
 
 
 def _train(streams, graph: bool, steps: int = 50):
