@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn as nn
 
-from recsys_doctor.runtime import BranchStreams, parallel_branches, serve
+from recsys_doctor.runtime import BranchStreams, serve
 
 try:
     import pynvml
