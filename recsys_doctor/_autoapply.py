@@ -52,26 +52,33 @@ def _log(msg: str) -> None:
     print(f"recsys-doctor apply: {msg}", file=sys.stderr, flush=True)
 
 
+def _plan_type() -> Any:
+    """:class:`recsys_doctor.plan.Plan`, the one plan parser. Inside the package it is
+    imported; loaded by file path at interpreter start (the generated ``sitecustomize``),
+    ``plan.py`` beside this file is loaded the same way, without importing the package."""
+    if __package__:
+        from .plan import Plan
+
+        return Plan
+    mod = sys.modules.get("_recsys_doctor_plan")
+    if mod is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_recsys_doctor_plan", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.py"))
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_recsys_doctor_plan"] = mod  # dataclasses look the module up while it runs
+        spec.loader.exec_module(mod)
+    return mod.Plan
+
+
 def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
-    """``groups`` and ``cuda_graphs`` from a plan dict (``runtime`` object, or planner
-    schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
-    rt: dict[str, Any] = plan["runtime"] if isinstance(plan.get("runtime"), dict) else {}
-
-    def pick(flat: str, nested: str, sub: str, default: Any) -> Any:
-        if flat in rt:
-            return rt[flat]
-        v = plan.get(nested)
-        if isinstance(v, dict) and sub in v:
-            return v[sub]
-        return default
-
-    groups = pick("groups", "stream_groups", "count", 4)
-    graphs = pick("cuda_graphs", "cuda_graphs", "enabled", True)
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
-        raise ValueError(f"plan: groups must be a positive integer, got {groups!r}")
-    if not isinstance(graphs, bool):
-        raise ValueError(f"plan: cuda_graphs must be true or false, got {graphs!r}")
-    return {"groups": groups, "cuda_graphs": graphs}
+    """``groups`` and ``cuda_graphs`` of a plan dict (through ``Plan.from_dict``: the
+    ``runtime`` object, or planner schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``),
+    and ``unhonoured``: one line per plan field the hook cannot apply (reported on stderr)."""
+    p = _plan_type().from_dict(plan)
+    return {"groups": p.groups, "cuda_graphs": p.cuda_graphs, "unhonoured": p.unhonoured("script")}
 
 
 class _Gate:
@@ -379,7 +386,9 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
     rt = read_runtime(doc)
     with _lock:
         if _state["active"]:
-            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
+            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"], "unhonoured": []}
+        for line in rt["unhonoured"]:
+            _log(f"plan field not applied to a plain script: {line}")
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate())
         if hasattr(threading.Thread, "_bootstrap_inner"):

@@ -169,13 +169,11 @@ def _summary_point(meas: dict[str, Any] | None, nvml: dict[str, Any] | None, adv
 
 
 def _trace_util(advise: Any) -> float | None:
-    s = getattr(advise, "summary", None) or {}
-    for k in ("gpu_utilization", "utilization", "gpu_busy_share"):
-        v = s.get(k)
-        if isinstance(v, dict):
-            v = v.get("busy_share", v.get("value"))
-        if isinstance(v, (int, float)):
-            return round(float(v) * (100 if v <= 1 else 1), 2)
+    """GPU busy % of the analyzed window: the summary's ``gpu_utilization`` (a share, see
+    ``analyzers/summary.py``); without a summary, the union of GPU activity over its span."""
+    v = (getattr(advise, "summary", None) or {}).get("gpu_utilization")
+    if isinstance(v, (int, float)):
+        return round(float(v) * 100, 2)
     trace = getattr(advise, "trace", None)
     if trace is not None and len(trace.gpu_activity()):
         from .whatif import union_ns

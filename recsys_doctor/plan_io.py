@@ -13,7 +13,7 @@ from typing import Any
 
 from ._json import json_default
 from .errors import BadInputError
-from .plan_search import plan_candidate, runtime_plan
+from .plan_search import plan_candidate
 from .whatif import Candidate
 
 __all__ = ["write_plan", "read_plan"]
@@ -27,7 +27,7 @@ def write_plan(path: str | os.PathLike[str], advised: dict[str, Any], chosen: Ca
     script hook read first) and an ``apply`` object with what was predicted and measured."""
     p = Path(path)
     doc = dict(advised)
-    doc["runtime"] = runtime_plan(chosen, clients) if clients else chosen.to_runtime()
+    doc["runtime"] = chosen.to_plan().to_runtime(clients)
     doc["apply"] = {"label": chosen.label, "predicted": predicted, "measured": measured, "baseline": baseline}
     try:
         p.parent.mkdir(parents=True, exist_ok=True)

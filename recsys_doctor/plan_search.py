@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from .errors import BadInputError
+from .plan import Plan
 from .whatif import Candidate, Prediction
 
 __all__ = ["GROUP_COUNTS", "SCRIPT_MAX_THREADS_PER_GROUP", "candidates", "plan_candidate", "runtime_plan",
@@ -49,20 +50,15 @@ def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS,
 
 
 def plan_candidate(plan: dict[str, Any]) -> Candidate:
-    """The advisor's plan as a :class:`Candidate` (through ``RuntimeConfig.from_plan``)."""
-    from .runtime import RuntimeConfig
-
-    cfg = RuntimeConfig.from_plan(plan)
-    return Candidate(cfg.groups, cfg.merge_streams, cfg.per_stream_allocator, cfg.cuda_graphs)
+    """The advisor's plan as a :class:`Candidate` (through :meth:`Plan.from_dict`)."""
+    return Candidate.from_plan(Plan.from_dict(plan))
 
 
 def runtime_plan(cand: Candidate, clients: int) -> dict[str, Any]:
     """The runtime settings for ``cand`` with ``clients`` client threads: enough slots per
     group that every client can have a query in flight (``groups x slots >= clients``;
     fewer makes waiting for a slot unfair, see ``docs/runtime.md``)."""
-    d = cand.to_runtime()
-    d["slots_per_group"] = max(2, math.ceil(clients / cand.groups))
-    return d
+    return cand.to_plan().to_runtime(clients)
 
 
 def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidate | None = None,

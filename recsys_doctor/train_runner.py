@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable
 
+from .plan import Plan
+
 __all__ = ["make_runner"]
 
 
@@ -33,7 +35,9 @@ def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], C
     from .runtime import RuntimeConfig
 
     cfg = RuntimeConfig.from_plan(runtime)
-    info: dict[str, Any] = {"runtime": asdict(cfg), "notes": []}
+    # what this path cannot apply is said in the notes, never dropped silently
+    notes = Plan.from_dict(runtime).unhonoured("serve" if wl.kind == "serve" else "train")
+    info: dict[str, Any] = {"runtime": asdict(cfg), "notes": notes}
     if wl.kind == "serve":
         from .runtime import serve
 

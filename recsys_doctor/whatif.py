@@ -53,6 +53,7 @@ import pandas as pd
 
 from .errors import BadInputError
 from .model import Trace
+from .plan import Plan
 
 __all__ = ["TraceStats", "Candidate", "Prediction", "WhatIfCosts", "trace_stats", "estimate", "rank",
            "union_ns", "host_busy_ns"]
@@ -143,7 +144,7 @@ class TraceStats:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One plan the runtime can run: the four knobs of :class:`recsys_doctor.runtime.RuntimeConfig`."""
+    """The part of a :class:`~recsys_doctor.plan.Plan` the what-if prices: its four knobs."""
 
     groups: int
     merge_streams: bool = True
@@ -156,10 +157,18 @@ class Candidate:
                 f"{'own-pool' if self.per_stream_allocator else 'shared-pool'} "
                 f"{'graphs' if self.cuda_graphs else 'eager'}")
 
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "Candidate":
+        """The knobs of ``plan`` the estimate prices (the rest of a plan does not change it)."""
+        return cls(plan.groups, plan.merge_streams, plan.per_stream_allocator, plan.cuda_graphs)
+
+    def to_plan(self) -> Plan:
+        return Plan(groups=self.groups, merge_streams=self.merge_streams,
+                    per_stream_allocator=self.per_stream_allocator, cuda_graphs=self.cuda_graphs)
+
     def to_runtime(self) -> dict[str, Any]:
-        """The flat dict :meth:`RuntimeConfig.from_plan` reads."""
-        return {"groups": self.groups, "merge_streams": self.merge_streams,
-                "per_stream_allocator": self.per_stream_allocator, "cuda_graphs": self.cuda_graphs}
+        """The flat dict :meth:`RuntimeConfig.from_plan` reads (:meth:`Plan.to_runtime`)."""
+        return self.to_plan().to_runtime()
 
 
 @dataclass
