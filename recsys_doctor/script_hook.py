@@ -7,17 +7,18 @@ and returns the measurement it printed (:func:`parse_script_result`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from .errors import BadInputError, WorkloadError
 from .plan_io import read_plan
 
-__all__ = ["ENV_PLAN", "script_env", "parse_script_result", "run_script"]
+__all__ = ["ENV_PLAN", "script_env", "hook_env", "parse_script_result", "run_script"]
 
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 
@@ -52,7 +53,8 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     ``RECSYS_DOCTOR_PLAN`` is the plan's absolute path and ``PYTHONPATH`` starts with a
     folder holding a generated ``sitecustomize.py`` that loads
     :mod:`recsys_doctor._autoapply` by file path (and then chains to any other
-    ``sitecustomize``). Nothing is installed; the folder is ``hook_dir`` or a new temp one."""
+    ``sitecustomize``). Nothing is installed; the folder is ``hook_dir`` or a new temp one
+    that the caller removes (:func:`hook_env` does that)."""
     plan = Path(plan_path).resolve()
     read_plan(plan)
     d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix="recsys-doctor-hook-"))
@@ -64,6 +66,13 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([str(d.resolve()), root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     return env
+
+
+@contextlib.contextmanager
+def hook_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """:func:`script_env` in a temp folder that is removed when the block ends."""
+    with tempfile.TemporaryDirectory(prefix="recsys-doctor-hook-") as d:
+        yield script_env(plan_path, base_env=base_env, hook_dir=d)
 
 
 def parse_script_result(output: str) -> dict[str, Any]:

@@ -109,3 +109,23 @@ def test_unknown_plan_version_is_rejected(tmp_path):
     assert res.exit_code == 2 and "plan schema 2" in res.output
     with pytest.raises(BadInputError, match="unknown plan path"):
         Plan().unhonoured("inference")
+
+
+def test_cli_apply_removes_its_hook_folder(tmp_path):
+    """The generated sitecustomize folder lives as long as the command, not longer."""
+    from pathlib import Path
+
+    p = write_plan(tmp_path / "plan.json", advise_trace(_contended(2), Options()).plan, Candidate(2))
+    seen = tmp_path / "seen.txt"
+    script = tmp_path / "s.py"
+    script.write_text("import os, json, pathlib\nd = os.environ.get('PYTHONPATH', '').split(os.pathsep)[0]\n"
+                      "there = bool(d) and os.path.isfile(os.path.join(d, 'sitecustomize.py'))\n"
+                      f"there and pathlib.Path({str(seen)!r}).write_text(d)\n"
+                      "print(json.dumps({'qps': 1.0, 'hook_there': there}))\n")
+    for extra in ([], ["--compare", "--json"]):
+        seen.unlink(missing_ok=True)
+        res = CliRunner().invoke(main, ["apply", *extra, str(p), "--", sys.executable, str(script)])
+        assert res.exit_code == 0, res.output
+        hook = Path(seen.read_text())
+        assert hook.name.startswith("recsys-doctor-hook-") and not hook.exists()
+    assert json.loads(res.stdout)["after"]["hook_there"] is True

@@ -33,7 +33,8 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     calls are replayed as CUDA graphs where the plan says so (eager fallback, reason on
     stderr). Exit status: COMMAND's.
     """
-    from ..apply import before_after_rows, read_plan, run_script, script_env
+    from ..apply import before_after_rows, read_plan, run_script
+    from ..script_hook import hook_env
 
     if command and command[0] == "--":
         command = command[1:]
@@ -44,15 +45,15 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     if why:
         click.echo(f"recsys-doctor: warning: the plan is not active here ({why}); "
                    "the command runs unchanged", err=True)
-    env = script_env(plan)
-    if not compare:
-        try:
-            rc = subprocess.call(list(command), env=env)
-        except FileNotFoundError:
-            raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
-        raise SystemExit(rc)
-    before, _ = run_script(command)
-    after, _ = run_script(command, env=env)
+    with hook_env(plan) as env:  # the generated hook folder is removed afterwards
+        if not compare:
+            try:
+                rc = subprocess.call(list(command), env=env)
+            except FileNotFoundError:
+                raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
+            raise SystemExit(rc)
+        before, _ = run_script(command)
+        after, _ = run_script(command, env=env)
     rows = before_after_rows(before, after)
     if as_json:
         click.echo(json.dumps({"before": before, "after": after, "table": rows}, indent=1))
