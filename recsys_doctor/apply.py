@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ._json import json_default
-from .capture import _child_env, child_argv, default_out_dir, profile
+from .capture import _child_env, check_workload_options, child_argv, default_out_dir, profile
 from .capture.nvml import NvmlSampler
 from .errors import BadInputError, RecsysDoctorError, WorkloadError
 from .plan_io import read_plan, write_plan
@@ -228,6 +228,7 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     out = Path(out_dir) if out_dir is not None else default_out_dir()
     is_wl = is_workload_module(target)
     if not is_wl:
+        check_workload_options(target, is_wl, threads, duration_s, steps)
         return apply_script(target, args, backend=backend, out_dir=out, top_k=top_k, nvml=nvml, options=options,
                             history=history, db_path=db_path, device_index=device_index, progress=progress,
                             costs=costs)

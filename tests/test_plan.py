@@ -129,3 +129,29 @@ def test_cli_apply_removes_its_hook_folder(tmp_path):
         hook = Path(seen.read_text())
         assert hook.name.startswith("recsys-doctor-hook-") and not hook.exists()
     assert json.loads(res.stdout)["after"]["hook_there"] is True
+
+
+# ------------------------------------------------------------------------------ options never parsed and dropped
+
+@pytest.mark.parametrize("extra, want", [
+    (["--apply", "--nvtx", "step"], "--nvtx does not go with --apply"),
+    (["--apply", "--no-baseline"], "--baseline/--no-baseline does not go with --apply"),
+    (["--apply", "--baseline"], "--baseline/--no-baseline does not go with --apply"),
+    (["--no-history"], "go with --apply"),
+    (["--history"], "go with --apply"),
+])
+def test_profile_options_that_cannot_act_are_refused(tmp_path, extra, want):
+    wl = tmp_path / "wl.py"
+    wl.write_text("def workload():\n    raise SystemExit('never reached')\n")
+    res = CliRunner().invoke(main, ["profile", str(wl), "--out", str(tmp_path / "o"), *extra])
+    assert res.exit_code == 2 and want in res.output, res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("opt", [["--threads", "4"], ["--duration", "1"], ["--steps", "3"]])
+def test_apply_to_a_plain_script_refuses_workload_options(tmp_path, opt):
+    script = tmp_path / "s.py"
+    script.write_text("print('never run')\n")
+    res = CliRunner().invoke(main, ["profile", str(script), "--apply", "--out", str(tmp_path / "o"), *opt])
+    assert res.exit_code == 2 and "apply to a workload module" in res.output, res.output
+    assert not (tmp_path / "o" / "before").exists()  # refused before anything ran

@@ -46,6 +46,7 @@ __all__ = [
     "default_out_dir",
     "require_gpu",
     "child_argv",
+    "check_workload_options",
     "BACKENDS",
     "MEASURE_RANGE",
     "json_default",
@@ -115,6 +116,15 @@ def require_gpu(device_index: int = 0) -> dict[str, Any]:
     why = env.get("nvml") or f"{env.get('gpu_count', 0)} GPUs"
     raise BadInputError(f"no NVIDIA GPU found ({why}): profile runs the model on a GPU; "
                         "to diagnose an existing trace use `recsys-doctor advise TRACE`")
+
+
+def check_workload_options(target: Path, is_wl: bool, threads: int | None, duration_s: float | None,
+                           steps: int | None) -> None:
+    """``--threads/--duration/--steps`` drive a workload module; for a plain script they
+    are an error (it runs as it is, with its own arguments), never silently dropped."""
+    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
+        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
+                            "(one with a workload() function); a plain script is profiled as it is")
 
 
 def child_argv(target: Path, result: Path, args: tuple[str, ...] | list[str], *, threads: int | None,
@@ -208,9 +218,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     t_start = time.perf_counter()
     target = Path(target)
     is_wl = is_workload_module(target)
-    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
-        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
-                            "(one with a workload() function); a plain script is profiled as it is")
+    check_workload_options(target, is_wl, threads, duration_s, steps)
     if apply is not None and not is_wl:
         raise BadInputError(f"{target}: runtime settings apply to a workload module; use a plan file for a script")
     if apply_plan is not None and is_wl:
