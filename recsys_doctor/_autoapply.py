@@ -52,6 +52,35 @@ def _log(msg: str) -> None:
     print(f"recsys-doctor apply: {msg}", file=sys.stderr, flush=True)
 
 
+#: the plan's runtime fields the hook honours; the others are reported by :func:`unhonoured`
+HONOURED = ("groups", "cuda_graphs")
+#: threads per graphed group above which captures are known to fail (see ``docs/profile.md``)
+MAX_THREADS_PER_GRAPHED_GROUP = 2
+
+
+def unhonoured(plan: dict[str, Any]) -> list[str]:
+    """One line per setting of ``plan``'s ``runtime`` object that a plain script cannot get
+    from this hook: its copies are its own (no merged/split copy streams, no staging
+    pools, no slots), so only the group count and CUDA graphs apply."""
+    rt = plan.get("runtime") if isinstance(plan.get("runtime"), dict) else {}
+    why = {
+        "merge_streams": "the script's copies run on its thread's group stream (merged) whatever the plan says",
+        "per_stream_allocator": "activations come from PyTorch's allocator shared by all groups",
+        "slots_per_group": "each client thread has its group's stream; there are no slots",
+        "pool_limit_bytes": "no runtime pools exist in a plain script",
+    }
+    out = []
+    for k, v in rt.items():
+        if k in HONOURED or k not in why:
+            continue
+        if k == "merge_streams" and v is True:
+            continue
+        if k == "per_stream_allocator" and v is False:
+            continue
+        out.append(f"plan {k}={json.dumps(v)} is not applied to a plain script: {why[k]}")
+    return out
+
+
 def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
     """``groups`` and ``cuda_graphs`` from a plan dict (``runtime`` object, or planner
     schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
@@ -164,6 +193,11 @@ def _group_for_new_thread() -> _Group | None:
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
+        per_group = i // _state["n_groups"] + 1
+        if _state["graphs"] and per_group == MAX_THREADS_PER_GRAPHED_GROUP + 1 and k == 0:
+            _log(f"{i + 1} threads on {_state['n_groups']} graphed groups: more than "
+                 f"{MAX_THREADS_PER_GRAPHED_GROUP} threads per group; their CUDA graph captures are known to "
+                 "fail, and such groups then run eagerly (say --set groups=N with N >= threads/2)")
         g = groups.get(k)
         if g is None:
             g = groups[k] = _Group(k, torch.cuda.Stream())
@@ -377,6 +411,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         if not isinstance(doc, dict):
             raise ValueError("the plan file must hold a JSON object")
     rt = read_runtime(doc)
+    for line in unhonoured(doc):
+        _log(line)
     with _lock:
         if _state["active"]:
             return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
