@@ -73,12 +73,24 @@ def _plan_type() -> Any:
     return mod.Plan
 
 
+#: the plan's runtime fields the hook honours; the others are reported by :func:`unhonoured`
+HONOURED = ("groups", "cuda_graphs")
+#: threads per graphed group above which captures are known to fail (see ``docs/profile.md``)
+MAX_THREADS_PER_GRAPHED_GROUP = 2
+
+
+def unhonoured(plan: dict[str, Any]) -> list[str]:
+    """One line per plan setting a plain script cannot get from this hook: its copies are
+    its own (no merged/split copy streams, no staging pools, no slots), so only the group
+    count and CUDA graphs apply (the rules: :meth:`recsys_doctor.plan.Plan.unhonoured`)."""
+    return _plan_type().from_dict(plan).unhonoured("script")
+
+
 def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
     """``groups`` and ``cuda_graphs`` of a plan dict (through ``Plan.from_dict``: the
-    ``runtime`` object, or planner schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``),
-    and ``unhonoured``: one line per plan field the hook cannot apply (reported on stderr)."""
+    ``runtime`` object, or planner schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
     p = _plan_type().from_dict(plan)
-    return {"groups": p.groups, "cuda_graphs": p.cuda_graphs, "unhonoured": p.unhonoured("script")}
+    return {"groups": p.groups, "cuda_graphs": p.cuda_graphs}
 
 
 class _Gate:
@@ -171,6 +183,11 @@ def _group_for_new_thread() -> _Group | None:
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
+        per_group = i // _state["n_groups"] + 1
+        if _state["graphs"] and per_group == MAX_THREADS_PER_GRAPHED_GROUP + 1 and k == 0:
+            _log(f"{i + 1} threads on {_state['n_groups']} graphed groups: more than "
+                 f"{MAX_THREADS_PER_GRAPHED_GROUP} threads per group; their CUDA graph captures are known to "
+                 "fail, and such groups then run eagerly (say --set groups=N with N >= threads/2)")
         g = groups.get(k)
         if g is None:
             g = groups[k] = _Group(k, torch.cuda.Stream())
@@ -384,11 +401,11 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         if not isinstance(doc, dict):
             raise ValueError("the plan file must hold a JSON object")
     rt = read_runtime(doc)
+    for line in unhonoured(doc):
+        _log(line)
     with _lock:
         if _state["active"]:
-            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"], "unhonoured": []}
-        for line in rt["unhonoured"]:
-            _log(f"plan field not applied to a plain script: {line}")
+            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate())
         if hasattr(threading.Thread, "_bootstrap_inner"):

@@ -16,7 +16,8 @@ importing the package (pandas) would slow every hooked program down.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 try:
@@ -69,6 +70,8 @@ class Plan:
     kind: str | None = None
     #: plan schema version
     version: int = PLAN_VERSION
+    #: the runtime fields the plan gave (the others are defaults): only those are reported
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
@@ -105,6 +108,7 @@ class Plan:
                     kw[name] = _coerce(name, src[alias], _TYPES[name])
                     break
         kw["range_assignment"] = _ranges(plan.get("range_assignment"))
+        kw["given"] = frozenset(k for k in kw if k in _ALIASES)
         if isinstance(plan.get("kind"), str):
             kw["kind"] = plan["kind"]
         schema = plan.get("schema")
@@ -130,36 +134,44 @@ class Plan:
     # ----------------------------------------------------------------------- honouring
 
     def unhonoured(self, path: str) -> list[str]:
-        """One line per field that ``path`` (one of :data:`PATHS`) cannot honour as set:
-        the caller reports them (stderr, notes), so that nothing is dropped silently.
-
-        Training and scripts run a group's work on one stream and keep PyTorch's caching
-        allocator, which already keeps its blocks per stream: ``merge_streams`` and
-        ``per_stream_allocator`` set true are what they do, false is reported (training's
-        copies are not per step, so it has no copy streams to keep apart: ``merge_streams``
-        does not apply there). Query slots and pool limits exist only when serving; range
-        assignment only when training, where branch ``i`` runs on group ``i mod groups``."""
+        """One line per setting that ``path`` (one of :data:`PATHS`) cannot honour: the
+        caller reports them (stderr, notes), so that nothing is dropped silently. Only
+        settings the plan gives (not defaults) are reported, each with what the path does
+        instead (:data:`_NOT_APPLIED`); a range assignment is honoured by training when it
+        is the branch streams' round-robin (branch ``i`` on group ``i mod groups``)."""
         if path not in PATHS:
             raise BadInputError(f"unknown plan path {path!r} (one of {', '.join(PATHS)})")
-        d = Plan()
         out: list[str] = []
-        if path in ("train", "script"):
-            who = "training" if path == "train" else "the script hook"
-            if not self.merge_streams and path == "script":
-                out.append(f"merge_streams=false: {who} runs a group's work on one stream")
-            if not self.per_stream_allocator:
-                out.append(f"per_stream_allocator=false: {who} keeps PyTorch's allocator")
-            if self.slots_per_group != d.slots_per_group:
-                out.append(f"slots_per_group={self.slots_per_group}: only serving workloads have query slots")
-            if self.pool_limit_bytes is not None:
-                out.append("pool_limit_bytes: only serving workloads have runtime pools")
+        for name, (asked, why) in _NOT_APPLIED[path].items():
+            v = getattr(self, name)
+            if name in self.given and (asked is None or v == asked):
+                out.append(f"plan {name}={json.dumps(v)} is not applied to {_PATH_NAMES[path]}: {why}")
         if self.range_assignment:
             if path != "train":
-                out.append("range_assignment: only training workloads run ranges on branch streams")
+                out.append(f"plan range_assignment is not applied to {_PATH_NAMES[path]}: "
+                           "only training runs ranges on branch streams")
             elif any(g != i % self.groups for i, (_, g) in enumerate(self.range_assignment)):
-                out.append("range_assignment: branch streams take branches round-robin "
-                           "(branch i on group i mod groups); this assignment differs")
+                out.append("plan range_assignment is not applied to training as given: branch streams take "
+                           "branches round-robin (branch i on group i mod groups)")
         return out
+
+
+_PATH_NAMES = {"serve": "serving", "train": "training", "script": "a plain script"}
+#: per path: setting -> (the value it cannot honour, None: any value; what it does instead)
+_NOT_APPLIED: dict[str, dict[str, tuple[Any, str]]] = {
+    "serve": {},
+    "train": {
+        "per_stream_allocator": (True, "the step's tensors come from PyTorch's allocator shared by all branch streams"),
+        "slots_per_group": (None, "a training step has no query slots"),
+        "pool_limit_bytes": (None, "training uses no runtime pools"),
+    },
+    "script": {
+        "merge_streams": (False, "the script's copies run on its thread's group stream (merged) whatever the plan says"),
+        "per_stream_allocator": (True, "activations come from PyTorch's allocator shared by all groups"),
+        "slots_per_group": (None, "each client thread has its group's stream; there are no slots"),
+        "pool_limit_bytes": (None, "no runtime pools exist in a plain script"),
+    },
+}
 
 
 def _ranges(v: Any) -> tuple[tuple[str, int], ...]:

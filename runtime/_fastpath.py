@@ -62,7 +62,7 @@ class DriverFastPath:
     """Hot-path driver calls taking and returning plain integers (handles as ``int``).
 
     ``launch(graph_exec, stream)``, ``record(event, stream)``,
-    ``htod(dst_ptr, src_ptr, nbytes, stream)`` keep the GIL; ``wait(event)`` releases it;
+    ``htod(dst_ptr, src_ptr, nbytes, stream)``, ``dtoh(...)`` keep the GIL; ``wait(event)`` releases it;
     ``ready(event)`` is a non-blocking query (True when the event has completed).
     ``source`` says which path is in use: ``"ctypes"`` or ``"cuda.bindings"``.
     """
@@ -87,6 +87,7 @@ class DriverFastPath:
         self._record = self._fn(short, "cuEventRecord", (vp, vp))
         self._query = self._fn(keep, "cuEventQuery", (vp,))
         self._htod = self._fn(keep, "cuMemcpyHtoDAsync_v2", (i64, vp, sz, vp))
+        self._dtoh = self._fn(keep, "cuMemcpyDtoHAsync_v2", (vp, i64, sz, vp))
         self._wait = self._fn(release, "cuEventSynchronize", (vp,))
 
     @staticmethod
@@ -110,6 +111,11 @@ class DriverFastPath:
         rc = self._htod(dst, src, nbytes, stream)
         if rc:
             _raise(rc, "cuMemcpyHtoDAsync")
+
+    def dtoh(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        rc = self._dtoh(dst, src, nbytes, stream)
+        if rc:
+            _raise(rc, "cuMemcpyDtoHAsync")
 
     def wait(self, event: int) -> None:
         rc = self._wait(event)
@@ -142,6 +148,7 @@ class _BindingsFastPath(DriverFastPath):
         self._record = lambda e, s: rc(d.cuEventRecord(d.CUevent(e), d.CUstream(s)))
         self._query = lambda e: rc(d.cuEventQuery(d.CUevent(e)))
         self._htod = lambda dst, src, n, s: rc(d.cuMemcpyHtoDAsync(dst, src, n, d.CUstream(s)))
+        self._dtoh = lambda dst, src, n, s: rc(d.cuMemcpyDtoHAsync(dst, src, n, d.CUstream(s)))
         self._wait = lambda e: rc(d.cuEventSynchronize(d.CUevent(e)))
 
 

@@ -158,6 +158,10 @@ class ServedModel:
                     else:  # pragma: no cover - torch < 2.6
                         self._graph_pools[key] = torch.cuda.graph_pool_handle()
                 self.activation_pool = "group"
+        #: merged groups: the H2D and D2H copies inside each query's graph (one launch) or
+        #: enqueued around it (``RECSYS_DOCTOR_GRAPH_COPIES=outside``: three hot-path calls,
+        #: as a hand-written server does; for measuring which the GPU runs faster)
+        self.copies_in_graph = _graph_copies_inside()
         self.fallbacks: dict[str, str] = {}
         self._eager_sigs: dict[Any, str] = {}
         self._failed_graphs: list[Any] = []
@@ -264,7 +268,7 @@ class ServedModel:
         an eager forward's outputs do not fit the staged layout, the host outputs."""
         fp = self._fp
         ensure_context(self.manager.context)
-        if entry.exec_i and g.merge:
+        if entry.exec_i and g.merge and self.copies_in_graph:
             # H2D, forward and D2H are one graph: one launch, one record, one wait
             fp.launch(entry.exec_i, g.compute_i)
             fp.record(slot.done_i, g.compute_i)
@@ -287,11 +291,10 @@ class ServedModel:
             g.wait(g.compute_h, slot.h_h2d)
 
     def _d2h(self, g: StreamGroup, slot: Any, entry: _Entry) -> None:
-        d = _driver()
         if not g.merge:
             g.record(slot.h_compute, g.compute_h)
             g.wait(g.d2h_h, slot.h_compute)
-        check(d.cuMemcpyDtoHAsync(entry.pinned_out.ptr, entry.dev_out.ptr, entry.n_out, g.d2h_h), "cuMemcpyDtoHAsync")
+        self._fp.dtoh(entry.pinned_out.ptr, entry.dev_out.ptr, entry.n_out, g.d2h_i)
         self._fp.record(slot.done_i, g.d2h_i)
 
     def _eager_forward(self, g: StreamGroup, slot: Any, entry: _Entry) -> Any:
@@ -411,7 +414,7 @@ class ServedModel:
                     with torch.cuda.graph(graph, pool=self._graph_pools.get((g.index, slot.index)), stream=ext,
                                           capture_error_mode="thread_local"):
                         try:
-                            if g.merge:
+                            if g.merge and self.copies_in_graph:
                                 check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h),
                                       "cuMemcpyHtoDAsync (captured)")
                             outs, _ = flatten(self.model(*e.dev_args), self._is_tensor)
@@ -419,7 +422,7 @@ class ServedModel:
                                 raise BadInputError("output shapes differ between runs with equal input shapes")
                             for dv, o in zip(e.dev_out_views, outs):
                                 dv.copy_(o)
-                            if g.merge:
+                            if g.merge and self.copies_in_graph:
                                 check(d.cuMemcpyDtoHAsync(e.pinned_out.ptr, e.dev_out.ptr, e.n_out, g.compute_h),
                                       "cuMemcpyDtoHAsync (captured)")
                         except BaseException as ex:
@@ -458,7 +461,8 @@ class ServedModel:
                            "eager": sum(1 for e in entries if e.exec_h is None)})
         return {"config": asdict(self.config), "groups": groups, "pools": self.manager.pool_stats(),
                 "activation_pool": self.activation_pool, "activation_pool_bytes": self._activation_bytes(),
-                "driver_path": self._fp.source, "fallbacks": dict(self.fallbacks)}
+                "driver_path": self._fp.source, "copies_in_graph": self.copies_in_graph,
+                "fallbacks": dict(self.fallbacks)}
 
     def _activation_bytes(self) -> list[int] | None:
         """Bytes reserved in each group's activation pools (None: pools are shared)."""
@@ -518,6 +522,15 @@ _STAGED = object()
 #: ``memmove`` that keeps the GIL (PYFUNCTYPE): copies of tens of kB take microseconds
 _memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes._memmove_addr)  # type: ignore[attr-defined]
+
+
+def _graph_copies_inside() -> bool:
+    import os
+
+    v = os.environ.get("RECSYS_DOCTOR_GRAPH_COPIES", "inside")
+    if v not in ("inside", "outside"):
+        raise BadInputError(f"RECSYS_DOCTOR_GRAPH_COPIES must be inside or outside, got {v!r}")
+    return v == "inside"
 
 
 def _has_mem_pool(torch: Any) -> bool:

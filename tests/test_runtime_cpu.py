@@ -451,3 +451,16 @@ def test_launch_mode_setting_is_checked(monkeypatch):
     fp = _fastpath.driver_fastpath()
     assert fp.source.startswith("ctypes") or fp.source == "cuda.bindings"
     monkeypatch.setattr(_fastpath, "_instance", None)
+
+
+def test_graph_copies_setting_is_checked(monkeypatch):
+    from recsys_doctor.errors import BadInputError
+    from recsys_doctor.runtime.torch_adapter import _graph_copies_inside
+
+    monkeypatch.delenv("RECSYS_DOCTOR_GRAPH_COPIES", raising=False)
+    assert _graph_copies_inside() is True
+    monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", "outside")
+    assert _graph_copies_inside() is False
+    monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", "both")
+    with pytest.raises(BadInputError, match="inside or outside"):
+        _graph_copies_inside()

@@ -154,6 +154,28 @@ def test_request_after_close_and_reuse_errors(wdl):
             assert r2.inputs[0].shape == (32, N_DENSE)
 
 
+@pytest.mark.parametrize("launch,copies", [("release-gil", "inside"), ("keep-gil", "outside")])
+def test_hot_path_variants_match_eager(wdl, monkeypatch, launch, copies):
+    """The measured variants of the hot path (launch mode, copies in or around the graph)."""
+    from recsys_doctor.runtime import _fastpath, serve
+
+    monkeypatch.setattr(_fastpath, "_instance", None)
+    monkeypatch.setenv(_fastpath.ENV_LAUNCH, launch)
+    monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", copies)
+    queries = [make_query(500 + j) for j in range(48)]
+    refs = [reference(wdl, q) for q in queries]
+    try:
+        with serve(wdl, queries[0], groups=3) as served:
+            got = _hammer(served, queries, n_threads=6)
+            st = served.stats()
+    finally:
+        monkeypatch.setattr(_fastpath, "_instance", None)
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["copies_in_graph"] is (copies == "inside")
+    assert ("releases the GIL" in st["driver_path"]) is (launch == "release-gil")
+
+
 @pytest.mark.parametrize("own", [True, False])
 def test_activations_come_from_the_groups_own_pool(wdl, own):
     """per_stream_allocator: each group's graph activations live in that group's pool."""
