@@ -304,6 +304,7 @@ def _end_broken_capture(stream: Any) -> None:
 
 
 def _first_line(ex: BaseException) -> str:
+    # not recsys_doctor.errors.first_line: this file runs at interpreter start without the package
     msg = str(ex).strip().splitlines()
     return f"{type(ex).__name__}: {msg[0] if msg else ''}"
 

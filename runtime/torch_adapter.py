@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError
+from ..errors import first_line as _first_line
 from ._cuda import check, ensure_context, translating
 from ._policy import RuntimeConfig, flatten, pack_layout, unflatten
 from ._streams import HostBuffer, StreamGroup, StreamManager
@@ -53,11 +54,6 @@ def _driver() -> Any:
     from cuda.bindings import driver
 
     return driver
-
-
-def _first_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
 
 
 class _Entry:

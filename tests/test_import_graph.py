@@ -119,3 +119,4 @@ def test_cycle_finder_sees_lazy_and_relative_imports(tmp_path):
     assert find_cycle(edges) == ["pkg.a", "pkg.sub.b", "pkg.a"]
     (pkg / "sub" / "b.py").write_text("x = 1\n")
     assert find_cycle(import_edges(package_modules({"pkg": pkg}))) is None
+

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from ..errors import BadInputError, RecsysDoctorError
+from ..errors import BadInputError, RecsysDoctorError, first_line
 from ..workload import load_workload, measure
 
 
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recsys-doctor: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except Exception as e:  # noqa: BLE001 - e.g. a CUDA error inside the runtime
-        msg = str(e).strip().splitlines()
-        print(f"recsys-doctor: error: {type(e).__name__}: {msg[0] if msg else ''}", file=sys.stderr, flush=True)
+        print(f"recsys-doctor: error: {first_line(e)}", file=sys.stderr, flush=True)
         return 1
     if info is not None:
         with open(a.result + ".apply.json", "w") as f:
