@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call of issue-8 work on the GPU machine: set-up, then the named parts, each with
 # its own time limit, logs and results under $OUT.  usage: bash bench/gpu_session.sh PART...
-# parts: tests anchors apply (wdl + script + mmoe through bench/apply_acceptance.sh); carry .whl and .gpu-libs
+# parts: tests alltests anchors variants apply (wdl + script + mmoe through bench/apply_acceptance.sh);
+# carry .whl and .gpu-libs
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -25,6 +26,18 @@ for part in "$@"; do
     anchors)
       OUT=$OUT timeout ${ANCHORS_TIMEOUT:-330} python3 bench/serve_anchors.py > "$OUT/anchors.log" 2>&1
       echo "anchors rc=$?"; tail -40 "$OUT/anchors.log";;
+    alltests)
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs > "$OUT/gpu_tests_all.log" 2>&1
+      echo "alltests rc=$?"; tail -6 "$OUT/gpu_tests_all.log";;
+    variants)  # the runtime's hot-path variants at Q=8 against the pre-packed hand-roll, one run
+      mkdir -p "$OUT/v"
+      OUT=$OUT/v QS=1,4,8 CONFIGS=graph_prepacked,serve,serve_request NAME=default.json timeout 120 python3 bench/serve_anchors.py > "$OUT/v/default.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=release_gil.json RECSYS_DOCTOR_LAUNCH=release-gil timeout 60 python3 bench/serve_anchors.py > "$OUT/v/release_gil.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=copies_outside.json RECSYS_DOCTOR_GRAPH_COPIES=outside timeout 60 python3 bench/serve_anchors.py > "$OUT/v/copies_outside.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=slots1.json SERVE_SLOTS=1 timeout 60 python3 bench/serve_anchors.py > "$OUT/v/slots1.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=groups4.json SERVE_GROUPS=4 timeout 60 python3 bench/serve_anchors.py > "$OUT/v/groups4.log" 2>&1
+      for f in "$OUT"/v/*.json; do echo "== $(basename "$f")"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['qps_table']), json.dumps(d['ratio_to_graph_prepacked']))" "$f"; done
+      (cd "$OUT" && tar czf variants.tgz v && rm -rf v);;
     apply)
       OUT=$OUT/apply timeout ${APPLY_TIMEOUT:-400} bash bench/apply_acceptance.sh ${APPLY_PARTS:-wdl script mmoe} > "$OUT/apply.log" 2>&1
       echo "apply rc=$?"; tail -60 "$OUT/apply.log"
