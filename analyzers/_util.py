@@ -156,8 +156,9 @@ def op_table(trace: Trace, what: Iterable[str] = OP_KINDS) -> pd.DataFrame:
 
 def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     """``ops.merge(j[["what", "row"] + cols], on=["what", "row"], how="left")`` for an
-    :func:`op_table` frame and a :func:`launches` frame (unique ``(what, row)``): the
-    added columns are float64 with NaN where an operation has no launch call."""
+    :func:`op_table` frame and a :func:`launches` frame (unique ``(what, row)``): numeric
+    columns come back as float64 with NaN where an operation has no launch call, others
+    (names, call sites) with a missing value."""
     def key(df: pd.DataFrame) -> np.ndarray:
         w = df["what"]
         codes = (w.cat.codes.to_numpy().astype(np.int64) if isinstance(w.dtype, pd.CategoricalDtype)
@@ -177,16 +178,20 @@ def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.Dat
     hit = ks[pos] == ko
     src = order[pos]
     for c in cols:
-        v = j[c].to_numpy(dtype="float64", na_value=np.nan)
-        out[c] = np.where(hit, v[src], np.nan)
+        col = j[c]
+        if pd.api.types.is_numeric_dtype(col.dtype) and not isinstance(col.dtype, pd.CategoricalDtype):
+            v = col.to_numpy(dtype="float64", na_value=np.nan)
+            out[c] = np.where(hit, v[src], np.nan)
+        else:  # names, call sites: the value where there is a launch, missing elsewhere
+            out[c] = col.take(src).reset_index(drop=True).where(pd.Series(hit))
     return out
 
 
 def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
     """GPU operations joined to the CPU API call that issued them, on ``(pid, correlation)``.
 
-    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end`` and
-    ``api_name`` (inner join: operations without a launch call in the trace are dropped,
+    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end``,
+    ``api_name`` (and ``callsite`` when the trace has backtraces) (inner join: operations without a launch call in the trace are dropped,
     e.g. work launched before the profiler window opened). When several API rows share a
     ``(pid, correlation)`` the earliest-starting one (the outermost call) is used.
     """
@@ -220,8 +225,11 @@ def _launches(trace: Trace, what: tuple[str, ...]) -> pd.DataFrame:
             out["api_start"] = api["start"].to_numpy()[src]
             out["api_end"] = api["end"].to_numpy()[src]
             out["api_name"] = api["name"].take(src).reset_index(drop=True)
+            if "callsite" in api.columns:
+                out["callsite"] = api["callsite"].take(src).reset_index(drop=True)
             return out
-    a = api.loc[api["correlation"] != 0, ["pid", "correlation", "tid", "start", "end", "name"]]
+    cols = ["pid", "correlation", "tid", "start", "end", "name"] + (["callsite"] if "callsite" in api.columns else [])
+    a = api.loc[api["correlation"] != 0, cols]
     if a["correlation"].duplicated().any() or a.duplicated(["pid", "correlation"]).any():
         a = a.sort_values("start", kind="stable").drop_duplicates(["pid", "correlation"], keep="first")
     a = a.rename(columns={"start": "api_start", "end": "api_end", "name": "api_name"})
@@ -312,12 +320,20 @@ def stream_labels(pids: Any, devices: Any, streams: Any) -> list[str]:
 
 
 _STEP_RE = re.compile(r"#\d+$")
+#: per-instance fields PyTorch's ``emit_nvtx`` / ``record_shapes`` append to an op's range
+#: name (``aten::mm, seq = 12, op_id = 318072, sizes = [[256, 64], [64, 64]]``)
+_INSTANCE_RE = re.compile(r"\s*,\s*(?:seq|op_id|sizes|input_op_ids|stashed seq|stashed_seq)\s*=.*$")
+_LONE_ID_RE = re.compile(r"^(op_id|seq)\s*=\s*\d+$")
 
 
 def norm_name(name: Any) -> Any:
-    """Group per-iteration names together: ``ProfilerStep#12`` -> ``ProfilerStep#*``."""
+    """Group per-instance names by what they name: ``ProfilerStep#12`` ->
+    ``ProfilerStep#*``, ``aten::view, op_id = 314290`` -> ``aten::view``, a bare
+    ``op_id = 318072`` -> ``op_id = *``."""
     if isinstance(name, str):
-        return _STEP_RE.sub("#*", name)
+        out = _INSTANCE_RE.sub("", name)
+        out = _LONE_ID_RE.sub(r"\1 = *", out)
+        return _STEP_RE.sub("#*", out or name)
     return name
 
 

@@ -16,8 +16,11 @@ The loop body length is the smallest distance at which most repeated windows rec
 Work already in CUDA graphs (``graphs`` rows, ``kernels.in_graph``, kernels correlated
 with a graph-launch call) is recognized and its share of GPU busy time reported, so a
 graphed trace gets a ``note`` instead of advice it already follows.
-Severity follows the candidates' kernel time over the GPU busy time (union of kernels and
-graph executions).
+Reported when the candidates' busy time (union of their intervals) reaches
+``Options.report_min_share`` of the GPU busy time (union of kernels and graph executions).
+Recoverable time: the steady-state GPU idle gaps that end with a candidate kernel - the
+launch gaps one graph launch would close. Eager warm-up before the graphs were captured
+is start-up and does not count. Severity follows from it (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding, severity_for_share
+from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
+from ._recoverable import steady_window, examples, finish, idle_gaps
 from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, r, str_contains, thread_labels
 
 __all__ = ["analyze", "repeated_windows"]
@@ -151,13 +155,19 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         grp = pd.factorize(seq["gkey"])[0]
         covered, h, rep = repeated_windows(ids, grp, K, R)
         cov_rows = seq["row"].to_numpy()[covered]
-        cand_time = int(kd[cov_rows].sum())
+        ks_, ke_ = k["start"].to_numpy(np.int64)[cov_rows], k["end"].to_numpy(np.int64)[cov_rows]
+        cs_, ce_ = merge_intervals(ks_, ke_)
+        cand_time = int((ce_ - cs_).sum())  # union: kernels overlapping on several streams count once
         cand_share = cand_time / busy if busy else 0.0
         data.update({"candidate_kernels": int(covered.sum()), "candidate_kernel_time_us": r(cand_time / 1000, 3),
                      "candidate_share_of_busy": r(cand_share),
                      "candidate_share_of_eager": r(covered.sum() / len(seq))})
         if rep.any():
             period, n_rep, p0 = _period(h, rep, grp)
+            # a loop body shorter than the minimum window is reported as the smallest
+            # multiple of it that is a sequence of at least graph_min_kernels kernels
+            period = max(period, 1) * int(np.ceil(K / max(period, 1)))
+            n_rep = max(int(covered.sum()) // period, 1)
             cnt = np.array([n_rep])
             body = seq["name"].iloc[p0: p0 + max(period, 1)].astype(str).tolist()
             data.update({"sequence_length": period, "sequence_repeats": int(cnt.max()),
@@ -172,7 +182,14 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             labels = [lab if t >= 0 else f"stream {gk[1:]}" for lab, t, gk in zip(tl, cs["tid"], cs["gkey"])]
             where += where_shares(labels, kd[cov_rows], key="thread", top=options.top_n)
             if cand_share >= options.report_min_share:
-                sev = severity_for_share(cand_share, options.high_share, options.medium_share)
+                sev = "note"
+                gaps = idle_gaps(trace, options)
+                is_cand = np.zeros(len(k), bool)
+                is_cand[cov_rows] = True
+                gc = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool)] if len(gaps) else gaps
+                gc = gc[is_cand[gc["row"].to_numpy(np.int64)]] if len(gc) else gc
+                rec = int(gc["ns"].sum()) if len(gc) else 0
+                data["idle_before_candidates_ns"] = rec
                 already = (f"; {graphed_share:.0%} of GPU work already runs in graphs"
                            if graphed_share else "")
                 res.findings.append(Finding(
@@ -185,6 +202,14 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                         "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
                         "one pinned copy) and replay it with one cudaGraphLaunch per request/step."),
                     where=where))
+                f = res.findings[-1]
+                f.action = f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it"
+                if len(gc):
+                    f.examples = examples(trace, start=gc["start"], end=gc["end"], pid=gc["pid"],
+                                          device=gc["device"], stream=gc["stream"],
+                                          what="GPU idle before a kernel of the repeated sequence",
+                                          n=options.examples_per_finding)
+                finish(f, rec, steady_window(trace, options), options)
                 return res
     res.data = data
     if graphed_share or n_graph_launch:
@@ -196,4 +221,6 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             recommendation=("Nothing to capture: the repeated work is already graphed. Keep one graph "
                             "per stream group so concurrent requests do not share a stream."),
             where=[]))
+        res.findings[-1].action = "nothing to capture: the repeated work already runs in CUDA graphs"
+        finish(res.findings[-1], 0, steady_window(trace, options), options)
     return res

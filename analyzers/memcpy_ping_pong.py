@@ -13,9 +13,14 @@ a DMA setup and often a sync. Evidence:
 * **synchronous copies**: launch calls named ``cudaMemcpy``/``cuMemcpy*`` without ``Async``;
 * which code region (innermost NVTX / ``record_function`` range) issues them.
 
-Severity is the largest of: the switch share (switches / (h2d+d2h-1)), the share of
-synchronous or pageable copies, and the small-copy share when there are at least
-``Options.many_copies_per_unit`` small copies per unit of work.
+Reported when the largest of the switch share (switches / (h2d+d2h-1)), the share of
+synchronous or pageable copies, and the small-copy share (when there are at least
+``Options.many_copies_per_unit`` small copies per unit of work) reaches
+``Options.report_min_share``. Recoverable time: the steady-state GPU idle gaps that start
+when a D2H copy ends (the GPU waits for the host to read the result and send the next
+work: the round trip), plus, with many small copies per unit, the copy time saved by
+merging them into one copy per unit ((small copies - units) x median small-copy time).
+Severity follows from it (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import SEVERITIES, AnalysisResult, Finding, severity_for_share
+from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
+from ._recoverable import steady_window, examples, finish, idle_gaps
 from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_labels
 from .summary import direction_switches
 
@@ -56,7 +62,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="memcpy-ping-pong")
     mc = trace.memcpys
     is_hd = mc["kind"].isin(["h2d", "d2h"]).to_numpy()
-    hd = mc.loc[is_hd, ["start", "end", "bytes", "kind", "src_mem", "dst_mem"]]
+    hd = mc.loc[is_hd, ["start", "end", "pid", "device", "stream", "bytes", "kind", "src_mem", "dst_mem"]]
     n = len(hd)
     if n == 0:
         res.data = {"h2d": 0, "d2h": 0, "direction_switches": 0}
@@ -98,7 +104,22 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     top = max(scores.values())
     if n < 2 or top < options.report_min_share:
         return res
-    sev = severity_for_share(top, options.high_share, options.medium_share)
+    sev = "note"
+    gaps = idle_gaps(trace, options)
+    rt = gaps.iloc[:0]
+    if len(gaps):
+        d2h = hd[hd["kind"] == "d2h"]
+        ends = pd.MultiIndex.from_arrays([d2h["device"].to_numpy(np.int64), d2h["end"].to_numpy(np.int64)])
+        m = pd.MultiIndex.from_arrays([gaps["device"].to_numpy(np.int64),
+                                       gaps["start"].to_numpy(np.int64)]).isin(ends)
+        rt = gaps[m & gaps["steady"].to_numpy(bool)]
+    round_trip = int(rt["ns"].sum()) if len(rt) else 0
+    merge = 0.0
+    if scores["small"]:
+        sd = (hd["end"] - hd["start"]).to_numpy(np.int64)[small]
+        merge = max(0.0, float(small.sum() - n_units)) * float(np.median(sd))
+    data["round_trip_idle_ns"] = round_trip
+    data["merge_copies_saving_ns"] = int(merge)
     # where: regions issuing the copies (weighted by count), then threads
     where: list[dict] = []
     if len(j):
@@ -123,9 +144,24 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                    "one event wait at the end of the request")
     rec.append("put the copies on the group's own stream (or merge copy and compute streams when the "
                "copies are this small and latency-bound)")
-    assert sev in SEVERITIES
     res.findings.append(Finding(
         id="memcpy-ping-pong", severity=sev,
         title=f"{n} host<->device copies: " + ", ".join(parts),
-        evidence=data, recommendation="; ".join(rec).capitalize() + ".", where=where))
+        evidence=data, recommendation=_sentence("; ".join(rec)), where=where))
+    f = res.findings[-1]
+    f.action = "stage each request's inputs in one pinned buffer and read results back asynchronously"
+    if len(rt):
+        f.examples = examples(trace, start=rt["start"], end=rt["end"], pid=rt["pid"], device=rt["device"],
+                              stream=rt["stream"], what="GPU idle after a D2H copy (host round trip)",
+                              n=options.examples_per_finding)
+    else:
+        f.examples = examples(trace, start=hd["start"], end=hd["end"], pid=hd["pid"], device=hd["device"],
+                              stream=hd["stream"], what=[f"{k.upper()} copy" for k in hd["kind"]],
+                              n=options.examples_per_finding)
+    finish(f, round_trip + merge, steady_window(trace, options), options)
     return res
+
+
+def _sentence(text: str) -> str:
+    """First letter upper-cased, the rest as written (API names keep their case)."""
+    return (text[:1].upper() + text[1:] + ".") if text else text

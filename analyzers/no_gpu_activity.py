@@ -37,5 +37,5 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         id="no-gpu-activity", severity="note", title="No GPU kernels in this trace", evidence=res.data | {"why": why},
         recommendation=("Re-capture with CUDA tracing on (nsys profile -t cuda,nvtx or torch.profiler with "
                         "ProfilerActivity.CUDA) over a window where the model runs."),
-        where=[]))
+        where=[], action="re-capture with CUDA activity tracing on, over a window where the model runs"))
     return res

@@ -4,9 +4,10 @@ A kernel shorter than ``Options.short_kernel_us`` finishes before the next eager
 call can return, so the GPU waits for the CPU. Evidence: share of kernels (by count and
 by time) that are short, the worst offenders by name, and the median launch-call
 duration against the median kernel duration (joined on ``(pid, correlation)``).
-Severity follows the count share (``Options.high_share`` / ``medium_share``); it is
-capped at medium when launch calls are cheaper than the kernels they launch (then the
-short kernels are hidden behind each other and cost little).
+Reported when the count share reaches ``Options.report_min_share``. Recoverable time:
+the steady-state GPU idle gaps that end with a short kernel - the launch cost the GPU
+waited for before each one (0 when short kernels run back to back, hidden behind each
+other). Severity follows from it (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding, severity_for_share
+from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
+from ._recoverable import steady_window, examples, finish, idle_gaps
 from ._util import launches, r, stream_labels
 
 __all__ = ["analyze"]
@@ -65,9 +67,12 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if n_short == 0 or count_share < options.report_min_share:
         return res
 
-    sev = severity_for_share(count_share, options.high_share, options.medium_share)
-    if ratio is not None and ratio < 1.0 and sev == "high":
-        sev = "medium"
+    sev = "note"
+    gaps = idle_gaps(trace, options)
+    gk = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool)]
+    gk = gk[short[gk["row"].to_numpy(np.int64)]] if len(gk) else gk
+    rec = int(gk["ns"].sum()) if len(gk) else 0
+    data["idle_before_short_kernels_ns"] = rec
 
     # where: code regions (or streams) of the short kernels' launches
     where: list[dict] = []
@@ -99,4 +104,11 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "(torch.compile), and batch several requests per launch; launching from several threads "
             "only helps once each thread has its own stream group."),
         where=where))
+    f = res.findings[-1]
+    f.action = "capture the repeated per-query/step kernel sequence in a CUDA graph (or fuse it with torch.compile)"
+    if len(gk):
+        f.examples = examples(trace, start=gk["start"], end=gk["end"], pid=gk["pid"],
+                              device=gk["device"], stream=gk["stream"],
+                              what="GPU idle before a short kernel", n=options.examples_per_finding)
+    finish(f, rec, steady_window(trace, options), options)
     return res

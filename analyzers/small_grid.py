@@ -4,8 +4,11 @@ A kernel whose grid (``grid_x * grid_y * grid_z``) has fewer blocks than the dev
 count leaves SMs empty for its whole duration; on one stream nothing else can use them.
 Such kernels are exactly the ones that gain from running concurrently on several streams.
 The SM count comes from the trace's ``devices`` table; where it is unknown the device is
-skipped (listed in ``data["skipped_devices"]``) rather than guessed. Severity follows the
-share of kernel time (on devices with a known SM count) spent in small grids.
+skipped (listed in ``data["skipped_devices"]``) rather than guessed. Reported when the
+share of kernel time (on devices with a known SM count) spent in small grids reaches
+``Options.report_min_share``. Recoverable time: the steady-state small-grid kernel time
+times the share of SMs each leaves empty (``1 - blocks / SMs``) - what concurrent work on
+other streams could fill at best. Severity follows from it (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding, severity_for_share
+from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
+from ._recoverable import steady_window, examples, finish, steady_starts
 from ._util import r, stream_labels
 from ._attribution import where_shares
 
@@ -64,7 +68,13 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res.data = data
     if tshare is None or tshare < options.report_min_share:
         return res
-    sev = severity_for_share(tshare, options.high_share, options.medium_share)
+    sev = "note"
+    st = steady_starts(trace, options)
+    steady = np.array([s0 >= st.get(int(d), 0) for s0, d in zip(k["start"].to_numpy(np.int64), kdev)], bool)
+    sel = smallm & steady
+    idle_frac = 1.0 - blocks[sel] / np.maximum(sm_of[sel], 1)
+    rec = float((dur[sel] * idle_frac).sum())
+    data["unused_sm_time_ns"] = int(rec)
     labels = stream_labels(k["pid"][smallm], k["device"][smallm], k["stream"][smallm])
     where = where_shares(labels, dur[smallm], key="stream", top=options.top_n)
     res.findings.append(Finding(
@@ -77,4 +87,12 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "groups (one per client thread or per independent branch) so small grids share the GPU, "
             "or batch more requests per kernel."),
         where=where))
+    f = res.findings[-1]
+    f.action = "run independent requests concurrently on several stream groups so small grids share the GPU"
+    if sel.any():
+        ks = k[sel]
+        f.examples = examples(trace, start=ks["start"], end=ks["end"], pid=ks["pid"], device=ks["device"],
+                              stream=ks["stream"], what=[f"kernel {n}" for n in ks["name"].astype(str)],
+                              n=options.examples_per_finding)
+    finish(f, rec, steady_window(trace, options), options)
     return res

@@ -18,9 +18,12 @@ Only streams where threads actually launch concurrently or interleave are report
 (``Options.contention_min_overlap`` / ``contention_min_switch_rate``): a warm-up thread
 that launches before the client threads start, followed by one steady-state thread per
 stream, is not contention. The thread count reported is the number of threads whose launch span
-(first to last launch) overlaps another thread's span. Severity follows the worst
-stream's ``max(overlap share, switch rate)``: either means the threads' work serializes
-on one FIFO.
+(first to last launch) overlaps another thread's span.
+
+Recoverable time: the launch-call time lost to contention - per overlapped call, its
+duration above the median call made alone - capped by the steady-state GPU idle that
+ends with work on a contended stream (the GPU can only win back time it spent idle).
+Severity follows from it (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding, severity_for_share
+from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
+from ._recoverable import steady_window, examples, finish, idle_gaps
 from ._util import launches, merge_intervals, r, stream_label, thread_label, thread_labels
 
 __all__ = ["analyze"]
@@ -113,13 +117,17 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             info["score"] = r(max(share, switch_rate))
             streams.append(info)
             if info["contended"]:
+                lost = 0.0
+                if med_alone is not None and overlapped.any():
+                    lost = float(np.clip(d[overlapped] - med_alone, 0, None).sum())
+                info["launch_time_lost_ns"] = int(lost)
                 flagged.append(info)
-                flagged_calls.append(calls)
+                flagged_calls.append(calls.assign(_ov=overlapped, _dur=d))
     res.data = {"streams": streams, "contended_streams": len(flagged)}
     if not flagged:
         return res
     worst = max(flagged, key=lambda x: (x["score"] or 0, x["concurrent_threads"]))
-    sev = severity_for_share(worst["score"], options.high_share, options.medium_share)
+    sev = "note"
     fc = pd.concat(flagged_calls, ignore_index=True)
     where = [{"stream": f["stream"], "threads": f["threads"],
               "share": round(f["launches"] / len(fc), 4)} for f in flagged][: options.top_n]
@@ -140,4 +148,21 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "with a per-stream caching allocator) so launches stop serializing on one stream and "
             "requests overlap on the GPU; use CUDA graphs per group to cut the launch calls."),
         where=where))
+    f = res.findings[-1]
+    f.action = "give every client thread its own stream group instead of one shared stream"
+    gaps = idle_gaps(trace, options)
+    keys = {(x["pid"], x["device"], x["stream_id"]) for x in flagged}
+    cap = 0
+    if len(gaps):
+        gs = gaps[gaps["steady"].astype(bool)]
+        on = [(int(p), int(d), int(st)) in keys for p, d, st in zip(gs["pid"], gs["device"], gs["stream"])]
+        cap = int(gs["ns"].to_numpy()[np.asarray(on, bool)].sum()) if len(gs) else 0
+    lost = sum(x["launch_time_lost_ns"] for x in flagged)
+    ov = fc[fc["_ov"].to_numpy(bool)]
+    if len(ov):
+        f.examples = examples(trace, start=ov["api_start"], end=ov["api_end"], pid=ov["pid"], tid=ov["tid"],
+                              device=ov["device"], stream=ov["stream"],
+                              what="launch call while another thread launches into the stream",
+                              n=options.examples_per_finding)
+    finish(f, min(lost, cap), steady_window(trace, options), options)
     return res

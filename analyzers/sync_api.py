@@ -4,10 +4,19 @@ Counts device/stream/event/context ``*Synchronize`` calls and blocking copies (`
 and friends without ``Async``: synchronous with respect to the host) and the CPU time they
 block, by thread and by code region (innermost NVTX / ``record_function`` range).
 
-Severity follows the blocked share: blocked time summed over the threads that block,
-divided by the sum of those threads' API spans (first to last CUDA API call of each
-thread). A serving thread that spends most of its time inside ``cudaStreamSynchronize``
-cannot launch the next request's work.
+Async copies from device to *pageable* host memory count too: the driver stages them and
+the call returns only when the copy is done (the thread blocks all the same).
+
+A sync is reported by count and by what it costs the GPU, not only by the CPU time it
+blocks: the finding appears when there are at least ``Options.sync_report_min_calls``
+such calls, or when the blocked share (blocked time over the blocking threads' API
+spans) or the GPU idle they cause reaches ``Options.report_min_share``.
+
+Recoverable time is the GPU idle the syncs cause: the steady-state idle gaps (of the
+calling process's devices) in which a sync call returns - the GPU drained, the thread
+woke up and had to issue the next work before the GPU could continue. A final sync at
+the end of a saturated job returns into no gap and costs nothing. Severity follows from
+it (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -15,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding, severity_for_share
+from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
-from ._util import BLOCKING_COPY_RE, SYNC_RE, r, str_contains, thread_label, thread_labels
+from ._recoverable import steady_window, examples, finish, gaps_containing, idle_gaps
+from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, thread_label, thread_labels
 
 __all__ = ["analyze"]
 
@@ -38,12 +48,29 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         res.data = {"calls": 0}
         return res
     m = (str_contains(api["name"], SYNC_RE) | str_contains(api["name"], BLOCKING_COPY_RE)).to_numpy()
+    mc = trace.memcpys
+    pageable_d2h = 0
+    if len(mc):
+        pj = launches(trace, ("memcpy",))
+        if len(pj):
+            rows = pj["row"].to_numpy(np.int64)
+            pg = ((mc["kind"].to_numpy(object)[rows] == "d2h")
+                  & (mc["dst_mem"].astype(object).to_numpy()[rows] == "pageable"))
+            if pg.any():
+                keys = pd.MultiIndex.from_arrays([pj["pid"].to_numpy(np.int64)[pg],
+                                                  pj["correlation"].to_numpy(np.int64)[pg]])
+                pm = np.asarray(pd.MultiIndex.from_arrays([api["pid"].to_numpy(np.int64),
+                                                           api["correlation"].to_numpy(np.int64)]).isin(keys), bool)
+                pm &= ~m
+                pageable_d2h = int(pm.sum())
+                m = m | pm
     sy = api[m]
     if len(sy) == 0:
         res.data = {"calls": 0, "blocked_us": 0.0}
         return res
     dur = (sy["end"] - sy["start"]).to_numpy(np.int64)
     kinds = sy["name"].astype(str).map(_kind)
+    kinds = kinds.where(kinds != "other", "pageable_copy")
     spans = api.groupby(["pid", "tid"]).agg(lo=("start", "min"), hi=("end", "max"))
     spans["span"] = spans["hi"] - spans["lo"]
     by_thread = pd.DataFrame({"pid": sy["pid"].to_numpy(), "tid": sy["tid"].to_numpy(), "dur": dur}) \
@@ -61,27 +88,47 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                for k, (c, s) in pd.DataFrame({"k": kinds.to_numpy(), "d": dur}).groupby("k")["d"]
                .agg(["count", "sum"]).iterrows()}
     by_name = sy.assign(d=dur).groupby("name")["d"].agg(["count", "sum"]).sort_values("sum", ascending=False)
+    # GPU idle caused: steady-state gaps of the caller's devices in which a sync returns
+    gaps = idle_gaps(trace, options)
+    gaps = gaps[gaps["steady"].astype(bool)].reset_index(drop=True) if len(gaps) else gaps
+    hit = np.full(len(sy), -1, dtype=np.int64)
+    for pid in np.unique(sy["pid"].to_numpy(np.int64)):
+        mp = sy["pid"].to_numpy(np.int64) == pid
+        gp = gaps[gaps["pid"].to_numpy(np.int64) == pid] if len(gaps) else gaps
+        if len(gp):
+            h = gaps_containing(gp.reset_index(drop=True), sy["end"].to_numpy(np.int64)[mp])
+            hit[mp] = np.where(h >= 0, gp.index.to_numpy()[np.maximum(h, 0)], -1)
+    used = np.unique(hit[hit >= 0])
+    gpu_idle = int(gaps["ns"].to_numpy(np.int64)[used].sum()) if used.size else 0
+    window = steady_window(trace, options)
     data = {
         "calls": int(len(sy)), "blocked_us": r(blocked / 1000, 3), "blocked_share": r(blocked_share),
+        "pageable_d2h_copies": pageable_d2h,
+        "gpu_idle_after_sync_ns": gpu_idle, "gpu_idle_after_sync_share": r(gpu_idle / window) if window else None,
         "by_kind": by_kind,
         "by_name": [{"name": str(n), "calls": int(c), "blocked_us": r(s / 1000, 3)}
                     for n, (c, s) in by_name.head(options.top_n).iterrows()],
         "threads": threads[: options.top_n],
     }
     res.data = data
-    if blocked_share is None or blocked_share < options.report_min_share:
+    idle_share = gpu_idle / window if window else 0.0
+    if (len(sy) < options.sync_report_min_calls and (blocked_share or 0.0) < options.report_min_share
+            and idle_share < options.report_min_share):
         return res
-    sev = severity_for_share(blocked_share, options.high_share, options.medium_share)
+    sev = "note"
     reg = attribute(trace, sy["pid"], sy["tid"], sy["start"])
     where: list[dict] = []
     if any(x is not None for x in reg):
         where = where_shares(reg, dur, key="nvtx", top=options.top_n)
     where += where_shares(thread_labels(trace, sy["pid"], sy["tid"]), dur,
                           key="thread", top=options.top_n)
+    if "callsite" in sy.columns and sy["callsite"].notna().any():  # backtraces in the trace
+        where += where_shares(sy["callsite"].to_numpy(object), dur, key="callsite", top=options.top_n)
     res.findings.append(Finding(
         id="sync-api", severity=sev,
         title=(f"{len(sy)} synchronizing calls block CPU threads for {blocked / 1e6:.2f} ms "
-               f"({blocked_share:.0%} of those threads' API time)"),
+               f"({(blocked_share or 0):.0%} of those threads' API time) and leave the GPU idle "
+               f"{gpu_idle / 1e6:.2f} ms ({idle_share:.0%} of the steady state) after they return"),
         evidence=data,
         recommendation=(
             "Remove the syncs from the hot path: replace cudaDeviceSynchronize/cudaStreamSynchronize "
@@ -89,4 +136,15 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "waited on only where the result is consumed; copy results into pinned buffers "
             "asynchronously."),
         where=where))
+    f = res.findings[-1]
+    f.action = "replace the per-request synchronize calls with one event wait where the result is used"
+    if used.size:
+        gu = gaps.iloc[used]
+        f.examples = examples(trace, start=gu["start"], end=gu["end"], pid=gu["pid"], device=gu["device"],
+                              stream=gu["stream"], what="GPU idle while a synchronizing thread wakes up",
+                              n=options.examples_per_finding)
+    else:
+        f.examples = examples(trace, start=sy["start"], end=sy["end"], pid=sy["pid"], tid=sy["tid"],
+                              what=[str(x) for x in sy["name"]], n=options.examples_per_finding)
+    finish(f, gpu_idle, window, options)
     return res

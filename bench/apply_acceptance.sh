@@ -8,7 +8,7 @@ rd() { $py -m recsys_doctor "$@"; }
 for w in $what; do
   case $w in
     wdl)
-      /usr/bin/time -f "WALL wdl %e s" timeout 300 $py -m recsys_doctor profile examples/wdl_workload.py --threads 8 --apply \
+      /usr/bin/time -f "WALL wdl %e s" timeout 300 $py -m recsys_doctor profile examples/wdl_workload.py --threads 8 --apply --top-k ${TOPK:-3} \
         --out "$OUT/wdl" --db "$OUT/history.db" > "$OUT/wdl.txt" 2> "$OUT/wdl.err"; echo "wdl rc=$?"; tail -40 "$OUT/wdl.txt"; tail -5 "$OUT/wdl.err";;
     script)
       /usr/bin/time -f "WALL script %e s" timeout 300 $py -m recsys_doctor profile --apply examples/plain_serving_script.py \

@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn as nn
 
-from recsys_doctor.runtime import BranchStreams, parallel_branches, serve
+from recsys_doctor.runtime import BranchStreams, serve
 
 try:
     import pynvml
@@ -231,46 +231,16 @@ def mem_growth(model, queries, G, merge, n_total):
 
 
 # ----------------------------------------------------------------------------- training
-TB, F, D, E, T, H, TVOC = 512, 26, 16, 8, 4, 128, 100_000
+TB, F, T, TVOC = 512, 26, 4, 100_000
 
 
-class Expert(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.net = nn.Sequential(nn.Linear(F * D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 64))
-
-    def forward(s, x):
-        return s.net(x)
-
-
-class Task(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.gate = nn.Linear(F * D, E)
-        s.tower = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
-
-    def forward(s, x, ex):
-        w = torch.softmax(s.gate(x), 1).unsqueeze(2)
-        return s.tower((w * ex).sum(1))
-
-
-class MMoE(nn.Module):
-    def __init__(s, streams):
-        super().__init__()
-        s.emb = nn.ModuleList([nn.Embedding(TVOC, D) for _ in range(F)])
-        s.experts = nn.ModuleList([Expert() for _ in range(E)])
-        s.tasks = nn.ModuleList([Task() for _ in range(T)])
-        s.streams = streams
-
-    def forward(s, ids):
-        x = torch.cat([e(ids[:, i]) for i, e in enumerate(s.emb)], 1)
-        ex = torch.stack(parallel_branches(s.experts, x, streams=s.streams), 1)
-        return torch.cat(parallel_branches(s.tasks, x, ex, streams=s.streams), 1)
+# the examples' MMoE (same sizes: 26 features x 16, 8 experts 416-128-128-64, 4 tasks)
+from mmoe_training import MMoE  # noqa: E402
 
 
 def bench_train(name, streams, graph, steps=200):
     torch.manual_seed(0)
-    m = MMoE(streams).cuda()
+    m = MMoE(TVOC, streams=streams).cuda()
     opt = torch.optim.Adam(m.parameters(), lr=1e-3, capturable=graph)
     ids = torch.randint(0, TVOC, (TB, F), device="cuda")
     y = torch.rand(TB, T, device="cuda")

@@ -12,7 +12,7 @@ branches, the textbook case for side streams once launches are cheap.
 The step returns the loss, which the tool records, so a faster configuration can be
 checked to compute the same losses.
 
-What ``profile --apply`` needs from a training workload (``recsys_doctor.apply.make_runner``):
+What ``profile --apply`` needs from a training workload (``recsys_doctor.train_runner.make_runner``):
 ``model.streams`` - the experts and the task heads run through
 ``recsys_doctor.runtime.parallel_branches(..., streams=model.streams)``; ``False`` (the
 default here) runs them one after another on the current stream, exactly as plain eager
@@ -38,28 +38,31 @@ N_FEATURES, DIM, N_EXPERTS, N_TASKS, HIDDEN, EXPERT_OUT = 26, 16, 8, 4, 128, 64
 
 
 class Expert(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN, out: int = EXPERT_OUT) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(N_FEATURES * DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                                 nn.ReLU(), nn.Linear(HIDDEN, EXPERT_OUT))
+        self.net = nn.Sequential(nn.Linear(N_FEATURES * DIM, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                 nn.ReLU(), nn.Linear(hidden, out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
 class MMoE(nn.Module):
-    """Multi-gate mixture of experts: every task mixes all experts with its own softmax gate."""
+    """Multi-gate mixture of experts: every task mixes all experts with its own softmax gate.
+    The one MMoE definition: the training benchmark and the GPU tests import it with their
+    own sizes (``hidden``/``expert_out``/``tower``) and ``streams``."""
 
-    def __init__(self, vocab: int = 100_000) -> None:
+    def __init__(self, vocab: int = 100_000, *, hidden: int = HIDDEN, expert_out: int = EXPERT_OUT,
+                 tower: int = 32, streams: object = False) -> None:
         super().__init__()
         self.emb = nn.ModuleList([nn.Embedding(vocab, DIM) for _ in range(N_FEATURES)])
-        self.experts = nn.ModuleList([Expert() for _ in range(N_EXPERTS)])
+        self.experts = nn.ModuleList([Expert(hidden, expert_out) for _ in range(N_EXPERTS)])
         self.gates = nn.ModuleList([nn.Linear(N_FEATURES * DIM, N_EXPERTS) for _ in range(N_TASKS)])
-        self.towers = nn.ModuleList([nn.Sequential(nn.Linear(EXPERT_OUT, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.towers = nn.ModuleList([nn.Sequential(nn.Linear(expert_out, tower), nn.ReLU(), nn.Linear(tower, 1))
                                      for _ in range(N_TASKS)])
         #: where the branches run: False = the current stream (eager reference); the
         #: runtime puts a recsys_doctor.runtime.BranchStreams here (profile --apply)
-        self.streams: object = False
+        self.streams: object = streams
 
     def _task(self, k: int, x: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
         w = torch.softmax(self.gates[k](x), 1).unsqueeze(2)

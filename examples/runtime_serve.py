@@ -14,26 +14,14 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 import torch
-import torch.nn as nn
 
 from recsys_doctor.runtime import serve
 
-
-class WideDeep(nn.Module):
-    def __init__(self, n_sparse: int, vocab: int, dim: int = 16, n_dense: int = 13, hidden: int = 256) -> None:
-        super().__init__()
-        self.embs = nn.ModuleList([nn.EmbeddingBag(vocab, dim, mode="sum") for _ in range(n_sparse)])
-        self.wide = nn.ModuleList([nn.EmbeddingBag(vocab, 1, mode="sum") for _ in range(n_sparse)])
-        self.mlp = nn.Sequential(nn.Linear(n_sparse * dim + n_dense, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, hidden // 2), nn.ReLU(), nn.Linear(hidden // 2, 1))
-
-    def forward(self, dense, idx, offs):
-        e = [m(i, offs) for m, i in zip(self.embs, idx)]
-        w = self.wide[0](idx[0], offs)
-        for m, i in zip(self.wide[1:], idx[1:]):
-            w = w + m(i, offs)
-        return torch.sigmoid(self.mlp(torch.cat(e + [dense], 1)) + w)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wdl_serving import WideDeep  # noqa: E402
 
 
 def main() -> int:
@@ -47,7 +35,7 @@ def main() -> int:
     hot = 4
 
     torch.manual_seed(0)
-    model = WideDeep(n_sparse, vocab).cuda().eval()
+    model = WideDeep(vocab, n_sparse=n_sparse, hidden=256).cuda().eval()
 
     def query(seed: int):
         g = torch.Generator().manual_seed(seed)

@@ -46,14 +46,17 @@ N_SPARSE, N_DENSE, DIM, HOT = 26, 13, 16, 4
 
 
 class WideDeep(nn.Module):
-    """26 EmbeddingBag features (deep, dim 16) + 26 wide (dim 1) + 13 dense + 3-layer MLP."""
+    """26 EmbeddingBag features (deep, dim 16) + 26 wide (dim 1) + 13 dense + 3-layer MLP
+    (``hidden``, ``hidden // 2``, 1). The one wide&deep definition: the other examples,
+    the benchmarks and the GPU tests import it with their own sizes."""
 
-    def __init__(self, vocab: int = 100_000) -> None:
+    def __init__(self, vocab: int = 100_000, *, n_sparse: int = N_SPARSE, hidden: int = 512,
+                 dim: int = DIM, n_dense: int = N_DENSE) -> None:
         super().__init__()
-        self.embs = nn.ModuleList([nn.EmbeddingBag(vocab, DIM, mode="sum") for _ in range(N_SPARSE)])
-        self.wide = nn.ModuleList([nn.EmbeddingBag(vocab, 1, mode="sum") for _ in range(N_SPARSE)])
-        self.mlp = nn.Sequential(nn.Linear(N_SPARSE * DIM + N_DENSE, 512), nn.ReLU(),
-                                 nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1))
+        self.embs = nn.ModuleList([nn.EmbeddingBag(vocab, dim, mode="sum") for _ in range(n_sparse)])
+        self.wide = nn.ModuleList([nn.EmbeddingBag(vocab, 1, mode="sum") for _ in range(n_sparse)])
+        self.mlp = nn.Sequential(nn.Linear(n_sparse * dim + n_dense, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, hidden // 2), nn.ReLU(), nn.Linear(hidden // 2, 1))
 
     def forward(self, dense, idx, offs):
         e = [m(i, offs) for m, i in zip(self.embs, idx)]

@@ -1,7 +1,7 @@
 """Apply a stream-group plan to a plain script, with no change to the script.
 
 Activated at interpreter start by a generated ``sitecustomize.py`` (see
-:func:`recsys_doctor.apply.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
+:func:`recsys_doctor.script_hook.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
 this module is loaded by file path, so it imports nothing of ``recsys_doctor`` (whose
 package import pulls in pandas) and never imports torch itself. What it does:
 
@@ -52,26 +52,45 @@ def _log(msg: str) -> None:
     print(f"recsys-doctor apply: {msg}", file=sys.stderr, flush=True)
 
 
+def _plan_type() -> Any:
+    """:class:`recsys_doctor.plan.Plan`, the one plan parser. Inside the package it is
+    imported; loaded by file path at interpreter start (the generated ``sitecustomize``),
+    ``plan.py`` beside this file is loaded the same way, without importing the package."""
+    if __package__:
+        from .plan import Plan
+
+        return Plan
+    mod = sys.modules.get("_recsys_doctor_plan")
+    if mod is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_recsys_doctor_plan", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.py"))
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_recsys_doctor_plan"] = mod  # dataclasses look the module up while it runs
+        spec.loader.exec_module(mod)
+    return mod.Plan
+
+
+#: the plan's runtime fields the hook honours; the others are reported by :func:`unhonoured`
+HONOURED = ("groups", "cuda_graphs")
+#: threads per graphed group above which captures are known to fail (see ``docs/profile.md``)
+MAX_THREADS_PER_GRAPHED_GROUP = 2
+
+
+def unhonoured(plan: dict[str, Any]) -> list[str]:
+    """One line per plan setting a plain script cannot get from this hook: its copies are
+    its own (no merged/split copy streams, no staging pools, no slots), so only the group
+    count and CUDA graphs apply (the rules: :meth:`recsys_doctor.plan.Plan.unhonoured`)."""
+    return _plan_type().from_dict(plan).unhonoured("script")
+
+
 def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
-    """``groups`` and ``cuda_graphs`` from a plan dict (``runtime`` object, or planner
-    schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
-    rt: dict[str, Any] = plan["runtime"] if isinstance(plan.get("runtime"), dict) else {}
-
-    def pick(flat: str, nested: str, sub: str, default: Any) -> Any:
-        if flat in rt:
-            return rt[flat]
-        v = plan.get(nested)
-        if isinstance(v, dict) and sub in v:
-            return v[sub]
-        return default
-
-    groups = pick("groups", "stream_groups", "count", 4)
-    graphs = pick("cuda_graphs", "cuda_graphs", "enabled", True)
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
-        raise ValueError(f"plan: groups must be a positive integer, got {groups!r}")
-    if not isinstance(graphs, bool):
-        raise ValueError(f"plan: cuda_graphs must be true or false, got {graphs!r}")
-    return {"groups": groups, "cuda_graphs": graphs}
+    """``groups`` and ``cuda_graphs`` of a plan dict (through ``Plan.from_dict``: the
+    ``runtime`` object, or planner schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
+    p = _plan_type().from_dict(plan)
+    return {"groups": p.groups, "cuda_graphs": p.cuda_graphs}
 
 
 class _Gate:
@@ -164,6 +183,11 @@ def _group_for_new_thread() -> _Group | None:
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
+        per_group = i // _state["n_groups"] + 1
+        if _state["graphs"] and per_group == MAX_THREADS_PER_GRAPHED_GROUP + 1 and k == 0:
+            _log(f"{i + 1} threads on {_state['n_groups']} graphed groups: more than "
+                 f"{MAX_THREADS_PER_GRAPHED_GROUP} threads per group; their CUDA graph captures are known to "
+                 "fail, and such groups then run eagerly (say --set groups=N with N >= threads/2)")
         g = groups.get(k)
         if g is None:
             g = groups[k] = _Group(k, torch.cuda.Stream())
@@ -280,6 +304,7 @@ def _end_broken_capture(stream: Any) -> None:
 
 
 def _first_line(ex: BaseException) -> str:
+    # not recsys_doctor.errors.first_line: this file runs at interpreter start without the package
     msg = str(ex).strip().splitlines()
     return f"{type(ex).__name__}: {msg[0] if msg else ''}"
 
@@ -377,6 +402,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         if not isinstance(doc, dict):
             raise ValueError("the plan file must hold a JSON object")
     rt = read_runtime(doc)
+    for line in unhonoured(doc):
+        _log(line)
     with _lock:
         if _state["active"]:
             return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}

@@ -13,6 +13,7 @@ __all__ = [
     "NsysNotFoundError",
     "RuntimeCudaError",
     "WorkloadError",
+    "first_line",
 ]
 
 
@@ -45,3 +46,14 @@ class WorkloadError(RecsysDoctorError):
     the profiled program did not)."""
 
     exit_code = 1
+
+
+def first_line(e: BaseException, *, with_type: bool = True) -> str:
+    """One line for an exception a user will read: ``Type: first line of the message``
+    (``Type`` alone when there is no message); ``with_type=False``: the first line only,
+    ``(no message)`` when empty. Tracebacks and multi-line driver messages stay out."""
+    lines = str(e).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    if not with_type:
+        return first or "(no message)"
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

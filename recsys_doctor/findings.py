@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "AnalysisResult", "SEVERITIES", "severity_for_share"]
+__all__ = ["Finding", "AnalysisResult", "SEVERITIES", "severity_for_share", "severity_for_recoverable"]
 
 SEVERITIES = ("high", "medium", "low", "note")
 
@@ -26,6 +26,16 @@ class Finding:
     evidence: dict[str, Any]
     recommendation: str
     where: list[dict[str, Any]] = field(default_factory=list)
+    #: estimated GPU time (ns) that fixing this finding could win back inside the analysis
+    #: window; ``severity`` derives from its share of the window (see docs/findings.md)
+    recoverable_ns: int | None = None
+    #: ``recoverable_ns`` / analysis window (0..1)
+    recoverable_share: float | None = None
+    #: 1-3 moments to jump to in Nsight Systems / Perfetto: ``{"start_ns", "duration_ns",
+    #: "thread", "stream", "what"}`` on the trace's own clock
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    #: the first thing to do, in one short line (the verdict's "first action")
+    action: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,3 +59,18 @@ def severity_for_share(share: float | None, high: float, medium: float) -> str:
     if share >= medium:
         return "medium"
     return "low"
+
+
+def severity_for_recoverable(share: float | None, high: float, medium: float, low: float) -> str:
+    """Severity from the share of the analysis window a fix could win back:
+    ``>= high`` high, ``>= medium`` medium, ``>= low`` low, else note (see
+    ``Options.recoverable_high`` and docs/findings.md)."""
+    if share is None:
+        return "note"
+    if share >= high:
+        return "high"
+    if share >= medium:
+        return "medium"
+    if share >= low:
+        return "low"
+    return "note"

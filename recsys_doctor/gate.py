@@ -269,11 +269,12 @@ def baseline_from_result(result: "AdviseResult | Mapping[str, Any]", source: str
 
 
 def baseline_from_history(branch: str, db_path: str | os.PathLike[str] | None = None, *,
-                          workload: str | None = None) -> Baseline:
-    """The newest run recorded for ``branch`` (optionally only for ``workload``)."""
+                          workload: str | None = None, key: str | None = None) -> Baseline:
+    """The newest passed check recorded for ``branch`` (optionally only for the workload
+    ``key`` of :func:`recsys_doctor.history.workload_key`, or a workload name)."""
     from .history import latest_run
 
-    run = latest_run(branch, db_path, workload=workload)
+    run = latest_run(branch, db_path, workload=workload, key=key)
     summary = run.get("summary") or {}
     if _num(summary.get(_METRIC)) is None:
         raise BadInputError(f"history run {run['id']} on {branch!r} has no {_METRIC}")

@@ -17,8 +17,12 @@ Table ``runs`` (one row per run; summary metrics as columns for SQL, plus JSON):
 ``id``                         row id (integer primary key)
 ``when_utc``                   ISO 8601 UTC time of the run (``2026-11-21T04:45:00+00:00``)
 ``command``                    ``advise`` or ``check``
-``workload``                   trace file name without its extension(s): runs of the
-                               same workload share it (the trend groups by it)
+``workload``                   trace file name without its extension(s) (for display)
+``workload_key``               what makes two runs comparable (:func:`workload_key`): the
+                               trace's path (relative to the git top level when inside
+                               a repository), the GPUs, the analysis window (``--start``,
+                               ``--end``, ``--nvtx``) and the options that change numbers;
+                               a baseline is looked up by it
 ``trace_path``, ``trace_sha256``  the trace file and its content hash
 ``tool_version``               recsys-doctor version
 ``gpus``                       GPU name(s) in the trace, ``"; "``-joined
@@ -27,8 +31,13 @@ Table ``runs`` (one row per run; summary metrics as columns for SQL, plus JSON):
 ``summary_json``               the whole summary
 ``findings_json``              ``[{id, severity, title}, ...]``
 ``finding_ids``                comma-joined ids (for SQL ``LIKE``)
-``passed``                     ``check`` only: 1 passed, 0 failed; ``reasons_json`` why
+``passed``                     ``check`` only: 1 passed, 0 failed; ``reasons_json`` why.
+                               Only passed checks (and ``check --write-baseline`` runs,
+                               recorded as passed) can become a ``--baseline-db`` baseline
 =============================  ====================================================
+
+History is a side effect: when it cannot be written or read (unwritable home, read-only or
+corrupt database) the commands warn in one line and still print their result.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ __all__ = [
     "flatten_summary",
     "git_info",
     "workload_name",
+    "workload_key",
     "build_row",
 ]
 
@@ -83,6 +93,7 @@ _COLUMNS: dict[str, str] = {
     "when_utc": "TEXT NOT NULL",
     "command": "TEXT NOT NULL",
     "workload": "TEXT",
+    "workload_key": "TEXT",
     "trace_path": "TEXT",
     "trace_sha256": "TEXT",
     "tool_version": "TEXT",
@@ -152,6 +163,8 @@ def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
         raise BadInputError(f"no run history at {path} (record one with `recsys-doctor advise TRACE`)")
     if path.exists() and path.is_dir():
         raise BadInputError(f"history database {path} is a directory")
+    if not create:
+        return _connect_ro(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
@@ -168,6 +181,7 @@ def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(_SCHEMA_SQL)
+                    _migrate(conn)
                     for sql in _INDEX_SQL:
                         conn.execute(sql)
                     conn.execute("COMMIT")
@@ -182,6 +196,34 @@ def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
             raise BadInputError(f"history database {path} stayed locked: {e}") from None
         raise BadInputError(f"{path} is not a usable recsys-doctor history database: {e}") from None
     return conn
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    """Open for reading only (``mode=ro``): reading the history must work on a database
+    the user may not write, and never changes its journal mode."""
+    p = path.resolve()
+    # a WAL database in a folder we may not write cannot get its -shm file: read it as
+    # immutable then (nobody can be writing where we cannot)
+    writable = os.access(p, os.W_OK) and os.access(p.parent, os.W_OK)
+    modes = ["mode=ro", "mode=ro&immutable=1"] if writable else ["mode=ro&immutable=1"]
+    err: Exception | None = None
+    for mode in modes:
+        try:
+            conn = sqlite3.connect(f"file:{p}?{mode}", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000,
+                                   isolation_level=None)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except (OSError, sqlite3.Error) as e:
+            err = e
+    raise BadInputError(f"cannot read history database {path}: {err}") from None
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Add columns newer versions introduced (additive, NULL in old rows)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(runs)").fetchall()}
+    for col, typ in _COLUMNS.items():
+        if col not in have:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN [{col}] {typ.replace(' NOT NULL', '')}")
 
 
 def flatten_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -249,6 +291,52 @@ def workload_name(path: str | None) -> str | None:
     return name or None
 
 
+#: options that do not change any number of a run (display only)
+_DISPLAY_OPTIONS = {"top_n", "examples_per_finding", "timeline_bins"}
+
+
+def _trace_place(path: str) -> str:
+    """The trace's path relative to the git top level of its directory when it is inside
+    a repository (stable across CI checkouts), else its absolute path."""
+    p = Path(path).resolve()
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=p.parent, capture_output=True, text=True,
+                             timeout=10)
+        top = out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        top = ""
+    if top:
+        try:
+            return "git:" + str(p.relative_to(Path(top).resolve()))
+        except ValueError:
+            pass
+    return str(p)
+
+
+def workload_key(result: "AdviseResult", options: Any = None) -> str | None:
+    """What makes two runs the same workload, as a short hash: the trace's place
+    (:func:`_trace_place`), the GPU names, the analysis window (``--start``/``--end``/
+    ``--nvtx``) and every option that differs from its default and changes numbers.
+    Two ``report1.sqlite`` files of different directories, or a ``--nvtx query`` run and a
+    whole-trace run of one file, get different keys."""
+    info = result.trace_info or {}
+    path = info.get("path")
+    if not path:
+        return None
+    from dataclasses import fields as dc_fields
+
+    from .options import Options
+
+    opts = {}
+    if options is not None:
+        base = Options()
+        opts = {f.name: getattr(options, f.name) for f in dc_fields(Options)
+                if f.name not in _DISPLAY_OPTIONS and getattr(options, f.name) != getattr(base, f.name)}
+    parts = {"trace": _trace_place(str(path)), "gpus": _gpu_names(result), "nvtx": info.get("nvtx"),
+             "window_ns": info.get("window_ns"), "options": opts}
+    return hashlib.sha256(_json(parts).encode()).hexdigest()[:16]
+
+
 def _file_sha256(path: str) -> str | None:
     try:
         h = hashlib.sha256()
@@ -287,7 +375,7 @@ def _json(o: Any) -> str:
 
 def build_row(result: "AdviseResult", command: str = "advise", *, passed: bool | None = None,
               reasons: list[str] | None = None, cwd: str | os.PathLike[str] | None = None,
-              now: datetime | None = None) -> dict[str, Any]:
+              now: datetime | None = None, options: Any = None, key: str | None = None) -> dict[str, Any]:
     """The row :func:`record_run` would insert (exposed for tests and dry runs)."""
     info = result.trace_info or {}
     path = info.get("path")
@@ -299,6 +387,7 @@ def build_row(result: "AdviseResult", command: str = "advise", *, passed: bool |
         "when_utc": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
         "command": command,
         "workload": workload_name(str(path) if path else None),
+        "workload_key": key or workload_key(result, options),
         "trace_path": str(Path(path).resolve()) if path else None,
         "trace_sha256": sha,
         "tool_version": _tool_version(),
@@ -326,14 +415,14 @@ def build_row(result: "AdviseResult", command: str = "advise", *, passed: bool |
 
 def record_run(result: "AdviseResult", db_path: str | os.PathLike[str] | None = None, command: str = "advise",
                *, passed: bool | None = None, reasons: list[str] | None = None,
-               cwd: str | os.PathLike[str] | None = None) -> int:
+               cwd: str | os.PathLike[str] | None = None, options: Any = None, key: str | None = None) -> int:
     """Append one run to the history and return its row id.
 
     ``db_path`` None means :func:`default_db_path`. ``passed``/``reasons`` are for
     ``check`` runs. Safe to call from several processes at once.
     """
     path = resolve_db_path(db_path)
-    row = build_row(result, command, passed=passed, reasons=reasons, cwd=cwd)
+    row = build_row(result, command, passed=passed, reasons=reasons, cwd=cwd, options=options, key=key)
     conn = _connect(path, create=True)
     try:
         import sqlite_utils
@@ -372,7 +461,8 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
 
 def list_runs(db_path: str | os.PathLike[str] | None = None, *, limit: int | None = 20,
               branch: str | None = None, workload: str | None = None,
-              command: str | None = None) -> list[dict[str, Any]]:
+              command: str | None = None, key: str | None = None,
+              baselines_only: bool = False) -> list[dict[str, Any]]:
     """Recorded runs, newest first, with ``summary``/``findings``/``reasons`` decoded.
 
     A missing database reads as no runs (a fresh machine has no history yet).
@@ -383,10 +473,13 @@ def list_runs(db_path: str | os.PathLike[str] | None = None, *, limit: int | Non
     conn = _connect(path, create=False)
     try:
         where, params = [], []
-        for col, val in (("git_branch", branch), ("workload", workload), ("command", command)):
+        for col, val in (("git_branch", branch), ("workload", workload), ("command", command),
+                         ("workload_key", key)):
             if val is not None:
                 where.append(f"[{col}] = ?")
                 params.append(val)
+        if baselines_only:
+            where.append("[command] = 'check' AND [passed] = 1")
         sql = "SELECT * FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -398,6 +491,10 @@ def list_runs(db_path: str | os.PathLike[str] | None = None, *, limit: int | Non
         except sqlite3.OperationalError as e:
             if "no such table" in str(e):
                 return []
+            if "no such column" in str(e):  # a database written before the column existed
+                return []
+            raise BadInputError(f"cannot read history {path}: {e}") from None
+        except sqlite3.DatabaseError as e:
             raise BadInputError(f"cannot read history {path}: {e}") from None
         cols = [d[0] for d in cur.description]
         return [_decode(dict(zip(cols, r))) for r in cur.fetchall()]
@@ -406,14 +503,17 @@ def list_runs(db_path: str | os.PathLike[str] | None = None, *, limit: int | Non
 
 
 def latest_run(branch: str, db_path: str | os.PathLike[str] | None = None, *,
-               workload: str | None = None) -> dict[str, Any]:
-    """The newest run recorded for ``branch`` (and ``workload`` when given).
+               workload: str | None = None, key: str | None = None) -> dict[str, Any]:
+    """The newest **passed** check recorded for ``branch`` (and the workload ``key`` /
+    name when given): a failed run, or a plain ``advise`` run, never becomes a baseline.
 
     Raises :class:`BadInputError` when there is none: a gate without its baseline must
     not silently pass.
     """
-    runs = list_runs(db_path, limit=1, branch=branch, workload=workload)
+    runs = list_runs(db_path, limit=1, branch=branch, workload=workload, key=key, baselines_only=True)
     if not runs:
         extra = f" and workload {workload!r}" if workload else ""
-        raise BadInputError(f"no run recorded for branch {branch!r}{extra} in {resolve_db_path(db_path)}")
+        extra += f" (key {key})" if key else ""
+        raise BadInputError(f"no passed check recorded for branch {branch!r}{extra} in {resolve_db_path(db_path)}: "
+                            "a baseline is a passed `check` or a `check --write-baseline` run")
     return runs[0]

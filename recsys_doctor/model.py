@@ -27,7 +27,9 @@ Tables
                 one of ``MEM_KINDS`` (where the trace says).
 ``memsets``     one row per memset.
 ``api``         CUDA runtime and driver API calls on CPU threads (``api_class`` is
-                ``runtime`` or ``driver``); ``name`` has the nsys ``_vNNNN`` suffix stripped.
+                ``runtime`` or ``driver``); ``name`` has the nsys ``_vNNNN`` suffix stripped;
+                ``callsite`` the program's own frame that made the call, where the trace
+                has backtraces (nsys ``--cudabacktrace``), else ``None``.
 ``syncs``       GPU-side synchronization activity (CUPTI SYNCHRONIZATION / Kineto
                 ``cuda_sync``); ``sync_type`` one of ``SYNC_TYPES``.
 ``graphs``      CUDA graph executions seen as one interval each (nsys GRAPH_TRACE).
@@ -79,6 +81,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "api": {
         "start": "int64", "end": "int64", "pid": "int64", "tid": "int64",
         "correlation": "int64", "name": "category", "api_class": "category",
+        "callsite": "object",
     },
     "syncs": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",

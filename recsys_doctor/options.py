@@ -37,10 +37,9 @@ class Options:
     #: GPU front end need between back-to-back launches).
     short_gap_us: float = 5.0
 
-    #: Severity cut-offs applied to the share of something that hurts (idle share, short
-    #: share, time share). At or above ``high_share``: high; at or above ``medium_share``:
-    #: medium; otherwise low. 0.5/0.2 mirror how Nsight Systems' expert rules and HTA's
-    #: idle-time breakdown are usually read (more than half the time = the main problem).
+    #: Former severity cut-offs on shares (idle share, short share). No longer decide
+    #: severity - that follows recoverable time (``recoverable_high`` below) - and kept
+    #: only so existing ``--set high_share=...`` lines are still accepted.
     high_share: float = 0.5
     #: The medium cut-off of the severity scale above (a fifth of the time is worth fixing
     #: but is not the main problem).
@@ -84,6 +83,44 @@ class Options:
     #: stream pair and an allocator pool; 4 matched the 4 concurrent clients of the H100
     #: wide&deep probe and the 4 side streams of the MMoE probe.
     max_stream_groups: int = 4
+
+    #: Severity follows what a fix can win: a finding whose estimated recoverable GPU time
+    #: is at least this share of the steady-state window is ``high`` (a quarter of the
+    #: time back is the main problem of the run; see docs/findings.md) ...
+    recoverable_high: float = 0.25
+    #: ... at least this share ``medium`` (a tenth of the window: worth a change) ...
+    recoverable_medium: float = 0.10
+    #: ... at least this share ``low``; below it the finding is a ``note`` (2% is within
+    #: run-to-run noise of a serving benchmark).
+    recoverable_low: float = 0.02
+
+    #: A synchronizing call is reported by count too: at least this many sync calls
+    #: (``*Synchronize``, blocking copies, D2H copies into pageable memory) in the window
+    #: make a finding even when each blocks little (one per query of a 100-query run).
+    sync_report_min_calls: int = 100
+
+    #: How many example moments (start, duration, thread, stream) a finding lists.
+    examples_per_finding: int = 3
+
+    def __post_init__(self) -> None:
+        """Reject values no analysis can use (one clear line, exit 2 at the CLI)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if v != v or v < 0:
+                raise BadInputError(f"option {f.name} must be >= 0, got {v!r}")
+            if f.name.endswith(("_share", "_fraction", "_overlap", "_rate")) or f.name.startswith("recoverable_"):
+                if v > 1:
+                    raise BadInputError(f"option {f.name} is a share and must be between 0 and 1, got {v!r}")
+        for name in ("timeline_bins", "graph_min_kernels", "graph_min_repeats", "top_n", "contention_min_threads",
+                     "max_stream_groups"):
+            if getattr(self, name) < 1:
+                raise BadInputError(f"option {name} must be >= 1, got {getattr(self, name)!r}")
+        if self.short_kernel_us <= 0:
+            raise BadInputError(f"option short_kernel_us must be > 0, got {self.short_kernel_us!r}")
+        if not (self.recoverable_low <= self.recoverable_medium <= self.recoverable_high):
+            raise BadInputError("options recoverable_low <= recoverable_medium <= recoverable_high must hold")
 
     def with_overrides(self, pairs: dict[str, Any] | None = None, **kw: Any) -> "Options":
         """Return a copy with fields replaced; values given as strings are converted to

@@ -15,15 +15,23 @@ can be checked by hand and held to account next to the measured numbers:
      per operation ``h = host_ns_per_unit / ops_per_unit`` (Python dispatch plus the launch
      API, as measured), so ``H = ops_per_unit * h``; separate copy streams add
      ``unmerged_extra_ops`` event records/waits. With CUDA graphs the whole unit is one
-     graph launch plus packing the inputs: ``H = graph_host_ops * h``. Host work of all
-     client threads is serialized (one Python interpreter lock), so the host alone allows
-     ``1 / H`` units per second.
+     query through the runtime's hot path, whose host cost does not depend on the model:
+     ``H = graph_host_ns`` (measured on the H100 by ``bench/serve_anchors.py``; the eager
+     per-operation cost ``h`` says nothing about it, which is why an older form of this
+     model, ``graph_host_ops * h``, predicted the same host-bound number for every group
+     count). Host work of all client threads is serialized (one Python interpreter lock),
+     so the host alone allows ``1 / H`` units per second.
    * **GPU time per unit** ``D``. Eager: the measured kernel + copy time. With graphs:
      kernel time plus ``graph_node_gap_ns`` per kernel, and the copies packed into one
      transfer each way (``packed_copy_ns``).
-   * **overlap** across groups: a kernel that uses a fraction ``o`` of the SMs (time-
-     weighted mean of ``min(1, blocks / SMs)``) leaves room for about ``1 / o`` such kernels
-     at once, so ``overlap = min(groups, clients, 1 / o)``.
+   * **overlap** across groups: a group runs its queries one after another on its stream,
+     so ``groups`` bounds how many queries the GPU works on at once; a kernel that uses a
+     fraction ``o`` of the SMs (time-weighted mean of ``min(1, blocks / SMs)``) leaves room
+     for about ``1 / o`` such kernels at once; and concurrent graphs of tiny kernels share
+     the memory system and the work distributor, so they never overlap perfectly
+     (``max_overlap``, measured). ``overlap = min(groups, clients, 1 / o, max_overlap)``.
+     This is what tells group counts apart: one group is GPU-bound at ``1 / D``, more
+     groups raise the GPU limit until the host (or ``max_overlap``) binds.
    * **serving throughput** ``X = min(1 / H, overlap / D, clients_in_flight / (H + D))``
      where ``clients_in_flight = min(clients, groups * slots)``; latency by Little's law
      ``p50 = clients / X``, and ``p99 = p50 * tail`` with the baseline's own p99/p50 ratio.
@@ -45,6 +53,7 @@ import pandas as pd
 
 from .errors import BadInputError
 from .model import Trace
+from .plan import Plan
 
 __all__ = ["TraceStats", "Candidate", "Prediction", "WhatIfCosts", "trace_stats", "estimate", "rank",
            "union_ns", "host_busy_ns"]
@@ -57,10 +66,21 @@ _SYNC_RE = __import__("re").compile(_SYNC_API)
 class WhatIfCosts:
     """Constants of the model that the trace cannot tell, each with where it comes from."""
 
-    #: host operations of one graphed query: pack the inputs (~one op per run of equal
-    #: tensors: dense, the 26 stacked id lists, offsets), the graph launch, an event record,
-    #: the event wait and the output clone (``runtime/torch_adapter.py`` hot path).
+    #: host time of one graphed query through the runtime's hot path (flatten and key the
+    #: inputs, one ``_foreach_copy_`` into pinned staging, slot pool, graph launch and event
+    #: record through ctypes, the wait, the output clone): the Python interpreter lock is held
+    #: for this long per query, whatever the model. Measured on the H100 as the inverse of
+    #: the host-bound ``serve`` throughput (``bench/results/serve_anchors_h100.json``).
+    #: None: use ``graph_host_ops`` eager-sized operations instead (the older model).
+    graph_host_ns: float | None = 60_000.0
+    #: with ``graph_host_ns=None``: host operations of one graphed query, each costing the
+    #: trace's eager host time per operation.
     graph_host_ops: float = 7.0
+    #: most queries' graphs the GPU overlaps usefully at once (tiny memory-bound kernels of
+    #: concurrent graphs share the memory system); measured on the H100 with the
+    #: hand-written graph-per-thread server of ``bench/serve_anchors.py`` (8,308 q/s with 8
+    #: clients against 3,579 with one: 2.3x, ``bench/results/serve_anchors_h100.json``). None: no cap.
+    max_overlap: float | None = 2.3
     #: extra host operations per unit when copies run on their own streams (2 event records
     #: + 2 stream waits per query in the unmerged runtime path).
     unmerged_extra_ops: float = 4.0
@@ -124,7 +144,7 @@ class TraceStats:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One plan the runtime can run: the four knobs of :class:`recsys_doctor.runtime.RuntimeConfig`."""
+    """The part of a :class:`~recsys_doctor.plan.Plan` the what-if prices: its four knobs."""
 
     groups: int
     merge_streams: bool = True
@@ -137,10 +157,18 @@ class Candidate:
                 f"{'own-pool' if self.per_stream_allocator else 'shared-pool'} "
                 f"{'graphs' if self.cuda_graphs else 'eager'}")
 
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "Candidate":
+        """The knobs of ``plan`` the estimate prices (the rest of a plan does not change it)."""
+        return cls(plan.groups, plan.merge_streams, plan.per_stream_allocator, plan.cuda_graphs)
+
+    def to_plan(self) -> Plan:
+        return Plan(groups=self.groups, merge_streams=self.merge_streams,
+                    per_stream_allocator=self.per_stream_allocator, cuda_graphs=self.cuda_graphs)
+
     def to_runtime(self) -> dict[str, Any]:
-        """The flat dict :meth:`RuntimeConfig.from_plan` reads."""
-        return {"groups": self.groups, "merge_streams": self.merge_streams,
-                "per_stream_allocator": self.per_stream_allocator, "cuda_graphs": self.cuda_graphs}
+        """The flat dict :meth:`RuntimeConfig.from_plan` reads (:meth:`Plan.to_runtime`)."""
+        return self.to_plan().to_runtime()
 
 
 @dataclass
@@ -288,8 +316,10 @@ def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", 
 
 # ------------------------------------------------------------------------------ the estimate
 
-def _overlap(stats: TraceStats, groups: int, clients: int) -> float:
+def _overlap(stats: TraceStats, groups: int, clients: int, max_overlap: float | None = None) -> float:
     cap = 1.0 / stats.mean_sm_share if stats.mean_sm_share > 0 else 1.0
+    if max_overlap is not None:
+        cap = min(cap, float(max_overlap))
     return max(1.0, min(float(groups), float(clients), cap))
 
 
@@ -307,7 +337,7 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
         directions = min(2.0, stats.copies_per_unit)
         packed_copy_ns = directions * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
     if cand.cuda_graphs:
-        host = costs.graph_host_ops * h
+        host = costs.graph_host_ns if costs.graph_host_ns is not None else costs.graph_host_ops * h
         gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + packed_copy_ns
         gpu = max(gpu, costs.min_gpu_share * stats.gpu_ns_per_unit)
     else:
@@ -318,7 +348,7 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
     if not cand.per_stream_allocator and cand.groups > 1:
         notes.append("shared pool: estimated like own pools (the model does not price allocator waits)")
     if stats.kind == "train":
-        ov = _overlap(stats, cand.groups, cand.groups)
+        ov = _overlap(stats, cand.groups, cand.groups, costs.max_overlap)
         par = stats.small_grid_share
         gpu_s = gpu * (1 - par) + gpu * par / ov
         if cand.groups > 1 and not cand.cuda_graphs:
@@ -326,7 +356,7 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
         step = max(host, gpu_s)
         bound = "host" if host >= gpu_s else "gpu"
         return Prediction(cand, host, gpu_s, ov, bound, step_ms=step / 1e6, score=-step, notes=notes)
-    ov = _overlap(stats, cand.groups, q)
+    ov = _overlap(stats, cand.groups, q, costs.max_overlap)
     in_flight = q if costs.slots_per_group is None else min(q, cand.groups * costs.slots_per_group)
     limits = {"host": 1e9 / host if host > 0 else math.inf,
               "gpu": 1e9 * ov / gpu if gpu > 0 else math.inf,

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ContextManager
 
-from .errors import BadInputError, RecsysDoctorError, WorkloadError
+from .errors import BadInputError, RecsysDoctorError, WorkloadError, first_line
 
 __all__ = [
     "Workload",
@@ -199,7 +199,7 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
         raise
     except BaseException as e:  # noqa: BLE001 - anything the user's module raises, incl. SystemExit
         sys.modules.pop(name, None)
-        raise WorkloadError(f"{p}: importing it raised {_one_line(e)}") from e
+        raise WorkloadError(f"{p}: importing it raised {first_line(e)}") from e
     fn = getattr(module, "workload", None)
     if fn is None:
         raise BadInputError(f"{p}: has no workload() function (a plain script is profiled as it is; "
@@ -217,7 +217,7 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
     except (KeyboardInterrupt, RecsysDoctorError):
         raise
     except BaseException as e:  # noqa: BLE001
-        raise WorkloadError(f"{p}: workload() raised {_one_line(e)}") from e
+        raise WorkloadError(f"{p}: workload() raised {first_line(e)}") from e
     if not isinstance(wl, Workload):
         raise BadInputError(f"{p}: workload() returned {type(wl).__name__}, expected a recsys_doctor.workload.Workload")
     if not wl.name:
@@ -237,11 +237,6 @@ def _check_file(path: str | Path) -> Path:
     if p.is_dir():
         raise BadInputError(f"{p}: is a directory, expected a Python file (a script or a workload module)")
     return p
-
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
 
 # --------------------------------------------------------------------------------------
@@ -426,7 +421,7 @@ def measure(wl: Workload, *, threads: int | None = None, duration_s: float | Non
         e = errors[0]
         if isinstance(e, (RecsysDoctorError, KeyboardInterrupt)):
             raise e
-        raise WorkloadError(f"{wl.name or 'workload'}: a client thread raised {_one_line(e)}") from e
+        raise WorkloadError(f"{wl.name or 'workload'}: a client thread raised {first_line(e)}") from e
     all_l = sorted(x for row in lat for x in row)
     ms = [x * 1e3 for x in all_l]
     return Measurement(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,9 +12,79 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
-__all__ = ["SEV_ORDER", "fmt", "pct", "headline", "by_severity", "summary_rows", "trace_name"]
+__all__ = ["SEV_ORDER", "fmt", "pct", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label",
+           "evidence_label", "clock_s"]
 
 SEV_ORDER = ("high", "medium", "low", "note")
+
+
+#: what tells two instantiations of one templated kernel apart, most specific first
+_DISTINGUISH = (re.compile(r"([A-Za-z_]\w*(?:Functor|functor))\b"), re.compile(r"([A-Za-z_]\w*_kernel_cuda)\b"),
+                re.compile(r"([A-Za-z_]\w*Op)\b"))
+
+
+def kernel_label(name: Any, width: int = 70) -> str:
+    """The distinguishing part of a kernel name: its base name plus the functor/op it is
+    instantiated with, without the return type, namespaces, template prefix and argument
+    list (``void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<
+    float, float, float, at::native::MulFunctor<float>>, ...>(int, ...)`` ->
+    ``vectorized_elementwise_kernel<MulFunctor>``). Names without templates are kept,
+    shortened to ``width``."""
+    if not isinstance(name, str) or not name:
+        return str(name)
+    s = name.strip()
+    depth, tok, toks = 0, [], []
+    for ch in s:
+        if ch in "<([":
+            if ch == "(" and depth == 0:
+                break
+            depth += 1
+        elif ch in ">)]":
+            depth = max(0, depth - 1)
+        if ch == " " and depth == 0:
+            toks.append("".join(tok))
+            tok = []
+            continue
+        tok.append(ch)
+    toks.append("".join(tok))
+    full = next((t for t in reversed(toks) if t), s)
+    lt = full.find("<")
+    base, templ = (full, "") if lt < 0 else (full[:lt], full[lt:])
+    parts = [p for p in base.split("::") if p]
+    base = "::".join(parts[-2:]) if len(parts) > 1 and parts[-1] in ("kernel", "Kernel", "main", "run") else (
+        parts[-1] if parts else base)
+    fun: list[str] = []
+    for rx in _DISTINGUISH:
+        fun = [m for m in rx.findall(templ) if m != base]
+        if fun:
+            break
+    out = f"{base}<{fun[-1]}>" if fun else base
+    if len(out) > width:
+        out = out[: width - 3] + "..."
+    return out
+
+
+_UNIT_SUFFIX = ("_ns", "_us", "_ms")
+
+
+def evidence_label(key: str) -> str:
+    """The key as shown next to a value already rendered with its unit:
+    ``window_ns`` -> ``window`` (``649.858 ms``, not ``window_ns=649.858 ms``)."""
+    from ..options import Options
+
+    base = key
+    for suf in _UNIT_SUFFIX:
+        if key.endswith(suf) and len(key) > len(suf):
+            base = key[: -len(suf)]
+            break
+    if key in Options.__dataclass_fields__ and base != key:
+        return f"{base} threshold"  # an option echoed in the evidence, not a measurement
+    return base
+
+
+def clock_s(ns: Any) -> str:
+    """A moment on the trace's own clock, in seconds (the clock of --start/--end)."""
+    return "n/a" if ns is None else f"{int(ns) / 1e9:.6f} s"
 
 
 def fmt(v: Any) -> str:
@@ -57,11 +128,12 @@ def by_severity(result: "AdviseResult") -> list[tuple[str, list[Any]]]:
 
 def headline(result: "AdviseResult") -> tuple[str, str]:
     """(big line, why line): "GPU busy 6% of the time" / the worst findings' titles."""
+    v = getattr(result, "verdict", None) or {}
     u = (result.summary or {}).get("gpu_utilization")
-    if u is None:
+    if v.get("line"):
+        big = v["line"]
+    elif u is None:
         big = "No GPU activity in this trace"
-    elif u < 0.5:
-        big = f"GPU busy {u * 100:.0f}% of the time: idle {100 - u * 100:.0f}%"
     else:
         big = f"GPU busy {u * 100:.0f}% of the time"
     top = [f.title for f in result.findings if f.severity == "high"][:3] or [f.title for f in result.findings][:2]
@@ -83,11 +155,18 @@ _SUMMARY_LABELS = (
 )
 
 
-def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) rows of the summary's contract keys, then any other scalar key."""
+def summary_rows(summary: Mapping[str, Any], analyses: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows of the summary's contract keys, then any other scalar key. With
+    ``analyses``, the short-kernel row uses the threshold the analysis ran with (the
+    summary's own field is fixed at 10 us by the JSON contract)."""
     rows: list[tuple[str, str]] = []
     seen = set()
+    sk = (analyses or {}).get("short-kernels") or {}
     for key, label, f in _SUMMARY_LABELS:
+        if key == "short_kernel_fraction" and sk.get("threshold_us") is not None and sk.get("count_share") is not None:
+            rows.append((f"kernels shorter than {sk['threshold_us']:g} us", pct(sk["count_share"])))
+            seen.add(key)
+            continue
         cur: Any = summary
         for part in key.split("."):
             cur = cur.get(part) if isinstance(cur, Mapping) else None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
-from ._common import by_severity, fmt, headline, pct, summary_rows, trace_name
+from ._common import by_severity, clock_s, fmt, headline, kernel_label, pct, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +37,7 @@ h3{font-size:15px;margin:0 0 6px}
 .sub{color:#57606a;font-size:13px;word-break:break-all}
 .hero{border-radius:10px;padding:18px 22px;margin:16px 0;color:#fff;background:#2e9e5b}
 .hero.bad{background:#c9302c}.hero.warn{background:#d9822b}
-.hero .big{font-size:30px;font-weight:700}
+.hero .big{font-size:22px;font-weight:700;line-height:1.3}
 .hero .why{font-size:15px;margin-top:6px}
 .card{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:14px 16px;margin:10px 0}
 .sev{display:inline-block;border-radius:4px;padding:1px 8px;font-size:12px;font-weight:700;color:#fff;margin-right:8px;text-transform:uppercase}
@@ -121,13 +121,38 @@ def _finding(f: Any) -> str:
     scalars = {k: v for k, v in ev.items() if not isinstance(v, (Mapping, list, tuple))}
     nested = {k: v for k, v in ev.items() if isinstance(v, (Mapping, list, tuple))}
     ev_html = _value(scalars) if scalars else ""
+    for key in ("offenders",):
+        if isinstance(ev.get(key), list) and ev[key] and isinstance(ev[key][0], Mapping):
+            items = "".join(f"<li><span class='mono' title='{_e(o.get('name'))}'>{_e(kernel_label(o.get('name')))}</span>"
+                            f" <span class='sub'>{_e(', '.join(f'{k}={fmt(v)}' for k, v in o.items() if k != 'name'))}"
+                            "</span></li>" for o in ev[key][:5])
+            ev_html = f"<div><b>Worst kernels</b><ul>{items}</ul></div>" + ev_html
     if nested:
         ev_html += f"<details><summary>more evidence</summary>{_value(nested)}</details>"
     return (f'<div class="card {sev}"><h3><span class="sev sev-{sev}">{_e(sev)}</span>{_e(f.title)}'
             f' <span class="sub mono">{_e(f.id)}</span></h3>'
+            f'{_gain(f)}'
             f'<div class="rec"><b>What to do:</b> {_e(f.recommendation)}</div>'
-            f'{_where(f.where or [])}'
+            f'{_where(f.where or [])}{_examples(getattr(f, "examples", None) or [])}'
             f'<details open><summary>evidence</summary>{ev_html}</details></div>')
+
+
+def _gain(f: Any) -> str:
+    rec = getattr(f, "recoverable_ns", None)
+    if rec is None:
+        return ""
+    return (f"<div><b>To win:</b> up to {_e(f'{rec / 1e6:.3f}')} ms of GPU time "
+            f"({_e(pct(getattr(f, 'recoverable_share', None)))} of the steady state)</div>")
+
+
+def _examples(ex: Sequence[Mapping[str, Any]]) -> str:
+    if not ex:
+        return ""
+    items = "".join(
+        f"<li><span class='mono'>at {_e(clock_s(e.get('start_ns')))} for {_e(fmt((e.get('duration_ns') or 0) / 1000))} us"
+        f"</span>: {_e(e.get('what', ''))} <span class='sub'>{_e(', '.join(str(e[k]) for k in ('thread', 'stream') if e.get(k)))}"
+        "</span></li>" for e in ex[:3])
+    return f"<div><b>Look at</b> (trace clock; open in Nsight Systems or Perfetto)<ul>{items}</ul></div>"
 
 
 def _trend(history_rows: Sequence[Mapping[str, Any]] | None) -> str:
@@ -156,14 +181,17 @@ def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]
     """The whole report as one HTML string (see the module docstring)."""
     s = result.summary or {}
     big, why = headline(result)
-    u = s.get("gpu_utilization")
-    cls = "bad" if (u is not None and u < 0.3) else ("warn" if (u is not None and u < 0.6) else "")
+    v = result.verdict or {}
+    sev = v.get("severity")
+    cls = {"high": "bad", "medium": "warn"}.get(sev or "", "")
+    if v.get("first_action"):
+        why = f"{v.get('problem')}." + (f" Plan: {v['plan']}." if v.get("plan") else "")
     name = trace_name(result)
     info = result.trace_info or {}
     tiles = "".join(
         f'<div class="metric"><div class="v">{_e(v)}</div><div class="l">{_e(label)}</div></div>'
-        for label, v in summary_rows(s)[:8])
-    summary_tbl = "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(v)}</td></tr>" for k, v in summary_rows(s))
+        for label, v in summary_rows(s, result.analyses)[:8])
+    summary_tbl = "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(v)}</td></tr>" for k, v in summary_rows(s, result.analyses))
     sections = []
     for sev, fs in by_severity(result):
         sections.append(f"<h3>{_e(sev.capitalize())} ({len(fs)})</h3>" + "".join(_finding(f) for f in fs))
@@ -173,8 +201,8 @@ def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]
         for _key, title, cap, png in plots.report_plots(result, options=options))
     counts = info.get("counts") or {}
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    window = info.get("nvtx")
     from .. import __version__
+    from .terminal import window_text
 
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -183,7 +211,7 @@ def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]
 <style>{_CSS}</style></head>
 <body><main>
 <h1>recsys-doctor report: {_e(name)}</h1>
-<div class="sub">{_e(info.get('path', ''))} &middot; {_e(info.get('format', ''))}{' &middot; NVTX window ' + _e(window) if window else ''}</div>
+<div class="sub">{_e(info.get('path', ''))} &middot; {_e(info.get('format', ''))} &middot; {_e(window_text(info))}</div>
 <div class="hero {cls}"><div class="big">{_e(big)}</div><div class="why"><b>Why:</b> {_e(why)}</div></div>
 <div class="grid">{tiles}</div>
 <h2>What the GPU did</h2>
@@ -230,6 +258,10 @@ def render_compare_html(a: "AdviseResult", b: "AdviseResult", *, a_label: str = 
                                  f"{_e(f['title'])} <span class='mono'>{_e(f['id'])}</span></li>" for f in fs)
                 + "</ul>") if fs else "<p>none</p>"
 
+    changed = ("<ul>" + "".join(
+        f"<li><span class='mono'>{_e(x['id'])}</span>: <span class='sev sev-{_e(x['a'])}'>{_e(x['a'])}</span> &rarr; "
+        f"<span class='sev sev-{_e(x['b'])}'>{_e(x['b'])}</span> {_e(x['title'])}</li>" for x in c.changed)
+        + "</ul>") if c.changed else "<p>none</p>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>recsys-doctor: {_e(a_label)} vs {_e(b_label)}</title>
 <style>{_CSS}</style></head><body><main>
@@ -238,6 +270,7 @@ def render_compare_html(a: "AdviseResult", b: "AdviseResult", *, a_label: str = 
 <h2>Metrics</h2><table><tr><th>metric</th><th>{_e(a_label)}</th><th>{_e(b_label)}</th><th>change</th></tr>{rows}</table>
 <h2>Findings that appeared</h2>{flist(c.appeared)}
 <h2>Findings that disappeared</h2>{flist(c.disappeared)}
+<h2>Findings whose severity changed</h2>{changed}
 </main></body></html>
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
-from ._common import by_severity, fmt, headline, pct, summary_rows, trace_name
+from ._common import by_severity, clock_s, fmt, headline, pct, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,10 +59,13 @@ def render_markdown(result: "AdviseResult", image_links: Sequence[tuple[str, str
     """The report as Markdown; ``image_links`` are ``(title, caption, relative path)``."""
     s = result.summary or {}
     big, why = headline(result)
+    from .terminal import window_text
+
     lines = [f"# recsys-doctor report: {md_escape(trace_name(result))}", "",
              f"**{md_escape(big)}**", "", f"**Why:** {md_escape(why)}", "",
+             md_escape(window_text(result.trace_info or {})), "",
              "| metric | value |", "|---|---:|"]
-    lines += [f"| {md_escape(k)} | {md_escape(v)} |" for k, v in summary_rows(s)]
+    lines += [f"| {md_escape(k)} | {md_escape(v)} |" for k, v in summary_rows(s, result.analyses)]
     lines.append("")
     for title, cap, rel in image_links:
         lines += [f"## {md_escape(title)}", "", f"![{md_escape(title)}]({rel})", "", f"*{md_escape(cap)}*", ""]
@@ -75,6 +78,16 @@ def render_markdown(result: "AdviseResult", image_links: Sequence[tuple[str, str
         for f in fs:
             lines += [f"#### {md_escape(f.title)}", "", f"`{f.id.replace('`', '')}` · severity **{md_escape(sev)}**", "",
                       f"**What to do:** {md_escape(f.recommendation)}", ""]
+            if getattr(f, "recoverable_ns", None) is not None:
+                lines += [f"**To win:** up to {f.recoverable_ns / 1e6:.3f} ms of GPU time "
+                          f"({md_escape(pct(f.recoverable_share))} of the steady state)", ""]
+            if getattr(f, "examples", None):
+                lines.append("**Look at** (trace clock):")
+                for e in f.examples[:3]:
+                    who = ", ".join(str(e[k]) for k in ("thread", "stream") if e.get(k))
+                    lines.append(f"- at {clock_s(e.get('start_ns'))} for {(e.get('duration_ns') or 0) / 1000:.2f} us: "
+                                 f"{md_escape(e.get('what', ''))}" + (f" ({md_escape(who)})" if who else ""))
+                lines.append("")
             if f.where:
                 lines.append("**Where:**")
                 for w in f.where:

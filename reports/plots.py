@@ -118,12 +118,16 @@ def _util_data(result: "AdviseResult") -> dict[str, Any] | None:
             "devices": devs, "streams": streams}
 
 
+#: one clock everywhere: plots, the report header, --start/--end and example moments
+CLOCK_LABEL = "time on the trace clock (s; what --start/--end take)"
+
+
 def _edges_s(tl: Mapping[str, Any]) -> np.ndarray:
     if tl.get("edges_ns"):
         e = np.asarray(tl["edges_ns"], dtype=float)
     else:
         e = np.linspace(float(tl["start_ns"]), float(tl["end_ns"]), int(tl["bins"]) + 1)
-    return (e - e[0]) / 1e9
+    return e / 1e9  # the trace's own clock: the one --start/--end take
 
 
 def _stream_rows(streams: Mapping[str, Sequence[float]]) -> tuple[list[str], np.ndarray]:
@@ -154,8 +158,11 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
     fig = _fig(11, h_top + h_heat + 0.9)
     gs = fig.add_gridspec(n_dev + 1, 1, height_ratios=[1.9] * n_dev + [0.32 * max(len(labels), 1) + 0.5])
     overall = (result.summary or {}).get("gpu_utilization")
-    fig.suptitle(f"GPU busy {_pct(overall)} of the time, idle {_pct(None if overall is None else 1 - overall)}"
-                 " (green = computing, red = idle)", fontsize=13, fontweight="bold",
+    from ..advise import idle_share
+
+    idle = idle_share(result.summary or {}, result.analyses or {})  # the one idle figure
+    fig.suptitle(f"GPU busy {_pct(overall)} of the time, idle {_pct(idle)}"
+                 " (green = computing, red = idle; the rest: copies only)", fontsize=13, fontweight="bold",
                  color=IDLE if (overall is not None and overall < 0.5) else "black")
     w = np.diff(edges)
     ax0 = None
@@ -192,7 +199,7 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
         axh.text(0.5, 0.5, "no kernels", ha="center", va="center", transform=axh.transAxes)
         axh.set_yticks([])
     axh.set_title("Per stream (each row: one CUDA stream, darker green = busier)", loc="left")
-    axh.set_xlabel("time since first GPU activity (s)")
+    axh.set_xlabel(CLOCK_LABEL)
     return fig
 
 
@@ -391,7 +398,7 @@ def _draw_copies(result: "AdviseResult", bins: int) -> "Figure | None":
     kinds = m["kind"].astype(str).to_numpy()
     groups = {"H2D": kinds == "h2d", "D2H": kinds == "d2h"}
     groups["other"] = ~(groups["H2D"] | groups["D2H"])
-    e_s = (edges - edges[0]) / 1e9
+    e_s = edges / 1e9
     w = np.diff(e_s)
     bw_ms = (hi - lo) / bins / 1e6
     fig = _fig(11, 4.6)
@@ -415,7 +422,7 @@ def _draw_copies(result: "AdviseResult", bins: int) -> "Figure | None":
                    + (f": {switches:,} direction switches" if isinstance(switches, int) else ""), loc="left")
     ax_n.set_ylabel("copies / ms")
     ax_b.set_ylabel("MB / s")
-    ax_b.set_xlabel("time since first GPU activity (s)")
+    ax_b.set_xlabel(CLOCK_LABEL)
     ax_n.legend(loc="upper right", fontsize=8, ncols=3)
     return fig
 

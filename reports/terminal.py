@@ -14,6 +14,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ._common import clock_s, evidence_label, kernel_label
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
@@ -77,7 +79,8 @@ def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
     for i, w in enumerate(where[:limit]):
         if i:
             t.append("; ")
-        parts = [f"{k}={_short(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "stream", "device", "kernel") if w.get(k) is not None]
+        parts = [f"{k}={_short(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "api", "callsite", "stream", "device", "kernel")
+                 if w.get(k) is not None]
         t.append(", ".join(parts) or "?")
         if w.get("share") is not None:
             t.append(f" ({w['share'] * 100:.0f}%)", style="dim")
@@ -99,8 +102,18 @@ def _summary_table(res: "AdviseResult") -> Table:
     steady = util.get("steady_state_utilization")
     if steady is not None:
         rows.append(("  steady state (start-up excluded)", fmt_value("utilization", steady)))
+    from ..advise import idle_share
+
+    idle = idle_share(s, res.analyses)
+    if idle is not None:
+        rows.append(("GPU idle (no kernel, copy or memset running)", fmt_value("share", idle)))
+    sk = res.analyses.get("short-kernels") or {}
+    if sk.get("threshold_us") is not None and sk.get("count_share") is not None:
+        short_row = (f"kernels shorter than {sk['threshold_us']:g} us", fmt_value("share", sk["count_share"]))
+    else:
+        short_row = ("kernels shorter than 10 us", fmt_value("short_kernel_fraction", s.get("short_kernel_fraction")))
     rows += [
-        ("kernels shorter than 10 us", fmt_value("short_kernel_fraction", s.get("short_kernel_fraction"))),
+        short_row,
         ("most CPU threads launching into one stream", fmt_value("n", s.get("launch_threads_per_stream_max"))),
     ]
     m = s.get("memcpy") or {}
@@ -123,10 +136,12 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
         for k, v in r.items():
             if isinstance(v, (dict, list)):
                 continue
-            if k in ("name", "kernel", "nvtx", "stream", "thread", "region", "sequence"):
+            if k in ("name", "kernel"):
+                t.append(kernel_label(v, 70) + "  ", style="bold")
+            elif k in ("nvtx", "stream", "thread", "region", "sequence"):
                 t.append(_short(str(v), 70) + "  ", style="bold")
             else:
-                parts.append(f"{k}={fmt_value(k, v)}")
+                parts.append(f"{evidence_label(k)}={fmt_value(k, v)}")
         t.append(", ".join(parts))
     if len(rows) > limit:
         t.append(f"\n+{len(rows) - limit} more", style="dim")
@@ -139,17 +154,52 @@ def _finding_panel(f: Any) -> Panel:
     body.add_column(style="dim", no_wrap=True)
     body.add_column()
     body.add_row("", Text(f.title, style="bold"))
-    ev = ", ".join(f"{k}={fmt_value(k, v)}" for k, v in f.evidence.items()
-                   if not isinstance(v, (list, dict)) or k in ("top",))
+    if getattr(f, "recoverable_ns", None) is not None:
+        body.add_row("to win", Text(f"up to {_ns(f.recoverable_ns)} of GPU time "
+                                    f"({(f.recoverable_share or 0) * 100:.1f}% of the steady state)"))
+    ev = ", ".join(f"{evidence_label(k)}={fmt_value(k, v)}" for k, v in f.evidence.items()
+                   if (not isinstance(v, (list, dict)) or k in ("top",)) and k != "sequence_head")
     body.add_row("evidence", Text(ev))
     for k, v in f.evidence.items():
         if isinstance(v, list) and v and isinstance(v[0], dict):
             body.add_row(k.replace("_", " "), _rows_text(v))
     if f.where:
         body.add_row("where", _where_text(f.where))
+    if getattr(f, "examples", None):
+        body.add_row("look at", _examples_text(f.examples))
     body.add_row("fix", Text(f.recommendation))
     title = Text.assemble((f"{f.severity.upper()}", style), " ", (f.id, "bold"))
     return Panel(body, title=title, title_align="left", border_style=style or "white")
+
+
+def _examples_text(examples: list[dict[str, Any]]) -> Text:
+    """``at 4.385484 s for 77.63 us: what (thread, stream)`` - moments to open in Nsight
+    Systems or Perfetto, on the trace's own clock."""
+    t = Text()
+    for i, e in enumerate(examples[:3]):
+        if i:
+            t.append("\n")
+        t.append(f"at {clock_s(e.get('start_ns'))} for {_ns(e.get('duration_ns') or 0)}", style="bold")
+        where = ", ".join(str(e[k]) for k in ("thread", "stream") if e.get(k))
+        t.append(f": {e.get('what', '')}" + (f" ({where})" if where else ""))
+    return t
+
+
+def window_text(info: dict[str, Any]) -> str:
+    """The trace's span and the analysis window, on the trace's own clock."""
+    span = info.get("span_ns")
+    out = f"trace spans {clock_s(span[0])} - {clock_s(span[1])} (trace clock)" if span else "empty trace"
+    w = info.get("window_ns")
+    if info.get("nvtx"):
+        out += f"; analysis window: NVTX range {info['nvtx']!r}"
+        if w:
+            out += f" = {clock_s(w[0]) if w[0] is not None else 'start'} - {clock_s(w[1]) if w[1] is not None else 'end'}"
+    elif w and (w[0] is not None or w[1] is not None):
+        out += (f"; analysis window {clock_s(w[0]) if w[0] is not None else 'start'} - "
+                f"{clock_s(w[1]) if w[1] is not None else 'end'}")
+    else:
+        out += "; analysis window: the whole trace"
+    return out
 
 
 def _plan_value(val: dict[str, Any]) -> str:
@@ -193,10 +243,16 @@ def render_terminal(res: "AdviseResult", console: Console | None = None) -> None
     for k in ("nsys_version", "export_schema_version", "device_names"):
         if meta.get(k):
             sub.append(f"{k.replace('_', ' ')} {meta[k]}")
-    if info.get("nvtx"):
-        sub.append(f"restricted to NVTX range {info['nvtx']!r}")
     console.print(head)
+    v = res.verdict or {}
+    if v.get("line"):
+        console.print(Text(v["line"], style=_SEV_STYLE.get(v.get("severity") or "", "bold") or "bold"))
+        if v.get("plan"):
+            console.print(Text(f"Plan: {v['plan']} (details below)", style="bold"))
     console.print(Text(" | ".join(str(x) for x in sub if x), style="dim"))
+    console.print(Text(window_text(info), style="dim"))
+    if info.get("attribution"):
+        console.print(Text(info["attribution"], style="dim"))
     console.print(_summary_table(res))
     console.print()
     if not res.findings:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError
+from ..plan import Plan
 
 __all__ = [
     "pick_least_loaded",
@@ -100,6 +101,8 @@ class FairSlotPool:
         self.capacity: tuple[int, ...] = tuple(len(s) for s in slots)
         #: slots in use per group (= queries in flight there)
         self.in_use: list[int] = [0] * len(slots)
+        #: queries finished per group (releases)
+        self.served: list[int] = [0] * len(slots)
         self._idle = idle
         self._waiters: deque[_Ticket] = deque()
         self._lock = threading.Lock()
@@ -148,6 +151,7 @@ class FairSlotPool:
         """Give a slot back: straight to the oldest ticket that may take ``group``, else to
         the free list."""
         with self._lock:
+            self.served[group] += 1
             for t in self._waiters:
                 if t.only is None or t.only == group:
                     self._waiters.remove(t)
@@ -317,72 +321,17 @@ class RuntimeConfig:
     pool_limit_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
-            raise BadInputError(f"groups must be a positive integer, got {self.groups!r}")
-        if not isinstance(self.slots_per_group, int) or self.slots_per_group < 1:
-            raise BadInputError(f"slots_per_group must be a positive integer, got {self.slots_per_group!r}")
-        if self.pool_limit_bytes is not None and (not isinstance(self.pool_limit_bytes, int)
-                                                  or self.pool_limit_bytes <= 0):
-            raise BadInputError(f"pool_limit_bytes must be a positive integer, got {self.pool_limit_bytes!r}")
-        for f in ("merge_streams", "per_stream_allocator", "cuda_graphs"):
-            if not isinstance(getattr(self, f), bool):
-                raise BadInputError(f"{f} must be true or false, got {getattr(self, f)!r}")
-
-    #: accepted spellings of each field in a plan dict
-    _ALIASES = {
-        "groups": ("groups", "stream_groups", "num_groups", "streams"),
-        "merge_streams": ("merge_streams", "merge_copy_compute", "merge", "stream_merging"),
-        "per_stream_allocator": ("per_stream_allocator", "per_stream_allocators", "per_group_allocator"),
-        "cuda_graphs": ("cuda_graphs", "graphs", "use_cuda_graphs"),
-        "slots_per_group": ("slots_per_group", "slots"),
-        "pool_limit_bytes": ("pool_limit_bytes",),
-    }
+        Plan(**{f.name: getattr(self, f.name) for f in fields(self)})  # the plan type's checks, one place
 
     @classmethod
     def from_plan(cls, plan: Mapping[str, Any], **overrides: Any) -> "RuntimeConfig":
         """Build a config from a plan dict: ``advise --json``'s ``plan`` (planner schema 1:
         ``stream_groups.count``, ``merge_copy_compute.enabled``,
         ``per_stream_allocators.enabled``, ``cuda_graphs.enabled``) or a flat dict of the
-        field names (``groups``, ``merge_streams``...), optionally under ``runtime``. Unknown keys are ignored (a plan carries more than the
-        runtime needs); a recognized key with a wrong type raises :class:`BadInputError`.
+        field names (``groups``, ``merge_streams``...), optionally under ``runtime``, read by
+        :meth:`recsys_doctor.plan.Plan.from_dict` (unknown keys ignored, a recognized key
+        with a wrong type raises :class:`BadInputError`).
         ``overrides`` (not None) win over the plan."""
-        if not isinstance(plan, Mapping):
-            raise BadInputError(f"a plan must be a mapping, got {type(plan).__name__}")
-        src: Mapping[str, Any] = plan
-        for sub in ("runtime", "config"):
-            if isinstance(plan.get(sub), Mapping):
-                src = {**plan, **plan[sub]}
-        kw: dict[str, Any] = {}
-        for f in fields(cls):
-            for alias in cls._ALIASES.get(f.name, (f.name,)):
-                if alias in src and src[alias] is not None:
-                    kw[f.name] = _coerce(f.name, src[alias], type(getattr(cls(), f.name)))
-                    break
+        kw = Plan.from_dict(plan).runtime_fields()
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
-
-
-def _coerce(name: str, v: Any, typ: type) -> Any:
-    if isinstance(v, Mapping):  # planner schema 1: {"count": 4, ...} / {"enabled": true, ...}
-        v = v.get("count") if "count" in v else v.get("enabled")
-        if v is None:
-            raise BadInputError(f"plan field {name}: expected 'count' or 'enabled' in it")
-    if name == "pool_limit_bytes":
-        typ = int
-    if typ is bool:
-        if isinstance(v, bool):
-            return v
-        if isinstance(v, str) and v.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
-            return v.lower() in ("true", "yes", "on", "1")
-        raise BadInputError(f"plan field {name}: expected true/false, got {v!r}")
-    if typ is int:
-        if isinstance(v, bool):
-            raise BadInputError(f"plan field {name}: expected an integer, got {v!r}")
-        if isinstance(v, int):
-            return v
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, str) and v.strip().isdigit():
-            return int(v)
-        raise BadInputError(f"plan field {name}: expected an integer, got {v!r}")
-    return v

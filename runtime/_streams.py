@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 from ..errors import BadInputError, RuntimeCudaError
 from ._cuda import call, check, ensure_context, translating
+from ._fastpath import driver_fastpath
 from ._policy import FairSlotPool, pick_least_loaded
 
 __all__ = ["StreamGroup", "StreamManager", "HostBuffer", "DeviceBuffer", "Slot"]
@@ -100,6 +101,10 @@ class Slot:
         self.h_h2d = d.CUevent(int(self.ev_h2d.handle))
         self.h_compute = d.CUevent(int(self.ev_compute.handle))
         self.h_done = d.CUevent(int(self.ev_done.handle))
+        # the same handles as plain integers, for the ctypes hot path (``_fastpath``)
+        self.h2d_i = int(self.ev_h2d.handle)
+        self.compute_i = int(self.ev_compute.handle)
+        self.done_i = int(self.ev_done.handle)
         #: per input signature, what the adapter prepared (LRU order)
         self.entries: "OrderedDict[Any, Any]" = OrderedDict()
 
@@ -132,6 +137,7 @@ class StreamGroup:
         self.compute_h = d.CUstream(int(self.compute.handle))
         self.h2d_h = d.CUstream(int(self.h2d.handle))
         self.d2h_h = d.CUstream(int(self.d2h.handle))
+        self.compute_i, self.h2d_i, self.d2h_i = self.stream_handles
         self.mr = mr
         self.in_flight = 0
         self.served = 0
@@ -164,22 +170,17 @@ class StreamGroup:
         return self.manager._slots.acquire(only=self.index)[1]
 
     def give_slot(self, slot: Slot) -> None:
-        self._last_done = slot.h_done
+        self._last_done = slot.done_i
         self.manager._slots.release(self.index, slot)
 
     def idle(self) -> bool:
-        """Non-blocking: has the device finished this group's last query?"""
+        """Non-blocking: has the device finished this group's last query? (one
+        ``cuEventQuery`` that keeps the GIL: it never blocks)"""
         ev = self._last_done
         if ev is None:
             return True
-        d = _driver()
         ensure_context(self.manager.context)
-        r = d.cuEventQuery(ev)
-        err = r[0] if isinstance(r, tuple) else r
-        if err == d.CUresult.CUDA_ERROR_NOT_READY:
-            return False
-        check(r, "cuEventQuery")
-        return True
+        return self.manager.fast.ready(ev)
 
     # -- ordering helpers (hot path) ------------------------------------------------
     @staticmethod
@@ -230,7 +231,8 @@ class StreamManager:
     """
 
     def __init__(self, groups: int = 4, *, device: int = 0, merge: bool = True, slots: int = 2,
-                 per_group_pool: bool = True, pool_limit_bytes: int | None = None) -> None:
+                 per_group_pool: bool = True, pool_limit_bytes: int | None = None,
+                 probe_idle: bool = True) -> None:
         if groups < 1 or slots < 1:
             raise BadInputError(f"need at least one group and one slot, got groups={groups} slots={slots}")
         import cuda.core as cc
@@ -240,6 +242,8 @@ class StreamManager:
             self.device.set_current()
             self.context = _driver().CUcontext(int(self.device.context.handle))
         ensure_context(self.context)
+        #: the hot-path driver calls (ctypes on libcuda; see ``_fastpath``)
+        self.fast = driver_fastpath()
         self.device_id = device
         self._lock = threading.Lock()
         self._rr = 0
@@ -252,7 +256,11 @@ class StreamManager:
                 opts = cc.DeviceMemoryResourceOptions(max_size=max_size) if max_size else cc.DeviceMemoryResourceOptions()
                 self._pools.append(cc.DeviceMemoryResource(self.device, options=opts))
         self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools]) for i in range(groups)]
-        self._slots = FairSlotPool([g.slots for g in self.groups], idle=[g.idle for g in self.groups])
+        # ``probe_idle``: break ties between equally loaded groups by an event query (the
+        # served model turns it off: on its hot path, in-flight counts and round-robin are
+        # enough, and every probe is a driver call)
+        self._slots = FairSlotPool([g.slots for g in self.groups],
+                                   idle=[g.idle for g in self.groups] if probe_idle else None)
         self.merge = merge
         self.per_group_pool = per_group_pool
         self.pool_limit_bytes = pool_limit_bytes
@@ -294,7 +302,7 @@ class StreamManager:
         try:
             yield g, slot
         finally:
-            g._last_done = slot.h_done
+            g._last_done = slot.done_i
             with self._lock:
                 g.in_flight -= 1
                 g.served += 1

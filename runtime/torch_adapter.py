@@ -19,6 +19,8 @@ Streams are created by cuda-python (``cuda.core``) and handed to PyTorch with
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import threading
 from dataclasses import asdict
 from collections import OrderedDict
@@ -26,11 +28,12 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError
+from ..errors import first_line as _first_line
 from ._cuda import check, ensure_context, translating
 from ._policy import RuntimeConfig, flatten, pack_layout, unflatten
 from ._streams import HostBuffer, StreamGroup, StreamManager
 
-__all__ = ["serve", "ServedModel", "BranchStreams", "stream_scope", "parallel_branches",
+__all__ = ["serve", "ServedModel", "Request", "BranchStreams", "stream_scope", "parallel_branches",
            "default_branch_streams"]
 
 #: CUDA graph captures are serialized process-wide: two captures at once in thread-local
@@ -53,11 +56,6 @@ def _driver() -> Any:
     return driver
 
 
-def _first_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
-
-
 class _Entry:
     """Everything one slot needs to run one input signature: staging buffers, views of
     them, and either a captured graph or the eager path (with the reason)."""
@@ -69,7 +67,17 @@ class _Entry:
         self.dev_out: Any = None
         self.n_in = 0
         self.n_out = 0
-        self.runs: list[tuple[int, int, Any]] = []  # (first leaf, count, host view)
+        #: one pinned view per tensor leaf (what ``_foreach_copy_`` packs into), the
+        #: positions of the tensor leaves, and whether every leaf is a tensor
+        self.host_in_views: list[Any] = []
+        self.tensor_pos: list[int] = []
+        self.all_tensors = True
+        #: zero-copy access: the inputs' structure over the pinned views, the whole
+        #: pinned input as bytes, and its layout
+        self.inputs: Any = None
+        self.in_bytes: Any = None
+        self.layout: Any = None
+        self.outputs: Any = None
         self.dev_args: Any = None
         self.dev_out_views: list[Any] = []
         self.host_out_views: list[Any] = []
@@ -77,15 +85,18 @@ class _Entry:
         self.out_spec: Any = None
         self.graph: Any = None
         self.exec_h: Any = None
+        self.exec_i = 0  # the graph exec as an int (0: none), for the ctypes hot path
         self.reason: str | None = None
 
     def close(self, group: StreamGroup) -> None:
         self.graph = None
         self.exec_h = None
+        self.exec_i = 0
+        self.inputs = self.outputs = self.in_bytes = None
+        self.host_in_views = []
         self.dev_args = None
         self.dev_out_views = []
         self.host_out_views = []
-        self.runs = []
         for b in (self.dev_in, self.dev_out):
             if b is not None:
                 b.close(group.compute)
@@ -115,17 +126,38 @@ class ServedModel:
         self.max_signatures = max_signatures
         torch.cuda.init()
         self.manager = StreamManager(config.groups, device=device, merge=config.merge_streams,
-                                     slots=config.slots_per_group,
+                                     slots=config.slots_per_group, probe_idle=False,
                                      per_group_pool=config.per_stream_allocator,
                                      pool_limit_bytes=config.pool_limit_bytes)
+        self._groups = self.manager.groups
+        self._pool = self.manager._slots
+        self._fp = self.manager.fast
         self._ext: dict[int, Any] = {}
         self._graph_pools: dict[int, Any] = {}
+        self._mem_pools: dict[int, Any] = {}
+        #: where a group's activations come from: "group" (a private pool per group) or
+        #: "shared" (PyTorch's caching allocator, shared by all groups)
+        self.activation_pool = "shared"
         for g in self.manager.groups:
             self._ext[g.index] = torch.cuda.ExternalStream(g.stream_handles[0], device=self.device)
             if config.per_stream_allocator:
-                # one private graph pool per group: all of a group's graphs replay on its
-                # compute stream, one after another, so they may share it safely
-                self._graph_pools[g.index] = torch.cuda.graph_pool_handle()
+                # private pools for the group's activations, one per slot: a slot's eager
+                # forwards allocate from its pool (``use_mem_pool`` routes the running
+                # thread's allocations) and its graphs are captured into it. One per slot,
+                # not one per group, because PyTorch lets only one thread at a time route
+                # allocations to a pool, and a slot is used by one query at a time.
+                for slot in g.slots:
+                    key = (g.index, slot.index)
+                    if _has_mem_pool(torch):
+                        self._mem_pools[key] = torch.cuda.MemPool()
+                        self._graph_pools[key] = self._mem_pools[key].id
+                    else:  # pragma: no cover - torch < 2.6
+                        self._graph_pools[key] = torch.cuda.graph_pool_handle()
+                self.activation_pool = "group"
+        #: merged groups: the H2D and D2H copies inside each query's graph (one launch) or
+        #: enqueued around it (``RECSYS_DOCTOR_GRAPH_COPIES=outside``: three hot-path calls,
+        #: as a hand-written server does; for measuring which the GPU runs faster)
+        self.copies_in_graph = _graph_copies_inside()
         self.fallbacks: dict[str, str] = {}
         self._eager_sigs: dict[Any, str] = {}
         self._failed_graphs: list[Any] = []
@@ -136,6 +168,7 @@ class ServedModel:
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         leaves, spec = flatten(args, self._is_tensor)
         sig = self._signature(leaves, spec)
+        self._example = (leaves, spec, sig)
         try:
             for g in self.manager.groups:
                 for slot in g.slots:
@@ -155,19 +188,61 @@ class ServedModel:
 
     # -- the hot path --------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
+        """One query: host tensors in (the structure of ``example_inputs``), host tensors
+        out. Packs the inputs into a free slot's pinned staging (one ``_foreach_copy_``),
+        replays the slot's graph, waits for that query only, returns copies of the
+        outputs."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
         leaves, spec = flatten(args, self._is_tensor)
         sig = self._signature(leaves, spec)
+        pool = self._pool
         # a free slot of the least-loaded group, or the oldest waiter's turn (FIFO)
-        with self.manager.acquire_slot() as (g, slot):
-            entry = slot.entries.get(sig)
-            if entry is None:
-                entry = self._prepare(g, slot, sig, leaves, spec)
-                self._remember(g, slot, sig, entry)
-            else:
-                slot.entries.move_to_end(sig)
-            return self._run(g, slot, entry, leaves)
+        i, slot = pool.acquire()
+        g = self._groups[i]
+        try:
+            entry = self._entry(g, slot, sig, leaves, spec)
+            self._pack(entry, leaves)
+            raw = self._execute(g, slot, entry)
+            if raw is not _STAGED:
+                return raw
+            return unflatten([v.clone() for v in entry.host_out_views], entry.out_spec)
+        finally:
+            g._last_done = slot.done_i
+            pool.release(i, slot)
+
+    def request(self, *like: Any) -> "Request":
+        """A slot to fill in place (zero copy): ``with served.request() as q:`` then write
+        the query into ``q.inputs`` (pinned host tensors shaped like ``example_inputs``) or
+        ``q.buffer`` (the same bytes as one flat uint8 tensor, laid out as ``q.layout``),
+        and ``out = q.run()``: pinned host views of the outputs, valid until the block
+        ends (copy what you keep). ``like``: arguments whose signature to use instead of
+        ``example_inputs`` (prepared and captured on first use). Blocks, first come first
+        served, while every slot is in flight."""
+        if self.closed:
+            raise RuntimeCudaError("this served model is closed")
+        if like:
+            leaves, spec = flatten(like, self._is_tensor)
+            sig = self._signature(leaves, spec)
+        else:
+            leaves, spec, sig = self._example
+        i, slot = self._pool.acquire()
+        g = self._groups[i]
+        try:
+            entry = self._entry(g, slot, sig, leaves, spec)
+        except BaseException:
+            self._pool.release(i, slot)
+            raise
+        return Request(self, i, g, slot, entry)
+
+    def _entry(self, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any], spec: Any) -> _Entry:
+        entry = slot.entries.get(sig)
+        if entry is None:
+            entry = self._prepare(g, slot, sig, leaves, spec)
+            self._remember(g, slot, sig, entry)
+        elif len(slot.entries) > 1:
+            slot.entries.move_to_end(sig)
+        return entry
 
     def _remember(self, g: StreamGroup, slot: Any, sig: Any, entry: _Entry) -> None:
         slot.entries[sig] = entry
@@ -177,53 +252,53 @@ class ServedModel:
             old.close(g)
 
     def _pack(self, entry: _Entry, leaves: Sequence[Any]) -> None:
-        stack = self.torch.stack
-        for first, count, hv in entry.runs:
-            if count == 1:
-                hv.copy_(leaves[first])
-            else:
-                stack(leaves[first:first + count], out=hv)
+        """Every input tensor into its pinned view: one ``_foreach_copy_`` call."""
+        if not entry.host_in_views:
+            return
+        src = leaves if entry.all_tensors else [leaves[k] for k in entry.tensor_pos]
+        self.torch._foreach_copy_(entry.host_in_views, src)
 
-    def _run(self, g: StreamGroup, slot: Any, entry: _Entry, leaves: Sequence[Any]) -> Any:
-        d = _driver()
+    def _execute(self, g: StreamGroup, slot: Any, entry: _Entry) -> Any:
+        """Run one query whose inputs are staged in ``entry``'s pinned buffer and wait
+        for it. Returns ``_STAGED`` (the outputs are in ``entry.host_out_views``) or, when
+        an eager forward's outputs do not fit the staged layout, the host outputs."""
+        fp = self._fp
         ensure_context(self.manager.context)
-        self._pack(entry, leaves)
-        if entry.exec_h is not None and g.merge:
-            check(d.cuGraphLaunch(entry.exec_h, g.compute_h), "cuGraphLaunch")
-            g.record(slot.h_done, g.compute_h)
+        if entry.exec_i and g.merge and self.copies_in_graph:
+            # H2D, forward and D2H are one graph: one launch, one record, one wait
+            fp.launch(entry.exec_i, g.compute_i)
+            fp.record(slot.done_i, g.compute_i)
         else:
             self._h2d(g, slot, entry)
-            if entry.exec_h is not None:
-                check(d.cuGraphLaunch(entry.exec_h, g.compute_h), "cuGraphLaunch")
+            if entry.exec_i:
+                fp.launch(entry.exec_i, g.compute_i)
             else:
-                raw = self._eager_forward(g, entry)
+                raw = self._eager_forward(g, slot, entry)
                 if raw is not None:  # outputs do not fit the staged layout
                     return self._eager_unstaged(g, raw)
             self._d2h(g, slot, entry)
-        check(d.cuEventSynchronize(slot.h_done), "cuEventSynchronize")
-        return unflatten([v.clone() for v in entry.host_out_views], entry.out_spec)
+        fp.wait(slot.done_i)
+        return _STAGED
 
     def _h2d(self, g: StreamGroup, slot: Any, entry: _Entry) -> None:
-        d = _driver()
-        check(d.cuMemcpyHtoDAsync(entry.dev_in.ptr, entry.pinned_in.ptr, entry.n_in, g.h2d_h), "cuMemcpyHtoDAsync")
+        self._fp.htod(entry.dev_in.ptr, entry.pinned_in.ptr, entry.n_in, g.h2d_i)
         if not g.merge:
-            g.record(slot.h_h2d, g.h2d_h)
+            self._fp.record(slot.h2d_i, g.h2d_i)
             g.wait(g.compute_h, slot.h_h2d)
 
     def _d2h(self, g: StreamGroup, slot: Any, entry: _Entry) -> None:
-        d = _driver()
         if not g.merge:
             g.record(slot.h_compute, g.compute_h)
             g.wait(g.d2h_h, slot.h_compute)
-        check(d.cuMemcpyDtoHAsync(entry.pinned_out.ptr, entry.dev_out.ptr, entry.n_out, g.d2h_h), "cuMemcpyDtoHAsync")
-        g.record(slot.h_done, g.d2h_h)
+        self._fp.dtoh(entry.pinned_out.ptr, entry.dev_out.ptr, entry.n_out, g.d2h_i)
+        self._fp.record(slot.done_i, g.d2h_i)
 
-    def _eager_forward(self, g: StreamGroup, entry: _Entry) -> Any:
+    def _eager_forward(self, g: StreamGroup, slot: Any, entry: _Entry) -> Any:
         """Run the model eagerly on the group's compute stream and stage its outputs.
         Returns None when staged, else the raw outputs (their shapes do not fit the layout
         staged for this input signature: data-dependent output shapes)."""
         torch = self.torch
-        with torch.cuda.stream(self._ext[g.index]), torch.no_grad():
+        with torch.cuda.stream(self._ext[g.index]), torch.no_grad(), self._activations(g, slot):
             raw = self.model(*entry.dev_args)
             outs, _ = flatten(raw, self._is_tensor)
             if [(o.dtype, tuple(o.shape)) for o in outs] != entry.out_shapes:
@@ -266,23 +341,20 @@ class ServedModel:
             dbase = torch.as_tensor(e.dev_in, device=self.device)
             hviews = self._views(hbase, lay, meta)
             dviews = self._views(dbase, lay, meta)
-            # the packing plan: one stacked view per run of equal tensors
-            idx_of_leaf = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-            for first, count in lay.runs:
-                if count == 1:
-                    e.runs.append((idx_of_leaf[first], 1, hviews[first]))
-                else:
-                    dt, shp = meta[first]
-                    off = lay.offsets[first]
-                    nb = lay.nbytes_each[first] * count
-                    e.runs.append((idx_of_leaf[first], count, hbase[off:off + nb].view(dt).view((count,) + shp)))
+            e.host_in_views = hviews
+            e.tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+            e.all_tensors = len(e.tensor_pos) == len(leaves)
+            e.layout = lay
+            e.in_bytes = hbase
+            ith = iter(hviews)
+            e.inputs = unflatten([next(ith) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
             it = iter(dviews)
             e.dev_args = unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
             # warm-up on the group's stream; it also tells the output layout
             self._pack(e, leaves)
             check(_driver().cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync")
             ext = self._ext[g.index]
-            with torch.cuda.stream(ext), torch.no_grad():
+            with torch.cuda.stream(ext), torch.no_grad(), self._activations(g, slot):
                 outs, e.out_spec = flatten(self.model(*e.dev_args), self._is_tensor)
             if not outs or not all(isinstance(o, torch.Tensor) and o.is_cuda for o in outs):
                 raise BadInputError("serve(): the model must return CUDA tensors (a tensor or a tuple/list/dict of them)")
@@ -293,10 +365,11 @@ class ServedModel:
             e.dev_out = g.allocate(olay.nbytes)
             e.host_out_views = self._views(torch.frombuffer(e.pinned_out.ctypes_view, dtype=torch.uint8), olay, e.out_shapes)
             e.dev_out_views = self._views(torch.as_tensor(e.dev_out, device=self.device), olay, e.out_shapes)
+            e.outputs = unflatten(list(e.host_out_views), e.out_spec)
             del outs
             ext.synchronize()
             if self.config.cuda_graphs and sig not in self._eager_sigs:
-                self._capture(g, e, sig)
+                self._capture(g, slot, e, sig)
             elif not self.config.cuda_graphs:
                 e.reason = "CUDA graphs disabled"
             else:
@@ -309,7 +382,7 @@ class ServedModel:
                 e.close(g)
             raise
 
-    def _capture(self, g: StreamGroup, e: _Entry, sig: Any) -> None:
+    def _capture(self, g: StreamGroup, slot: Any, e: _Entry, sig: Any) -> None:
         torch = self.torch
         d = _driver()
         ext = self._ext[g.index]
@@ -325,7 +398,7 @@ class ServedModel:
                     prev = torch.cuda.get_sync_debug_mode()
                     torch.cuda.set_sync_debug_mode("error")
                     try:
-                        with torch.cuda.stream(ext):
+                        with torch.cuda.stream(ext), self._activations(g, slot):
                             self.model(*e.dev_args)
                     except RuntimeError as ex:
                         first.append(ex)
@@ -334,10 +407,10 @@ class ServedModel:
                         torch.cuda.set_sync_debug_mode(prev)
                     ext.synchronize()
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self._graph_pools.get(g.index), stream=ext,
+                    with torch.cuda.graph(graph, pool=self._graph_pools.get((g.index, slot.index)), stream=ext,
                                           capture_error_mode="thread_local"):
                         try:
-                            if g.merge:
+                            if g.merge and self.copies_in_graph:
                                 check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h),
                                       "cuMemcpyHtoDAsync (captured)")
                             outs, _ = flatten(self.model(*e.dev_args), self._is_tensor)
@@ -345,14 +418,15 @@ class ServedModel:
                                 raise BadInputError("output shapes differ between runs with equal input shapes")
                             for dv, o in zip(e.dev_out_views, outs):
                                 dv.copy_(o)
-                            if g.merge:
+                            if g.merge and self.copies_in_graph:
                                 check(d.cuMemcpyDtoHAsync(e.pinned_out.ptr, e.dev_out.ptr, e.n_out, g.compute_h),
                                       "cuMemcpyDtoHAsync (captured)")
                         except BaseException as ex:
                             first.append(ex)
                             raise
                 e.graph = graph
-                e.exec_h = d.CUgraphExec(int(graph.raw_cuda_graph_exec()))
+                e.exec_i = int(graph.raw_cuda_graph_exec())
+                e.exec_h = d.CUgraphExec(e.exec_i)
             except Exception as ex:
                 reason = _first_line(first[0] if first else ex)
                 try:
@@ -365,6 +439,7 @@ class ServedModel:
                     self._failed_graphs.append(locals()["graph"])
                 e.graph = None
                 e.exec_h = None
+                e.exec_i = 0
                 e.reason = f"CUDA graph capture failed, running eagerly: {reason}"
                 with self._lock:
                     self._eager_sigs[sig] = e.reason
@@ -376,11 +451,34 @@ class ServedModel:
         groups = []
         for g in self.manager.groups:
             entries = [e for s in g.slots for e in s.entries.values()]
-            groups.append({"group": g.index, "served": g.served, "in_flight": g.in_flight,
+            groups.append({"group": g.index, "served": self._pool.served[g.index],
+                           "in_flight": self._pool.in_use[g.index],
                            "graphs": sum(1 for e in entries if e.exec_h is not None),
                            "eager": sum(1 for e in entries if e.exec_h is None)})
         return {"config": asdict(self.config), "groups": groups, "pools": self.manager.pool_stats(),
+                "activation_pool": self.activation_pool, "activation_pool_bytes": self._activation_bytes(),
+                "driver_path": self._fp.source, "copies_in_graph": self.copies_in_graph,
                 "fallbacks": dict(self.fallbacks)}
+
+    def _activation_bytes(self) -> list[int] | None:
+        """Bytes reserved in each group's activation pools (None: pools are shared)."""
+        if not self._mem_pools:
+            return None
+        out = [0] * len(self._groups)
+        for (gi, _), pool in self._mem_pools.items():
+            try:
+                out[gi] += int(sum(seg["total_size"] for seg in pool.snapshot()))
+            except Exception:  # noqa: BLE001 - older torch: no snapshot of a pool
+                return None
+        return out
+
+    def _activations(self, g: StreamGroup, slot: Any) -> Any:
+        """Route the calling thread's allocations to the pool of ``g``'s ``slot`` (own
+        pools only)."""
+        pool = self._mem_pools.get((g.index, slot.index))
+        if pool is None:
+            return contextlib.nullcontext()
+        return self.torch.cuda.use_mem_pool(pool, self.device)
 
     def close(self) -> None:
         """Wait for in-flight work, destroy graphs, free staging buffers, pools, streams."""
@@ -399,6 +497,7 @@ class ServedModel:
                 g.synchronize()
             self._ext.clear()
             self.manager.close()
+            self._mem_pools.clear()
 
     def __enter__(self) -> "ServedModel":
         return self
@@ -411,6 +510,103 @@ class ServedModel:
             self.close()
         except Exception:
             pass
+
+
+#: returned by ``_execute`` when the outputs are in the slot's staged views
+_STAGED = object()
+
+#: ``memmove`` that keeps the GIL (PYFUNCTYPE): copies of tens of kB take microseconds
+_memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes._memmove_addr)  # type: ignore[attr-defined]
+
+
+def _graph_copies_inside() -> bool:
+    import os
+
+    v = os.environ.get("RECSYS_DOCTOR_GRAPH_COPIES", "inside")
+    if v not in ("inside", "outside"):
+        raise BadInputError(f"RECSYS_DOCTOR_GRAPH_COPIES must be inside or outside, got {v!r}")
+    return v == "inside"
+
+
+def _has_mem_pool(torch: Any) -> bool:
+    return hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
+
+
+class Request:
+    """One query on a slot that the client fills in place (see :meth:`ServedModel.request`).
+
+    ``inputs``: the query's host tensors (pinned views, structured like
+    ``example_inputs``); ``buffer``: the same bytes as one flat uint8 tensor; ``layout``:
+    where each input tensor sits in it (:class:`~recsys_doctor.runtime.PackedLayout`).
+    :meth:`run` may be called more than once; :meth:`close` (or leaving the ``with``
+    block) gives the slot back, after which the views must not be used.
+    """
+
+    __slots__ = ("_served", "_i", "_g", "_slot", "_entry", "inputs", "buffer", "layout", "_open")
+
+    #: host-to-pinned copies of :meth:`load` (ctypes ``memmove``, GIL kept)
+
+    def __init__(self, served: ServedModel, i: int, g: StreamGroup, slot: Any, entry: _Entry) -> None:
+        self._served = served
+        self._i = i
+        self._g = g
+        self._slot = slot
+        self._entry = entry
+        self.inputs = entry.inputs
+        self.buffer = entry.in_bytes[:entry.n_in]
+        self.layout = entry.layout
+        self._open = True
+
+    def load(self, src: Any) -> None:
+        """Copy one packed query (``layout.nbytes`` bytes or fewer, laid out as ``layout``)
+        into the slot's pinned input: a host tensor (contiguous), or any object with the
+        buffer protocol (``bytes``, ``bytearray``, a NumPy array, ``memoryview``). One
+        ``memmove`` that keeps the GIL: a few microseconds for a typical query, no
+        thread pool (``Tensor.copy_`` of a large byte tensor wakes PyTorch's intra-op
+        threads, which costs more than the copy with many client threads)."""
+        if not self._open:
+            raise RuntimeCudaError("this request is closed")
+        torch = self._served.torch
+        if isinstance(src, torch.Tensor):
+            if src.is_cuda or not src.is_contiguous():
+                raise BadInputError("load() takes a contiguous host tensor")
+            ptr, n = src.data_ptr(), src.numel() * src.element_size()
+        else:
+            mv = memoryview(src)
+            if not mv.c_contiguous:
+                raise BadInputError("load() takes a contiguous buffer")
+            n = mv.nbytes
+            if isinstance(src, bytes):  # points into src itself, which the caller holds
+                ptr = ctypes.cast(ctypes.c_char_p(src), ctypes.c_void_p).value
+            elif mv.readonly:
+                raise BadInputError("load() takes bytes, a writable buffer or a host tensor")
+            else:
+                ptr = ctypes.addressof(ctypes.c_char.from_buffer(mv))
+        if n > self._entry.n_in:
+            raise BadInputError(f"load(): {n} bytes do not fit the slot's {self._entry.n_in}-byte input")
+        _memmove(self._entry.pinned_in.ptr, ptr, n)
+
+    def run(self) -> Any:
+        """Copy the staged inputs to the GPU, run the model, bring the outputs back and
+        wait for this query only. Returns pinned host views of the outputs (valid until
+        the request is closed), or, for a model whose output shapes changed, host copies."""
+        if not self._open:
+            raise RuntimeCudaError("this request is closed")
+        raw = self._served._execute(self._g, self._slot, self._entry)
+        return self._entry.outputs if raw is _STAGED else raw
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._g._last_done = self._slot.done_i
+            self._served._pool.release(self._i, self._slot)
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _sig_str(sig: Any) -> str:

@@ -73,3 +73,49 @@ def test_many_readers_share_the_gate():
     assert len(inside) == 4
     gate.acquire_exclusive()  # nobody left inside: a capture gets in at once
     gate.release_exclusive()
+
+
+def test_unhonoured_plan_fields_are_named():
+    from recsys_doctor._autoapply import unhonoured
+
+    plan = {"runtime": {"groups": 4, "cuda_graphs": True, "merge_streams": False, "per_stream_allocator": True,
+                        "slots_per_group": 2}}
+    lines = unhonoured(plan)
+    assert len(lines) == 3
+    assert lines[0].startswith("plan merge_streams=false is not applied to a plain script")
+    assert any("per_stream_allocator=true" in x for x in lines)
+    assert any("slots_per_group=2" in x for x in lines)
+    # what the hook does anyway is not reported
+    assert unhonoured({"runtime": {"groups": 2, "cuda_graphs": False, "merge_streams": True,
+                                   "per_stream_allocator": False}}) == []
+    assert unhonoured({"stream_groups": {"count": 2}}) == []
+
+
+def test_too_many_threads_per_graphed_group_is_said_once(capsys):
+    import sys
+    import types
+
+    from recsys_doctor import _autoapply as aa
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True, Stream=lambda: object()))
+    saved = dict(aa._state)
+    try:
+        aa._state.clear()
+        aa._state.update(active=True, n_groups=2, graphs=True, groups={}, started=0, patched_module=True)
+        real = sys.modules.get("torch")
+        sys.modules["torch"] = fake  # the hook reads torch from sys.modules only
+        try:
+            for _ in range(8):
+                aa._group_for_new_thread()
+        finally:
+            if real is None:
+                sys.modules.pop("torch", None)
+            else:
+                sys.modules["torch"] = real
+    finally:
+        aa._state.clear()
+        aa._state.update(saved)
+    err = capsys.readouterr().err
+    # 8 threads on 2 groups: said once, when the 5th thread makes 3 per group
+    assert err.count("more than 2 threads per group") == 1
+    assert "5 threads on 2 graphed groups" in err

@@ -153,7 +153,8 @@ def test_check_cli_exit_codes(tmp_path):
     assert r.exit_code == 0, r.output
     r = _cli("check", bad, "--baseline", base, "--db", db, "--junit", tmp_path / "j.xml")
     assert r.exit_code == 1
-    lines = r.output.strip().splitlines()
+    assert r.stderr.strip() == f"wrote {tmp_path / 'j.xml'}"  # every written file named on stderr
+    lines = r.stdout.strip().splitlines()
     assert len(lines) == 2
     assert "0.5000" in lines[0] and "0.3000" in lines[0] and "gpu_utilization" in lines[0]
     assert "launch-bound" in lines[1]
@@ -196,7 +197,7 @@ def test_check_write_baseline_and_baseline_db(tmp_path, monkeypatch):
     r = _cli("check", cur, "--baseline-db", "main", "--db", db, "--no-history")
     assert r.exit_code == 1 and "0.6000" in r.output and "0.3000" in r.output
     r = _cli("check", cur, "--baseline-db", "no-such-branch", "--db", db, "--no-history")
-    assert r.exit_code == 2 and "no run recorded" in r.output
+    assert r.exit_code == 2 and "no passed check recorded" in r.output
 
 
 def test_compare_cli(tmp_path):

@@ -75,7 +75,7 @@ def test_git_commit_and_branch(tmp_path, trace_file):
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                          env=env).stdout.strip()
     db = tmp_path / "h.db"
-    history.record_run(_result(trace_file), db, cwd=repo)
+    history.record_run(_result(trace_file), db, command="check", passed=True, cwd=repo)
     run = history.list_runs(db)[0]
     assert (run["git_commit"], run["git_branch"]) == (sha, "feature/x")
     assert history.latest_run("feature/x", db)["id"] == run["id"]
@@ -100,7 +100,7 @@ def test_list_filters_and_order(tmp_path, trace_file):
     runs = history.list_runs(db, limit=2)
     assert [r["id"] for r in runs] == [ids[2], ids[1]]
     assert [r["gpu_utilization"] for r in history.list_runs(db, command="advise")] == [0.3, 0.1]
-    with pytest.raises(BadInputError, match="no run recorded for branch 'nope'"):
+    with pytest.raises(BadInputError, match="no passed check recorded for branch 'nope'"):
         history.latest_run("nope", db)
 
 

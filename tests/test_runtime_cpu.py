@@ -397,3 +397,70 @@ def test_package_imports_without_torch_and_without_gpu():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "needs torch" in out.stdout
+
+
+def test_request_load_copies_bytes_and_checks_sizes():
+    """Request.load's argument checks and copy, on a stand-in entry (no GPU needed)."""
+    torch = pytest.importorskip("torch")
+    import ctypes
+
+    from recsys_doctor.errors import BadInputError
+    from recsys_doctor.runtime.torch_adapter import Request, _Entry
+
+    class _Pinned:  # a host buffer like HostBuffer: a pointer we own
+        def __init__(self, n):
+            self.raw = ctypes.create_string_buffer(n)
+            self.ptr = ctypes.addressof(self.raw)
+
+    class _Served:
+        torch = __import__("torch")
+
+    e = _Entry()
+    e.n_in = 16
+    e.pinned_in = _Pinned(16)
+    e.in_bytes = torch.zeros(16, dtype=torch.uint8)
+    r = Request.__new__(Request)
+    r._served, r._entry, r._open = _Served(), e, True
+    r.load(b"abcdefgh")
+    assert e.pinned_in.raw.raw[:8] == b"abcdefgh"
+    r.load(torch.arange(4, dtype=torch.int32))  # 16 bytes, little-endian 0,1,2,3
+    assert list(e.pinned_in.raw.raw[:16:4]) == [0, 1, 2, 3]
+    r.load(bytearray(b"xy"))
+    assert e.pinned_in.raw.raw[:2] == b"xy"
+    with pytest.raises(BadInputError, match="do not fit"):
+        r.load(bytes(17))
+    with pytest.raises(BadInputError, match="contiguous"):
+        r.load(torch.arange(8, dtype=torch.int32)[::2])
+    r._open = False
+    from recsys_doctor.errors import RuntimeCudaError
+
+    with pytest.raises(RuntimeCudaError, match="closed"):
+        r.load(b"a")
+
+
+def test_launch_mode_setting_is_checked(monkeypatch):
+    from recsys_doctor.errors import RuntimeCudaError
+    from recsys_doctor.runtime import _fastpath
+
+    monkeypatch.setattr(_fastpath, "_instance", None)
+    monkeypatch.setenv(_fastpath.ENV_LAUNCH, "sometimes")
+    with pytest.raises(RuntimeCudaError, match="keep-gil or release-gil"):
+        _fastpath.driver_fastpath()
+    # without a driver library (this CPU box) the bindings path stands in, whatever the mode
+    monkeypatch.setenv(_fastpath.ENV_LAUNCH, "release-gil")
+    fp = _fastpath.driver_fastpath()
+    assert fp.source.startswith("ctypes") or fp.source == "cuda.bindings"
+    monkeypatch.setattr(_fastpath, "_instance", None)
+
+
+def test_graph_copies_setting_is_checked(monkeypatch):
+    from recsys_doctor.errors import BadInputError
+    from recsys_doctor.runtime.torch_adapter import _graph_copies_inside
+
+    monkeypatch.delenv("RECSYS_DOCTOR_GRAPH_COPIES", raising=False)
+    assert _graph_copies_inside() is True
+    monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", "outside")
+    assert _graph_copies_inside() is False
+    monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", "both")
+    with pytest.raises(BadInputError, match="inside or outside"):
+        _graph_copies_inside()

@@ -7,35 +7,27 @@ initial weights and data (training).
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from mmoe_training import MMoE as _MMoE  # noqa: E402 - the examples' models, one definition each
+from wdl_serving import WideDeep  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 N_SPARSE, VOCAB, DIM, N_DENSE, HOT = 26, 5000, 16, 13, 4
 
 
-class WDL(nn.Module):
-    """Wide&deep as in ../shared/probe/opportunity.py, smaller vocabulary."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embs = nn.ModuleList([nn.EmbeddingBag(VOCAB, DIM, mode="sum") for _ in range(N_SPARSE)])
-        self.wide = nn.ModuleList([nn.EmbeddingBag(VOCAB, 1, mode="sum") for _ in range(N_SPARSE)])
-        self.mlp = nn.Sequential(nn.Linear(N_SPARSE * DIM + N_DENSE, 128), nn.ReLU(),
-                                 nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
-
-    def forward(self, dense, idx, offs):
-        e = [m(i, offs) for m, i in zip(self.embs, idx)]
-        w = self.wide[0](idx[0], offs)
-        for m, i in zip(self.wide[1:], idx[1:]):
-            w = w + m(i, offs)
-        x = torch.cat(e + [dense], 1)
-        return torch.sigmoid(self.mlp(x) + w)
+def WDL() -> nn.Module:  # noqa: N802
+    """The examples' wide&deep (as in ../shared/probe/opportunity.py), smaller vocabulary and MLP."""
+    return WideDeep(VOCAB, hidden=128)
 
 
 def make_query(seed: int, batch: int = 64):
@@ -103,6 +95,105 @@ def test_serve_matches_single_stream_eager(wdl, groups, merge, graphs):
         assert all(g["served"] > 0 for g in st["groups"])
 
 
+def test_request_zero_copy_matches_eager_under_threads(wdl):
+    """The zero-copy path: clients write into the slot's pinned views / flat buffer."""
+    from recsys_doctor.runtime import serve
+
+    queries = [make_query(300 + j) for j in range(96)]
+    refs = [reference(wdl, q) for q in queries]
+    got: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    with serve(wdl, queries[0], groups=4, merge=True, graphs=True) as served:
+        # the flat buffer holds the inputs at the layout's offsets: pack one query by hand
+        with served.request() as r:
+            lay = r.layout
+            flat = [queries[5][0], *queries[5][1], queries[5][2]]
+            for t, off in zip(flat, lay.offsets):
+                nb = t.numel() * t.element_size()
+                r.buffer[off:off + nb].copy_(t.reshape(-1).view(torch.uint8))
+            torch.testing.assert_close(r.run().clone(), refs[5], rtol=1e-5, atol=1e-6)
+
+        def worker(k: int) -> None:
+            try:
+                for j in range(k, len(queries), 8):
+                    d, i, o = queries[j]
+                    with served.request() as q:
+                        q.inputs[0].copy_(d)
+                        for dst, src in zip(q.inputs[1], i):
+                            dst.copy_(src)
+                        q.inputs[2].copy_(o)
+                        got[j] = q.run().clone()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        ths = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        st = served.stats()
+    assert not errors, errors
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["driver_path"] == "ctypes"
+    assert st["fallbacks"] == {}
+
+
+def test_request_after_close_and_reuse_errors(wdl):
+    from recsys_doctor.errors import RuntimeCudaError
+    from recsys_doctor.runtime import serve
+
+    q0 = make_query(1)
+    with serve(wdl, q0, groups=1, slots_per_group=1) as served:
+        r = served.request()
+        r.close()
+        with pytest.raises(RuntimeCudaError, match="closed"):
+            r.run()
+        # the slot went back: a second request does not block
+        with served.request(*make_query(2, batch=32)) as r2:  # another signature, captured on demand
+            assert r2.inputs[0].shape == (32, N_DENSE)
+
+
+@pytest.mark.parametrize("launch,copies", [("release-gil", "inside"), ("keep-gil", "outside")])
+def test_hot_path_variants_match_eager(wdl, monkeypatch, launch, copies):
+    """The measured variants of the hot path (launch mode, copies in or around the graph)."""
+    from recsys_doctor.runtime import _fastpath, serve
+
+    monkeypatch.setattr(_fastpath, "_instance", None)
+    monkeypatch.setenv(_fastpath.ENV_LAUNCH, launch)
+    monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", copies)
+    queries = [make_query(500 + j) for j in range(48)]
+    refs = [reference(wdl, q) for q in queries]
+    try:
+        with serve(wdl, queries[0], groups=3) as served:
+            got = _hammer(served, queries, n_threads=6)
+            st = served.stats()
+    finally:
+        monkeypatch.setattr(_fastpath, "_instance", None)
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["copies_in_graph"] is (copies == "inside")
+    assert ("releases the GIL" in st["driver_path"]) is (launch == "release-gil")
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_activations_come_from_the_groups_own_pool(wdl, own):
+    """per_stream_allocator: each group's graph activations live in that group's pool."""
+    from recsys_doctor.runtime import serve
+
+    with serve(wdl, make_query(1), groups=3, per_stream_allocator=own) as served:
+        for j in range(12):
+            served(*make_query(j))
+        st = served.stats()
+    if own:
+        assert st["activation_pool"] == "group"
+        sizes = st["activation_pool_bytes"]
+        assert sizes is not None and len(sizes) == 3 and all(b > 0 for b in sizes)
+    else:
+        assert st["activation_pool"] == "shared"
+        assert st["activation_pool_bytes"] is None
+
+
 def test_new_shape_is_captured_on_demand_and_correct(wdl):
     from recsys_doctor.runtime import serve
 
@@ -166,43 +257,12 @@ def test_no_memory_growth_over_many_queries(wdl):
 
 # ----------------------------------------------------------------------------- training
 
-F, D, E, T, H, B, VOC = 26, 16, 8, 4, 64, 256, 4000
+F, T, H, B, VOC = 26, 4, 64, 256, 4000  # features, tasks, expert width, batch, vocabulary
 
 
-class Expert(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(F * D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 32))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class Task(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = nn.Linear(F * D, E)
-        self.tower = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, x, ex):
-        w = torch.softmax(self.gate(x), 1).unsqueeze(2)
-        return self.tower((w * ex).sum(1))
-
-
-class MMoE(nn.Module):
-    def __init__(self, streams) -> None:
-        super().__init__()
-        self.emb = nn.ModuleList([nn.Embedding(VOC, D) for _ in range(F)])
-        self.experts = nn.ModuleList([Expert() for _ in range(E)])
-        self.tasks = nn.ModuleList([Task() for _ in range(T)])
-        self.streams = streams
-
-    def forward(self, ids):
-        from recsys_doctor.runtime import parallel_branches
-
-        x = torch.cat([e(ids[:, i]) for i, e in enumerate(self.emb)], 1)
-        ex = torch.stack(parallel_branches(self.experts, x, streams=self.streams), 1)
-        return torch.cat(parallel_branches(self.tasks, x, ex, streams=self.streams), 1)
+def MMoE(streams) -> nn.Module:  # noqa: N802
+    """The examples' MMoE, smaller: experts 416-64-64-32, towers 32-16-1, vocabulary 4000."""
+    return _MMoE(VOC, hidden=H, expert_out=32, tower=16, streams=streams)
 
 
 def _train(streams, graph: bool, steps: int = 50):

@@ -46,6 +46,7 @@ __all__ = [
     "default_out_dir",
     "require_gpu",
     "child_argv",
+    "check_workload_options",
     "BACKENDS",
     "MEASURE_RANGE",
     "json_default",
@@ -117,11 +118,20 @@ def require_gpu(device_index: int = 0) -> dict[str, Any]:
                         "to diagnose an existing trace use `recsys-doctor advise TRACE`")
 
 
+def check_workload_options(target: Path, is_wl: bool, threads: int | None, duration_s: float | None,
+                           steps: int | None) -> None:
+    """``--threads/--duration/--steps`` drive a workload module; for a plain script they
+    are an error (it runs as it is, with its own arguments), never silently dropped."""
+    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
+        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
+                            "(one with a workload() function); a plain script is profiled as it is")
+
+
 def child_argv(target: Path, result: Path, args: tuple[str, ...] | list[str], *, threads: int | None,
                duration_s: float | None, steps: int | None, profiled: str | None,
                apply: dict[str, Any] | None = None) -> list[str]:
     """The command that drives a workload in a child process (see :mod:`._child`);
-    ``apply``: runtime settings to apply (:func:`recsys_doctor.apply.make_runner`)."""
+    ``apply``: runtime settings to apply (:func:`recsys_doctor.train_runner.make_runner`)."""
     argv = [sys.executable, "-m", "recsys_doctor.capture._child", str(target), "--result", str(result)]
     if apply is not None:
         argv += ["--apply", json.dumps(apply)]
@@ -203,14 +213,12 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     whole trace for a script).
     ``apply``: runtime settings applied to a workload while it is profiled (the "after"
     run of ``profile --apply``); ``apply_plan``: a plan file applied to a plain script
-    through the interpreter-start hook (:func:`recsys_doctor.apply.script_env`).
+    through the interpreter-start hook (:func:`recsys_doctor.script_hook.script_env`).
     """
     t_start = time.perf_counter()
     target = Path(target)
     is_wl = is_workload_module(target)
-    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
-        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
-                            "(one with a workload() function); a plain script is profiled as it is")
+    check_workload_options(target, is_wl, threads, duration_s, steps)
     if apply is not None and not is_wl:
         raise BadInputError(f"{target}: runtime settings apply to a workload module; use a plan file for a script")
     if apply_plan is not None and is_wl:
@@ -247,7 +255,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             program = [sys.executable, str(target), *args]
         penv = _child_env()
         if apply_plan is not None:
-            from ..apply import script_env
+            from ..script_hook import script_env
 
             penv = script_env(apply_plan, base_env=penv, hook_dir=out / "hook")
         t_cap = time.perf_counter()
@@ -271,7 +279,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             run = None
             closer = None
             if apply is not None:
-                from ..apply import make_runner
+                from ..train_runner import make_runner
 
                 run, closer, _info, wl = make_runner(wl, apply)
             t_cap = time.perf_counter()
@@ -337,7 +345,7 @@ def _activate_in_process(plan_path: str | os.PathLike[str]) -> Any:
     here); returns the function that stops it."""
     import importlib.util
 
-    from ..apply import read_plan
+    from ..plan_io import read_plan
 
     plan = read_plan(plan_path)
     auto = Path(__file__).resolve().parents[1] / "_autoapply.py"

@@ -5,7 +5,7 @@ measurement without any profiler): loads the module, runs :func:`measure`, write
     python -m recsys_doctor.capture._child WORKLOAD.py --result m.json [--threads N]
         [--duration S | --steps N] [--profiled nsys] [--apply RUNTIME_JSON] [-- ARGS]
 
-``--apply``: runtime settings (a JSON object, see :func:`recsys_doctor.apply.make_runner`)
+``--apply``: runtime settings (a JSON object, see :func:`recsys_doctor.train_runner.make_runner`)
 applied to the workload; what the runtime reports (fallbacks, notes) goes to
 ``RESULT.apply.json``.
 
@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from ..errors import BadInputError, RecsysDoctorError
+from ..errors import BadInputError, RecsysDoctorError, first_line
 from ..workload import load_workload, measure
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         run = None
         close = None
         if a.apply:
-            from ..apply import make_runner
+            from ..train_runner import make_runner
 
             try:
                 runtime = json.loads(a.apply)
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recsys-doctor: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except Exception as e:  # noqa: BLE001 - e.g. a CUDA error inside the runtime
-        msg = str(e).strip().splitlines()
-        print(f"recsys-doctor: error: {type(e).__name__}: {msg[0] if msg else ''}", file=sys.stderr, flush=True)
+        print(f"recsys-doctor: error: {first_line(e)}", file=sys.stderr, flush=True)
         return 1
     if info is not None:
         with open(a.result + ".apply.json", "w") as f:

@@ -13,14 +13,13 @@ which the Kineto loader turns into the same named ranges the nsys backend gets f
 from __future__ import annotations
 
 import contextlib
-import io
 import runpy
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInputError, RecsysDoctorError
+from ..errors import BadInputError, RecsysDoctorError, first_line
 from ..workload import Measurement, Workload, WorkloadError, annotate_with, measure
 
 __all__ = ["require_torch_cuda", "profile_script", "profile_workload"]
@@ -88,7 +87,7 @@ def profile_script(script: Path, args: Sequence[str], out_dir: Path) -> Path:
             except (KeyboardInterrupt, RecsysDoctorError):
                 raise
             except BaseException as e:  # noqa: BLE001
-                raise WorkloadError(f"{script} raised {type(e).__name__}: {_first_line(e)} (output in {log})") from e
+                raise WorkloadError(f"{script} raised {type(e).__name__}: {first_line(e, with_type=False)} (output in {log})") from e
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == str(script.resolve().parent):
@@ -107,8 +106,3 @@ def profile_workload(wl: Workload, out_dir: Path, **measure_kw: Any) -> tuple[Pa
         m = measure(wl, profiled="torch", **measure_kw)
     prof.export_chrome_trace(str(out))
     return out, m
-
-
-def _first_line(e: BaseException) -> str:
-    s = io.StringIO(str(e)).readline().strip()
-    return s or "(no message)"

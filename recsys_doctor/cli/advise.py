@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import click
 
-from ..errors import BadInputError
+from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options, parse_set_pairs
 from .._json import json_default
 
@@ -102,14 +104,24 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     start_ns, end_ns = parse_time(start, "--start"), parse_time(end, "--end")
     results = [advise(p, options, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns,
                       progress=sys.stderr.isatty()) for p in paths]
-    for r in results:
+    html_paths = _per_trace_paths(html_out, results)
+    md_paths = _per_trace_paths(md_out, results)
+    for i, r in enumerate(results):
+        key = None
+        if not no_history or html_out:
+            key = _quiet(lambda: history.workload_key(r, options), None)
         if not no_history:
-            history.record_run(r, db, command="advise")
+            _quiet(lambda: history.record_run(r, db, command="advise", options=options, key=key), None,
+                   "run not recorded in the history")
         if html_out:
-            rows = history.list_runs(db, limit=50, workload=history.workload_name(r.trace_info.get("path")))
-            write_html(r, _per_trace(html_out, r, len(results)), history_rows=rows, options=options)
+            rows = _quiet(lambda: history.list_runs(db, limit=50, key=key), [],
+                          "history trend left out of the report") if key else []
+            write_html(r, html_paths[i], history_rows=rows, options=options)
+            click.echo(f"wrote {html_paths[i]}", err=True)
         if md_out:
-            write_markdown(r, _per_trace(md_out, r, len(results)), options=options)
+            written = write_markdown(r, md_paths[i], options=options)
+            for w in written or [md_paths[i]]:
+                click.echo(f"wrote {w}", err=True)
     if as_json:
         payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
         click.echo(json.dumps(payload, indent=1, default=json_default))
@@ -134,9 +146,29 @@ def _advise_ranks(target: Path, as_json: bool, short_kernel_us: float | None, se
     render_ranks_terminal(res)
 
 
-def _per_trace(out: Path, result: object, n: int) -> Path:
-    """With several traces, one report each: ``report.html`` -> ``report-<trace>.html``."""
-    if n == 1:
-        return out
-    name = Path(str(result.trace_info["path"])).name.split(".")[0]  # type: ignore[attr-defined]
-    return out.with_name(f"{out.stem}-{name}{out.suffix}")
+def _quiet(fn: Any, default: Any, what: str | None = None) -> Any:
+    """History is a side effect: when it fails (unwritable home, read-only or corrupt
+    database) say so in one line on stderr and carry on with the diagnosis."""
+    try:
+        return fn()
+    except (RecsysDoctorError, OSError, sqlite3.Error) as e:
+        if what:
+            click.echo(f"recsys-doctor: warning: {what}: {e}", err=True)
+        return default
+
+
+def _per_trace_paths(out: Path | None, results: list[Any]) -> list[Path]:
+    """With several traces, one report each: ``report.html`` -> ``report-<trace>.html``;
+    traces that share a base name (two ``report1.sqlite`` of different folders) get
+    ``-2``, ``-3``... so no report overwrites another."""
+    if out is None:
+        return []
+    if len(results) == 1:
+        return [out]
+    paths, seen = [], {}
+    for r in results:
+        name = Path(str(r.trace_info["path"])).name.split(".")[0]
+        seen[name] = seen.get(name, 0) + 1
+        suffix = name if seen[name] == 1 else f"{name}-{seen[name]}"
+        paths.append(out.with_name(f"{out.stem}-{suffix}{out.suffix}"))
+    return paths

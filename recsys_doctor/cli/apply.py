@@ -33,22 +33,27 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     calls are replayed as CUDA graphs where the plan says so (eager fallback, reason on
     stderr). Exit status: COMMAND's.
     """
-    from ..apply import before_after_rows, read_plan, run_script, script_env
+    from ..apply import before_after_rows, read_plan, run_script
+    from ..script_hook import hook_env
 
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise BadInputError("give the command to run after --, e.g. recsys-doctor apply plan.json -- python serve.py")
     read_plan(plan)
-    env = script_env(plan)
-    if not compare:
-        try:
-            rc = subprocess.call(list(command), env=env)
-        except FileNotFoundError:
-            raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
-        raise SystemExit(rc)
-    before, _ = run_script(command)
-    after, _ = run_script(command, env=env)
+    why = _inactive_reason()
+    if why:
+        click.echo(f"recsys-doctor: warning: the plan is not active here ({why}); "
+                   "the command runs unchanged", err=True)
+    with hook_env(plan) as env:  # the generated hook folder is removed afterwards
+        if not compare:
+            try:
+                rc = subprocess.call(list(command), env=env)
+            except FileNotFoundError:
+                raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
+            raise SystemExit(rc)
+        before, _ = run_script(command)
+        after, _ = run_script(command, env=env)
     rows = before_after_rows(before, after)
     if as_json:
         click.echo(json.dumps({"before": before, "after": after, "table": rows}, indent=1))
@@ -56,3 +61,20 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     for r in rows:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
         click.echo(f"{r['metric']:<22} {r['before']!s:>12} -> {r['after']!s:>12}  ({ratio})")
+
+
+def _inactive_reason() -> str | None:
+    """Why the plan cannot take effect in this Python (no PyTorch, no CUDA device), or
+    None. The runtime needs both; without them the hook leaves the program as it is."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA device is available to PyTorch"
+    except Exception as e:  # a broken torch install is the same: nothing to apply to
+        return f"PyTorch cannot start CUDA: {e}"
+    return None

@@ -7,13 +7,14 @@ Library errors propagate to the group in ``cli/__init__.py`` (one line, exit 2).
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..errors import BadInputError
+from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options
 from .._json import json_default
 
@@ -61,18 +62,24 @@ _db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_typ
 @click.option("--nvtx", metavar="NAME", help="Restrict the trace to the span of these NVTX ranges.")
 @click.option("--start", metavar="TIME", help="Start of the analysis window (e.g. 1.5s).")
 @click.option("--end", metavar="TIME", help="End of the analysis window.")
+@click.option("--workload", "workload_name", metavar="NAME",
+              help="Name the workload for --baseline-db instead of deriving its key from the trace's path, "
+                   "GPUs, window and options.")
 @_db_option
 @click.option("--no-history", is_flag=True, help="Do not record this run in the history.")
 @click.pass_context
 def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, baseline_branch: str | None,
               min_utilization: str | None, max_drop: str | None, fail_on: str | None,
               write_baseline: Path | None, junit: Path | None, as_json: bool, nvtx: str | None,
-              start: str | None, end: str | None, db: Path | None, no_history: bool) -> None:
+              start: str | None, end: str | None, workload_name: str | None, db: Path | None,
+              no_history: bool) -> None:
     """Gate a run in CI: exit 0 when TRACE passes, 1 on a regression (one reason per
     line), 2 on bad input.
 
     TRACE is a trace file or a saved `advise --json` output. With only a baseline, the
-    defaults are --max-drop 0.05 --fail-on high.
+    defaults are --max-drop 0.05 --fail-on high. Only passed checks (and --write-baseline
+    runs) become --baseline-db baselines, looked up by the workload key: the trace's
+    path (relative to its git top level), GPUs, --start/--end/--nvtx and changed options.
     """
     from .. import gate, history
 
@@ -82,23 +89,27 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
     drop = gate.parse_fraction(max_drop, "--max-drop")
     # load the baseline first: a bad baseline should fail before a long trace load
     base = gate.load_baseline(baseline_file) if baseline_file else None
-    result = gate.load_run(trace, Options(), progress=sys.stderr.isatty(), **_window(nvtx, start, end))
+    options = Options()
+    result = gate.load_run(trace, options, progress=sys.stderr.isatty(), **_window(nvtx, start, end))
+    key = (f"name:{workload_name}" if workload_name else history.workload_key(result, options))
     if baseline_branch:
-        wl = history.workload_name(result.trace_info.get("path"))
-        base = gate.baseline_from_history(baseline_branch, db, workload=wl)
+        base = gate.baseline_from_history(baseline_branch, db, key=key)
     if write_baseline:
         gate.write_baseline(result, write_baseline)
         click.echo(f"baseline written to {write_baseline}", err=True)
         if base is None and min_u is None and drop is None and fail_on is None:
             if not no_history:
-                history.record_run(result, db, command="check")
+                _record(result, db, passed=True, reasons=[f"written as a baseline to {write_baseline}"],
+                        options=options, key=key)
             return
     verdict = gate.check(result, base, min_utilization=min_u, max_drop=drop,
                          fail_on=fail_on.lower() if fail_on else None)
     if junit:
         gate.write_junit(verdict, junit)
+        click.echo(f"wrote {junit}", err=True)
     if not no_history:
-        history.record_run(result, db, command="check", passed=verdict.passed, reasons=verdict.reasons)
+        _record(result, db, passed=verdict.passed, reasons=verdict.reasons,
+                options=options, key=key)
     for line in gate.github_annotations(verdict):
         click.echo(line)
     if as_json:
@@ -112,6 +123,17 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
             click.echo(reason)
     if not verdict.passed:
         ctx.exit(1)
+
+
+def _record(result: Any, db: Path | None, **kw: Any) -> None:
+    """History is a side effect: a failure to record warns in one line, never changes
+    the verdict or hides it."""
+    from .. import history
+
+    try:
+        history.record_run(result, db, command="check", **kw)
+    except (RecsysDoctorError, OSError, sqlite3.Error) as e:
+        click.echo(f"recsys-doctor: warning: run not recorded in the history: {e}", err=True)
 
 
 @click.command("compare")
@@ -134,6 +156,7 @@ def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out:
         from ..reports.html import write_compare_html
 
         write_compare_html(ra, rb, html_out, a_label=a.name, b_label=b.name)
+        click.echo(f"wrote {html_out}", err=True)
     if png_out:
         from ..reports.plots import plot_before_after
 
@@ -141,6 +164,7 @@ def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out:
             png_out.write_bytes(plot_before_after(ra, rb, a.name, b.name))
         except OSError as e:
             raise BadInputError(f"cannot write {png_out}: {e}") from None
+        click.echo(f"wrote {png_out}", err=True)
     if as_json:
         click.echo(json.dumps(c.to_dict(), indent=1, default=json_default))
         return

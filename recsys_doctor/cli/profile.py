@@ -26,10 +26,11 @@ __all__ = ["profile_cmd", "render_capture", "render_apply"]
 @click.option("--duration", type=float, metavar="SECONDS", help="Workload: length of the measurement window.")
 @click.option("--steps", type=int, metavar="N", help="Workload: exactly N calls per client instead of --duration.")
 @click.option("--baseline/--no-baseline", default=True, show_default=True,
-              help="Workload: also measure it once without any profiler attached.")
+              help="Workload: also measure it once without any profiler attached (not with --apply, which always does).")
 @click.option("--no-nvml", is_flag=True, help="Do not sample GPU utilization with NVML.")
 @click.option("--nvtx", metavar="NAME",
-              help="Analyze only the span of the NVTX ranges named NAME (default for a workload: 'measure').")
+              help="Analyze only the span of the NVTX ranges named NAME (default for a workload: 'measure'; "
+                   "not with --apply).")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
               help="Override any analyzer threshold (see docs/options.md).")
 @click.option("--apply", "do_apply", is_flag=True,
@@ -38,7 +39,7 @@ __all__ = ["profile_cmd", "render_capture", "render_apply"]
 @click.option("--top-k", type=int, default=3, show_default=True, metavar="K",
               help="--apply: how many candidate plans to measure (the advisor's own plan is always measured).")
 @click.option("--history/--no-history", default=True, show_default=True,
-              help="--apply: record the after-run in the history database.")
+              help="--apply: record the after-run in the history database (an error without --apply).")
 @click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False),
               help="--apply: history database (default: the user data folder).")
 def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
@@ -69,13 +70,21 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     if steps is not None and steps < 1:
         raise BadInputError(f"--steps must be >= 1, got {steps}")
     options = Options().with_overrides(parse_set_pairs(sets))
+    given = _given(click.get_current_context())
     if do_apply:
+        # the plan search measures the workload's own window with and without a profiler:
+        # options that would change that are refused rather than parsed and dropped
+        for opt in ("nvtx", "baseline"):
+            if opt in given:
+                flag = "--nvtx" if opt == "nvtx" else "--baseline/--no-baseline"
+                raise BadInputError(f"{flag} does not go with --apply (it analyzes the workload's 'measure' "
+                                    "window and always measures the baseline without a profiler)")
         _run_apply(model, args, backend=backend, out_dir=out_dir, threads=threads, duration=duration, steps=steps,
                    nvml=not no_nvml, options=options, top_k=top_k, history=history, db_path=db_path,
                    as_json=as_json)
         return
-    if top_k != 3 or db_path is not None:
-        raise BadInputError("--top-k and --db go with --apply")
+    if top_k != 3 or db_path is not None or "history" in given:
+        raise BadInputError("--top-k, --history/--no-history and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
                   steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options)
     if as_json:
@@ -90,6 +99,12 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     console = Console()
     render_terminal(res.advise, console)
     render_capture(res.capture, console)
+
+
+def _given(ctx: click.Context) -> set[str]:
+    """The options the user wrote on the command line (not defaults)."""
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
 
 
 def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,

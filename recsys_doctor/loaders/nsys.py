@@ -91,6 +91,10 @@ GPU_TABLES = (K + "KERNEL", K + "MEMCPY", K + "MEMSET", K + "SYNCHRONIZATION", K
 
 _PID = "(({col} >> 24) & 16777215)"  # globalTid/globalPid = vid<<48 | pid<<24 | tid
 _TID = "({col} & 16777215)"
+#: libraries whose frames are not the program's own call site
+_RUNTIME_LIB = re.compile(r"^(lib(cuda|cudart|cupti|nvidia|nvToolsExt|c10_cuda|torch_cuda|cublas|cudnn)|libc[-.])")
+#: CUDA API wrappers (the runtime's templates inlined into the program)
+_CUDA_SYMBOL = re.compile(r"\bcu(da)?[A-Z]\w*")
 _API_SUFFIX = re.compile(r"_v\d+$")
 _VERSION_IN_PATH = re.compile(r"nsight[-_ ]?systems[-/_ ]*(20\d\d\.\d+(?:\.\d+)*)", re.IGNORECASE)
 _HPCSDK_IN_PATH = re.compile(r"hpc_sdk/[^/]+/(\d+\.\d+)/\S*nsys", re.IGNORECASE)
@@ -307,6 +311,8 @@ class _Reader:
                 self.progress.update(description=f"loading {self.shown.name}: {k}")
                 self.progress.advance()
         tables: dict[str, pd.DataFrame | None] = {k: _concat(v) for k, v in parts.items()}
+        if tables.get("api") is not None:
+            tables["api"] = self.attach_callsites(tables["api"])
         tables["threads"] = self.threads(tables.get("api"), tables.get("ranges"))
         tables["devices"] = self.devices(tables)
         self.meta["tables_missing"] = [t for t in READ_TABLES if t not in self.tables]
@@ -475,6 +481,48 @@ class _Reader:
             return df
 
         return sql, post
+
+    def attach_callsites(self, df: pd.DataFrame) -> pd.DataFrame:
+        """``--cudabacktrace`` exports: each call's ``callsite`` (see :meth:`callsites`),
+        joined on ``(pid, correlation)``; other exports are returned as they are."""
+        t = K + "RUNTIME"
+        if not (len(df) and "callchainId" in self.cols(t) and "CUDA_CALLCHAINS" in self.tables and self.has_strings):
+            return df
+        gt = self.col(t, "r", "globalTid")
+        name, join = self.string(t, "r", "nameId", "sn")
+        bt = self.query(  # duplicate rows carry the chain, same correlation
+            f"SELECT {_PID.format(col=gt)} AS pid, {self.col(t, 'r', 'correlationId', '0')} AS correlation, "
+            f"r.callchainId AS chain, {name} AS name FROM {t} r {join} WHERE r.callchainId IS NOT NULL")
+        if not len(bt):
+            return df
+        return df.merge(self.callsites(bt), on=["pid", "correlation"], how="left")
+
+    def callsites(self, bt: pd.DataFrame) -> pd.DataFrame:
+        """``--cudabacktrace`` exports: per backtraced call ``(pid, correlation)``, the first
+        frame in the program's own code (resolved, outside the CUDA/profiler libraries, not
+        a CUDA API wrapper), as ``symbol (module)``. The call's ``callchainId`` is 0-based
+        in some exports and equal to ``CUDA_CALLCHAINS.id`` in others: the offset whose
+        chains contain the call's own API name more often wins."""
+        rows = self.con.execute(
+            "SELECT c.id, s.value, m.value, c.unresolved FROM CUDA_CALLCHAINS c "
+            "JOIN StringIds s ON s.id = c.symbol JOIN StringIds m ON m.id = c.module "
+            "ORDER BY c.id, c.stackDepth").fetchall()
+        site: dict[int, str] = {}
+        syms: dict[int, set[str]] = {}
+        for cid, sym, mod, unresolved in rows:
+            syms.setdefault(int(cid), set()).add(str(sym))
+            if int(cid) in site or unresolved or not isinstance(sym, str):
+                continue
+            base = str(mod).rsplit("/", 1)[-1]
+            if _RUNTIME_LIB.search(base) or _CUDA_SYMBOL.search(sym):
+                continue
+            site[int(cid)] = f"{sym} ({base})"
+        chain = bt["chain"].to_numpy(np.int64)
+        api = [_API_SUFFIX.sub("", str(n)) for n in bt["name"]]
+        best = max((0, 1), key=lambda off: sum(a in syms.get(int(c) + off, ()) for c, a in zip(chain, api)))
+        out = pd.DataFrame({"pid": bt["pid"].to_numpy(np.int64), "correlation": bt["correlation"].to_numpy(np.int64),
+                            "callsite": [site.get(int(c) + best) for c in chain]})
+        return out.drop_duplicates(["pid", "correlation"])
 
     def ranges(self) -> Job | None:
         t = "NVTX_EVENTS"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call of issue-8 work on the GPU machine: set-up, then the named parts, each with
+# its own time limit, logs and results under $OUT.  usage: bash bench/gpu_session.sh PART...
+# parts: tests alltests anchors variants apply (wdl + script + mmoe through bench/apply_acceptance.sh);
+# carry .whl and .gpu-libs
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+# Nsight Systems from inside Nsight Compute, with libdw carried in .gpu-libs (../shared/GPU.md)
+if [ -d .gpu-libs ]; then
+  mkdir -p /tmp/dw && for f in .gpu-libs/*.deb; do dpkg -x "$f" /tmp/dw; done
+  export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+fi
+for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ] && export PATH=$d:$PATH; done
+python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/setup.log" 2>&1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/setup.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/setup.log"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "setup $(( $(date +%s) - t0 )) s"
+for part in "$@"; do
+  s=$(date +%s)
+  case $part in
+    tests)
+      timeout 240 python3 -m pytest -q -m gpu tests/test_runtime_gpu.py -p no:cacheprovider -x > "$OUT/gpu_tests.log" 2>&1
+      echo "tests rc=$?"; tail -4 "$OUT/gpu_tests.log";;
+    anchors)
+      OUT=$OUT timeout ${ANCHORS_TIMEOUT:-330} python3 bench/serve_anchors.py > "$OUT/anchors.log" 2>&1
+      echo "anchors rc=$?"; tail -40 "$OUT/anchors.log";;
+    alltests)
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs > "$OUT/gpu_tests_all.log" 2>&1
+      echo "alltests rc=$?"; tail -6 "$OUT/gpu_tests_all.log";;
+    variants)  # the runtime's hot-path variants at Q=8 against the pre-packed hand-roll, one run
+      mkdir -p "$OUT/v"
+      OUT=$OUT/v QS=1,4,8 CONFIGS=graph_prepacked,serve,serve_request NAME=default.json timeout 120 python3 bench/serve_anchors.py > "$OUT/v/default.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=release_gil.json RECSYS_DOCTOR_LAUNCH=release-gil timeout 60 python3 bench/serve_anchors.py > "$OUT/v/release_gil.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=copies_outside.json RECSYS_DOCTOR_GRAPH_COPIES=outside timeout 60 python3 bench/serve_anchors.py > "$OUT/v/copies_outside.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=slots1.json SERVE_SLOTS=1 timeout 60 python3 bench/serve_anchors.py > "$OUT/v/slots1.log" 2>&1
+      OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=groups4.json SERVE_GROUPS=4 timeout 60 python3 bench/serve_anchors.py > "$OUT/v/groups4.log" 2>&1
+      for f in "$OUT"/v/*.json; do echo "== $(basename "$f")"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['qps_table']), json.dumps(d['ratio_to_graph_prepacked']))" "$f"; done
+      (cd "$OUT" && tar czf variants.tgz v && rm -rf v);;
+    apply)
+      OUT=$OUT/apply timeout ${APPLY_TIMEOUT:-400} bash bench/apply_acceptance.sh ${APPLY_PARTS:-wdl script mmoe} > "$OUT/apply.log" 2>&1
+      echo "apply rc=$?"; tail -60 "$OUT/apply.log"
+      (cd "$OUT" && tar czf apply.tgz apply && rm -rf apply);;
+  esac
+  echo "part $part $(( $(date +%s) - s )) s"
+done

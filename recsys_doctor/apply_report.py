@@ -1,0 +1,139 @@
+"""What ``profile --apply`` reports: the candidate and apply results, the before/after
+table, the summary points compared, and the HTML block added to ``compare.html``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .whatif import Candidate, Prediction
+
+__all__ = ["CandidateResult", "ApplyResult", "before_after_rows"]
+
+
+@dataclass
+class CandidateResult:
+    """One candidate: its estimate, and its measurement when it was measured."""
+
+    prediction: Prediction
+    measured: dict[str, Any] | None = None
+    nvml: dict[str, Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.prediction.candidate.label, "runtime": self.prediction.candidate.to_runtime(),
+                "predicted": _pred_numbers(self.prediction), "measured": _meas_numbers(self.measured),
+                "nvml": self.nvml, "info": self.info, "error": self.error}
+
+
+@dataclass
+class ApplyResult:
+    """What ``profile --apply`` did: the before/after table, every candidate, the files."""
+
+    kind: str
+    target: str
+    chosen: Candidate | None
+    before: dict[str, Any]
+    after: dict[str, Any] | None
+    candidates: list[CandidateResult]
+    stats: dict[str, Any]
+    files: dict[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target,
+                "chosen": None if self.chosen is None else {"label": self.chosen.label, **self.chosen.to_runtime()},
+                "before": self.before, "after": self.after,
+                "table": before_after_rows(self.before, self.after),
+                "candidates": [c.to_dict() for c in self.candidates], "what_if_stats": self.stats,
+                "files": self.files, "wall_s": round(self.wall_s, 3), "notes": self.notes}
+
+
+def _pred_numbers(p: Prediction) -> dict[str, Any]:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in
+            {"qps": p.qps, "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "step_ms": p.step_ms, "bound": p.bound,
+             "host_us": p.host_ns / 1e3, "gpu_us": p.gpu_ns / 1e3, "overlap": p.overlap}.items()} | {"notes": p.notes}
+
+
+def _meas_numbers(m: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not m:
+        return None
+    return {k: m.get(k) for k in ("qps", "p50_ms", "p99_ms", "step_ms", "calls", "wall_s") if k in m}
+
+
+def before_after_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The before/after table: one row per metric with both values and after/before."""
+    rows = []
+    for key, label in (("qps", "queries/s"), ("step_ms", "step ms"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
+                       ("trace_util", "GPU busy (trace) %"), ("nvml_util", "GPU util (NVML) %")):
+        a = before.get(key)
+        b = (after or {}).get(key)
+        if a is None and b is None:
+            continue
+        ratio = (b / a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else None
+        rows.append({"metric": label, "key": key, "before": a, "after": b, "ratio": ratio})
+    return rows
+
+
+def _summary_point(meas: dict[str, Any] | None, nvml: dict[str, Any] | None, advise: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    if meas:
+        for k in ("qps", "p50_ms", "p99_ms", "step_ms", "mean_ms", "calls", "losses"):
+            if meas.get(k) is not None:
+                d[k] = meas[k]
+    if nvml and nvml.get("n"):
+        d["nvml_util"] = nvml.get("util_mean")
+    if advise is not None:
+        u = _trace_util(advise)
+        if u is not None:
+            d["trace_util"] = u
+    return d
+
+
+def _trace_util(advise: Any) -> float | None:
+    """GPU busy % of the analyzed window: the summary's ``gpu_utilization`` (a share, see
+    ``analyzers/summary.py``); without a summary, the union of GPU activity over its span."""
+    v = (getattr(advise, "summary", None) or {}).get("gpu_utilization")
+    if isinstance(v, (int, float)):
+        return round(float(v) * 100, 2)
+    trace = getattr(advise, "trace", None)
+    if trace is not None and len(trace.gpu_activity()):
+        from .whatif import union_ns
+
+        act = trace.gpu_activity()
+        span = int(act["end"].max() - act["start"].min())
+        if span > 0:
+            return round(100.0 * union_ns(act["start"].to_numpy(), act["end"].to_numpy()) / span, 2)
+    return None
+
+
+def _add_table_to_html(path: Path, res: ApplyResult) -> None:
+    import html
+
+    def f(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:,.3f}" if isinstance(v, float) else html.escape(str(v))
+
+    rows = "".join(f"<tr><td>{html.escape(r['metric'])}</td><td class='num'>{f(r['before'])}</td>"
+                   f"<td class='num'>{f(r['after'])}</td><td class='num'>{f(r['ratio'])}</td></tr>"
+                   for r in before_after_rows(res.before, res.after))
+    crow = ""
+    for c in res.candidates:
+        if c.measured is None and c.error is None:
+            continue
+        p, m = _pred_numbers(c.prediction), _meas_numbers(c.measured) or {}
+        key = "qps" if res.kind != "train" else "step_ms"
+        crow += (f"<tr><td>{html.escape(c.prediction.candidate.label)}</td><td class='num'>{f(p.get(key))}</td>"
+                 f"<td class='num'>{f(m.get(key))}</td><td class='num'>{f(m.get('p99_ms'))}</td>"
+                 f"<td>{html.escape(c.error or '')}</td></tr>")
+    chosen = html.escape(res.chosen.label) if res.chosen else "-"
+    block = (f"<h2>Measured before / after (chosen: {chosen})</h2><table><tr><th>metric</th><th>before</th>"
+             f"<th>after</th><th>after/before</th></tr>{rows}</table>"
+             f"<h2>Candidates: predicted vs measured</h2><table><tr><th>plan</th><th>predicted</th>"
+             f"<th>measured</th><th>measured p99 ms</th><th>error</th></tr>{crow}</table>")
+    text = path.read_text()
+    path.write_text(text.replace("<figure>", block + "<figure>", 1))

@@ -1,0 +1,59 @@
+"""``plan.json``: writing the chosen plan and reading (and checking) any plan file.
+
+Below both capture and apply: the profiler reads a plan to apply it to a script, the
+apply stage writes the one it chose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ._json import json_default
+from .errors import BadInputError
+from .plan_search import plan_candidate
+from .whatif import Candidate
+
+__all__ = ["write_plan", "read_plan"]
+
+
+def write_plan(path: str | os.PathLike[str], advised: dict[str, Any], chosen: Candidate, *,
+               clients: int | None = None, predicted: dict[str, Any] | None = None,
+               measured: dict[str, Any] | None = None, baseline: dict[str, Any] | None = None) -> Path:
+    """``plan.json``: the advisor's plan (schema 1, as ``advise --json`` prints it) plus a
+    ``runtime`` object with the chosen settings (which ``RuntimeConfig.from_plan`` and the
+    script hook read first) and an ``apply`` object with what was predicted and measured."""
+    p = Path(path)
+    doc = dict(advised)
+    doc["runtime"] = chosen.to_plan().to_runtime(clients)
+    doc["apply"] = {"label": chosen.label, "predicted": predicted, "measured": measured, "baseline": baseline}
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+    except OSError as e:
+        raise BadInputError(f"cannot write the plan to {p} ({e.strerror or e})") from None
+    return p
+
+
+def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a plan JSON (``plan.json`` or an ``advise --json`` output, whose
+    ``plan`` object is taken). Raises :class:`BadInputError` with one line on any problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadInputError(f"{p}: no such plan file")
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{p}: cannot read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise BadInputError(f"{p}: not JSON (line {e.lineno}: {e.msg})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("plan"), dict) and "findings" in doc:
+        doc = doc["plan"]
+    if not isinstance(doc, dict):
+        raise BadInputError(f"{p}: a plan must be a JSON object")
+    if not any(k in doc for k in ("runtime", "stream_groups", "cuda_graphs", "groups")):
+        raise BadInputError(f"{p}: not a recsys-doctor plan (no runtime, stream_groups or cuda_graphs)")
+    plan_candidate(doc)  # validates types
+    return doc

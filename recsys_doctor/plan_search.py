@@ -1,0 +1,88 @@
+"""Plan search: which runtime settings ``profile --apply`` considers and which it measures.
+
+Every candidate (:func:`candidates`) is priced by :mod:`recsys_doctor.whatif`; the best
+few by estimate (:func:`select_to_measure`) are measured. :func:`runtime_plan` turns a
+candidate into the runtime settings for a given number of client threads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Sequence
+
+from .errors import BadInputError
+from .plan import Plan
+from .whatif import Candidate, Prediction
+
+__all__ = ["GROUP_COUNTS", "SCRIPT_MAX_THREADS_PER_GROUP", "candidates", "plan_candidate", "runtime_plan",
+           "select_to_measure"]
+
+#: group counts tried by the plan search
+GROUP_COUNTS = (1, 2, 4, 8)
+
+
+#: plain scripts: at most this many client threads share one group when graphs are on.
+#: Measured on the H200: with 4 or 8 threads per group (8 threads on 2 or 1 groups) the
+#: hook's captures fail ("operation failed due to a previous error during capture") even
+#: with every other model execution held off during a capture, so those groups run eagerly
+#: (bench/results/apply_script_g2_after_gate_h200.log; before the hook handled the failure,
+#: the clients died: apply_script_g2_diag.log); 1-2 threads per group capture fine.
+SCRIPT_MAX_THREADS_PER_GROUP = 2
+
+
+def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS,
+               clients: int | None = None) -> list[Candidate]:
+    """Every plan the search considers. Serving: groups x merge x allocator x graphs (32).
+    Training: branch streams x graphs (copies are not per-step, pools are the step's own).
+    A plain script: groups x graphs (its copies are its own, on the group's stream); with
+    ``clients`` given, graphed plans with more than :data:`SCRIPT_MAX_THREADS_PER_GROUP`
+    threads per group are left out (see there)."""
+    if kind == "serve":
+        return [Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
+                for gr in (True, False)]
+    if kind == "script":
+        return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)
+                if not (gr and clients and math.ceil(clients / g) > SCRIPT_MAX_THREADS_PER_GROUP)]
+    if kind == "train":
+        return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
+    raise BadInputError(f"unknown candidate kind {kind!r}")
+
+
+def plan_candidate(plan: dict[str, Any]) -> Candidate:
+    """The advisor's plan as a :class:`Candidate` (through :meth:`Plan.from_dict`)."""
+    return Candidate.from_plan(Plan.from_dict(plan))
+
+
+def runtime_plan(cand: Candidate, clients: int) -> dict[str, Any]:
+    """The runtime settings for ``cand`` with ``clients`` client threads: enough slots per
+    group that every client can have a query in flight (``groups x slots >= clients``;
+    fewer makes waiting for a slot unfair, see ``docs/runtime.md``)."""
+    return cand.to_plan().to_runtime(clients)
+
+
+def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidate | None = None,
+                      allocator_twin: bool = True) -> list[Prediction]:
+    """The first ``top_k`` of ``ranked`` that differ in something the estimate prices
+    (groups, merged streams, graphs: the allocator variants of one plan estimate the
+    same, so only the first of them is taken), then, with ``allocator_twin``, the best
+    one's twin with the other allocator setting (own pools per group vs one shared pool
+    are measured, not guessed), plus ``prefer`` (the advisor's plan) when it is not among
+    them."""
+    out: list[Prediction] = []
+    seen: set[tuple[int, bool, bool]] = set()
+    for p in ranked:
+        c = p.candidate
+        k = (c.groups, c.merge_streams, c.cuda_graphs)
+        if k in seen:
+            continue
+        if len(out) < top_k:
+            out.append(p)
+            seen.add(k)
+    if allocator_twin and out and out[0].candidate.groups > 1:
+        top = out[0].candidate
+        twin = replace(top, per_stream_allocator=not top.per_stream_allocator)
+        out.extend(p for p in ranked if p.candidate == twin and all(q.candidate != twin for q in out))
+    if prefer is not None and all(p.candidate != prefer for p in out):
+        out.extend(p for p in ranked if p.candidate == prefer)
+    return out

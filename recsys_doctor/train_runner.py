@@ -1,0 +1,133 @@
+"""Applying runtime settings to a workload module in-process: :func:`make_runner`.
+
+Serving workloads run through :func:`recsys_doctor.runtime.serve`; training workloads get
+branch streams and a whole-step CUDA graph. Used by the profiler's child process and by
+the candidate measurements of ``profile --apply``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Callable
+
+from .plan import Plan
+
+__all__ = ["make_runner"]
+
+
+def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
+    """``(run, close, info, workload)`` applying ``runtime`` (a flat runtime dict) to a
+    :class:`~recsys_doctor.workload.Workload`: pass ``run`` and the returned workload
+    (warm-up adjusted) to :func:`~recsys_doctor.workload.measure`, call ``close()`` after.
+
+    Serving: ``run`` is a :func:`recsys_doctor.runtime.serve` ``ServedModel`` built from
+    ``wl.inputs(0)`` (host tensors in, host tensors out, like the default query).
+
+    Training: the workload exposes what the runtime needs (``examples/mmoe_training.py``):
+    ``wl.model.streams`` (passed to ``parallel_branches``; set to a ``BranchStreams`` of
+    ``groups`` streams when ``groups > 1``) and ``wl.run.optimizer`` (made ``capturable``
+    for a whole-step CUDA graph). The graphed ``run`` does the first warm-up steps eagerly
+    on a side stream, captures one step, and replays it; it returns a clone of the step's
+    loss. The warm-up count is reduced by the steps ``run`` itself takes before the first
+    replay, so the same number of optimizer steps precedes the measurement and the
+    measured losses are comparable step for step with the baseline's.
+    """
+    from .runtime import RuntimeConfig
+
+    cfg = RuntimeConfig.from_plan(runtime)
+    # what this path cannot apply is said in the notes, never dropped silently
+    notes = Plan.from_dict(runtime).unhonoured("serve" if wl.kind == "serve" else "train")
+    info: dict[str, Any] = {"runtime": asdict(cfg), "notes": notes}
+    if wl.kind == "serve":
+        from .runtime import serve
+
+        ex = wl.inputs(0)
+        ex = ex if isinstance(ex, tuple) else (ex,)
+        served = serve(wl.model, ex, plan=runtime, slots_per_group=cfg.slots_per_group)
+        info["fallbacks"] = dict(served.fallbacks)
+
+        def close() -> None:
+            info["stats"] = served.stats()
+            served.close()
+
+        return served, close, info, wl
+    return _train_runner(wl, cfg, info)
+
+
+def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
+    import torch
+
+    step = wl.run
+    model = wl.model
+    closers: list[Callable[[], None]] = []
+    if cfg.groups > 1:
+        if hasattr(model, "streams"):
+            from .runtime import BranchStreams
+
+            bs = BranchStreams(cfg.groups)
+            prev = model.streams
+            model.streams = bs
+
+            def undo() -> None:
+                model.streams = prev
+                bs.close()
+
+            closers.append(undo)
+            info["branch_streams"] = cfg.groups
+        else:
+            info["notes"].append("the workload's model has no 'streams' attribute: branch streams not applied")
+    if not cfg.cuda_graphs:
+        return step, lambda: [c() for c in closers], info, wl
+    opt = getattr(step, "optimizer", None)
+    if opt is None:
+        info["notes"].append("the step exposes no 'optimizer' attribute: no whole-step CUDA graph (eager)")
+        return step, lambda: [c() for c in closers], info, wl
+    for pg in opt.param_groups:
+        if "capturable" in pg:
+            pg["capturable"] = True
+    # the first call runs eager_first eager steps + 1 replay and counts as one warm-up
+    # call, so warm-up calls = 1 + (warmup - eager_first - 1) keep the same step count
+    eager_first = max(1, min(3, int(wl.warmup) - 1))
+    rest = max(1, int(wl.warmup) - eager_first)
+    if eager_first + rest != int(wl.warmup):
+        info["notes"].append(f"warm-up {wl.warmup} < {eager_first + 1}: the applied run takes "
+                             f"{eager_first + rest - int(wl.warmup)} more steps before measuring")
+    st: dict[str, Any] = {}
+
+    def run(*args: Any) -> Any:
+        g = st.get("graph")
+        if g is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(eager_first):
+                    step(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g):
+                    out = step(*args)
+            except Exception as e:  # noqa: BLE001 - the reason is kept; the step runs eagerly
+                info["fallback"] = f"whole-step capture failed, running eagerly: {type(e).__name__}: {e}"
+                torch.cuda.synchronize()
+                st["graph"] = False
+                return step(*args)
+            st.update(graph=g, out=out, args=args,
+                      ptrs=[a.data_ptr() for a in args if isinstance(a, torch.Tensor)])
+            g.replay()
+        elif g is False:
+            return step(*args)
+        else:
+            ptrs = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+            if ptrs != st["ptrs"]:  # new input tensors: copy them into the captured ones
+                for d, s in zip((a for a in st["args"] if isinstance(a, torch.Tensor)),
+                                (a for a in args if isinstance(a, torch.Tensor))):
+                    d.copy_(s)
+            g.replay()
+        out = st["out"]
+        return out.clone() if isinstance(out, torch.Tensor) else out
+
+    info["whole_step_graph"] = True
+    info["eager_steps_before_capture"] = eager_first
+    return run, lambda: [c() for c in closers], info, wl.with_overrides(warmup=rest)
