@@ -264,7 +264,9 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
     first = np.ones(len(ks), dtype=bool)
     first[1:] = ks[1:] != ks[:-1]
     if not first.all():  # shared keys: the earliest start wins, then table order
-        order = np.lexsort((api["start"].to_numpy()[rows], key))
+        st = api["start"].to_numpy()[rows]
+        if len(st) > 1 and not (st[1:] >= st[:-1]).all():  # table not in time order
+            order = np.lexsort((st, key))
         ks = key[order]
         first[1:] = ks[1:] != ks[:-1]
     return ks[first], rows[order[first]]
