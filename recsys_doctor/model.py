@@ -81,7 +81,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "api": {
         "start": "int64", "end": "int64", "pid": "int64", "tid": "int64",
         "correlation": "int64", "name": "category", "api_class": "category",
-        "callsite": "object",
+        "callsite": "category",
     },
     "syncs": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",
@@ -120,7 +120,10 @@ def make_table(table: str, df: pd.DataFrame | None) -> pd.DataFrame:
             s = df[col]
         elif dtype == "bool":
             s = pd.Series(np.zeros(n, dtype=bool), index=df.index)
-        elif dtype in ("Int64", "object", "category"):
+        elif dtype == "category":  # absent: all missing, one byte per row
+            s = pd.Series(pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), categories=pd.Index([], dtype=object)),
+                          index=df.index)
+        elif dtype in ("Int64", "object"):
             s = pd.Series([None] * n, index=df.index, dtype="object")
         else:
             s = pd.Series(np.zeros(n, dtype="int64"), index=df.index)
