@@ -140,12 +140,18 @@ def where_shares(labels: Any, weights: Any = None, *, key: str, top: int = 5,
                  extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """``where`` entries: the ``top`` labels by total weight with their share of the whole.
     Missing labels (``None``) are dropped from the list but count in the total."""
-    lab = pd.Series(np.asarray(labels, dtype=object))
+    lab = np.asarray(labels, dtype=object)
     w = pd.Series(np.ones(len(lab)) if weights is None else np.asarray(weights, dtype=float))
     total = float(w.sum())
     if total <= 0 or len(lab) == 0:
         return []
-    g = w[lab.notna().to_numpy()].groupby(lab[lab.notna()].to_numpy()).sum().sort_values(ascending=False)
+    # group on integer codes (a label per distinct value, not per row), then order the
+    # groups by label as a groupby on the labels would, before ranking them
+    codes, uniq = pd.factorize(lab)
+    ok = codes >= 0
+    g = w[ok].groupby(codes[ok]).sum()
+    g.index = pd.Index(uniq, dtype=object)[g.index.to_numpy()]
+    g = g.sort_index().sort_values(ascending=False)
     out = []
     for name, v in g.head(top).items():
         d = {key: name, "share": round(float(v) / total, 4)}

@@ -33,7 +33,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
 from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, r, thread_labels
+from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, r, str_contains, thread_labels
 
 __all__ = ["analyze", "repeated_windows"]
 
@@ -103,15 +103,14 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="graph-candidate")
     k = trace.kernels
     g = trace.graphs
-    api_names = trace.api["name"].astype(str)
-    n_graph_launch = int(api_names.str.contains(GRAPH_LAUNCH_RE).sum())
+    n_graph_launch = int(str_contains(trace.api["name"], GRAPH_LAUNCH_RE).sum())
     if len(k) == 0 and len(g) == 0:
         res.data = {"kernels": 0, "graph_launch_calls": n_graph_launch}
         return res
     j = launches(trace, ("kernel",))
     by_graph_launch = np.zeros(len(k), dtype=bool)
     if len(j):
-        gl = j["api_name"].astype(str).str.contains(GRAPH_LAUNCH_RE).to_numpy()
+        gl = str_contains(j["api_name"], GRAPH_LAUNCH_RE).to_numpy()
         by_graph_launch[j["row"].to_numpy()[gl]] = True
     in_graph = k["in_graph"].to_numpy(bool) | by_graph_launch
     kd = (k["end"] - k["start"]).to_numpy(np.int64)

@@ -28,7 +28,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
 from ._recoverable import examples, finish, steady_starts, steady_window
-from ._util import launches, op_table, r, thread_labels
+from ._util import launches, left_join_ops, op_table, r, thread_labels
 
 __all__ = ["analyze"]
 
@@ -40,9 +40,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         res.data = {"devices": {}}
         return res
     j = launches(trace)
-    key = ["what", "row"]
-    jc = key + ["tid", "api_start", "api_name"] + (["callsite"] if "callsite" in j.columns else [])
-    ops = ops.merge(j[jc], on=key, how="left")
+    jc = ["tid", "api_start", "api_name"] + (["callsite"] if "callsite" in j.columns else [])
+    ops = left_join_ops(ops, j, jc)
     if "callsite" not in ops.columns:
         ops["callsite"] = None
     short_ns = int(round(options.short_gap_us * 1000))

@@ -33,7 +33,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
 from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import BLOCKING_COPY_RE, launches, norm_name, r, thread_labels
+from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_labels
 from .summary import direction_switches
 
 __all__ = ["analyze"]
@@ -61,18 +61,20 @@ def _units(trace: Trace, region_names: np.ndarray) -> tuple[str | None, int]:
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="memcpy-ping-pong")
     mc = trace.memcpys
-    hd = mc[mc["kind"].isin(["h2d", "d2h"])]
+    is_hd = mc["kind"].isin(["h2d", "d2h"]).to_numpy()
+    hd = mc.loc[is_hd, ["start", "end", "bytes", "kind", "src_mem", "dst_mem"]]
     n = len(hd)
     if n == 0:
         res.data = {"h2d": 0, "d2h": 0, "direction_switches": 0}
         return res
     switches = direction_switches(mc)
     small = hd["bytes"].to_numpy(np.int64) <= options.small_copy_bytes
-    pageable = (hd["src_mem"].astype(object) == "pageable").to_numpy() | (hd["dst_mem"].astype(object) == "pageable").to_numpy()
+    pageable = (hd["src_mem"] == "pageable").to_numpy() | (hd["dst_mem"] == "pageable").to_numpy()
 
     j = launches(trace, ("memcpy",))
-    j = j[j["row"].isin(np.flatnonzero(mc["kind"].isin(["h2d", "d2h"]).to_numpy()))] if len(j) else j
-    sync_mask = j["api_name"].astype(str).str.contains(BLOCKING_COPY_RE).to_numpy() if len(j) else np.zeros(0, bool)
+    keep = is_hd[j["row"].to_numpy(np.int64)] if len(j) else np.zeros(0, bool)
+    j = j if keep.all() else j[keep]
+    sync_mask = str_contains(j["api_name"], BLOCKING_COPY_RE).to_numpy() if len(j) else np.zeros(0, bool)
     n_sync = int(sync_mask.sum())
     reg = attribute(trace, j["pid"], j["tid"], j["api_start"]) if len(j) else np.empty(0, object)
     jsmall = mc["bytes"].to_numpy(np.int64)[j["row"].to_numpy(np.int64)] <= options.small_copy_bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
+from ._util import str_contains
 
 __all__ = ["analyze"]
 
@@ -18,8 +19,7 @@ __all__ = ["analyze"]
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="no-gpu-activity")
     n_k, n_g = len(trace.kernels), len(trace.graphs)
-    names = trace.api["name"].astype(str)
-    n_launch = int(names.str.contains(r"Launch", regex=True).sum())
+    n_launch = int(str_contains(trace.api["name"], r"Launch").sum())
     res.data = {"kernels": n_k, "graph_executions": n_g, "api_calls": int(len(trace.api)),
                 "launch_calls": n_launch, "memcpys": int(len(trace.memcpys)), "memsets": int(len(trace.memsets))}
     if n_k or n_g:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..model import Trace
-from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals
+from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, str_contains
 
 __all__ = ["summarize", "SHORT_KERNEL_NS", "device_windows", "direction_switches"]
 
@@ -62,12 +62,14 @@ def device_windows(trace: Trace) -> dict[int, dict[str, int]]:
 def direction_switches(memcpys: Any) -> int:
     """Adjacent h2d/d2h copies of one process (by start, then end) with different
     directions, summed over processes."""
-    m = memcpys[memcpys["kind"].isin(["h2d", "d2h"])]
-    if len(m) < 2:
+    sel = memcpys["kind"].isin(["h2d", "d2h"]).to_numpy()
+    if sel.sum() < 2:
         return 0
-    m = m.sort_values(["pid", "start", "end"], kind="stable")
-    k = (m["kind"].to_numpy(object) == "h2d")
-    p = m["pid"].to_numpy()
+    # a stable sort of the three key columns (no copy of the table)
+    p, s, e = (memcpys[c].to_numpy()[sel] for c in ("pid", "start", "end"))
+    order = np.lexsort((e, s, p))
+    k = (memcpys["kind"] == "h2d").to_numpy()[sel][order]
+    p = p[order]
     same_pid = p[1:] == p[:-1]
     return int(((k[1:] != k[:-1]) & same_pid).sum())
 
@@ -89,7 +91,6 @@ def summarize(trace: Trace) -> dict[str, Any]:
         threads_max = 0
 
     mc = trace.memcpys
-    api_names = trace.api["name"].astype(str)
     return {
         "kernels": int(len(k)),
         "gpu_utilization": (busy / window) if window > 0 else None,
@@ -100,7 +101,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
             "d2h": int((mc["kind"] == "d2h").sum()),
             "direction_switches": direction_switches(mc),
         },
-        "sync_calls": int(api_names.str.contains("Synchronize", regex=False).sum()),
+        "sync_calls": int(str_contains(trace.api["name"], "Synchronize", regex=False).sum()),
         # extras
         "devices": sorted(wins),
         "window_ns": int(window),
@@ -108,7 +109,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "memcpys": int(len(mc)),
         "memsets": int(len(trace.memsets)),
         "api_calls": int(len(trace.api)),
-        "graph_launches": int(api_names.str.contains(GRAPH_LAUNCH_RE).sum()),
+        "graph_launches": int(str_contains(trace.api["name"], GRAPH_LAUNCH_RE).sum()),
         "graph_executions": int(len(trace.graphs)),
         "median_kernel_us": float(np.median(dur)) / 1000.0 if len(k) else None,
     }

@@ -29,7 +29,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import attribute, where_shares
 from ._recoverable import steady_window, examples, finish, gaps_containing, idle_gaps
-from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, thread_label, thread_labels
+from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, thread_label, thread_labels
 
 __all__ = ["analyze"]
 
@@ -47,8 +47,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if len(api) == 0:
         res.data = {"calls": 0}
         return res
-    names = api["name"].astype(str)
-    m = (names.str.contains(SYNC_RE) | names.str.contains(BLOCKING_COPY_RE)).to_numpy()
+    m = (str_contains(api["name"], SYNC_RE) | str_contains(api["name"], BLOCKING_COPY_RE)).to_numpy()
     mc = trace.memcpys
     pageable_d2h = 0
     if len(mc):

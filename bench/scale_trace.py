@@ -1,16 +1,25 @@
 """How ``advise`` scales with trace size: tile a real Nsight Systems export in time and
-time the whole ``recsys-doctor advise --json`` run (load + analyze + plan) on each size.
+time the whole ``recsys-doctor advise --json`` command (start-up, load, analyze, plan) on
+each size, next to nsys-ai (``nsys-ai diagnose --format json``, its DuckDB path) on the
+same file in the same run when it is installed; then the same for a PyTorch profiler
+(Kineto) JSON trace tiled to ~450 MB.
 
 For a tiling factor K the activity tables (kernels, copies, memsets, runtime API, syncs,
 graph executions, NVTX) are copied K times, each copy shifted by K x the trace duration
 and with correlation ids offset so they stay unique per process; everything else (strings,
-threads, devices, metadata) is kept once. Each size runs in a fresh subprocess so the
-peak resident memory (ru_maxrss of the child) is that run's own.
+threads, devices, metadata) is kept once. Every command runs in a fresh subprocess; its
+peak resident memory is the child's own ``ru_maxrss`` (``os.wait4``). The generated files
+go to a temporary directory (``--tmp``, default /tmp) and are deleted after use: only the
+results JSON is kept.
 
-    python bench/scale_trace.py [--trace FILE] [--factors 1,2,4,8,16] [--out bench/results/...json]
+    python bench/scale_trace.py [--rows 1e6,4e6,1e7] [--gb 2] [--kineto-mb 450]
+        [--nsys-ai /path/to/venv/bin/nsys-ai] [--repeat 3] [--out bench/results/....json]
 
-Default trace: the largest shared H100 export when ../shared is present, else the sample
-trace shipped with the package.
+nsys-ai is not a dependency: install it in a throwaway venv (``python -m venv v; v/bin/pip
+install nsys-ai``). Its DuckDB path needs DuckDB's ``sqlite_scanner`` extension, which
+DuckDB downloads at run time; offline, ``--nsys-ai-duckdb-ext FILE`` places a copy (e.g.
+from the ``duckdb-ext-sqlite`` wheel, with the matching ``duckdb`` version) in a private
+HOME for it. Whether its DuckDB path or its sqlite3 fallback ran is recorded per run.
 """
 
 from __future__ import annotations
@@ -75,61 +84,209 @@ def tile(src: Path, dst: Path, k: int) -> int:
     return rows
 
 
-_CHILD = r"""
-import json, resource, sys, time
-t = time.perf_counter()
-from recsys_doctor.advise import advise
-r = advise(sys.argv[1])
-d = r.to_dict()
-el = time.perf_counter() - t
-print(json.dumps({"seconds": el, "kernels": d["summary"]["kernels"],
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
+KINETO = ROOT.parent / "shared" / "traces" / "kineto" / \
+    "facebookresearch__HolisticTraceAnalysis__tests__data__df_index_resolver__df_index_resolver.json.gz"
+
+
+def tile_kineto(src: Path, dst: Path, k: int) -> int:
+    """Write a K-times tiled copy of a Kineto JSON trace (events shifted by K x the
+    trace span, correlation and flow ids offset); return the number of events."""
+    import msgspec
+
+    raw = gzip.open(src).read() if src.suffix == ".gz" else src.read_bytes()
+    doc = msgspec.json.decode(raw)
+    events = doc.pop("traceEvents")
+    ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(ts) - min(ts) + 1000
+    corr = max((e.get("args") or {}).get("correlation", 0) or 0 for e in events
+               if isinstance((e.get("args") or {}).get("correlation", 0), int)) + 1
+    fid = max((e.get("id", 0) for e in events if isinstance(e.get("id"), int)), default=0) + 1
+    n = 0
+    with open(dst, "wb") as f:
+        head = msgspec.json.encode(doc)[:-1]
+        f.write(head + (b", " if doc else b"") + b'"traceEvents": [\n')
+        first = True
+        for i in range(k):
+            for e in events:
+                if i and e.get("ph") == "M":
+                    continue  # metadata once
+                if i:
+                    e = dict(e)
+                    if isinstance(e.get("ts"), (int, float)):
+                        e["ts"] = e["ts"] + i * span
+                    if isinstance(e.get("id"), int):
+                        e["id"] = e["id"] + i * fid
+                    a = e.get("args")
+                    if isinstance(a, dict) and isinstance(a.get("correlation"), int) and a["correlation"] > 0:
+                        e["args"] = dict(a, correlation=a["correlation"] + i * corr)
+                f.write((b"" if first else b",\n") + msgspec.json.encode(e))
+                first = False
+                n += 1
+        f.write(b"\n]}\n")
+    return n
+
+
+def run_cmd(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run ``cmd`` to completion; wall seconds, the child's peak RSS (MB), exit status and
+    the tail of its stderr."""
+    t = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        err.seek(0)
+        tail = err.read()[-4000:].decode(errors="replace")
+    return {"seconds": round(wall, 3), "peak_rss_mb": round(ru.ru_maxrss / 1024, 1),
+            "rc": os.waitstatus_to_exitcode(status), "stderr_tail": tail}
+
+
+def best_of(runs: list[dict]) -> dict:
+    ok = [r for r in runs if r["rc"] == 0]
+    if not ok:
+        return {"failed": runs[-1]["stderr_tail"][-500:], "rc": runs[-1]["rc"]}
+    b = min(ok, key=lambda r: r["seconds"])
+    out = {"seconds": b["seconds"], "seconds_all": [r["seconds"] for r in ok],
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in ok)}
+    if len(ok) < len(runs):
+        bad = next(r for r in runs if r["rc"] != 0)
+        out["failed_runs"] = {"count": len(runs) - len(ok), "rc": bad["rc"], "stderr_tail": bad["stderr_tail"][-300:]}
+    return out
+
+
+def ours(path: Path, repeat: int) -> dict:
+    cmd = [sys.executable, "-m", "recsys_doctor", "advise", "--json", "--no-history", str(path)]
+    return best_of([run_cmd(cmd) for _ in range(repeat)])
+
+
+def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Path) -> dict:
+    """nsys-ai diagnose on a fresh copy of the file (its Parquet cache cold), then once
+    more on the same copy (cache warm)."""
+    if not exe:
+        return {"unavailable": "nsys-ai not given (--nsys-ai)"}
+    env = dict(os.environ, HOME=str(home)) if home else None
+    cold, warm, engine = [], [], set()
+    for _ in range(repeat):
+        d = Path(tempfile.mkdtemp(dir=tmp))
+        try:
+            f = d / path.name
+            shutil.copyfile(path, f)
+            # a session directory of its own per run: nsys-ai refuses to reuse the session
+            # of a profile copy that is gone ("SESSION_CORRUPT")
+            cmd = [exe, "diagnose", str(f), "--format", "json", "-o", str(d / "out.json"), "--session"]
+            r = run_cmd(cmd + [str(d / "session-cold")], env)
+            engine.add("sqlite3 fallback" if "falling back to sqlite" in r["stderr_tail"].lower() else "duckdb")
+            cold.append(r)
+            warm.append(run_cmd(cmd + [str(d / "session-warm")], env))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return {"engine": sorted(engine), "cold": best_of(cold), "warm_cache": best_of(warm)}
+
+
+def kineto_child(path: Path, repeat: int) -> dict:
+    load = [sys.executable, "-c", "import sys; from recsys_doctor.loaders import load; load(sys.argv[1])", str(path)]
+    return {"load_only": best_of([run_cmd(load) for _ in range(repeat)]), "advise": ours(path, repeat)}
+
+
+def _machine() -> dict:
+    import pandas
+    import recsys_doctor
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "pandas": pandas.__version__, "recsys_doctor": recsys_doctor.__version__, "gpu": None,
+            "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=SHARED if SHARED.exists() else DEMO)
-    ap.add_argument("--factors", default="1,2,4,8,16")
+    ap.add_argument("--rows", default="1e6,4e6,1e7", help="target activity rows per tiled export")
+    ap.add_argument("--gb", type=float, default=2.0, help="also a tiled export of about this many GB (0: none)")
+    ap.add_argument("--kineto", type=Path, default=KINETO)
+    ap.add_argument("--kineto-mb", type=float, default=450, help="tiled Kineto trace size (0: none)")
+    ap.add_argument("--nsys-ai", help="nsys-ai executable (in its own venv) to compare with")
+    ap.add_argument("--nsys-ai-duckdb-ext", type=Path, help="sqlite_scanner.duckdb_extension for nsys-ai's DuckDB")
+    ap.add_argument("--nsys-ai-duckdb-version", default="v1.4.4")
     ap.add_argument("--repeat", type=int, default=3, help="runs per size; the fastest is reported")
+    ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"scale_{dt.date.today()}.json")
     a = ap.parse_args()
-    res = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for k in [int(x) for x in a.factors.split(",")]:
-            f = Path(tmp) / f"tiled_{k}.sqlite"
-            rows = tile(a.trace, f, k)
-            runs = []
-            for _ in range(a.repeat):
-                out = subprocess.run([sys.executable, "-c", _CHILD, str(f)], capture_output=True, text=True, check=True)
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            best = min(runs, key=lambda r: r["seconds"])
-            cli = []
-            for _ in range(a.repeat):  # the whole command, Python start-up and imports included
-                t = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "recsys_doctor", "advise", "--json", str(f)],
-                               stdout=subprocess.DEVNULL, check=True)
-                cli.append(time.perf_counter() - t)
-            row = {"factor": k, "activity_rows": rows, "file_mb": round(f.stat().st_size / 2**20, 1),
-                   "seconds": round(best["seconds"], 3), "cli_seconds": round(min(cli), 3), "peak_rss_mb": round(max(r["peak_rss_mb"] for r in runs), 1),
-                   "kernels": best["kernels"]}
-            print(json.dumps(row), flush=True)
-            res.append(row)
-            f.unlink()
-    import pandas
-    import recsys_doctor
-
-    doc = {
-        "what": "recsys-doctor advise on a tiled real trace: seconds = load + analyze + plan in-process; cli_seconds = the whole `python -m recsys_doctor advise --json` command",
+    res: list[dict] = []
+    doc: dict = {
+        "what": ("recsys-doctor advise --json (whole command: start-up, load, analyze, plan) on a real H100 "
+                 "export tiled in time; nsys-ai diagnose --format json on the same file in the same run"),
         "trace": str(a.trace.relative_to(ROOT.parent) if a.trace.is_relative_to(ROOT.parent) else a.trace),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "pandas": pandas.__version__, "recsys_doctor": recsys_doctor.__version__, "gpu": None},
-        "results": res,
+        "machine": _machine(), "nsys_ai": None, "results": res,
     }
+    home = None
+    with tempfile.TemporaryDirectory(dir=a.tmp) as tmpd:
+        tmp = Path(tmpd)
+        if a.nsys_ai:
+            ver = subprocess.run([str(Path(a.nsys_ai).parent / "python"), "-c",
+                                  "import importlib.metadata as m; print(m.version('nsys-ai'), m.version('duckdb'))"],
+                                 capture_output=True, text=True).stdout.split()
+            doc["nsys_ai"] = {"version": ver[0] if ver else None, "duckdb": ver[1] if len(ver) > 1 else None}
+            if a.nsys_ai_duckdb_ext:
+                home = tmp / "home"
+                d = home / ".duckdb" / "extensions" / a.nsys_ai_duckdb_version / "linux_amd64"
+                d.mkdir(parents=True)
+                shutil.copyfile(a.nsys_ai_duckdb_ext, d / "sqlite_scanner.duckdb_extension")
+                doc["nsys_ai"]["duckdb_extension"] = f"sqlite_scanner placed offline ({a.nsys_ai_duckdb_ext.name})"
+        else:
+            doc["nsys_ai"] = {"unavailable": "not measured: run with --nsys-ai (pip install nsys-ai in a throwaway venv)"}
+        base_rows = _activity_rows(a.trace)
+        sizes = [("rows", float(x)) for x in a.rows.split(",") if x] + ([("gb", a.gb)] if a.gb else [])
+        for kind, target in sizes:
+            if kind == "rows":
+                k = max(1, round(target / base_rows))
+            else:
+                k = max(1, round(target * 2**30 / _bytes_per_factor(a.trace, tmp)))
+            f = tmp / f"tiled_{k}.sqlite"
+            rows = tile(a.trace, f, k)
+            row = {"factor": k, "activity_rows": rows, "file_mb": round(f.stat().st_size / 2**20, 1),
+                   "load_avg_before": os.getloadavg()[0]}
+            print(f"tiled x{k}: {rows:,} rows, {row['file_mb']} MB", file=sys.stderr, flush=True)
+            rep = 1 if kind == "gb" else a.repeat
+            row["recsys_doctor"] = ours(f, rep)
+            if kind == "rows":
+                row["nsys_ai"] = nsys_ai(a.nsys_ai, home, f, rep, tmp)
+            row["load_avg_after"] = os.getloadavg()[0]
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            res.append(row)
+            f.unlink()
+        if a.kineto_mb and a.kineto.exists():
+            one = tmp / "kineto_1.json"
+            tile_kineto(a.kineto, one, 1)
+            k = max(1, round(a.kineto_mb * 2**20 / one.stat().st_size))
+            one.unlink()
+            f = tmp / f"kineto_{k}.json"
+            n = tile_kineto(a.kineto, f, k)
+            row = {"factor": k, "events": n, "file_mb": round(f.stat().st_size / 2**20, 1),
+                   "load_avg_before": os.getloadavg()[0]}
+            row.update(kineto_child(f, a.repeat))
+            row["load_avg_after"] = os.getloadavg()[0]
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            doc["kineto"] = {"trace": str(a.kineto.name), **row}
+            f.unlink()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {a.out}")
+
+
+def _activity_rows(src: Path) -> int:
+    with tempfile.TemporaryDirectory() as d:
+        return tile(src, Path(d) / "x.sqlite", 1)
+
+
+def _bytes_per_factor(src: Path, tmp: Path) -> float:
+    """File growth per tiling step, measured on a small tiling."""
+    a, b = tmp / "f1.sqlite", tmp / "f5.sqlite"
+    tile(src, a, 1)
+    tile(src, b, 5)
+    per = (b.stat().st_size - a.stat().st_size) / 4
+    a.unlink()
+    b.unlink()
+    return per
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     """Run the summary, every analyzer and the planner over an already loaded trace."""
     from .analyzers import ANALYZERS, run_all
     from .analyzers.summary import summarize
+    from .loaders.nsys import release_free_memory
     from .planner import make_plan
     from .progress import progress as progress_bar
 
@@ -123,6 +124,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
         def done(name: str) -> None:
             bar.update(description=f"analyzing: {name} done")
             bar.advance()
+            release_free_memory()  # each analyzer's scratch goes back before the next one
 
         results: list[AnalysisResult] = run_all(trace, options, on_done=done)
     findings = [f for r in results for f in r.findings]
@@ -216,8 +218,8 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
     from .loaders import load
     from .progress import progress as progress_bar
 
-    with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False):
-        trace = load(path, progress=progress)
+    with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False) as bar:
+        trace = load(path, progress=bar)
     trace.meta.setdefault("sha256", _file_sha256(str(path)))
     span = trace_span(trace)
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)

@@ -13,7 +13,12 @@ the columns documented in :data:`SCHEMA`. Conventions, the same for every table:
 * ``correlation`` links a CPU API call to the GPU work it caused and is unique **per
   process only**: always join on ``(pid, correlation)``. 0 or missing means no link
   (e.g. UVM migrations);
-* strings are plain Python ``str`` (object dtype); unknown values are ``None``/NaN.
+* strings in the event tables (``name``, ``kind``, ``api_class``, ...) are pandas
+  **categoricals** (``"category"`` in :data:`SCHEMA`): one small integer code per row
+  and each distinct string once, with the categories sorted so that sorting the column
+  orders it as plain strings would; unknown values are NaN (code -1). The small tables
+  (``threads``, ``devices``) keep plain ``str`` (object dtype). Compare with ``==`` /
+  ``isin`` / ``.str`` as usual; ``.to_numpy(object)`` gives Python strings.
 
 Tables
 ------
@@ -46,7 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["Trace", "SCHEMA", "COPY_KINDS", "MEM_KINDS", "SYNC_TYPES", "empty_table", "make_table"]
+__all__ = ["Trace", "SCHEMA", "COPY_KINDS", "MEM_KINDS", "SYNC_TYPES", "empty_table", "make_table", "as_categorical"]
 
 #: direction of a copy, normalized across formats
 COPY_KINDS = ("h2d", "d2h", "d2d", "h2h", "p2p", "uvm_h2d", "uvm_d2h", "uvm_d2d", "array", "other")
@@ -59,15 +64,15 @@ SYNC_TYPES = ("event", "stream_wait_event", "stream", "context", "unknown")
 SCHEMA: dict[str, dict[str, str]] = {
     "kernels": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",
-        "correlation": "int64", "name": "object",
+        "correlation": "int64", "name": "category",
         "grid_x": "Int64", "grid_y": "Int64", "grid_z": "Int64",
         "block_x": "Int64", "block_y": "Int64", "block_z": "Int64",
         "in_graph": "bool",
     },
     "memcpys": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",
-        "correlation": "int64", "bytes": "int64", "kind": "object",
-        "src_mem": "object", "dst_mem": "object", "in_graph": "bool",
+        "correlation": "int64", "bytes": "int64", "kind": "category",
+        "src_mem": "category", "dst_mem": "category", "in_graph": "bool",
     },
     "memsets": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",
@@ -75,20 +80,20 @@ SCHEMA: dict[str, dict[str, str]] = {
     },
     "api": {
         "start": "int64", "end": "int64", "pid": "int64", "tid": "int64",
-        "correlation": "int64", "name": "object", "api_class": "object",
+        "correlation": "int64", "name": "category", "api_class": "category",
         "callsite": "object",
     },
     "syncs": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",
-        "correlation": "int64", "sync_type": "object",
+        "correlation": "int64", "sync_type": "category",
     },
     "graphs": {
         "start": "int64", "end": "int64", "pid": "int64", "device": "int64", "stream": "int64",
         "correlation": "int64", "graph_id": "Int64",
     },
     "ranges": {
-        "start": "int64", "end": "int64", "pid": "int64", "tid": "int64", "name": "object",
-        "source": "object", "depth": "Int64",
+        "start": "int64", "end": "int64", "pid": "int64", "tid": "int64", "name": "category",
+        "source": "category", "depth": "Int64",
     },
     "threads": {"pid": "int64", "tid": "int64", "name": "object"},
     "devices": {"device": "int64", "name": "object", "sm_count": "Int64"},
@@ -115,20 +120,47 @@ def make_table(table: str, df: pd.DataFrame | None) -> pd.DataFrame:
             s = df[col]
         elif dtype == "bool":
             s = pd.Series(np.zeros(n, dtype=bool), index=df.index)
-        elif dtype == "Int64" or dtype == "object":
+        elif dtype in ("Int64", "object", "category"):
             s = pd.Series([None] * n, index=df.index, dtype="object")
         else:
             s = pd.Series(np.zeros(n, dtype="int64"), index=df.index)
         if dtype == "int64":
-            s = pd.to_numeric(s, errors="coerce").fillna(0).astype("int64")
+            if s.dtype != np.int64:
+                s = pd.to_numeric(s, errors="coerce").fillna(0).astype("int64")
         elif dtype == "Int64":
-            s = pd.to_numeric(s, errors="coerce").astype("Int64")
+            if s.dtype != "Int64":
+                s = pd.to_numeric(s, errors="coerce").astype("Int64")
         elif dtype == "bool":
-            s = s.fillna(False).astype(bool)
+            if s.dtype != bool:
+                s = s.fillna(False).astype(bool)
+        elif dtype == "category":
+            s = as_categorical(s)
         else:
             s = s.astype("object")
         out[col] = s.reset_index(drop=True)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)
+
+
+def as_categorical(s: pd.Series) -> pd.Series:
+    """A string column as a categorical with sorted categories (see the module docstring);
+    missing values (None/NaN) become NaN. Already-categorical columns are kept as they are
+    when their categories are sorted strings."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        cats = s.cat.categories
+        if cats.is_monotonic_increasing and (cats.dtype == object or str(cats.dtype) == "str"):
+            return s
+        s = s.astype(object)
+    codes, uniq = pd.factorize(s.astype(object), use_na_sentinel=True)
+    vals = list(uniq)
+    try:
+        order = sorted(range(len(vals)), key=lambda i: vals[i])
+    except TypeError:  # mixed types: keep the first-seen order
+        order = list(range(len(vals)))
+    rank = np.empty(len(vals) + 1, dtype=np.int64)
+    rank[order] = np.arange(len(vals))
+    rank[-1] = -1
+    cats = pd.Index([vals[i] for i in order], dtype=object)
+    return pd.Series(pd.Categorical.from_codes(rank[codes], categories=cats), index=s.index)
 
 
 @dataclass
@@ -159,14 +191,17 @@ class Trace:
     # --- small conveniences shared by analyzers -------------------------------------
     def gpu_activity(self) -> pd.DataFrame:
         """All GPU intervals (kernels, copies, memsets, graph executions) in one frame
-        with columns ``start, end, pid, device, stream, correlation, what``."""
+        with columns ``start, end, pid, device, stream, correlation, what`` (``what`` a
+        categorical: kernel, memcpy, memset or graph)."""
         cols = ["start", "end", "pid", "device", "stream", "correlation"]
         parts = []
+        whats = pd.Index(["graph", "kernel", "memcpy", "memset"], dtype=object)  # sorted: sorts like str
         for what, df in (("kernel", self.kernels), ("memcpy", self.memcpys),
                          ("memset", self.memsets), ("graph", self.graphs)):
             if len(df):
                 p = df[cols].copy()
-                p["what"] = what
+                p["what"] = pd.Categorical.from_codes(np.full(len(df), whats.get_loc(what), dtype=np.int8),
+                                                      categories=whats)
                 parts.append(p)
         if not parts:
             return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols} | {"what": pd.Series(dtype="object")})

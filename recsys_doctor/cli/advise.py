@@ -56,9 +56,17 @@ def demo_trace_path() -> Path:
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), envvar="RECSYS_DOCTOR_DB",
               metavar="FILE", help="Run-history database (default: in the user data dir; env RECSYS_DOCTOR_DB).")
 @click.option("--no-history", is_flag=True, help="Do not record this run in the run history.")
+@click.option("--dask", "dask_address", metavar="ADDRESS",
+              help="With a DIR or GLOB of rank traces: analyze them on a Dask cluster, one rank per task "
+                   "(a scheduler address such as tcp://host:8786, or 'local' for a LocalCluster here). "
+                   "See docs/ranks.md.")
+@click.option("--workers", type=click.IntRange(min=1), metavar="N",
+              help="With a DIR or GLOB: parallel workers (local processes, or LocalCluster workers with "
+                   "--dask local); default one per CPU.")
 def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | None, start: str | None,
                end: str | None, short_kernel_us: float | None, sets: tuple[str, ...], html_out: Path | None,
-               md_out: Path | None, db: Path | None, no_history: bool) -> None:
+               md_out: Path | None, db: Path | None, no_history: bool, dask_address: str | None,
+               workers: int | None) -> None:
     """Diagnose TRACE files: Nsight Systems reports (.nsys-rep), their SQLite exports
     (.sqlite, .sqlite.gz) and PyTorch profiler JSON (.json, .json.gz).
 
@@ -66,7 +74,21 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     H2D/D2H ping-pong, synchronizing calls, small grids and CUDA-graph candidates, says
     where in the model (NVTX range, thread, stream) each happens, and proposes a
     multi-stream plan.
+
+    One DIR or GLOB (quoted, e.g. 'traces/rank*.json') of a multi-GPU job's per-rank
+    traces gives a combined report instead: per-rank utilization and findings side by
+    side, worst ranks first, stragglers, and NCCL communication/compute overlap per rank.
+    The ranks are analyzed in parallel by local processes, or on Dask with --dask.
     """
+    from ..ranks import is_multi_target
+
+    if len(traces) == 1 and not demo and is_multi_target(traces[0]):
+        if nvtx or start or end or html_out:
+            raise BadInputError("--nvtx, --start, --end and --html apply to single traces, not to a DIR or GLOB")
+        _advise_ranks(traces[0], as_json, short_kernel_us, sets, md_out, dask_address, workers)
+        return
+    if dask_address or workers:
+        raise BadInputError("--dask and --workers need one DIR or GLOB of rank traces")
     from .. import history
     from ..advise import advise
     from ..reports.html import write_html
@@ -134,3 +156,19 @@ def _per_trace_paths(out: Path | None, results: list[Any]) -> list[Path]:
         suffix = name if seen[name] == 1 else f"{name}-{seen[name]}"
         paths.append(out.with_name(f"{out.stem}-{suffix}{out.suffix}"))
     return paths
+
+
+def _advise_ranks(target: Path, as_json: bool, short_kernel_us: float | None, sets: tuple[str, ...],
+                  md_out: Path | None, dask_address: str | None, workers: int | None) -> None:
+    from ..ranks import advise_ranks, expand_traces
+    from ..reports.ranks import render_ranks_markdown, render_ranks_terminal
+
+    paths = expand_traces(target)
+    options = Options().with_overrides(parse_set_pairs(sets), short_kernel_us=short_kernel_us)
+    res = advise_ranks(paths, options, dask=dask_address, workers=workers, progress=sys.stderr.isatty())
+    if md_out:
+        md_out.write_text(render_ranks_markdown(res))
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
+        return
+    render_ranks_terminal(res)

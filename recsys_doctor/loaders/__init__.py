@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import BadInputError, TraceFormatError
 from ..model import Trace
+from ..progress import ProgressHandle
 
 __all__ = ["load", "detect_format"]
 
@@ -69,13 +70,15 @@ def _looks_like_nsys_rep(head: bytes) -> bool:
     return False
 
 
-def load(path: str | os.PathLike[str], *, progress: bool = False) -> Trace:
-    """Load any supported trace file into the canonical model."""
+def load(path: str | os.PathLike[str], *, progress: "bool | ProgressHandle" = False) -> Trace:
+    """Load any supported trace file into the canonical model. ``progress``: a progress
+    handle to advance while big tables are read (a bool is accepted and ignored)."""
     fmt = detect_format(path)
+    handle = None if isinstance(progress, bool) else progress
     if fmt == "nsys-sqlite":
         from .nsys import load_nsys_sqlite
 
-        return load_nsys_sqlite(path)
+        return load_nsys_sqlite(path, progress=handle)
     if fmt == "kineto-json":
         from .kineto import load_kineto_json
 

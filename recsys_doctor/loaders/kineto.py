@@ -40,14 +40,17 @@ are in ``meta["skipped_categories"]`` and the profiler span, when present, in
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
+from operator import attrgetter
 import json
 import os
 import re
 import zlib
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -110,11 +113,25 @@ def load_kineto_json(path: str | os.PathLike[str]) -> Trace:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        doc = _read_json(p)
-        top, events = _split_document(p, doc)
-        buckets, meta_events, skipped, n_events = _bucket_events(p, events)
+        streamed = _load_streamed(p)
+        if streamed is not None:
+            top, is_array, (buckets, meta_events, skipped, n_events) = streamed
+        else:
+            raw = _read_bytes(p)
+            fast = _decode_fast(raw)
+            if fast is not None:
+                del raw
+                top, events, is_array = fast
+            else:  # anything the typed decoder refuses: the plain parse, with its exact error messages
+                doc = _parse_json(p, raw)
+                del raw
+                top, events = _split_document(p, doc)
+                is_array = isinstance(doc, list)
+                del doc
+            buckets, meta_events, skipped, n_events = _bucket_events(p, events)
+            del events
         try:
-            return _build_trace(p, top, buckets, meta_events, skipped, n_events, is_array=isinstance(doc, list))
+            return _build_trace(p, top, buckets, meta_events, skipped, n_events, is_array=is_array)
         except (TypeError, ValueError, AttributeError, KeyError) as e:
             # values of a type no profiler writes (a list where a number belongs, ...)
             raise TraceFormatError(f"{p}: unexpected value in trace events ({type(e).__name__}: {e})") from None
@@ -139,7 +156,7 @@ def copy_kind_from_name(name: str) -> tuple[str, str, str]:
 
 # --- reading -----------------------------------------------------------------------------
 
-def _read_json(path: str) -> Any:
+def _read_bytes(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -152,6 +169,238 @@ def _read_json(path: str) -> Any:
             raise TraceFormatError(f"{path}: corrupt gzip file ({e})") from None
     if not raw or raw.isspace():
         raise TraceFormatError(f"{path}: empty file, not a trace")
+    return raw
+
+
+# --- the typed decoder -----------------------------------------------------------------
+# msgspec decodes the JSON straight into these slotted structs: only the fields the loader
+# reads are kept (the rest, e.g. ``Input Dims`` or flow events' extra keys, is skipped in
+# C), no dict per event, and the structs are left out of the cyclic GC. An absent field
+# reads None, as ``dict.get`` would answer (the loader treats null and absent alike).
+
+class _Args(msgspec.Struct, gc=False):
+    device: Any = None
+    stream: Any = None
+    correlation: Any = None
+    grid: Any = None
+    block: Any = None
+    bytes: Any = None
+    kind: Any = None
+    cuda_sync_kind: Any = None
+    name: Any = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = getattr(self, key, None)
+        return default if v is None else v
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = getattr(self, key, None)
+        return default if v is None else v
+
+
+_TOP_KEYS = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "cupti_version",
+             "cuda_runtime_version", "cuda_driver_version", "distributedInfo", "deviceProperties")
+
+
+class _Doc(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | msgspec.UnsetType = msgspec.UNSET
+    schemaVersion: Any = msgspec.UNSET
+    displayTimeUnit: Any = msgspec.UNSET
+    baseTimeNanoseconds: Any = msgspec.UNSET
+    trace_id: Any = msgspec.UNSET
+    cupti_version: Any = msgspec.UNSET
+    cuda_runtime_version: Any = msgspec.UNSET
+    cuda_driver_version: Any = msgspec.UNSET
+    distributedInfo: Any = msgspec.UNSET
+    deviceProperties: Any = msgspec.UNSET
+
+
+_EMPTY_ARGS = _Args()
+_DOC_DECODER = msgspec.json.Decoder(_Doc)
+_ARRAY_DECODER = msgspec.json.Decoder(list[_Event])
+
+
+def _decode_fast(raw: bytes) -> tuple[dict[str, Any], list[Any], bool] | None:
+    """(top-level metadata, events, is_array) through the typed decoder, or None when the
+    document is not the usual shape (invalid JSON, no ``traceEvents``, an event that is
+    not an object, ``args`` that is not an object...): the caller then takes the plain
+    path, which reports exactly what is wrong."""
+    head = raw[:4096].lstrip(b" \t\r\n\xef\xbb\xbf")[:1]
+    try:
+        if head == b"[":
+            events = _ARRAY_DECODER.decode(raw)
+            if events and not any(e.ph is not None for e in events[:1000]):
+                return None
+            return {}, events, True
+        doc = _DOC_DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        return None
+    if doc.traceEvents is msgspec.UNSET:
+        return None
+    top = {k: getattr(doc, k) for k in _TOP_KEYS if getattr(doc, k) is not msgspec.UNSET}
+    return top, doc.traceEvents, False
+
+
+#: bytes of JSON decoded at a time by the streamed path
+STREAM_CHUNK = 16 << 20
+#: files smaller than this are decoded in one piece (no gain from streaming them)
+STREAM_MIN = 64 << 20
+#: a gzip file larger than this is decompressed to a temporary file, then streamed
+GZ_TO_DISK = 8 << 20
+
+
+def _load_streamed(path: str) -> tuple[dict[str, Any], bool, Any] | None:
+    """Large traces: decode ``traceEvents`` a chunk (~16 MB) at a time and keep only the
+    events the loader uses, so memory follows the kept events, not the file.
+
+    The file is memory-mapped (a large ``.gz`` is first decompressed to a temporary file)
+    and the pages already decoded are released as it goes. Chunks end at ``},`` followed
+    by a newline: JSON strings cannot hold a raw newline, so that brace is outside any
+    string; if it closes a nested object instead of an event, the chunk is unbalanced,
+    fails to decode, and the next such cut is tried. Invalid JSON and any unusual layout
+    return None: the caller then decodes the whole file (same result, more memory), which
+    also words the error."""
+    import mmap
+    import shutil
+    import tempfile
+
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+    except OSError:
+        return None
+    if (size < GZ_TO_DISK) if gz else (size < STREAM_MIN):
+        return None
+    tmp = None
+    try:
+        if gz:
+            fd, tmp = tempfile.mkstemp(prefix="recsys-doctor-", suffix=".json")
+            try:
+                with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as g:
+                    shutil.copyfileobj(g, out, 1 << 20)
+            except (OSError, EOFError, zlib.error):
+                return None
+            src = tmp
+        else:
+            src = path
+        with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                return _decode_streamed(path, mm, view)
+            finally:
+                view.release()
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+_SKIP = frozenset(b" \t\r\n,")
+
+
+def _decode_streamed(path: str, mm: Any, view: memoryview) -> tuple[dict[str, Any], bool, Any] | None:
+    import mmap
+
+    n = len(mm)
+    i = 0
+    while i < n and mm[i:i + 1] in (b" ", b"\t", b"\r", b"\n", b"\xef", b"\xbb", b"\xbf"):
+        i += 1
+    first = mm[i:i + 1]
+    if first == b"[":
+        is_array, top = True, {}
+        arr_start = i
+        arr_end = mm.rfind(b"]")
+        if arr_end <= arr_start or mm[arr_end + 1:].strip():
+            return None
+    elif first == b"{":
+        is_array = False
+        key = mm.find(b'"traceEvents"')
+        arr_start = mm.find(b"[", key) if key >= 0 else -1
+        if arr_start < 0 or mm[key + 13:arr_start].strip() != b":":
+            return None
+        head = mm[:arr_start]
+        # the array ends at the last "]" after which the rest of the document still parses
+        arr_end, tries, top = n, 0, None
+        while tries < 64:
+            arr_end = mm.rfind(b"]", arr_start, arr_end)
+            if arr_end < 0:
+                return None
+            try:
+                doc = _DOC_DECODER.decode(head + b"[]" + mm[arr_end + 1:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                tries += 1
+                continue
+            top = {k: getattr(doc, k) for k in _TOP_KEYS if getattr(doc, k) is not msgspec.UNSET}
+            break
+        if top is None:
+            return None
+    else:
+        return None
+    lists: dict[str, list[Any]] = {b: [] for b in _BUCKETS}
+    meta_events: list[Any] = []
+    skipped: dict[str, int] = {}
+    n_events = 0
+    pos = arr_start + 1
+    released = 0
+    page = mmap.ALLOCATIONGRANULARITY
+    while pos < arr_end:
+        a = pos
+        while a < arr_end and mm[a] in _SKIP:  # whitespace and the separating comma
+            a += 1
+        if a >= arr_end:
+            break
+        cut = mm.find(b"},\n", min(a + STREAM_CHUNK, arr_end), arr_end)
+        evs = None
+        for _ in range(64):  # a cut inside an event (a nested object's "},"): try the next one
+            stop = arr_end if cut < 0 else cut + 1
+            try:
+                evs = _ARRAY_DECODER.decode(b"".join((b"[", view[a:stop], b"]")))
+                break
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                if cut < 0:
+                    return None
+                cut = mm.find(b"},\n", stop, arr_end)
+        if evs is None:
+            return None
+        pos = stop + 1
+        if is_array and n_events == 0 and evs and not any(e.ph is not None for e in evs[:1000]):
+            return None
+        b, m, sk, cnt = _bucket_events(path, evs)
+        del evs
+        for k, v in b.items():
+            lists[k].extend(v)
+        meta_events.extend(m)
+        for k, v in sk.items():
+            skipped[k] = skipped.get(k, 0) + v
+        n_events += cnt
+        done = (pos // page) * page
+        if done > released and hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_DONTNEED, released, done - released)  # decoded pages leave RSS
+            released = done
+    return top, is_array, (lists, meta_events, skipped, n_events)
+
+
+def _col(items: list[Any], key: str) -> list[Any]:
+    """One field of every event (or ``args``) as a list: an attribute read in C for the
+    typed structs, ``dict.get`` on the plain path."""
+    if items and type(items[0]) in (_Event, _Args):
+        return list(map(attrgetter(key), items))
+    return [x.get(key) for x in items]
+
+
+def _parse_json(path: str, raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except json.JSONDecodeError as e:
@@ -190,11 +439,14 @@ def _bucket_events(path: str, events: list[Any]) -> tuple[dict[str, list[dict]],
     by_cat = {cat: lists[b] for cat, b in _BUCKET_OF_CAT.items()}
     meta_events: list[dict] = []
     skipped: dict[str, int] = {}
+    typed = bool(events) and type(events[0]) is _Event
+    get_ph = attrgetter("ph") if typed else (lambda e: e.get("ph"))
+    get_cat = attrgetter("cat") if typed else (lambda e: e.get("cat"))
     try:
         for e in events:
-            ph = e.get("ph")
+            ph = get_ph(e)
             if ph == "X":
-                cat = e.get("cat")
+                cat = get_cat(e)
                 lst = by_cat.get(cat)
                 if lst is not None:
                     lst.append(e)
@@ -247,16 +499,18 @@ def _int_col(a: np.ndarray, fill: int) -> np.ndarray:
 
 
 def _args(evs: list[dict]) -> list[dict]:
-    out = [e.get("args") for e in evs]
+    out = _col(evs, "args")
+    if evs and type(evs[0]) is _Event:
+        return [_EMPTY_ARGS if a is None else a for a in out]
     return [a if type(a) is dict else {} for a in out]
 
 
 def _arg_num(args: list[dict], key: str) -> np.ndarray:
-    return _num([a.get(key) for a in args])
+    return _num(_col(args, key))
 
 
 def _dim3(args: list[dict], key: str) -> tuple[list[Any], list[Any], list[Any]]:
-    vals = [a.get(key) for a in args]
+    vals = _col(args, key)
     ok = [v if isinstance(v, list) and len(v) == 3 else (None, None, None) for v in vals]
     return [v[0] for v in ok], [v[1] for v in ok], [v[2] for v in ok]
 
@@ -269,8 +523,9 @@ class _Times:
         self.dur: dict[str, np.ndarray] = {}
 
     def add(self, bucket: str, evs: list[dict]) -> None:
-        self.ts[bucket] = _num([e.get("ts") for e in evs])
-        self.dur[bucket] = _num([e.get("dur", 0) for e in evs])
+        self.ts[bucket] = _num(_col(evs, "ts"))
+        # an absent dur reads None (NaN) on the typed path, 0 on the plain one: ns() makes both 0
+        self.dur[bucket] = _num(_col(evs, "dur") if evs and type(evs[0]) is _Event else [e.get("dur", 0) for e in evs])
 
     def origin(self, exclude: tuple[str, ...]) -> float | None:
         mins = [float(np.nanmin(a)) for b, a in self.ts.items()
@@ -315,10 +570,10 @@ def _build_trace(path: str, top: dict[str, Any], b: dict[str, list[dict]], meta_
         if evs:
             args = _args(evs)
             api_parts.append(frame(bucket, {
-                "pid": _int_col(_num([e.get("pid") for e in evs]), -1),
-                "tid": _int_col(_num([e.get("tid") for e in evs]), -1),
+                "pid": _int_col(_num(_col(evs, "pid")), -1),
+                "tid": _int_col(_num(_col(evs, "tid")), -1),
                 "correlation": _int_col(_arg_num(args, "correlation"), 0),
-                "name": [e.get("name") for e in evs],
+                "name": _col(evs, "name"),
                 "api_class": api_class,
             }))
     api = pd.concat(api_parts, ignore_index=True) if api_parts else pd.DataFrame()
@@ -346,9 +601,9 @@ def _build_trace(path: str, top: dict[str, Any], b: dict[str, list[dict]], meta_
             return pd.DataFrame()
         args = _args(evs)
         dev = _arg_num(args, "device")
-        dev = np.where(np.isnan(dev), _num([e.get("pid") for e in evs]), dev)
+        dev = np.where(np.isnan(dev), _num(_col(evs, "pid")), dev)
         stream = _arg_num(args, "stream")
-        stream = np.where(np.isnan(stream), _num([e.get("tid") for e in evs]), stream)
+        stream = np.where(np.isnan(stream), _num(_col(evs, "tid")), stream)
         corr = _int_col(_arg_num(args, "correlation"), 0)
         host = pd.Series(corr).map(owner)
         unmatched[bucket] = int(host.isna().sum())
@@ -366,18 +621,18 @@ def _build_trace(path: str, top: dict[str, Any], b: dict[str, list[dict]], meta_
     def kernel_cols(evs: list[dict], args: list[dict]) -> dict[str, Any]:
         gx, gy, gz = _dim3(args, "grid")
         bx, by, bz = _dim3(args, "block")
-        return {"name": [e.get("name") for e in evs], "grid_x": gx, "grid_y": gy, "grid_z": gz,
+        return {"name": _col(evs, "name"), "grid_x": gx, "grid_y": gy, "grid_z": gz,
                 "block_x": bx, "block_y": by, "block_z": bz}
 
     kernels = gpu_frame("kernel", kernel_cols)
 
     def memcpy_cols(evs: list[dict], args: list[dict]) -> dict[str, Any]:
-        names = pd.Series([e.get("name") for e in evs], dtype=object).fillna("").astype(str)
+        names = pd.Series(_col(evs, "name"), dtype=object).fillna("").astype(str)
         parsed = {n: copy_kind_from_name(n) for n in names.unique()}
         kinds = names.map(lambda n: parsed[n][0])
         # ROCm also says args.kind ("HtoD"); use it where the name has no direction token.
         if (kinds == "other").any():
-            akind = pd.Series([a.get("kind") for a in args], dtype=object)
+            akind = pd.Series(_col(args, "kind"), dtype=object)
             fb = akind.map(lambda k: _COPY_KIND_OF_TOKEN.get(k) if isinstance(k, str) else None)
             kinds = kinds.where((kinds != "other") | fb.isna(), fb)
         return {"bytes": _int_col(_arg_num(args, "bytes"), 0), "kind": kinds.to_numpy(),
@@ -413,7 +668,7 @@ def _ranges(b: dict[str, list[dict]], frame: Any) -> pd.DataFrame:
         evs = b[bucket]
         if not evs:
             continue
-        names = [e.get("name") for e in evs]
+        names = _col(evs, "name")
         if bucket == "cpu_op":
             # torch 1.8 recorded ProfilerStep#N as an Operator; it is a step annotation.
             source = ["user_annotation" if isinstance(n, str) and n.startswith("ProfilerStep#") else "cpu_op"
@@ -421,8 +676,8 @@ def _ranges(b: dict[str, list[dict]], frame: Any) -> pd.DataFrame:
         else:
             source = "user_annotation"
         parts.append(frame(bucket, {
-            "pid": _int_col(_num([e.get("pid") for e in evs]), -1),
-            "tid": _int_col(_num([e.get("tid") for e in evs]), -1),
+            "pid": _int_col(_num(_col(evs, "pid")), -1),
+            "tid": _int_col(_num(_col(evs, "tid")), -1),
             "name": names,
             "source": source,
         }))
@@ -468,7 +723,7 @@ def _threads(meta_events: list[dict], cpu_pids: set[int]) -> tuple[pd.DataFrame,
         if kind not in ("thread_name", "process_name"):
             continue
         args = e.get("args") or {}
-        name = args.get("name") if isinstance(args, dict) else None
+        name = args.get("name") if isinstance(args, (dict, _Args)) else None
         pid = _int_col(_num([e.get("pid")]), -1)[0]
         if int(pid) not in cpu_pids or not isinstance(name, str):
             continue

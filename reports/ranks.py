@@ -1,0 +1,104 @@
+"""Renderers of the combined multi-rank view (:class:`~recsys_doctor.ranks.MultiRankResult`):
+a terminal table and Markdown. JSON is ``result.to_dict()``.
+
+One row per rank, worst first; one column per finding id holding that rank's severity,
+so a finding that only some ranks have stands out. Trace-derived strings (paths, finding
+titles) are rich ``Text`` / escaped Markdown, never markup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .markdown import md_escape
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..ranks import MultiRankResult
+
+__all__ = ["render_ranks_terminal", "render_ranks_markdown"]
+
+_SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "note": "dim"}
+_SEV_ORDER = {"high": 0, "medium": 1, "low": 2, "note": 3}
+_LETTER = {"high": "H", "medium": "M", "low": "L", "note": "N"}
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.1f}"
+
+
+def _worst(findings: list[dict[str, Any]], fid: str) -> str | None:
+    sev = [f["severity"] for f in findings if f["id"] == fid]
+    return min(sev, key=lambda s: _SEV_ORDER.get(s, 9)) if sev else None
+
+
+def render_ranks_terminal(res: "MultiRankResult", console: Console | None = None) -> None:
+    console = console or Console()
+    t = res.totals
+    console.print(Text(f"{t['ranks']} ranks ({res.engine}): GPU utilization min {_pct(t['utilization_min'])}, "
+                       f"median {_pct(t['utilization_median'])}, max {_pct(t['utilization_max'])}", style="bold"))
+    has_comm = t.get("comm_ns", 0) > 0
+    tab = Table(title="Ranks, worst first", show_lines=False)
+    for c in ("rank", "GPU util", "compute ms", *(("comm ms", "comm hidden") if has_comm else ()), "kernels"):
+        tab.add_column(c, justify="right", no_wrap=True)
+    for fid in res.finding_ids:
+        tab.add_column(fid, justify="center", overflow="fold", min_width=4)
+    for r in res.ranks:
+        row: list[Any] = [str(r.rank), _pct(r.summary.get("gpu_utilization")), _ms(r.compute_ns)]
+        if has_comm:
+            row += [_ms(r.comm_ns), _pct(r.overlap_share)]
+        row.append(f"{r.summary.get('kernels', 0):,}")
+        for fid in res.finding_ids:
+            s = _worst(r.findings, fid)
+            row.append(Text(_LETTER.get(s or "", "-"), style=_SEV_STYLE.get(s or "", "dim")))
+        tab.add_row(*row)
+    console.print(tab)
+    console.print(Text("H high, M medium, L low, N note, - not found; `--json` or `--md` name each rank's trace file",
+                       style="dim"))
+    if res.stragglers:
+        console.print(Text(f"Stragglers (compute time more than {res.straggler_share:.0%} above the median rank):",
+                           style="bold yellow"))
+        for s in res.stragglers:
+            console.print(Text(f"  rank {s['rank']}: {_ms(s['compute_ns'])} ms of compute, "
+                               f"{s['excess_share']:.0%} above the median {_ms(s['median_compute_ns'])} ms"))
+    else:
+        console.print(Text(f"No straggler: every rank's compute time is within {res.straggler_share:.0%} "
+                           "of the median rank's.", style="dim"))
+    if has_comm:
+        console.print(Text(f"NCCL communication hidden under compute, all ranks: {_pct(t.get('overlap_share'))}"))
+
+
+def render_ranks_markdown(res: "MultiRankResult") -> str:
+    t = res.totals
+    has_comm = t.get("comm_ns", 0) > 0
+    out = [f"# {t['ranks']} ranks", "",
+           f"GPU utilization min {_pct(t['utilization_min'])}, median {_pct(t['utilization_median'])}, "
+           f"max {_pct(t['utilization_max'])} (analyzed with {md_escape(res.engine)}).", ""]
+    head = ["rank", "GPU util", "compute ms", *(["comm ms", "comm hidden"] if has_comm else []), "kernels",
+            *[md_escape(f) for f in res.finding_ids], "trace"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in res.ranks:
+        row = [str(r.rank), _pct(r.summary.get("gpu_utilization")), _ms(r.compute_ns)]
+        if has_comm:
+            row += [_ms(r.comm_ns), _pct(r.overlap_share)]
+        row.append(f"{r.summary.get('kernels', 0):,}")
+        row += [_worst(r.findings, fid) or "-" for fid in res.finding_ids]
+        row.append(md_escape(Path(r.path).name))
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    if res.stragglers:
+        out.append(f"## Stragglers (compute more than {res.straggler_share:.0%} above the median rank)")
+        out.append("")
+        out += [f"- rank {s['rank']}: {_ms(s['compute_ns'])} ms, {s['excess_share']:.0%} above the median "
+                f"{_ms(s['median_compute_ns'])} ms" for s in res.stragglers]
+    else:
+        out.append("No straggler.")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,56 @@
+"""The streamed Kineto path (large files: chunked typed decoding over a memory map) gives
+exactly the tables of the whole-file path on every shared PyTorch profiler trace; chunks
+are made tiny here so that every trace is cut in many places."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pandas as pd
+import pytest
+
+import recsys_doctor.loaders.kineto as kineto
+from conftest import shared_files
+
+pytestmark = pytest.mark.shared
+
+KINETO = shared_files("h100", ("*.json.gz", "*.json")) + shared_files("kineto", ("*.json.gz", "*.json"))
+
+
+def _same(a, b) -> None:
+    assert a.counts() == b.counts()
+    for t in a.TABLES:
+        pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), obj=t)
+    assert a.meta == b.meta
+
+
+@pytest.mark.parametrize("path", KINETO, ids=lambda p: p.name)
+def test_streamed_equals_whole(path, shared_traces, monkeypatch):
+    whole = kineto.load_kineto_json(path)
+    monkeypatch.setattr(kineto, "STREAM_MIN", 0)
+    monkeypatch.setattr(kineto, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(kineto, "STREAM_CHUNK", 20_000)
+    used = []
+    real = kineto._decode_streamed
+    monkeypatch.setattr(kineto, "_decode_streamed", lambda *a: used.append(1) or real(*a))
+    _same(kineto.load_kineto_json(path), whole)
+    assert used  # the streamed path ran (it may still hand back to the whole-file path)
+
+
+def test_streamed_falls_back_on_compact_json(tmp_path, monkeypatch, shared_traces):
+    """One line of JSON (no newline between events): no cut point, one chunk, same result;
+    a nested "},\\n" inside an event is not an event boundary and the file still loads."""
+    src = next(p for p in KINETO if "alexnet" in p.name)
+    doc = json.loads(gzip.open(src).read())
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(doc))
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps(doc, indent=1))  # "},\n" also closes every args object
+    monkeypatch.setattr(kineto, "STREAM_MIN", 0)
+    monkeypatch.setattr(kineto, "STREAM_CHUNK", 5_000)
+    whole = kineto.load_kineto_json(src)
+    for p in (compact, nested):
+        t = kineto.load_kineto_json(p)
+        assert t.counts() == whole.counts()
+        pd.testing.assert_frame_equal(t.kernels, whole.kernels)
