@@ -62,7 +62,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="memcpy-ping-pong")
     mc = trace.memcpys
     is_hd = mc["kind"].isin(["h2d", "d2h"]).to_numpy()
-    hd = mc.loc[is_hd, ["start", "end", "bytes", "kind", "src_mem", "dst_mem"]]
+    hd = mc.loc[is_hd, ["start", "end", "pid", "device", "stream", "bytes", "kind", "src_mem", "dst_mem"]]
     n = len(hd)
     if n == 0:
         res.data = {"h2d": 0, "d2h": 0, "direction_switches": 0}
