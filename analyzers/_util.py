@@ -157,8 +157,8 @@ def op_table(trace: Trace, what: Iterable[str] = OP_KINDS) -> pd.DataFrame:
 def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     """``ops.merge(j[["what", "row"] + cols], on=["what", "row"], how="left")`` for an
     :func:`op_table` frame and a :func:`launches` frame (unique ``(what, row)``): numeric
-    columns come back float64 with NaN, string columns object with None, where an
-    operation has no launch call."""
+    columns come back as float64 with NaN where an operation has no launch call, others
+    (names, call sites) with a missing value."""
     def key(df: pd.DataFrame) -> np.ndarray:
         w = df["what"]
         codes = (w.cat.codes.to_numpy().astype(np.int64) if isinstance(w.dtype, pd.CategoricalDtype)
@@ -178,14 +178,12 @@ def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.Dat
     hit = ks[pos] == ko
     src = order[pos]
     for c in cols:
-        if pd.api.types.is_numeric_dtype(j[c].dtype):
-            v = j[c].to_numpy(dtype="float64", na_value=np.nan)
+        col = j[c]
+        if pd.api.types.is_numeric_dtype(col.dtype) and not isinstance(col.dtype, pd.CategoricalDtype):
+            v = col.to_numpy(dtype="float64", na_value=np.nan)
             out[c] = np.where(hit, v[src], np.nan)
-        else:  # strings (api_name, callsite): None where there is no launch call
-            v = j[c].to_numpy(dtype=object)
-            col = np.full(len(ops), None, dtype=object)
-            col[hit] = v[src[hit]]
-            out[c] = col
+        else:  # names, call sites: the value where there is a launch, missing elsewhere
+            out[c] = col.take(src).reset_index(drop=True).where(pd.Series(hit))
     return out
 
 
@@ -266,7 +264,9 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
     first = np.ones(len(ks), dtype=bool)
     first[1:] = ks[1:] != ks[:-1]
     if not first.all():  # shared keys: the earliest start wins, then table order
-        order = np.lexsort((api["start"].to_numpy()[rows], key))
+        st = api["start"].to_numpy()[rows]
+        if len(st) > 1 and not (st[1:] >= st[:-1]).all():  # table not in time order
+            order = np.lexsort((st, key))
         ks = key[order]
         first[1:] = ks[1:] != ks[:-1]
     return ks[first], rows[order[first]]

@@ -40,8 +40,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         res.data = {"devices": {}}
         return res
     j = launches(trace)
-    jc = ["tid", "api_start", "api_name"] + (["callsite"] if "callsite" in j.columns else [])
-    ops = left_join_ops(ops, j, jc)
+    ops = left_join_ops(ops, j, ["tid", "api_start", "api_name"] + (["callsite"] if "callsite" in j.columns else []))
     if "callsite" not in ops.columns:
         ops["callsite"] = None
     short_ns = int(round(options.short_gap_us * 1000))

@@ -54,3 +54,36 @@ def test_streamed_falls_back_on_compact_json(tmp_path, monkeypatch, shared_trace
         t = kineto.load_kineto_json(p)
         assert t.counts() == whole.counts()
         pd.testing.assert_frame_equal(t.kernels, whole.kernels)
+
+
+def test_streamed_progress_follows_bytes(shared_traces, monkeypatch):
+    """On the streamed path the bar is moved to the bytes decoded, ending at the full
+    length of the ``traceEvents`` array."""
+    src = next(p for p in KINETO if "df_index_resolver" in p.name)
+    monkeypatch.setattr(kineto, "STREAM_MIN", 0)
+    monkeypatch.setattr(kineto, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(kineto, "STREAM_CHUNK", 1 << 20)
+
+    class Rec:
+        def __init__(self):
+            self.seen = []
+
+        def advance(self, n=1):
+            pass
+
+        def update(self, *, completed=None, total=None, description=None):
+            self.seen.append((completed, total))
+
+    rec = Rec()
+    kineto.load_kineto_json(src, progress=rec)
+    raw = gzip.open(src).read()
+    assert len(rec.seen) > 10  # ~50 MB of JSON in 1 MB chunks
+    done = [c for c, _ in rec.seen]
+    assert done == sorted(done) and all(t == rec.seen[0][1] for _, t in rec.seen)
+    # the total is the span of the events array, from its "[" to its "]" (found by the
+    # standard library's decoder), and the last step reaches it
+    start = raw.index(b"[", raw.index(b'"traceEvents"'))
+    text = raw.decode()
+    _, end = json.JSONDecoder().raw_decode(text, len(raw[:start].decode()))
+    assert rec.seen[0][1] == len(text[:end].encode()) - 1 - start
+    assert done[-1] >= rec.seen[0][1]

@@ -130,6 +130,22 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         render_terminal(r)
 
 
+def _advise_ranks(target: Path, as_json: bool, short_kernel_us: float | None, sets: tuple[str, ...],
+                  md_out: Path | None, dask_address: str | None, workers: int | None) -> None:
+    from ..ranks import advise_ranks, expand_traces
+    from ..reports.ranks import render_ranks_markdown, render_ranks_terminal
+
+    paths = expand_traces(target)
+    options = Options().with_overrides(parse_set_pairs(sets), short_kernel_us=short_kernel_us)
+    res = advise_ranks(paths, options, dask=dask_address, workers=workers, progress=sys.stderr.isatty())
+    if md_out:
+        md_out.write_text(render_ranks_markdown(res))
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
+        return
+    render_ranks_terminal(res)
+
+
 def _quiet(fn: Any, default: Any, what: str | None = None) -> Any:
     """History is a side effect: when it fails (unwritable home, read-only or corrupt
     database) say so in one line on stderr and carry on with the diagnosis."""
@@ -156,19 +172,3 @@ def _per_trace_paths(out: Path | None, results: list[Any]) -> list[Path]:
         suffix = name if seen[name] == 1 else f"{name}-{seen[name]}"
         paths.append(out.with_name(f"{out.stem}-{suffix}{out.suffix}"))
     return paths
-
-
-def _advise_ranks(target: Path, as_json: bool, short_kernel_us: float | None, sets: tuple[str, ...],
-                  md_out: Path | None, dask_address: str | None, workers: int | None) -> None:
-    from ..ranks import advise_ranks, expand_traces
-    from ..reports.ranks import render_ranks_markdown, render_ranks_terminal
-
-    paths = expand_traces(target)
-    options = Options().with_overrides(parse_set_pairs(sets), short_kernel_us=short_kernel_us)
-    res = advise_ranks(paths, options, dask=dask_address, workers=workers, progress=sys.stderr.isatty())
-    if md_out:
-        md_out.write_text(render_ranks_markdown(res))
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
-        return
-    render_ranks_terminal(res)

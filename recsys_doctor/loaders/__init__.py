@@ -82,7 +82,7 @@ def load(path: str | os.PathLike[str], *, progress: "bool | ProgressHandle" = Fa
     if fmt == "kineto-json":
         from .kineto import load_kineto_json
 
-        return load_kineto_json(path)
+        return load_kineto_json(path, progress=handle)
     from .nsysrep import load_nsys_rep
 
     return load_nsys_rep(path)

@@ -56,6 +56,7 @@ import pandas as pd
 
 from ..errors import BadInputError, TraceFormatError
 from ..model import Trace
+from ..progress import ProgressHandle
 
 __all__ = ["load_kineto_json", "copy_kind_from_name"]
 
@@ -100,8 +101,9 @@ _UNSIGNED_MINUS_ONE = (4294967295.0, 18446744073709551615.0)
 _EPOCH_US_THRESHOLD = 1e14
 
 
-def load_kineto_json(path: str | os.PathLike[str]) -> Trace:
+def load_kineto_json(path: str | os.PathLike[str], *, progress: ProgressHandle | None = None) -> Trace:
     """Load a PyTorch profiler (Kineto) JSON trace, plain or gzip-compressed.
+    ``progress`` follows the bytes decoded on large files.
 
     Raises :class:`~recsys_doctor.errors.TraceFormatError` (one line naming the file and
     the problem) for corrupt gzip, invalid or truncated JSON, and JSON that is not a
@@ -113,7 +115,7 @@ def load_kineto_json(path: str | os.PathLike[str]) -> Trace:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        streamed = _load_streamed(p)
+        streamed = _load_streamed(p, progress)
         if streamed is not None:
             top, is_array, (buckets, meta_events, skipped, n_events) = streamed
         else:
@@ -260,7 +262,7 @@ STREAM_MIN = 64 << 20
 GZ_TO_DISK = 8 << 20
 
 
-def _load_streamed(path: str) -> tuple[dict[str, Any], bool, Any] | None:
+def _load_streamed(path: str, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Any] | None:
     """Large traces: decode ``traceEvents`` a chunk (~16 MB) at a time and keep only the
     events the loader uses, so memory follows the kept events, not the file.
 
@@ -298,7 +300,7 @@ def _load_streamed(path: str) -> tuple[dict[str, Any], bool, Any] | None:
         with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                return _decode_streamed(path, mm, view)
+                return _decode_streamed(path, mm, view, progress)
             finally:
                 view.release()
     finally:
@@ -310,7 +312,8 @@ def _load_streamed(path: str) -> tuple[dict[str, Any], bool, Any] | None:
 _SKIP = frozenset(b" \t\r\n,")
 
 
-def _decode_streamed(path: str, mm: Any, view: memoryview) -> tuple[dict[str, Any], bool, Any] | None:
+def _decode_streamed(path: str, mm: Any, view: memoryview,
+                     progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Any] | None:
     import mmap
 
     n = len(mm)
@@ -385,6 +388,8 @@ def _decode_streamed(path: str, mm: Any, view: memoryview) -> tuple[dict[str, An
         for k, v in sk.items():
             skipped[k] = skipped.get(k, 0) + v
         n_events += cnt
+        if progress is not None:  # the bar moves with the bytes decoded
+            progress.update(completed=pos - arr_start, total=arr_end - arr_start)
         done = (pos // page) * page
         if done > released and hasattr(mm, "madvise"):
             mm.madvise(mmap.MADV_DONTNEED, released, done - released)  # decoded pages leave RSS

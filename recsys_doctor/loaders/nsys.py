@@ -311,7 +311,8 @@ class _Reader:
                 self.progress.update(description=f"loading {self.shown.name}: {k}")
                 self.progress.advance()
         tables: dict[str, pd.DataFrame | None] = {k: _concat(v) for k, v in parts.items()}
-        tables["api"] = self.add_callsites(tables.get("api"))
+        if tables.get("api") is not None:
+            tables["api"] = self.attach_callsites(tables["api"])
         tables["threads"] = self.threads(tables.get("api"), tables.get("ranges"))
         tables["devices"] = self.devices(tables)
         self.meta["tables_missing"] = [t for t in READ_TABLES if t not in self.tables]
@@ -481,6 +482,21 @@ class _Reader:
 
         return sql, post
 
+    def attach_callsites(self, df: pd.DataFrame) -> pd.DataFrame:
+        """``--cudabacktrace`` exports: each call's ``callsite`` (see :meth:`callsites`),
+        joined on ``(pid, correlation)``; other exports are returned as they are."""
+        t = K + "RUNTIME"
+        if not (len(df) and "callchainId" in self.cols(t) and "CUDA_CALLCHAINS" in self.tables and self.has_strings):
+            return df
+        gt = self.col(t, "r", "globalTid")
+        name, join = self.string(t, "r", "nameId", "sn")
+        bt = self.query(  # duplicate rows carry the chain, same correlation
+            f"SELECT {_PID.format(col=gt)} AS pid, {self.col(t, 'r', 'correlationId', '0')} AS correlation, "
+            f"r.callchainId AS chain, {name} AS name FROM {t} r {join} WHERE r.callchainId IS NOT NULL")
+        if not len(bt):
+            return df
+        return df.merge(self.callsites(bt), on=["pid", "correlation"], how="left")
+
     def callsites(self, bt: pd.DataFrame) -> pd.DataFrame:
         """``--cudabacktrace`` exports: per backtraced call ``(pid, correlation)``, the first
         frame in the program's own code (resolved, outside the CUDA/profiler libraries, not
@@ -507,23 +523,6 @@ class _Reader:
         out = pd.DataFrame({"pid": bt["pid"].to_numpy(np.int64), "correlation": bt["correlation"].to_numpy(np.int64),
                             "callsite": [site.get(int(c) + best) for c in chain]})
         return out.drop_duplicates(["pid", "correlation"])
-
-    def add_callsites(self, api: pd.DataFrame | None) -> pd.DataFrame | None:
-        """``api`` with a ``callsite`` column where the export has CUDA backtraces
-        (``nsys profile --cudabacktrace``): the duplicate rows that carry a call's chain
-        share its ``(pid, correlation)``; see :meth:`callsites`."""
-        t = K + "RUNTIME"
-        if (api is None or not len(api) or "callchainId" not in self.cols(t)
-                or "CUDA_CALLCHAINS" not in self.tables or not self.has_strings):
-            return api
-        gt = self.col(t, "r", "globalTid")
-        name, join = self.string(t, "r", "nameId", "sn")
-        bt = self.query(
-            f"SELECT {_PID.format(col=gt)} AS pid, {self.col(t, 'r', 'correlationId', '0')} AS correlation, "
-            f"r.callchainId AS chain, {name} AS name FROM {t} r {join} WHERE r.callchainId IS NOT NULL")
-        if not len(bt):
-            return api
-        return api.merge(self.callsites(bt), on=["pid", "correlation"], how="left")
 
     def ranges(self) -> Job | None:
         t = "NVTX_EVENTS"
