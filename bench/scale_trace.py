@@ -126,12 +126,12 @@ def tile_kineto(src: Path, dst: Path, k: int) -> int:
     return n
 
 
-def run_cmd(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+def run_cmd(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     """Run ``cmd`` to completion; wall seconds, the child's peak RSS (MB), exit status and
     the tail of its stderr."""
     t = time.perf_counter()
     with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
         err.seek(0)
@@ -173,10 +173,10 @@ def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Pa
             # a session directory of its own per run: nsys-ai refuses to reuse the session
             # of a profile copy that is gone ("SESSION_CORRUPT")
             cmd = [exe, "diagnose", str(f), "--format", "json", "-o", str(d / "out.json"), "--session"]
-            r = run_cmd(cmd + [str(d / "session-cold")], env)
+            r = run_cmd(cmd + [str(d / "session-cold")], env, cwd=d)  # it writes .nsys-ai/ in its cwd
             engine.add("sqlite3 fallback" if "falling back to sqlite" in r["stderr_tail"].lower() else "duckdb")
             cold.append(r)
-            warm.append(run_cmd(cmd + [str(d / "session-warm")], env))
+            warm.append(run_cmd(cmd + [str(d / "session-warm")], env, cwd=d))
         finally:
             shutil.rmtree(d, ignore_errors=True)
     return {"engine": sorted(engine), "cold": best_of(cold), "warm_cache": best_of(warm)}
