@@ -72,16 +72,23 @@ def _steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None) -> 
         b = busy_ops[busy_ops["device"] == dev]
         ms, me = merge_intervals(b["start"].to_numpy(), b["end"].to_numpy())
         frac = covered_in_bins(ms, me, edges) / widths
-        cut = w0 + int(options.startup_fraction * (w1 - w0))
-        in_win = (edges[1:] > w0) & (edges[:-1] < w1)
-        nonempty = frac[in_win & (frac > 0)]
-        if nonempty.size:
-            thr = 0.5 * float(np.median(nonempty))
-            first = np.flatnonzero(in_win & (frac >= thr))
-            if first.size:
-                cut = max(cut, int(edges[first[0]]))
-        out[int(dev)] = min(cut, w1)
+        out[int(dev)] = steady_cut(frac, edges, w0, w1, options.startup_fraction)
     return out
+
+
+def steady_cut(frac: np.ndarray, edges: np.ndarray, w0: int, w1: int, startup_fraction: float) -> int:
+    """Where a device's steady state starts: the later of the start-up cut
+    (``startup_fraction`` of its window ``[w0, w1]``) and the first timeline bin whose busy
+    fraction ``frac`` reaches half the median non-empty bin; never past ``w1``."""
+    cut = w0 + int(startup_fraction * (w1 - w0))
+    in_win = (edges[1:] > w0) & (edges[:-1] < w1)
+    nonempty = frac[in_win & (frac > 0)]
+    if nonempty.size:
+        thr = 0.5 * float(np.median(nonempty))
+        first = np.flatnonzero(in_win & (frac >= thr))
+        if first.size:
+            cut = max(cut, int(edges[first[0]]))
+    return min(cut, w1)
 
 
 def analysis_window(trace: Trace) -> int:

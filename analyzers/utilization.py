@@ -28,6 +28,7 @@ import numpy as np
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
+from ._recoverable import steady_cut
 from ._util import covered_in_bins, intersect_length, merge_intervals, op_table, stream_label
 
 __all__ = ["analyze"]
@@ -55,16 +56,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         win = w1 - w0
         frac = covered_in_bins(ms, me, edges) / widths
         tl_dev[str(int(dev))] = [round(float(x), 4) for x in frac]
-        # steady state: later of the start-up cut and the first bin at half the median bin
-        cut = w0 + int(options.startup_fraction * win)
-        in_win = (edges[1:] > w0) & (edges[:-1] < w1)
-        nonempty = frac[in_win & (frac > 0)]
-        if nonempty.size:
-            thr = 0.5 * float(np.median(nonempty))
-            first = np.flatnonzero(in_win & (frac >= thr))
-            if first.size:
-                cut = max(cut, int(edges[first[0]]))
-        cut = min(cut, w1)
+        cut = steady_cut(frac, edges, w0, w1, options.startup_fraction)
         steady_busy = intersect_length(ms, me, cut, w1)
         devs[str(int(dev))] = {
             "window_ns": win,

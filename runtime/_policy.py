@@ -257,9 +257,9 @@ class PackedLayout:
     """Where each tensor sits in one staging buffer.
 
     ``offsets[i]`` is the byte offset of leaf ``i``; ``runs`` lists ``(first, count)`` of
-    consecutive leaves with equal dtype and shape that are stored back to back, so that one
-    ``torch.stack(..., out=view)`` fills a whole run (26 embedding-index tensors: one call,
-    not 26). ``nbytes`` is the buffer size.
+    consecutive leaves with equal dtype and shape that are stored back to back (a run is
+    one contiguous block: a client packing by hand can fill it with one
+    ``torch.stack(..., out=view)``). ``nbytes`` is the buffer size.
     """
 
     offsets: tuple[int, ...]
