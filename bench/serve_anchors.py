@@ -22,6 +22,7 @@ Columns (configs):
     python bench/serve_anchors.py                       # writes bench/results/serve_anchors.json
     OUT=dir QS=1,4,8 DUR=2 CONFIGS=serve,graph_prepacked python bench/serve_anchors.py
     SERVE_GROUPS=4 SERVE_SLOTS=1 RECSYS_DOCTOR_LAUNCH=release-gil ...   # runtime variants
+    REPEAT=3 ...     # every (Q, config) 3 times, round by round; medians and paired ratios
 """
 
 from __future__ import annotations
@@ -307,37 +308,55 @@ def main() -> None:
     qs = [int(x) for x in os.environ.get("QS", "1,4,8").split(",")]
     configs = os.environ.get("CONFIGS", ",".join(CONFIGS)).split(",")
     dur = float(os.environ.get("DUR", "2"))
+    reps = int(os.environ.get("REPEAT", "1"))
     out = Path(os.environ.get("OUT", HERE / "results"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for q in qs:
-        for c in configs:
-            t0 = time.time()
-            try:
-                p = subprocess.run([sys.executable, __file__, "--one", c, str(q), str(dur)], capture_output=True,
-                                   text=True, timeout=float(os.environ.get("CONFIG_TIMEOUT", "240")))
-                line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-                res = json.loads(line[-1][7:]) if line else {
-                    "config": c, "q": q, "errors": [f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1]]}
-            except subprocess.TimeoutExpired:
-                res = {"config": c, "q": q, "errors": ["timed out"]}
-            res["process_s"] = round(time.time() - t0, 1)
-            rows.append(res)
-            print(json.dumps(res), flush=True)
-    table = {}
-    for r in rows:
-        table.setdefault(str(r["q"]), {})[r["config"]] = r.get("qps")
-    ratios = {}
-    for q, t in table.items():
-        base = t.get("graph_prepacked")
-        if base:
-            ratios[q] = {k: round(v / base, 3) for k, v in t.items() if v}
+    rows = [_run_config(c, q, dur, rep) for rep in range(reps) for q in qs for c in configs]
+    table, ratios = _summarize(rows)
     doc = {"bench": "serve_anchors", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": _env(),
-           "batch": BATCH, "vocab": VOCAB, "duration_s": dur, "rows": rows, "qps_table": table,
+           "batch": BATCH, "vocab": VOCAB, "duration_s": dur, "repeats": reps, "rows": rows, "qps_table": table,
            "ratio_to_graph_prepacked": ratios}
     name = os.environ.get("NAME", "serve_anchors.json")
     (out / name).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({"qps_table": table, "ratio_to_graph_prepacked": ratios}, indent=1))
+
+
+def _run_config(c: str, q: int, dur: float, rep: int) -> dict:
+    """One configuration at Q clients in a fresh process (the ``--one`` mode)."""
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, __file__, "--one", c, str(q), str(dur)], capture_output=True,
+                           text=True, timeout=float(os.environ.get("CONFIG_TIMEOUT", "240")))
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        res = json.loads(line[-1][7:]) if line else {
+            "config": c, "q": q, "errors": [f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1]]}
+    except subprocess.TimeoutExpired:
+        res = {"config": c, "q": q, "errors": ["timed out"]}
+    res["process_s"] = round(time.time() - t0, 1)
+    res["repeat"] = rep
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def _summarize(rows: list[dict]) -> tuple[dict, dict]:
+    """Median q/s per (Q, config) over the repeats, and the median over repeats of each
+    configuration's ratio to the pre-packed hand-roll measured in the same round (rounds
+    run the configurations back to back, so a ratio pairs runs minutes apart at most)."""
+    per: dict[str, dict[str, list[float]]] = {}
+    paired: dict[str, dict[str, list[float]]] = {}
+    rounds: dict[tuple[int, int], dict[str, float]] = {}
+    for r in rows:
+        if r.get("qps"):
+            per.setdefault(str(r["q"]), {}).setdefault(r["config"], []).append(r["qps"])
+            rounds.setdefault((r["q"], r.get("repeat", 0)), {})[r["config"]] = r["qps"]
+    for (q, _), t in rounds.items():
+        base = t.get("graph_prepacked")
+        for k, v in t.items():
+            if base:
+                paired.setdefault(str(q), {}).setdefault(k, []).append(v / base)
+    table = {q: {c: round(statistics.median(v), 1) for c, v in t.items()} for q, t in per.items()}
+    ratios = {q: {c: round(statistics.median(v), 3) for c, v in t.items()} for q, t in paired.items()}
+    return table, ratios
 
 
 if __name__ == "__main__":

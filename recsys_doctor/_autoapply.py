@@ -332,6 +332,10 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
                 _capture(torch, g, e, orig_call, module, args, kwargs, tensors)
                 _state["captured"] += 1
             except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
+                if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_DEBUG"):
+                    import traceback
+
+                    traceback.print_exc()
                 e.reason = _first_line(ex)
                 e.graph = None
                 try:
