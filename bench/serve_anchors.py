@@ -18,6 +18,8 @@ Columns (configs):
   serve              ``recsys_doctor.runtime.serve(groups=Q)``: ``served(*tensors)``
   serve_request      the same runtime, zero-copy: ``with served.request() as q`` the client
                      copies its packed query into the slot's pinned buffer (``q.load``) and calls ``q.run()``
+  serve_held         serve_request with the request held open by each client thread across its
+                     queries (one slot per client, as the hand-roll has one graph per thread)
 
     python bench/serve_anchors.py                       # writes bench/results/serve_anchors.json
     OUT=dir QS=1,4,8 DUR=2 CONFIGS=serve,graph_prepacked python bench/serve_anchors.py
@@ -39,7 +41,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = ["eager_1stream", "graph_pertensor", "graph_prepacked", "graph_cat", "compile_ro", "serve",
-           "serve_request"]
+           "serve_request", "serve_held"]
 BATCH, VOCAB = 256, 100_000
 
 
@@ -180,33 +182,51 @@ def _make(config: str, model, queries):
             fns.append(_graph_client(model, a, config))
         return fns, None
 
-    if config in ("serve", "serve_request"):
+    if config.startswith("serve"):
         from recsys_doctor.runtime import serve
 
         groups = int(os.environ.get("SERVE_GROUPS", q))
         slots = int(os.environ.get("SERVE_SLOTS", 2))
         served = serve(model, queries[0], groups=groups, merge=True, graphs=True, slots_per_group=slots)
-        if config == "serve":
-            fns = [(lambda a=a: served(*a)) for a in queries]
-        else:
-            # each client's query as one packed host buffer (what it would receive off the
-            # wire); per query it writes it into the slot's pinned buffer and runs
-            packed = []
-            with served.request() as r:
-                for a in queries:
-                    for dst, src in zip(_flat(r.inputs), _flat(a)):
-                        dst.copy_(src)
-                    packed.append(r.buffer.clone())
-
-            def mk(buf):
-                def fn():
-                    with served.request() as r:
-                        r.load(buf)
-                        return r.run().clone()
-                return fn
-            fns = [mk(b) for b in packed]
-        return fns, served.close
+        return _serve_fns(config, served, queries), served.close
     raise SystemExit(f"unknown config {config}")
+
+
+def _serve_fns(config, served, queries):
+    """The runtime's clients: ``served(*tensors)``, or the zero-copy request per query
+    (``serve_request``) or held by the client for its whole life (``serve_held``: the
+    structure of the hand-roll, one slot per client thread)."""
+    if config == "serve":
+        return [(lambda a=a: served(*a)) for a in queries]
+    if config not in ("serve_request", "serve_held"):
+        raise SystemExit(f"unknown config {config}")
+    # each client's query as one packed host buffer (what it would receive off the
+    # wire); per query it writes it into the slot's pinned buffer and runs
+    packed = []
+    with served.request() as r:
+        for a in queries:
+            for dst, src in zip(_flat(r.inputs), _flat(a)):
+                dst.copy_(src)
+            packed.append(r.buffer.clone())
+
+    def per_query(buf):
+        def fn():
+            with served.request() as r:
+                r.load(buf)
+                return r.run().clone()
+        return fn
+
+    def held(buf):
+        tls = threading.local()
+
+        def fn():
+            r = getattr(tls, "r", None)
+            if r is None:
+                r = tls.r = served.request()  # closed by served.close() at the end
+            r.load(buf)
+            return r.run().clone()
+        return fn
+    return [(per_query if config == "serve_request" else held)(b) for b in packed]
 
 
 def _graph_client(model, a, config):

@@ -39,7 +39,7 @@ class Request:
         self._slot = slot
         self._entry = entry
         self.inputs = entry.inputs
-        self.buffer = entry.in_bytes[:entry.n_in]
+        self.buffer = entry.in_bytes
         self.layout = entry.layout
         self._open = True
 
