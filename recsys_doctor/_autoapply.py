@@ -218,12 +218,17 @@ def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     tensors: list[Any] = []
     parts: list[Any] = []
 
+    T = torch.Tensor
+
     def rec(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if not x.is_cuda:
+        if isinstance(x, T):
+            dev = x.get_device()  # -1 on the CPU; cheaper than x.device.index
+            if dev < 0:
                 raise TypeError("a CPU tensor argument")
             tensors.append(x)
-            return ("T", x.dtype, tuple(x.shape), x.stride(), x.device.index)
+            # no strides: the static inputs keep the first call's layout and
+            # _foreach_copy_ copies any layout into them
+            return (x.dtype, x.shape, dev)
         if isinstance(x, (list, tuple)):
             return (type(x).__name__, tuple(rec(v) for v in x))
         if isinstance(x, dict):
