@@ -255,3 +255,28 @@ def test_progress_quiet_when_not_a_tty(monkeypatch, capsys):
         bar.advance(3)
         bar.update(completed=10)
     assert capsys.readouterr().err == ""
+
+
+def test_compare_page_shows_measured_tables_escaped(evil_result):
+    other = advise_trace(_evil_trace())
+    measured = {"chosen": EVIL_SCRIPT,
+                "rows": [{"metric": "qps", "before": 1000.0, "after": 2500.0, "ratio": 2500.0 / 1000.0}],
+                "candidates": [{"plan": EVIL_IMG, "predicted": 3.0, "measured": None, "p99_ms": 1.23456,
+                                "error": EVIL_SCRIPT}]}
+    doc = render_compare_html(evil_result, other, measured=measured)
+    assert "<script" not in doc and "<img src=x" not in doc
+    head = doc[: doc.index("<figure>")]  # the measured tables come before the plot
+    assert "Measured before / after (chosen: &lt;script&gt;" in head
+    assert "<td class='num'>2,500.000</td><td class='num'>2.500</td>" in head
+    assert "<td class='num'>3.000</td><td class='num'>-</td><td class='num'>1.235</td>" in head
+    assert "Measured before" not in render_compare_html(evil_result, other)
+
+
+def test_templates_ship_with_the_package():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "templates/*" in data["recsys_doctor.reports"]
+    assert {p.name for p in (root / "reports" / "templates").iterdir()} >= {"report.html.j2", "compare.html.j2"}
