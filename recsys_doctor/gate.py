@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._format import pct
 from .errors import BadInputError
 from ._json import json_default
 
@@ -304,10 +305,6 @@ def write_baseline(result: "AdviseResult | Mapping[str, Any]", path: str | os.Pa
 
 # --- the gate --------------------------------------------------------------------------
 
-def _pct(v: float) -> str:
-    return f"{v * 100:.1f}%"
-
-
 def check(current: "AdviseResult | Mapping[str, Any]", baseline: Baseline | None = None, *,
           min_utilization: float | None = None, max_drop: float | None = None,
           fail_on: str | None = None) -> CheckResult:
@@ -334,9 +331,9 @@ def check(current: "AdviseResult | Mapping[str, Any]", baseline: Baseline | None
     if min_utilization is not None:
         assert util is not None
         ok = util >= min_utilization
-        msg = (f"{_METRIC} {util:.4f} ({_pct(util)}) is below the minimum {min_utilization:.4f} "
-               f"({_pct(min_utilization)})" if not ok else
-               f"{_METRIC} {util:.4f} ({_pct(util)}) >= minimum {min_utilization:.4f} ({_pct(min_utilization)})")
+        msg = (f"{_METRIC} {util:.4f} ({pct(util)}) is below the minimum {min_utilization:.4f} "
+               f"({pct(min_utilization)})" if not ok else
+               f"{_METRIC} {util:.4f} ({pct(util)}) >= minimum {min_utilization:.4f} ({pct(min_utilization)})")
         rules.append(RuleResult("min-utilization", ok, msg))
 
     if max_drop is not None:
@@ -347,11 +344,11 @@ def check(current: "AdviseResult | Mapping[str, Any]", baseline: Baseline | None
         drop = base - util
         ok = drop <= max_drop + 1e-12
         if ok:
-            msg = (f"{_METRIC} {util:.4f} ({_pct(util)}) vs baseline {base:.4f} ({_pct(base)}): "
+            msg = (f"{_METRIC} {util:.4f} ({pct(util)}) vs baseline {base:.4f} ({pct(base)}): "
                    f"change {-drop:+.4f} within the allowed drop {max_drop:.4f}")
         else:
-            msg = (f"{_METRIC} dropped from {base:.4f} ({_pct(base)}) in the baseline to {util:.4f} "
-                   f"({_pct(util)}): drop {drop:.4f} > allowed {max_drop:.4f}")
+            msg = (f"{_METRIC} dropped from {base:.4f} ({pct(base)}) in the baseline to {util:.4f} "
+                   f"({pct(util)}): drop {drop:.4f} > allowed {max_drop:.4f}")
         rules.append(RuleResult("max-drop", ok, msg))
 
     if fail_on is not None:

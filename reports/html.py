@@ -26,7 +26,8 @@ import jinja2
 from markupsafe import Markup
 
 from ..errors import BadInputError
-from ._common import by_severity, clock_s, fmt, headline, kernel_label, pct, summary_rows, trace_name
+from .._format import fixed, fmt, pct
+from ._common import by_severity, clock_s, headline, kernel_label, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,19 +70,12 @@ def _evidence_parts(ev: Mapping[str, Any] | None) -> tuple[list[Any], dict[str, 
     return offenders, {k: v for k, v in ev.items() if k not in nested}, nested
 
 
-def _fixed(v: Any) -> str:
-    """Measured numbers of ``apply``: floats to 3 decimals, ``-`` when absent."""
-    if v is None:
-        return "-"
-    return f"{v:,.3f}" if isinstance(v, float) else str(v)
-
-
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("recsys_doctor.reports", "templates"), autoescape=True,
                              finalize=_escaped, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters.update(fmt=fmt, pct=pct, clock_s=clock_s, kernel_label=kernel_label, img=_img, shape=_shape,
-                       evidence_parts=_evidence_parts, fixed=_fixed,
+                       evidence_parts=_evidence_parts, fixed=lambda v: fixed(v, digits=3),
                        record_keys=lambda v: list(dict.fromkeys(k for x in v for k in x)),
                        other_fields=lambda o, skip: ", ".join(f"{k}={fmt(x)}" for k, x in o.items() if k != skip),
                        example_place=lambda e: ", ".join(str(e[k]) for k in ("thread", "stream") if e.get(k)))

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._format import pct
+
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
@@ -85,10 +87,6 @@ def _short(s: str, n: int = 48) -> str:
     s = str(s)
     s = s if len(s) <= n else s[: n - 1] + "\u2026"
     return s.replace("$", r"\$")
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:.0f}%"
 
 
 def _util_data(result: "AdviseResult") -> dict[str, Any] | None:
@@ -161,7 +159,7 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
     from ..advise import idle_share
 
     idle = idle_share(result.summary or {}, result.analyses or {})  # the one idle figure
-    fig.suptitle(f"GPU busy {_pct(overall)} of the time, idle {_pct(idle)}"
+    fig.suptitle(f"GPU busy {pct(overall, 0)} of the time, idle {pct(idle, 0)}"
                  " (green = computing, red = idle; the rest: copies only)", fontsize=13, fontweight="bold",
                  color=IDLE if (overall is not None and overall < 0.5) else "black")
     w = np.diff(edges)
@@ -180,7 +178,7 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
         ax.set_ylabel("% busy")
         dv = (result.analyses or {}).get("utilization", {}).get("devices", {}).get(str(dev), {})
         st = dv.get("steady_utilization") if isinstance(dv, Mapping) else None
-        extra = f", steady state {_pct(st)}" if st is not None else ""
+        extra = f", steady state {pct(st, 0)}" if st is not None else ""
         ax.set_title(f"Device {dev}: utilization over time{extra}", loc="left")
         if i == 0:
             ax.legend(loc="upper right", fontsize=8, ncols=2, framealpha=0.9)
