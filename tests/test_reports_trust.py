@@ -81,8 +81,9 @@ def test_window_shows_in_every_report(tmp_path):
 
 def test_plots_use_the_trace_clock(syncq):
     from recsys_doctor.reports import plots
+    from recsys_doctor.reports.plots._base import _edges_s
 
-    assert plots._edges_s(syncq.analyses["utilization"]["timeline"])[0] == pytest.approx(
+    assert _edges_s(syncq.analyses["utilization"]["timeline"])[0] == pytest.approx(
         syncq.analyses["utilization"]["timeline"]["start_ns"] / 1e9)
     assert "--start" in plots.CLOCK_LABEL
 
