@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from recsys_doctor.errors import first_line
+
 HERE = Path(__file__).resolve().parent
 CONFIGS = ["eager_1stream", "graph_pertensor", "graph_prepacked", "graph_cat", "compile_ro", "serve",
            "serve_request", "serve_held"]
@@ -96,7 +98,7 @@ def _client_loop(q: int, dur: float, fns):
         except threading.BrokenBarrierError:
             pass
         except BaseException as e:  # noqa: BLE001 - reported in the result
-            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            errors.append(first_line(e))
             ready.abort()
 
     ths = [threading.Thread(target=loop, args=(k,)) for k in range(q)]
@@ -322,7 +324,7 @@ def main() -> None:
         try:
             res = run_one(config, q, dur)
         except BaseException as e:  # noqa: BLE001 - a crashing config is a result too
-            res = {"config": config, "q": q, "errors": [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]}
+            res = {"config": config, "q": q, "errors": [first_line(e)]}
         print("RESULT " + json.dumps(res), flush=True)
         return
     qs = [int(x) for x in os.environ.get("QS", "1,4,8").split(",")]
