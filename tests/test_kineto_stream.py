@@ -13,17 +13,11 @@ import pytest
 import recsys_doctor.loaders._kineto_decode as decode
 import recsys_doctor.loaders.kineto as kineto
 from conftest import shared_files
+from test_engine import _same  # every table and the metadata equal
 
 pytestmark = pytest.mark.shared
 
 KINETO = shared_files("h100", ("*.json.gz", "*.json")) + shared_files("kineto", ("*.json.gz", "*.json"))
-
-
-def _same(a, b) -> None:
-    assert a.counts() == b.counts()
-    for t in a.TABLES:
-        pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), obj=t)
-    assert a.meta == b.meta
 
 
 @pytest.mark.parametrize("path", KINETO, ids=lambda p: p.name)
