@@ -77,6 +77,16 @@ def tile_kineto_in_child(src: Path, dst: Path, k: int) -> int:
     return int(r.stdout.split()[-1])
 
 
+def tile_to_size(src: Path, tmp: Path, mb: float) -> tuple[Path, int, int]:
+    """``(file, factor, events)``: ``src`` tiled to about ``mb`` MiB of JSON in ``tmp``."""
+    one = tmp / "kineto_1.json"
+    tile_kineto_in_child(src, one, 1)
+    k = max(1, round(mb * 2**20 / one.stat().st_size))
+    one.unlink()
+    f = tmp / f"kineto_{k}.json"
+    return f, k, tile_kineto_in_child(src, f, k)
+
+
 def _shifted(e: dict, dt_us: float, did: int, dcorr: int) -> dict:
     e = dict(e)
     if isinstance(e.get("ts"), (int, float)):
@@ -123,12 +133,7 @@ def main() -> None:
                  "code": {k: _version(root) for k, (_, root) in runs.items()}, "files": []}
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmpd:
         tmp = Path(tmpd)
-        one = tmp / "kineto_1.json"
-        tile_kineto_in_child(a.trace, one, 1)
-        k = max(1, round(a.mb * 2**20 / one.stat().st_size))
-        one.unlink()
-        plain = tmp / f"kineto_{k}.json"
-        n = tile_kineto_in_child(a.trace, plain, k)
+        plain, k, n = tile_to_size(a.trace, tmp, a.mb)
         gz = tmp / f"kineto_{k}.json.gz"
         with open(gz, "wb") as g:
             subprocess.run(["gzip", "-6", "-c", str(plain)], stdout=g, check=True)

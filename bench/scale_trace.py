@@ -207,17 +207,11 @@ def main() -> None:
             print(json.dumps(row), file=sys.stderr, flush=True)
             res.append(row)
             f.unlink()
-        from kineto_scale import KINETO, kineto_child  # the Kineto bench's own helpers
-        from kineto_scale import tile_kineto_in_child as tile_kineto
+        from kineto_scale import KINETO, kineto_child, tile_to_size  # the Kineto bench's own helpers
 
         a.kineto = a.kineto or KINETO
         if a.kineto_mb and a.kineto.exists():
-            one = tmp / "kineto_1.json"
-            tile_kineto(a.kineto, one, 1)
-            k = max(1, round(a.kineto_mb * 2**20 / one.stat().st_size))
-            one.unlink()
-            f = tmp / f"kineto_{k}.json"
-            n = tile_kineto(a.kineto, f, k)
+            f, k, n = tile_to_size(a.kineto, tmp, a.kineto_mb)
             row = {"factor": k, "events": n, "file_mb": round(f.stat().st_size / 2**20, 1),
                    "load_avg_before": os.getloadavg()[0]}
             row.update(kineto_child(f, a.repeat))
