@@ -84,48 +84,6 @@ def tile(src: Path, dst: Path, k: int) -> int:
     return rows
 
 
-KINETO = ROOT.parent / "shared" / "traces" / "kineto" / \
-    "facebookresearch__HolisticTraceAnalysis__tests__data__df_index_resolver__df_index_resolver.json.gz"
-
-
-def tile_kineto(src: Path, dst: Path, k: int) -> int:
-    """Write a K-times tiled copy of a Kineto JSON trace (events shifted by K x the
-    trace span, correlation and flow ids offset); return the number of events."""
-    import msgspec
-
-    raw = gzip.open(src).read() if src.suffix == ".gz" else src.read_bytes()
-    doc = msgspec.json.decode(raw)
-    events = doc.pop("traceEvents")
-    ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
-    span = max(ts) - min(ts) + 1000
-    corr = max((e.get("args") or {}).get("correlation", 0) or 0 for e in events
-               if isinstance((e.get("args") or {}).get("correlation", 0), int)) + 1
-    fid = max((e.get("id", 0) for e in events if isinstance(e.get("id"), int)), default=0) + 1
-    n = 0
-    with open(dst, "wb") as f:
-        head = msgspec.json.encode(doc)[:-1]
-        f.write(head + (b", " if doc else b"") + b'"traceEvents": [\n')
-        first = True
-        for i in range(k):
-            for e in events:
-                if i and e.get("ph") == "M":
-                    continue  # metadata once
-                if i:
-                    e = dict(e)
-                    if isinstance(e.get("ts"), (int, float)):
-                        e["ts"] = e["ts"] + i * span
-                    if isinstance(e.get("id"), int):
-                        e["id"] = e["id"] + i * fid
-                    a = e.get("args")
-                    if isinstance(a, dict) and isinstance(a.get("correlation"), int) and a["correlation"] > 0:
-                        e["args"] = dict(a, correlation=a["correlation"] + i * corr)
-                f.write((b"" if first else b",\n") + msgspec.json.encode(e))
-                first = False
-                n += 1
-        f.write(b"\n]}\n")
-    return n
-
-
 def run_cmd(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     """Run ``cmd`` to completion; wall seconds, the child's peak RSS (MB), exit status and
     the tail of its stderr."""
@@ -182,11 +140,6 @@ def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Pa
     return {"engine": sorted(engine), "cold": best_of(cold), "warm_cache": best_of(warm)}
 
 
-def kineto_child(path: Path, repeat: int) -> dict:
-    load = [sys.executable, "-c", "import sys; from recsys_doctor.loaders import load; load(sys.argv[1])", str(path)]
-    return {"load_only": best_of([run_cmd(load) for _ in range(repeat)]), "advise": ours(path, repeat)}
-
-
 def _machine() -> dict:
     import pandas
     import recsys_doctor
@@ -201,7 +154,7 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=SHARED if SHARED.exists() else DEMO)
     ap.add_argument("--rows", default="1e6,4e6,1e7", help="target activity rows per tiled export")
     ap.add_argument("--gb", type=float, default=2.0, help="also a tiled export of about this many GB (0: none)")
-    ap.add_argument("--kineto", type=Path, default=KINETO)
+    ap.add_argument("--kineto", type=Path, default=None, help="Kineto trace to tile (default: kineto_scale.KINETO)")
     ap.add_argument("--kineto-mb", type=float, default=450, help="tiled Kineto trace size (0: none)")
     ap.add_argument("--nsys-ai", help="nsys-ai executable (in its own venv) to compare with")
     ap.add_argument("--nsys-ai-duckdb-ext", type=Path, help="sqlite_scanner.duckdb_extension for nsys-ai's DuckDB")
@@ -254,13 +207,11 @@ def main() -> None:
             print(json.dumps(row), file=sys.stderr, flush=True)
             res.append(row)
             f.unlink()
+        from kineto_scale import KINETO, kineto_child, tile_to_size  # the Kineto bench's own helpers
+
+        a.kineto = a.kineto or KINETO
         if a.kineto_mb and a.kineto.exists():
-            one = tmp / "kineto_1.json"
-            tile_kineto(a.kineto, one, 1)
-            k = max(1, round(a.kineto_mb * 2**20 / one.stat().st_size))
-            one.unlink()
-            f = tmp / f"kineto_{k}.json"
-            n = tile_kineto(a.kineto, f, k)
+            f, k, n = tile_to_size(a.kineto, tmp, a.kineto_mb)
             row = {"factor": k, "events": n, "file_mb": round(f.stat().st_size / 2**20, 1),
                    "load_avg_before": os.getloadavg()[0]}
             row.update(kineto_child(f, a.repeat))

@@ -323,22 +323,90 @@ def test_range_depth_per_thread(tmp_path: Path) -> None:
     assert src["ProfilerStep#1"] == "user_annotation" and src["a"] == "cpu_op"
 
 
+def test_range_depth_when_ranges_overlap_without_nesting(tmp_path: Path) -> None:
+    """Sorted by start (longest first), a range is inside every earlier range of its thread
+    still open when it starts (end > start), counted as a stack that is only popped from
+    the top: on thread 1, B outlives A, so C (after A ended, inside B) still sits on A's
+    stack entry; on thread 2 the ranges nest, with shared starts and a zero-length one."""
+    def r(name: str, tid: int, ts: int, dur: int) -> dict:
+        return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 9, "tid": tid, "ts": ts, "dur": dur}
+
+    doc = {"traceEvents": [
+        r("A", 1, 0, 10), r("B", 1, 5, 15), r("C", 1, 12, 3), r("D", 1, 30, 1),
+        r("R", 2, 50, 0), r("S", 2, 50, 10), r("Q", 2, 0, 50), r("P", 2, 0, 100),
+    ]}
+    t = load_kineto_json(_write(tmp_path, doc))
+    depth = dict(zip(t.ranges["name"], t.ranges["depth"]))
+    assert depth == {"A": 0, "B": 1, "C": 2, "D": 0, "P": 0, "Q": 1, "S": 1, "R": 2}
+
+
+def _stack_depth_reference(ranges: list[tuple[int, int, int]]) -> list[int]:
+    """The plain definition, one thread at a time: ``(thread, start, end)`` in, depth out."""
+    out = [0] * len(ranges)
+    for thread in {g for g, _, _ in ranges}:
+        idx = sorted((i for i, x in enumerate(ranges) if x[0] == thread), key=lambda i: (ranges[i][1], -ranges[i][2], i))
+        stack: list[int] = []
+        for i in idx:
+            while stack and stack[-1] <= ranges[i][1]:
+                stack.pop()
+            out[i] = len(stack)
+            stack.append(ranges[i][2])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_range_depth_on_arrays_equals_the_stack_definition(seed: int) -> None:
+    """Random ranges on a few threads with many shared instants, nested (even seeds) or
+    overlapping freely (odd seeds): the loader's array method gives the stack's depths."""
+    import numpy as np
+
+    from recsys_doctor.loaders._kineto_tables import depths
+
+    rng = np.random.default_rng(seed)
+    ranges: list[tuple[int, int, int]] = []
+    if seed % 2:
+        for _ in range(int(rng.integers(1, 60))):
+            s = int(rng.integers(0, 30))
+            ranges.append((int(rng.integers(0, 3)), s, s + int(rng.integers(0, 8))))
+    else:
+        def nest(thread: int, lo: int, hi: int, level: int) -> None:
+            t = lo
+            while t < hi and rng.random() < 0.7:
+                a = int(rng.integers(t, hi + 1))
+                b = int(rng.integers(a, hi + 1))
+                ranges.append((thread, a, b))
+                if level < 4 and b > a:
+                    nest(thread, a, b, level + 1)
+                t = b
+        for thread in range(3):
+            nest(thread, 0, 60, 0)
+    if not ranges:
+        return
+    g, s, e = (np.array(c, dtype=np.int64) for c in zip(*ranges))
+    assert depths(np.zeros_like(g), g, s, e).tolist() == _stack_depth_reference(ranges)
+
+
+def _call(cat: str, name: str, pid: int, tid: int, ts: float, dur: float, corr: int) -> dict:
+    """A CPU-side runtime/driver call event."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def _gpu(cat: str, name: str, tid: int, ts: float, dur: float, corr: int, stream: int | None = None) -> dict:
+    """A GPU event on device 0 (``pid`` 0), stream ``tid`` unless said."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"device": 0, "stream": tid if stream is None else stream, "correlation": corr}}
+
+
 def test_graph_launch_and_driver_and_sync(tmp_path: Path) -> None:
     doc = {"traceEvents": [
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 0, "dur": 5,
-         "args": {"correlation": 5}},
-        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 2, "ts": 6, "dur": 5,
-         "args": {"correlation": 6}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": 20, "dur": 9,
-         "args": {"correlation": 9}},
-        *[{"ph": "X", "cat": "kernel", "name": f"g{i}", "pid": 0, "tid": 7, "ts": 10 + i, "dur": 1,
-           "args": {"device": 0, "stream": 7, "correlation": 5}} for i in range(2)],
-        {"ph": "X", "cat": "kernel", "name": "triton", "pid": 0, "tid": 7, "ts": 13, "dur": 1,
-         "args": {"device": 0, "stream": 7, "correlation": 6}},
-        {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 21, "dur": 7,
-         "args": {"device": 0, "stream": 7, "correlation": 9}},
-        {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "pid": 0, "tid": -1, "ts": 22, "dur": 1,
-         "args": {"device": 0, "stream": -1, "correlation": 9}},
+        _call("cuda_runtime", "cudaGraphLaunch", 1, 1, 0, 5, 5),
+        _call("cuda_driver", "cuLaunchKernel", 1, 2, 6, 5, 6),
+        _call("cuda_runtime", "cudaStreamSynchronize", 1, 1, 20, 9, 9),
+        *[_gpu("kernel", f"g{i}", 7, 10 + i, 1, 5) for i in range(2)],
+        _gpu("kernel", "triton", 7, 13, 1, 6),
+        _gpu("cuda_sync", "Stream Sync", 7, 21, 7, 9),
+        _gpu("cuda_sync", "Event Sync", -1, 22, 1, 9),
         {"ph": "X", "cat": "gpu_user_annotation", "name": "x", "pid": 0, "tid": 7, "ts": 10, "dur": 4, "args": {}},
     ]}
     t = load_kineto_json(_write(tmp_path, doc))
@@ -353,14 +421,10 @@ def test_graph_launch_and_driver_and_sync(tmp_path: Path) -> None:
 
 def test_unmatched_gpu_event_with_several_processes_has_no_pid(tmp_path: Path) -> None:
     doc = {"traceEvents": [
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 0, "dur": 1,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 2, "tid": 2, "ts": 0, "dur": 1,
-         "args": {"correlation": 2}},
-        {"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": 7, "ts": 2, "dur": 1,
-         "args": {"device": 0, "stream": 7, "correlation": 2}},
-        {"ph": "X", "cat": "kernel", "name": "early", "pid": 0, "tid": 7, "ts": 3, "dur": 1,
-         "args": {"device": 0, "stream": 7, "correlation": 99}},
+        _call("cuda_runtime", "cudaLaunchKernel", 1, 1, 0, 1, 1),
+        _call("cuda_runtime", "cudaLaunchKernel", 2, 2, 0, 1, 2),
+        _gpu("kernel", "a", 7, 2, 1, 2),
+        _gpu("kernel", "early", 7, 3, 1, 99),
     ]}
     t = load_kineto_json(_write(tmp_path, doc))
     assert dict(zip(t.kernels["name"], t.kernels["pid"])) == {"a": 2, "early": -1}

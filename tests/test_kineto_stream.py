@@ -10,30 +10,25 @@ import json
 import pandas as pd
 import pytest
 
+import recsys_doctor.loaders._kineto_decode as decode
 import recsys_doctor.loaders.kineto as kineto
 from conftest import shared_files
+from test_engine import _same  # every table and the metadata equal
 
 pytestmark = pytest.mark.shared
 
 KINETO = shared_files("h100", ("*.json.gz", "*.json")) + shared_files("kineto", ("*.json.gz", "*.json"))
 
 
-def _same(a, b) -> None:
-    assert a.counts() == b.counts()
-    for t in a.TABLES:
-        pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), obj=t)
-    assert a.meta == b.meta
-
-
 @pytest.mark.parametrize("path", KINETO, ids=lambda p: p.name)
 def test_streamed_equals_whole(path, shared_traces, monkeypatch):
     whole = kineto.load_kineto_json(path)
-    monkeypatch.setattr(kineto, "STREAM_MIN", 0)
-    monkeypatch.setattr(kineto, "GZ_TO_DISK", 0)
-    monkeypatch.setattr(kineto, "STREAM_CHUNK", 20_000)
+    monkeypatch.setattr(decode, "STREAM_MIN", 0)
+    monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(decode, "STREAM_CHUNK", 20_000)
     used = []
-    real = kineto._decode_streamed
-    monkeypatch.setattr(kineto, "_decode_streamed", lambda *a: used.append(1) or real(*a))
+    real = decode.decode_streamed
+    monkeypatch.setattr(decode, "decode_streamed", lambda *a: used.append(1) or real(*a))
     _same(kineto.load_kineto_json(path), whole)
     assert used  # the streamed path ran (it may still hand back to the whole-file path)
 
@@ -47,8 +42,8 @@ def test_streamed_falls_back_on_compact_json(tmp_path, monkeypatch, shared_trace
     compact.write_text(json.dumps(doc))
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps(doc, indent=1))  # "},\n" also closes every args object
-    monkeypatch.setattr(kineto, "STREAM_MIN", 0)
-    monkeypatch.setattr(kineto, "STREAM_CHUNK", 5_000)
+    monkeypatch.setattr(decode, "STREAM_MIN", 0)
+    monkeypatch.setattr(decode, "STREAM_CHUNK", 5_000)
     whole = kineto.load_kineto_json(src)
     for p in (compact, nested):
         t = kineto.load_kineto_json(p)
@@ -60,9 +55,9 @@ def test_streamed_progress_follows_bytes(shared_traces, monkeypatch):
     """On the streamed path the bar is moved to the bytes decoded, ending at the full
     length of the ``traceEvents`` array."""
     src = next(p for p in KINETO if "df_index_resolver" in p.name)
-    monkeypatch.setattr(kineto, "STREAM_MIN", 0)
-    monkeypatch.setattr(kineto, "GZ_TO_DISK", 0)
-    monkeypatch.setattr(kineto, "STREAM_CHUNK", 1 << 20)
+    monkeypatch.setattr(decode, "STREAM_MIN", 0)
+    monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(decode, "STREAM_CHUNK", 1 << 20)
 
     class Rec:
         def __init__(self):
