@@ -1,18 +1,32 @@
 """Applying runtime settings to a workload module in-process: :func:`make_runner`.
 
 Serving workloads run through :func:`recsys_doctor.runtime.serve`; training workloads get
-branch streams and a whole-step CUDA graph. Used by the profiler's child process and by
-the candidate measurements of ``profile --apply``.
+branch streams and a whole-step CUDA graph. Used by the candidate measurements and the
+"after" profile of ``profile --apply``, through :func:`runtime_treatment`: in this process
+(torch backend) or in a child process run as
+
+    python -m recsys_doctor.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON [...]
+
+which is the capture child (:mod:`recsys_doctor.capture._child`, same arguments) with the
+settings applied; what the runtime reports (fallbacks, notes) goes to ``RESULT.apply.json``.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
+from .capture._child import main as _child_main
+from .capture.treatment import Prepared, Treatment
+from .errors import BadInputError
 from .plan import Plan
 
-__all__ = ["make_runner"]
+__all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE"]
+
+#: run as the child process of an applied workload (``python -m``)
+CHILD_MODULE = "recsys_doctor.train_runner"
 
 
 def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
@@ -52,6 +66,26 @@ def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], C
 
         return served, close, info, wl
     return _train_runner(wl, cfg, info)
+
+
+def runtime_treatment(runtime: dict[str, Any]) -> Treatment:
+    """A workload captured or measured with ``runtime`` applied (:func:`make_runner`), in
+    this process or in the child this module runs as."""
+    return Treatment("workload", prepare=lambda wl: make_runner(wl, runtime), child_module=CHILD_MODULE,
+                     child_args=("--apply", json.dumps(runtime)))
+
+
+def _prepare_from(text: str) -> Callable[[Any], Prepared]:
+    try:
+        runtime = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInputError(f"--apply: not JSON ({e.msg})") from None
+    return lambda wl: make_runner(wl, runtime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child process of an applied workload (see the module docstring)."""
+    return _child_main(argv, prog=f"python -m {CHILD_MODULE}", prepare_from=_prepare_from)
 
 
 def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
@@ -131,3 +165,7 @@ def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, di
     info["whole_step_graph"] = True
     info["eager_steps_before_capture"] = eager_first
     return run, lambda: [c() for c in closers], info, wl.with_overrides(warmup=rest)
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a subprocess
+    sys.exit(main())

@@ -34,7 +34,7 @@ def _wdl(vocab=1000):
 def test_script_hook_outputs_equal_eager(tmp_path):
     torch = pytest.importorskip("torch")
     from recsys_doctor.apply import write_plan
-    from recsys_doctor.capture import _activate_in_process
+    from recsys_doctor.script_hook import activate_in_process
     from recsys_doctor.whatif import Candidate
 
     model, host_query = _wdl()
@@ -51,7 +51,7 @@ def test_script_hook_outputs_equal_eager(tmp_path):
 
     ref = [query(q) for q in qs]
     plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(3, True, True, True))
-    undo = _activate_in_process(plan)
+    undo = activate_in_process(plan)
     import sys
 
     hook = sys.modules["_recsys_doctor_autoapply"]

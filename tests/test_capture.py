@@ -382,7 +382,7 @@ def fake_nsys(tmp_path, monkeypatch):
     exe.write_text(FAKE_NSYS.format(python=sys.executable, log=str(log), demo=str(DEMO)))
     exe.chmod(0o755)
     monkeypatch.setenv("RECSYS_DOCTOR_NSYS", str(exe))
-    monkeypatch.setattr("recsys_doctor.capture.require_gpu", lambda i=0: {"gpu": "stand-in", "gpu_count": 1})
+    monkeypatch.setattr("recsys_doctor.capture.backend.require_gpu", lambda i=0: {"gpu": "stand-in", "gpu_count": 1})
     return exe, log
 
 
