@@ -82,9 +82,10 @@ def test_script_hook_outputs_equal_eager(tmp_path):
 
 def test_served_workload_equals_default_query():
     torch = pytest.importorskip("torch")
+    from recsys_doctor._drive import _default_serve_query
     from recsys_doctor.apply import make_runner, runtime_plan
     from recsys_doctor.whatif import Candidate
-    from recsys_doctor.workload import _default_serve_query, load_workload, measure
+    from recsys_doctor.workload import load_workload, measure
 
     wl = load_workload(ROOT / "examples" / "wdl_workload.py", ["--vocab", "1000", "--batch", "64"])
     ref = _default_serve_query(wl.model)(*wl.inputs(1))
