@@ -9,10 +9,10 @@ MMoE training (branch streams + whole-step CUDA graph) the same losses as eager 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from _threads import run_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -56,20 +56,12 @@ def test_script_hook_outputs_equal_eager(tmp_path):
 
     hook = sys.modules["_recsys_doctor_autoapply"]
     got: dict[int, list] = {}
-    errors: list[BaseException] = []
 
     def client(k: int) -> None:
-        try:
-            got[k] = [query(qs[(k + i) % len(qs)]) for i in range(12)]
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        got[k] = [query(qs[(k + i) % len(qs)]) for i in range(12)]
 
     try:
-        ts = [threading.Thread(target=client, args=(k,)) for k in range(6)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        errors = run_threads(client, 6)
         st = hook.stats()
     finally:
         undo()
