@@ -409,6 +409,8 @@ def test_cli_apply_errors(tmp_path):
     assert res.exit_code == 2 and "give the command" in res.output
     res = r.invoke(main, ["apply", str(p), "--", "/no/such/program-xyz"])
     assert res.exit_code == 2 and "no such program" in res.output
+    res = r.invoke(main, ["apply", "--json", str(p), "--", sys.executable, "-c", "print(1)"])
+    assert res.exit_code == 2 and "--json goes with --compare" in res.output
 
 
 def test_cli_apply_runs_the_command_and_compares(tmp_path):
@@ -433,6 +435,10 @@ def test_cli_profile_apply_options_need_apply(tmp_path):
     script.write_text("print(1)\n")
     res = CliRunner().invoke(main, ["profile", str(script), "--top-k", "2"])
     assert res.exit_code == 2 and "--top-k" in res.output
+    # the default value written out is still an option that would do nothing
+    for extra in (["--top-k", "3"], ["--history"], ["--db", str(tmp_path / "h.db")]):
+        res = CliRunner().invoke(main, ["profile", str(script), *extra])
+        assert res.exit_code == 2 and "go with --apply" in res.output, extra
 
 
 def test_cli_apply_says_the_plan_is_not_active_without_cuda(tmp_path):

@@ -470,7 +470,10 @@ def test_cli_help():
     (["profile", "{tmp}/model.py"], "model.py: no such file"),
     (["profile", "{tmp}"], "is a directory"),
     (["profile", "{tmp}/script.py", "--threads", "4"], "apply to a workload module"),
-    (["profile", "{tmp}/wl.py", "--threads", "0"], "--threads must be >= 1"),
+    (["profile", "{tmp}/wl.py", "--threads", "0"], "'--threads': 0 is not in the range x>=1"),
+    (["profile", "{tmp}/wl.py", "--duration", "0"], "'--duration': 0.0 is not in the range x>0"),
+    (["profile", "{tmp}/wl.py", "--steps", "x"], "'--steps': 'x' is not a valid integer"),
+    (["profile", "{tmp}/wl.py", "--apply", "--top-k", "0"], "'--top-k': 0 is not in the range x>=1"),
     (["profile", "{tmp}/wl.py", "--set", "nonsense"], "NAME=VALUE"),
 ])
 def test_cli_one_line_errors(tmp_path, argv, needle):

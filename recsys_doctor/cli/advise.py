@@ -83,8 +83,10 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     from ..ranks import is_multi_target
 
     if len(traces) == 1 and not demo and is_multi_target(traces[0]):
-        if nvtx or start or end or html_out:
-            raise BadInputError("--nvtx, --start, --end and --html apply to single traces, not to a DIR or GLOB")
+        db_given = click.get_current_context().get_parameter_source("db") == click.core.ParameterSource.COMMANDLINE
+        if nvtx or start or end or html_out or db_given:
+            raise BadInputError("--nvtx, --start, --end, --html and --db apply to single traces, not to a DIR or GLOB "
+                                "(a many-rank run is not recorded in the history)")
         _advise_ranks(traces[0], as_json, short_kernel_us, sets, md_out, dask_address, workers)
         return
     if dask_address or workers:
