@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call of issue-8 work on the GPU machine: set-up, then the named parts, each with
 # its own time limit, logs and results under $OUT.  usage: bash bench/gpu_session.sh PART...
-# parts: tests alltests anchors variants apply (wdl + script + mmoe through bench/apply_acceptance.sh);
+# parts: tests alltests anchors variants apply (wdl + script + mmoe through bench/apply_acceptance.sh)
+#        prof8 (nsys + advise of the hand-roll and the runtime at Q=8) hookdiag (plain script, 4 threads/group);
 # carry .whl and .gpu-libs
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -38,6 +39,21 @@ for part in "$@"; do
       OUT=$OUT/v QS=8 CONFIGS=serve,serve_request NAME=groups4.json SERVE_GROUPS=4 timeout 60 python3 bench/serve_anchors.py > "$OUT/v/groups4.log" 2>&1
       for f in "$OUT"/v/*.json; do echo "== $(basename "$f")"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['qps_table']), json.dumps(d['ratio_to_graph_prepacked']))" "$f"; done
       (cd "$OUT" && tar czf variants.tgz v && rm -rf v);;
+    prof8)  # where the Q=8 time goes: our own diagnosis of the hand-roll and the runtime
+      for c in graph_prepacked serve_request; do
+        timeout 90 nsys profile -t cuda,nvtx,osrt --sample=none --cpuctxsw=none -o /tmp/p_$c -f true \
+          python3 bench/serve_anchors.py --one $c 8 1 > "$OUT/prof_$c.log" 2>&1
+        nsys export --type sqlite -o /tmp/p_$c.sqlite /tmp/p_$c.nsys-rep >> "$OUT/prof_$c.log" 2>&1
+        recsys-doctor advise /tmp/p_$c.sqlite --json > "$OUT/advise_$c.json" 2>> "$OUT/prof_$c.log"
+        recsys-doctor advise /tmp/p_$c.sqlite 2>&1 | head -30
+      done;;
+    hookdiag)  # the plain script through the hook with 4 and 2 threads per graphed group
+      for g in 2 4; do
+        echo "{\"runtime\": {\"groups\": $g, \"cuda_graphs\": true}}" > /tmp/plan_g$g.json
+        RECSYS_DOCTOR_AUTOAPPLY_LOG=1 RECSYS_DOCTOR_AUTOAPPLY_DEBUG=1 timeout 90 recsys-doctor apply /tmp/plan_g$g.json -- \
+          python3 examples/plain_serving_script.py --threads 8 --duration 2 > "$OUT/hook_g$g.log" 2>&1
+        echo "groups=$g rc=$?"; grep -v "^ " "$OUT/hook_g$g.log" | tail -12
+      done;;
     apply)
       OUT=$OUT/apply timeout ${APPLY_TIMEOUT:-400} bash bench/apply_acceptance.sh ${APPLY_PARTS:-wdl script mmoe} > "$OUT/apply.log" 2>&1
       echo "apply rc=$?"; tail -60 "$OUT/apply.log"

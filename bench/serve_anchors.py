@@ -18,10 +18,13 @@ Columns (configs):
   serve              ``recsys_doctor.runtime.serve(groups=Q)``: ``served(*tensors)``
   serve_request      the same runtime, zero-copy: ``with served.request() as q`` the client
                      copies its packed query into the slot's pinned buffer (``q.load``) and calls ``q.run()``
+  serve_held         serve_request with the request held open by each client thread across its
+                     queries (one slot per client, as the hand-roll has one graph per thread)
 
     python bench/serve_anchors.py                       # writes bench/results/serve_anchors.json
     OUT=dir QS=1,4,8 DUR=2 CONFIGS=serve,graph_prepacked python bench/serve_anchors.py
     SERVE_GROUPS=4 SERVE_SLOTS=1 RECSYS_DOCTOR_LAUNCH=release-gil ...   # runtime variants
+    REPEAT=3 ...     # every (Q, config) 3 times, round by round; medians and paired ratios
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ import threading
 import time
 from pathlib import Path
 
+from recsys_doctor.errors import first_line
+
 HERE = Path(__file__).resolve().parent
 CONFIGS = ["eager_1stream", "graph_pertensor", "graph_prepacked", "graph_cat", "compile_ro", "serve",
-           "serve_request"]
+           "serve_request", "serve_held"]
 BATCH, VOCAB = 256, 100_000
 
 
@@ -93,7 +98,7 @@ def _client_loop(q: int, dur: float, fns):
         except threading.BrokenBarrierError:
             pass
         except BaseException as e:  # noqa: BLE001 - reported in the result
-            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            errors.append(first_line(e))
             ready.abort()
 
     ths = [threading.Thread(target=loop, args=(k,)) for k in range(q)]
@@ -179,33 +184,51 @@ def _make(config: str, model, queries):
             fns.append(_graph_client(model, a, config))
         return fns, None
 
-    if config in ("serve", "serve_request"):
+    if config.startswith("serve"):
         from recsys_doctor.runtime import serve
 
         groups = int(os.environ.get("SERVE_GROUPS", q))
         slots = int(os.environ.get("SERVE_SLOTS", 2))
         served = serve(model, queries[0], groups=groups, merge=True, graphs=True, slots_per_group=slots)
-        if config == "serve":
-            fns = [(lambda a=a: served(*a)) for a in queries]
-        else:
-            # each client's query as one packed host buffer (what it would receive off the
-            # wire); per query it writes it into the slot's pinned buffer and runs
-            packed = []
-            with served.request() as r:
-                for a in queries:
-                    for dst, src in zip(_flat(r.inputs), _flat(a)):
-                        dst.copy_(src)
-                    packed.append(r.buffer.clone())
-
-            def mk(buf):
-                def fn():
-                    with served.request() as r:
-                        r.load(buf)
-                        return r.run().clone()
-                return fn
-            fns = [mk(b) for b in packed]
-        return fns, served.close
+        return _serve_fns(config, served, queries), served.close
     raise SystemExit(f"unknown config {config}")
+
+
+def _serve_fns(config, served, queries):
+    """The runtime's clients: ``served(*tensors)``, or the zero-copy request per query
+    (``serve_request``) or held by the client for its whole life (``serve_held``: the
+    structure of the hand-roll, one slot per client thread)."""
+    if config == "serve":
+        return [(lambda a=a: served(*a)) for a in queries]
+    if config not in ("serve_request", "serve_held"):
+        raise SystemExit(f"unknown config {config}")
+    # each client's query as one packed host buffer (what it would receive off the
+    # wire); per query it writes it into the slot's pinned buffer and runs
+    packed = []
+    with served.request() as r:
+        for a in queries:
+            for dst, src in zip(_flat(r.inputs), _flat(a)):
+                dst.copy_(src)
+            packed.append(r.buffer.clone())
+
+    def per_query(buf):
+        def fn():
+            with served.request() as r:
+                r.load(buf)
+                return r.run().clone()
+        return fn
+
+    def held(buf):
+        tls = threading.local()
+
+        def fn():
+            r = getattr(tls, "r", None)
+            if r is None:
+                r = tls.r = served.request()  # closed by served.close() at the end
+            r.load(buf)
+            return r.run().clone()
+        return fn
+    return [(per_query if config == "serve_request" else held)(b) for b in packed]
 
 
 def _graph_client(model, a, config):
@@ -301,43 +324,61 @@ def main() -> None:
         try:
             res = run_one(config, q, dur)
         except BaseException as e:  # noqa: BLE001 - a crashing config is a result too
-            res = {"config": config, "q": q, "errors": [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]}
+            res = {"config": config, "q": q, "errors": [first_line(e)]}
         print("RESULT " + json.dumps(res), flush=True)
         return
     qs = [int(x) for x in os.environ.get("QS", "1,4,8").split(",")]
     configs = os.environ.get("CONFIGS", ",".join(CONFIGS)).split(",")
     dur = float(os.environ.get("DUR", "2"))
+    reps = int(os.environ.get("REPEAT", "1"))
     out = Path(os.environ.get("OUT", HERE / "results"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for q in qs:
-        for c in configs:
-            t0 = time.time()
-            try:
-                p = subprocess.run([sys.executable, __file__, "--one", c, str(q), str(dur)], capture_output=True,
-                                   text=True, timeout=float(os.environ.get("CONFIG_TIMEOUT", "240")))
-                line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-                res = json.loads(line[-1][7:]) if line else {
-                    "config": c, "q": q, "errors": [f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1]]}
-            except subprocess.TimeoutExpired:
-                res = {"config": c, "q": q, "errors": ["timed out"]}
-            res["process_s"] = round(time.time() - t0, 1)
-            rows.append(res)
-            print(json.dumps(res), flush=True)
-    table = {}
-    for r in rows:
-        table.setdefault(str(r["q"]), {})[r["config"]] = r.get("qps")
-    ratios = {}
-    for q, t in table.items():
-        base = t.get("graph_prepacked")
-        if base:
-            ratios[q] = {k: round(v / base, 3) for k, v in t.items() if v}
+    rows = [_run_config(c, q, dur, rep) for rep in range(reps) for q in qs for c in configs]
+    table, ratios = _summarize(rows)
     doc = {"bench": "serve_anchors", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": _env(),
-           "batch": BATCH, "vocab": VOCAB, "duration_s": dur, "rows": rows, "qps_table": table,
+           "batch": BATCH, "vocab": VOCAB, "duration_s": dur, "repeats": reps, "rows": rows, "qps_table": table,
            "ratio_to_graph_prepacked": ratios}
     name = os.environ.get("NAME", "serve_anchors.json")
     (out / name).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({"qps_table": table, "ratio_to_graph_prepacked": ratios}, indent=1))
+
+
+def _run_config(c: str, q: int, dur: float, rep: int) -> dict:
+    """One configuration at Q clients in a fresh process (the ``--one`` mode)."""
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, __file__, "--one", c, str(q), str(dur)], capture_output=True,
+                           text=True, timeout=float(os.environ.get("CONFIG_TIMEOUT", "240")))
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        res = json.loads(line[-1][7:]) if line else {
+            "config": c, "q": q, "errors": [f"exit {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1]]}
+    except subprocess.TimeoutExpired:
+        res = {"config": c, "q": q, "errors": ["timed out"]}
+    res["process_s"] = round(time.time() - t0, 1)
+    res["repeat"] = rep
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def _summarize(rows: list[dict]) -> tuple[dict, dict]:
+    """Median q/s per (Q, config) over the repeats, and the median over repeats of each
+    configuration's ratio to the pre-packed hand-roll measured in the same round (rounds
+    run the configurations back to back, so a ratio pairs runs minutes apart at most)."""
+    per: dict[str, dict[str, list[float]]] = {}
+    paired: dict[str, dict[str, list[float]]] = {}
+    rounds: dict[tuple[int, int], dict[str, float]] = {}
+    for r in rows:
+        if r.get("qps"):
+            per.setdefault(str(r["q"]), {}).setdefault(r["config"], []).append(r["qps"])
+            rounds.setdefault((r["q"], r.get("repeat", 0)), {})[r["config"]] = r["qps"]
+    for (q, _), t in rounds.items():
+        base = t.get("graph_prepacked")
+        for k, v in t.items():
+            if base:
+                paired.setdefault(str(q), {}).setdefault(k, []).append(v / base)
+    table = {q: {c: round(statistics.median(v), 1) for c, v in t.items()} for q, t in per.items()}
+    ratios = {q: {c: round(statistics.median(v), 3) for c, v in t.items()} for q, t in paired.items()}
+    return table, ratios
 
 
 if __name__ == "__main__":

@@ -16,13 +16,20 @@ package import pulls in pandas) and never imports torch itself. What it does:
   (group, module, argument dtypes/shapes/devices and constants). The first
   ``WARMUP_CALLS`` calls of a key run eagerly on the group stream, then the call is
   captured once (on a private capture stream, so that the group's other threads keep
-  using the group stream meanwhile) into a graph with static input buffers; later calls
+  using the group stream meanwhile; the capturing thread first runs the call once there,
+  so that its own cuBLAS handle exists before the capture, whichever threads made the
+  warm-up calls) into a graph with static input buffers; later calls
   copy their inputs
   into the static buffers (one ``_foreach_copy_``), replay, and return a clone of the
   static output. A group's copy-in, replay and clone are enqueued under the group's lock,
   so threads sharing a group never read each other's results. Anything that cannot be
   captured (a host sync in the forward, data-dependent shapes, non-tensor outputs) runs
   eagerly from then on; the reason is printed to stderr once per key.
+
+Why one module of ~460 lines: it is loaded by file path at interpreter start, before the
+package can be imported (its package import pulls in pandas), so it cannot be split into
+sibling modules without a loader for each; it loads ``plan.py`` that way, as the one place
+that parses plans.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
 ``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit.
@@ -75,8 +82,6 @@ def _plan_type() -> Any:
 
 #: the plan's runtime fields the hook honours; the others are reported by :func:`unhonoured`
 HONOURED = ("groups", "cuda_graphs")
-#: threads per graphed group above which captures are known to fail (see ``docs/profile.md``)
-MAX_THREADS_PER_GRAPHED_GROUP = 2
 
 
 def unhonoured(plan: dict[str, Any]) -> list[str]:
@@ -183,11 +188,6 @@ def _group_for_new_thread() -> _Group | None:
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
-        per_group = i // _state["n_groups"] + 1
-        if _state["graphs"] and per_group == MAX_THREADS_PER_GRAPHED_GROUP + 1 and k == 0:
-            _log(f"{i + 1} threads on {_state['n_groups']} graphed groups: more than "
-                 f"{MAX_THREADS_PER_GRAPHED_GROUP} threads per group; their CUDA graph captures are known to "
-                 "fail, and such groups then run eagerly (say --set groups=N with N >= threads/2)")
         g = groups.get(k)
         if g is None:
             g = groups[k] = _Group(k, torch.cuda.Stream())
@@ -218,12 +218,17 @@ def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     tensors: list[Any] = []
     parts: list[Any] = []
 
+    T = torch.Tensor
+
     def rec(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if not x.is_cuda:
+        if isinstance(x, T):
+            dev = x.get_device()  # -1 on the CPU; cheaper than x.device.index
+            if dev < 0:
                 raise TypeError("a CPU tensor argument")
             tensors.append(x)
-            return ("T", x.dtype, tuple(x.shape), x.stride(), x.device.index)
+            # no strides: the static inputs keep the first call's layout and
+            # _foreach_copy_ copies any layout into them
+            return (x.dtype, x.shape, dev)
         if isinstance(x, (list, tuple)):
             return (type(x).__name__, tuple(rec(v) for v in x))
         if isinstance(x, dict):
@@ -268,6 +273,14 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     prev = torch.cuda.current_stream()
     gate.acquire_exclusive()
     try:
+        # one eager run by THIS thread on the capture stream first: the warm-up calls may
+        # have been made by other threads of the group, and a thread's first cuBLAS call
+        # creates its handle (cublasCreate allocates, which a capture forbids:
+        # CUBLAS_STATUS_NOT_INITIALIZED, then "operation failed due to a previous error
+        # during capture" - what failed with more than 2 threads per group)
+        with torch.cuda.stream(g.capture_stream):
+            orig_call(module, *s_args, **s_kwargs)
+        g.capture_stream.synchronize()
         with torch.cuda.graph(graph, stream=g.capture_stream, capture_error_mode="thread_local"):
             out = orig_call(module, *s_args, **s_kwargs)
     except BaseException:
@@ -332,6 +345,10 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
                 _capture(torch, g, e, orig_call, module, args, kwargs, tensors)
                 _state["captured"] += 1
             except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
+                if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_DEBUG"):
+                    import traceback
+
+                    traceback.print_exc()
                 e.reason = _first_line(ex)
                 e.graph = None
                 try:

@@ -8,8 +8,11 @@ Where: ``platformdirs.user_data_dir("recsys-doctor")/history.db`` unless ``--db`
 environment variable ``RECSYS_DOCTOR_DB`` names another file.
 
 Several CI jobs may record at the same moment: the database runs in WAL mode with a
-busy timeout, each row is written in its own short transaction, and a write that still
-meets ``database is locked`` is retried with backoff, so no row is lost or half-written.
+busy timeout, each row is written in its own short ``BEGIN IMMEDIATE`` transaction (schema
+check and insert under one write lock), and a write that still meets ``database is
+locked`` is retried with backoff, so no row is lost or half-written. Tables, columns,
+indexes and queries go through sqlite-utils; the row itself is built in
+:mod:`recsys_doctor._history_row`.
 
 Table ``runs`` (one row per run; summary metrics as columns for SQL, plus JSON):
 
@@ -42,18 +45,19 @@ corrupt database) the commands warn in one line and still print their result.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import sqlite3
-import subprocess
 import time
-from collections.abc import Mapping
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqlite_utils import Database
+
+from ._history_row import METRIC_COLUMNS, build_row, flatten_summary, git_info, workload_key, workload_name
 from .errors import BadInputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,21 +81,10 @@ __all__ = [
 #: environment variable that overrides the default database path
 DB_ENV = "RECSYS_DOCTOR_DB"
 
-#: summary metrics stored as their own columns (nested keys joined with ``_``)
-METRIC_COLUMNS: dict[str, str] = {
-    "gpu_utilization": "REAL",
-    "kernels": "INTEGER",
-    "short_kernel_fraction": "REAL",
-    "launch_threads_per_stream_max": "INTEGER",
-    "memcpy_h2d": "INTEGER",
-    "memcpy_d2h": "INTEGER",
-    "memcpy_direction_switches": "INTEGER",
-    "sync_calls": "INTEGER",
-}
-
 _COLUMNS: dict[str, str] = {
-    "when_utc": "TEXT NOT NULL",
-    "command": "TEXT NOT NULL",
+    "id": "INTEGER",
+    "when_utc": "TEXT",
+    "command": "TEXT",
     "workload": "TEXT",
     "workload_key": "TEXT",
     "trace_path": "TEXT",
@@ -107,21 +100,14 @@ _COLUMNS: dict[str, str] = {
     "passed": "INTEGER",
     "reasons_json": "TEXT",
 }
+_INDEXES = {"runs_branch_when": ["git_branch", "when_utc"], "runs_workload_when": ["workload", "when_utc"]}
 
-_SCHEMA_SQL = (
-    "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, "
-    + ", ".join(f"[{c}] {t}" for c, t in _COLUMNS.items())
-    + ")"
-)
-_INDEX_SQL = (
-    "CREATE INDEX IF NOT EXISTS runs_branch_when ON runs (git_branch, when_utc)",
-    "CREATE INDEX IF NOT EXISTS runs_workload_when ON runs (workload, when_utc)",
-)
-
-#: how long one statement waits for another writer before SQLite gives up (ms)
-_BUSY_TIMEOUT_MS = 30_000
+#: how long one statement waits for another writer before SQLite gives up (s)
+_BUSY_TIMEOUT_S = 30.0
 #: how many times a write that still hits "database is locked" is retried
 _RETRIES = 20
+
+T = TypeVar("T")
 
 
 def default_db_path() -> Path:
@@ -139,17 +125,19 @@ def resolve_db_path(db_path: str | os.PathLike[str] | None) -> Path:
     return Path(db_path).expanduser() if db_path else default_db_path()
 
 
-def _is_locked(e: sqlite3.OperationalError) -> bool:
+def _is_locked(e: sqlite3.Error) -> bool:
     msg = str(e).lower()
-    return "locked" in msg or "busy" in msg
+    return isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg)
 
 
-def _retry(fn: Any, *args: Any) -> Any:
-    """Run ``fn`` again (with jittered backoff) while SQLite says the database is locked."""
+def _retry(fn: Callable[[], T]) -> T:
+    """``fn()`` again, with jittered backoff, while SQLite says the database is locked:
+    the busy timeout covers most waits, not all (a WAL switch or recovery answers busy
+    at once)."""
     delay = 0.01
     for attempt in range(_RETRIES):
         try:
-            return fn(*args)
+            return fn()
         except sqlite3.OperationalError as e:
             if not _is_locked(e) or attempt == _RETRIES - 1:
                 raise
@@ -158,259 +146,63 @@ def _retry(fn: Any, *args: Any) -> Any:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
-    if not create and not path.exists():
-        raise BadInputError(f"no run history at {path} (record one with `recsys-doctor advise TRACE`)")
-    if path.exists() and path.is_dir():
+def _open_for_writing(path: Path) -> Database:
+    if path.is_dir():
         raise BadInputError(f"history database {path} is a directory")
-    if not create:
-        return _connect_ro(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        return Database(sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S), recursive_triggers=False,
+                        execute_plugins=False)
     except (OSError, sqlite3.Error) as e:
         raise BadInputError(f"cannot open history database {path}: {e}") from None
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-
-        def setup() -> None:
-            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-            if str(mode).lower() != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
-            if create:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.execute(_SCHEMA_SQL)
-                    _migrate(conn)
-                    for sql in _INDEX_SQL:
-                        conn.execute(sql)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-
-        _retry(setup)
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        if isinstance(e, sqlite3.OperationalError) and _is_locked(e):
-            raise BadInputError(f"history database {path} stayed locked: {e}") from None
-        raise BadInputError(f"{path} is not a usable recsys-doctor history database: {e}") from None
-    return conn
 
 
-def _connect_ro(path: Path) -> sqlite3.Connection:
+def _open_for_reading(path: Path) -> Database:
     """Open for reading only (``mode=ro``): reading the history must work on a database
     the user may not write, and never changes its journal mode."""
+    if path.is_dir():
+        raise BadInputError(f"history database {path} is a directory")
     p = path.resolve()
     # a WAL database in a folder we may not write cannot get its -shm file: read it as
     # immutable then (nobody can be writing where we cannot)
     writable = os.access(p, os.W_OK) and os.access(p.parent, os.W_OK)
-    modes = ["mode=ro", "mode=ro&immutable=1"] if writable else ["mode=ro&immutable=1"]
     err: Exception | None = None
-    for mode in modes:
+    for mode in (["ro", "ro&immutable=1"] if writable else ["ro&immutable=1"]):
         try:
-            conn = sqlite3.connect(f"file:{p}?{mode}", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000,
-                                   isolation_level=None)
+            conn = sqlite3.connect(f"{p.as_uri()}?mode={mode}", uri=True, timeout=_BUSY_TIMEOUT_S)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return conn
+            return Database(conn, recursive_triggers=False, execute_plugins=False)
         except (OSError, sqlite3.Error) as e:
             err = e
     raise BadInputError(f"cannot read history database {path}: {err}") from None
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Add columns newer versions introduced (additive, NULL in old rows)."""
-    have = {r[1] for r in conn.execute("PRAGMA table_info(runs)").fetchall()}
-    for col, typ in _COLUMNS.items():
-        if col not in have:
-            conn.execute(f"ALTER TABLE runs ADD COLUMN [{col}] {typ.replace(' NOT NULL', '')}")
-
-
-def flatten_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"memcpy": {"h2d": 3}}`` -> ``{"memcpy_h2d": 3}`` (scalars only)."""
-    out: dict[str, Any] = {}
-    for k, v in summary.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_summary(v, key + "_"))
-        elif isinstance(v, (int, float, str, bool)) or v is None:
-            out[key] = v
-        elif hasattr(v, "item"):  # numpy scalar
-            out[key] = v.item()
-    return out
-
-
-def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """``{"git_commit": sha, "git_branch": name}`` of ``cwd`` (default: the current
-    directory) via ``git rev-parse``; empty when git or the repository is absent.
-
-    A detached HEAD (as in most CI checkouts) takes the branch from
-    ``$GITHUB_HEAD_REF`` / ``$GITHUB_REF_NAME`` / ``$CI_COMMIT_REF_NAME`` when set.
-    """
-
-    def run(*args: str) -> str | None:
-        try:
-            p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        out = p.stdout.strip()
-        return out if p.returncode == 0 and out else None
-
-    commit = run("rev-parse", "HEAD")
-    if commit is None:
-        return {}
-    info = {"git_commit": commit}
-    branch = run("rev-parse", "--abbrev-ref", "HEAD")
-    if branch in (None, "HEAD"):
-        branch = (os.environ.get("GITHUB_HEAD_REF") or os.environ.get("GITHUB_REF_NAME")
-                  or os.environ.get("CI_COMMIT_REF_NAME") or None)
-    if branch:
-        info["git_branch"] = branch
-    return info
-
-
-def _tool_version() -> str:
+@contextmanager
+def _write_lock(db: Database) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: the write lock is taken (waiting out other
+    writers) before the schema is read, so two first runs cannot both create or migrate
+    the table; sqlite-utils' own transactions nest inside as savepoints."""
+    db.execute("BEGIN IMMEDIATE")
     try:
-        from importlib.metadata import version
-
-        return version("recsys-doctor")
-    except Exception:
-        from . import __version__
-
-        return __version__
+        yield
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
 
 
-def workload_name(path: str | None) -> str | None:
-    """The workload a trace belongs to: its file name without extension(s)."""
-    if not path:
-        return None
-    name = Path(path).name
-    for suf in (".gz", ".sqlite", ".nsys-rep", ".json", ".pt.trace", ".trace"):
-        if name.endswith(suf):
-            name = name[: -len(suf)]
-    return name or None
-
-
-#: options that do not change any number of a run (display only)
-_DISPLAY_OPTIONS = {"top_n", "examples_per_finding", "timeline_bins"}
-
-
-def _trace_place(path: str) -> str:
-    """The trace's path relative to the git top level of its directory when it is inside
-    a repository (stable across CI checkouts), else its absolute path."""
-    p = Path(path).resolve()
-    try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=p.parent, capture_output=True, text=True,
-                             timeout=10)
-        top = out.stdout.strip() if out.returncode == 0 else ""
-    except (OSError, subprocess.SubprocessError):
-        top = ""
-    if top:
-        try:
-            return "git:" + str(p.relative_to(Path(top).resolve()))
-        except ValueError:
-            pass
-    return str(p)
-
-
-def workload_key(result: "AdviseResult", options: Any = None) -> str | None:
-    """What makes two runs the same workload, as a short hash: the trace's place
-    (:func:`_trace_place`), the GPU names, the analysis window (``--start``/``--end``/
-    ``--nvtx``) and every option that differs from its default and changes numbers.
-    Two ``report1.sqlite`` files of different directories, or a ``--nvtx query`` run and a
-    whole-trace run of one file, get different keys."""
-    info = result.trace_info or {}
-    path = info.get("path")
-    if not path:
-        return None
-    from dataclasses import fields as dc_fields
-
-    from .options import Options
-
-    opts = {}
-    if options is not None:
-        base = Options()
-        opts = {f.name: getattr(options, f.name) for f in dc_fields(Options)
-                if f.name not in _DISPLAY_OPTIONS and getattr(options, f.name) != getattr(base, f.name)}
-    parts = {"trace": _trace_place(str(path)), "gpus": _gpu_names(result), "nvtx": info.get("nvtx"),
-             "window_ns": info.get("window_ns"), "options": opts}
-    return hashlib.sha256(_json(parts).encode()).hexdigest()[:16]
-
-
-def _file_sha256(path: str) -> str | None:
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
-
-
-def _gpu_names(result: "AdviseResult") -> list[str]:
-    names: list[str] = []
-    tr = getattr(result, "trace", None)
-    if tr is not None and len(tr.devices):
-        names = [str(n) for n in tr.devices["name"].tolist() if n is not None and str(n) not in ("", "nan", "None")]
-    if not names:
-        devs = result.trace_info.get("devices") or result.summary.get("devices") or []
-        for d in devs if isinstance(devs, list) else []:
-            n = d.get("name") if isinstance(d, Mapping) else d
-            if n:
-                names.append(str(n))
-    return list(dict.fromkeys(names))
-
-
-def _json(o: Any) -> str:
-    def default(x: Any) -> Any:
-        if hasattr(x, "item"):
-            return x.item()
-        if isinstance(x, (set, tuple)):
-            return list(x)
-        return str(x)
-
-    return json.dumps(o, default=default, sort_keys=True)
-
-
-def build_row(result: "AdviseResult", command: str = "advise", *, passed: bool | None = None,
-              reasons: list[str] | None = None, cwd: str | os.PathLike[str] | None = None,
-              now: datetime | None = None, options: Any = None, key: str | None = None) -> dict[str, Any]:
-    """The row :func:`record_run` would insert (exposed for tests and dry runs)."""
-    info = result.trace_info or {}
-    path = info.get("path")
-    meta = info.get("meta") or {}
-    sha = meta.get("sha256") or info.get("sha256") or (_file_sha256(str(path)) if path else None)
-    flat = flatten_summary(result.summary or {})
-    findings = [{"id": f.id, "severity": f.severity, "title": f.title} for f in result.findings]
-    row: dict[str, Any] = {
-        "when_utc": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
-        "command": command,
-        "workload": workload_name(str(path) if path else None),
-        "workload_key": key or workload_key(result, options),
-        "trace_path": str(Path(path).resolve()) if path else None,
-        "trace_sha256": sha,
-        "tool_version": _tool_version(),
-        "gpus": "; ".join(_gpu_names(result)) or None,
-        "git_commit": None,
-        "git_branch": None,
-        "summary_json": _json(result.summary or {}),
-        "findings_json": _json(findings),
-        "finding_ids": ",".join(f["id"] for f in findings),
-        "passed": None if passed is None else int(bool(passed)),
-        "reasons_json": None if reasons is None else _json(list(reasons)),
-    }
-    row.update(git_info(cwd))
-    for col, typ in METRIC_COLUMNS.items():
-        v = flat.get(col)
-        if isinstance(v, bool) or v is None:
-            row[col] = None if v is None else int(v)
-        else:
-            try:
-                row[col] = float(v) if typ == "REAL" else int(v)
-            except (TypeError, ValueError):
-                row[col] = None
-    return row
+def _ensure_schema(db: Database) -> None:
+    """Create ``runs`` and its indexes, or add the columns newer versions introduced
+    (additive: NULL in old rows)."""
+    runs = db.table("runs")
+    if not runs.exists():
+        runs.create(_COLUMNS, pk="id", not_null={"when_utc", "command"})
+    else:
+        for col, typ in _COLUMNS.items():
+            if col not in runs.columns_dict:
+                runs.add_column(col, typ)
+    for name, cols in _INDEXES.items():
+        runs.create_index(cols, index_name=name, if_not_exists=True)
 
 
 def record_run(result: "AdviseResult", db_path: str | os.PathLike[str] | None = None, command: str = "advise",
@@ -423,30 +215,22 @@ def record_run(result: "AdviseResult", db_path: str | os.PathLike[str] | None = 
     """
     path = resolve_db_path(db_path)
     row = build_row(result, command, passed=passed, reasons=reasons, cwd=cwd, options=options, key=key)
-    conn = _connect(path, create=True)
+    db = _open_for_writing(path)
+
+    def write() -> int:
+        db.enable_wal()
+        with _write_lock(db):
+            _ensure_schema(db)
+            return int(db.table("runs").insert(row, alter=False).last_rowid or 0)
+
     try:
-        import sqlite_utils
-
-        db = sqlite_utils.Database(conn)
-
-        def insert() -> int:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                db["runs"].insert(row, alter=False)
-                rid = int(conn.execute("SELECT last_insert_rowid()").fetchone()[0])
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return rid
-
-        try:
-            return int(_retry(insert))
-        except sqlite3.OperationalError as e:
-            raise BadInputError(f"cannot record the run in {path}: {e}") from None
+        return _retry(write)
+    except sqlite3.Error as e:
+        if _is_locked(e):
+            raise BadInputError(f"history database {path} stayed locked: {e}") from None
+        raise BadInputError(f"{path} is not a usable recsys-doctor history database: {e}") from None
     finally:
-        conn.close()
+        db.close()
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
@@ -465,41 +249,29 @@ def list_runs(db_path: str | os.PathLike[str] | None = None, *, limit: int | Non
               baselines_only: bool = False) -> list[dict[str, Any]]:
     """Recorded runs, newest first, with ``summary``/``findings``/``reasons`` decoded.
 
-    A missing database reads as no runs (a fresh machine has no history yet).
+    A missing database reads as no runs (a fresh machine has no history yet), and so does
+    a database written before a column the filter needs existed.
     """
     path = resolve_db_path(db_path)
     if not path.exists():
         return []
-    conn = _connect(path, create=False)
+    filters = {col: val for col, val in (("git_branch", branch), ("workload", workload), ("command", command),
+                                         ("workload_key", key)) if val is not None}
+    where = [f"[{col}] = :{col}" for col in filters]
+    if baselines_only:
+        where.append("[command] = 'check' AND [passed] = 1")
+    db = _open_for_reading(path)
     try:
-        where, params = [], []
-        for col, val in (("git_branch", branch), ("workload", workload), ("command", command),
-                         ("workload_key", key)):
-            if val is not None:
-                where.append(f"[{col}] = ?")
-                params.append(val)
-        if baselines_only:
-            where.append("[command] = 'check' AND [passed] = 1")
-        sql = "SELECT * FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY when_utc DESC, id DESC"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        try:
-            cur = _retry(conn.execute, sql, params)
-        except sqlite3.OperationalError as e:
-            if "no such table" in str(e):
-                return []
-            if "no such column" in str(e):  # a database written before the column existed
-                return []
-            raise BadInputError(f"cannot read history {path}: {e}") from None
-        except sqlite3.DatabaseError as e:
-            raise BadInputError(f"cannot read history {path}: {e}") from None
-        cols = [d[0] for d in cur.description]
-        return [_decode(dict(zip(cols, r))) for r in cur.fetchall()]
+        runs = db.table("runs")
+        if not runs.exists() or not {*filters, "command", "passed", "when_utc"} <= set(runs.columns_dict):
+            return []
+        rows = _retry(lambda: list(runs.rows_where(" AND ".join(where) or None, filters,
+                                                   order_by="when_utc DESC, id DESC", limit=limit)))
+        return [_decode(r) for r in rows]
+    except sqlite3.Error as e:
+        raise BadInputError(f"cannot read history {path}: {e}") from None
     finally:
-        conn.close()
+        db.close()
 
 
 def latest_run(branch: str, db_path: str | os.PathLike[str] | None = None, *,

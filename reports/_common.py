@@ -1,18 +1,20 @@
-"""Shared pieces of the HTML and Markdown renderers: headline wording, number formats."""
+"""Shared pieces of the HTML and Markdown renderers: headline wording, summary rows, kernel labels.
+
+Numbers are formatted by :mod:`recsys_doctor._format`."""
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._format import fmt, pct
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
-__all__ = ["SEV_ORDER", "fmt", "pct", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label",
+__all__ = ["SEV_ORDER", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label",
            "evidence_label", "clock_s"]
 
 SEV_ORDER = ("high", "medium", "low", "note")
@@ -85,33 +87,6 @@ def evidence_label(key: str) -> str:
 def clock_s(ns: Any) -> str:
     """A moment on the trace's own clock, in seconds (the clock of --start/--end)."""
     return "n/a" if ns is None else f"{int(ns) / 1e9:.6f} s"
-
-
-def fmt(v: Any) -> str:
-    """A compact, human-readable rendering of a scalar (floats to 4 significant digits)."""
-    if v is None:
-        return "n/a"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
-            return f"{v:.3g}"
-        return f"{v:,.4g}"
-    if hasattr(v, "item"):
-        return fmt(v.item())
-    if isinstance(v, (list, tuple)) and all(not isinstance(x, (dict, list)) for x in v):
-        return ", ".join(fmt(x) for x in v)
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str)
-    return str(v)
-
-
-def pct(v: Any) -> str:
-    return "n/a" if v is None else f"{float(v) * 100:.1f}%"
 
 
 def trace_name(result: "AdviseResult") -> str:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
-from ._common import by_severity, clock_s, fmt, headline, pct, summary_rows, trace_name
+from .._format import fmt, pct
+from ._common import by_severity, clock_s, headline, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .._format import pct
 from .markdown import md_escape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,10 +26,6 @@ __all__ = ["render_ranks_terminal", "render_ranks_markdown"]
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "note": "dim"}
 _SEV_ORDER = {"high": 0, "medium": 1, "low": 2, "note": 3}
 _LETTER = {"high": "H", "medium": "M", "low": "L", "note": "N"}
-
-
-def _pct(v: Any) -> str:
-    return "n/a" if v is None else f"{v:.1%}"
 
 
 def _ms(ns: int) -> str:
@@ -43,8 +40,8 @@ def _worst(findings: list[dict[str, Any]], fid: str) -> str | None:
 def render_ranks_terminal(res: "MultiRankResult", console: Console | None = None) -> None:
     console = console or Console()
     t = res.totals
-    console.print(Text(f"{t['ranks']} ranks ({res.engine}): GPU utilization min {_pct(t['utilization_min'])}, "
-                       f"median {_pct(t['utilization_median'])}, max {_pct(t['utilization_max'])}", style="bold"))
+    console.print(Text(f"{t['ranks']} ranks ({res.engine}): GPU utilization min {pct(t['utilization_min'])}, "
+                       f"median {pct(t['utilization_median'])}, max {pct(t['utilization_max'])}", style="bold"))
     has_comm = t.get("comm_ns", 0) > 0
     tab = Table(title="Ranks, worst first", show_lines=False)
     for c in ("rank", "GPU util", "compute ms", *(("comm ms", "comm hidden") if has_comm else ()), "kernels"):
@@ -52,9 +49,9 @@ def render_ranks_terminal(res: "MultiRankResult", console: Console | None = None
     for fid in res.finding_ids:
         tab.add_column(fid, justify="center", overflow="fold", min_width=4)
     for r in res.ranks:
-        row: list[Any] = [str(r.rank), _pct(r.summary.get("gpu_utilization")), _ms(r.compute_ns)]
+        row: list[Any] = [str(r.rank), pct(r.summary.get("gpu_utilization")), _ms(r.compute_ns)]
         if has_comm:
-            row += [_ms(r.comm_ns), _pct(r.overlap_share)]
+            row += [_ms(r.comm_ns), pct(r.overlap_share)]
         row.append(f"{r.summary.get('kernels', 0):,}")
         for fid in res.finding_ids:
             s = _worst(r.findings, fid)
@@ -73,22 +70,22 @@ def render_ranks_terminal(res: "MultiRankResult", console: Console | None = None
         console.print(Text(f"No straggler: every rank's compute time is within {res.straggler_share:.0%} "
                            "of the median rank's.", style="dim"))
     if has_comm:
-        console.print(Text(f"NCCL communication hidden under compute, all ranks: {_pct(t.get('overlap_share'))}"))
+        console.print(Text(f"NCCL communication hidden under compute, all ranks: {pct(t.get('overlap_share'))}"))
 
 
 def render_ranks_markdown(res: "MultiRankResult") -> str:
     t = res.totals
     has_comm = t.get("comm_ns", 0) > 0
     out = [f"# {t['ranks']} ranks", "",
-           f"GPU utilization min {_pct(t['utilization_min'])}, median {_pct(t['utilization_median'])}, "
-           f"max {_pct(t['utilization_max'])} (analyzed with {md_escape(res.engine)}).", ""]
+           f"GPU utilization min {pct(t['utilization_min'])}, median {pct(t['utilization_median'])}, "
+           f"max {pct(t['utilization_max'])} (analyzed with {md_escape(res.engine)}).", ""]
     head = ["rank", "GPU util", "compute ms", *(["comm ms", "comm hidden"] if has_comm else []), "kernels",
             *[md_escape(f) for f in res.finding_ids], "trace"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res.ranks:
-        row = [str(r.rank), _pct(r.summary.get("gpu_utilization")), _ms(r.compute_ns)]
+        row = [str(r.rank), pct(r.summary.get("gpu_utilization")), _ms(r.compute_ns)]
         if has_comm:
-            row += [_ms(r.comm_ns), _pct(r.overlap_share)]
+            row += [_ms(r.comm_ns), pct(r.overlap_share)]
         row.append(f"{r.summary.get('kernels', 0):,}")
         row += [_worst(r.findings, fid) or "-" for fid in res.finding_ids]
         row.append(md_escape(Path(r.path).name))

@@ -14,64 +14,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .._format import NAME_WIDTH, duration_ns, fmt_value, shorten
 from ._common import clock_s, evidence_label, kernel_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
-__all__ = ["render_terminal", "fmt_value"]
+__all__ = ["render_terminal", "fmt_value", "NAME_WIDTH"]
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "note": "dim"}
-
-
-#: kernel names are often several hundred characters of template arguments; the terminal
-#: shows the head (namespace and kernel name), the JSON and HTML reports keep them whole
-NAME_WIDTH = 100
-
-
-def _short(s: str, width: int = NAME_WIDTH) -> str:
-    return s if len(s) <= width else s[: width - 3] + "..."
-
-
-def fmt_value(key: str, v: Any) -> str:
-    """A human rendering of one evidence / summary number (shares as %, ns as time)."""
-    if v is None:
-        return "n/a"
-    if isinstance(v, str):
-        return _short(v)
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        k = key.lower()
-        if any(t in k for t in ("fraction", "share", "utilization", "ratio_of")) and -0.001 <= v <= 1.001:
-            return f"{v * 100:.1f}%"
-        if k.endswith("_us"):
-            return f"{v:,.2f} us"
-        if k.endswith("_ms"):
-            return f"{v:,.3f} ms"
-        if k.endswith("_ns"):
-            return _ns(v)
-        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    if isinstance(v, int):
-        if key.lower().endswith("_ns"):
-            return _ns(v)
-        return f"{v:,}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}={fmt_value(k, x)}" for k, x in v.items())
-    if isinstance(v, (list, tuple)):
-        return ", ".join(fmt_value(key, x) for x in v[:5]) + (" ..." if len(v) > 5 else "")
-    return str(v)
-
-
-def _ns(v: float) -> str:
-    a = abs(v)
-    if a >= 1e9:
-        return f"{v / 1e9:.3f} s"
-    if a >= 1e6:
-        return f"{v / 1e6:.3f} ms"
-    if a >= 1e3:
-        return f"{v / 1e3:.2f} us"
-    return f"{v:.0f} ns"
 
 
 def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
@@ -79,7 +30,7 @@ def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
     for i, w in enumerate(where[:limit]):
         if i:
             t.append("; ")
-        parts = [f"{k}={_short(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "api", "callsite", "stream", "device", "kernel")
+        parts = [f"{k}={shorten(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "api", "callsite", "stream", "device", "kernel")
                  if w.get(k) is not None]
         t.append(", ".join(parts) or "?")
         if w.get("share") is not None:
@@ -139,7 +90,7 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
             if k in ("name", "kernel"):
                 t.append(kernel_label(v, 70) + "  ", style="bold")
             elif k in ("nvtx", "stream", "thread", "region", "sequence"):
-                t.append(_short(str(v), 70) + "  ", style="bold")
+                t.append(shorten(str(v), 70) + "  ", style="bold")
             else:
                 parts.append(f"{evidence_label(k)}={fmt_value(k, v)}")
         t.append(", ".join(parts))
@@ -155,7 +106,7 @@ def _finding_panel(f: Any) -> Panel:
     body.add_column()
     body.add_row("", Text(f.title, style="bold"))
     if getattr(f, "recoverable_ns", None) is not None:
-        body.add_row("to win", Text(f"up to {_ns(f.recoverable_ns)} of GPU time "
+        body.add_row("to win", Text(f"up to {duration_ns(f.recoverable_ns)} of GPU time "
                                     f"({(f.recoverable_share or 0) * 100:.1f}% of the steady state)"))
     ev = ", ".join(f"{evidence_label(k)}={fmt_value(k, v)}" for k, v in f.evidence.items()
                    if (not isinstance(v, (list, dict)) or k in ("top",)) and k != "sequence_head")
@@ -179,7 +130,7 @@ def _examples_text(examples: list[dict[str, Any]]) -> Text:
     for i, e in enumerate(examples[:3]):
         if i:
             t.append("\n")
-        t.append(f"at {clock_s(e.get('start_ns'))} for {_ns(e.get('duration_ns') or 0)}", style="bold")
+        t.append(f"at {clock_s(e.get('start_ns'))} for {duration_ns(e.get('duration_ns') or 0)}", style="bold")
         where = ", ".join(str(e[k]) for k in ("thread", "stream") if e.get(k))
         t.append(f": {e.get('what', '')}" + (f" ({where})" if where else ""))
     return t

@@ -52,14 +52,18 @@ __all__ = [
     "unflatten",
 ]
 
-_TORCH_NAMES = {"serve", "ServedModel", "BranchStreams", "stream_scope", "parallel_branches",
-                "default_branch_streams"}
+_SERVING_NAMES = {"serve", "ServedModel", "Request"}
+_TRAINING_NAMES = {"BranchStreams", "stream_scope", "parallel_branches", "default_branch_streams"}
 
 
 def __getattr__(name: str) -> Any:
     # the PyTorch adapter (and torch itself) load only when one of its names is used
-    if name in _TORCH_NAMES:
-        from . import torch_adapter
+    if name in _SERVING_NAMES:
+        from . import serving
 
-        return getattr(torch_adapter, name)
+        return getattr(serving, name)
+    if name in _TRAINING_NAMES:
+        from . import training
+
+        return getattr(training, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import RuntimeCudaError
 
-__all__ = ["check", "call", "describe", "translating", "ensure_context"]
+__all__ = ["check", "call", "describe", "translating", "ensure_context", "torch_module"]
 
 
 def _success_values() -> tuple[Any, ...]:
@@ -87,6 +87,17 @@ def translating(what: str) -> Iterator[None]:
 
 
 _tls = threading.local()
+
+
+def torch_module() -> Any:
+    """``torch``, imported on first use (the runtime package imports without it)."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only without torch
+        from ..errors import BadInputError
+
+        raise BadInputError("the PyTorch adapter needs torch (pip install 'recsys-doctor[torch]')") from e
+    return torch
 
 
 def ensure_context(ctx: Any) -> None:

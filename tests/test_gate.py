@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from _gitrepo import git_repo
 from click.testing import CliRunner
 
 from recsys_doctor import gate
@@ -179,15 +180,8 @@ def test_check_cli_github(tmp_path):
 
 
 def test_check_write_baseline_and_baseline_db(tmp_path, monkeypatch):
-    import subprocess
-
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin"}
-    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "m"]):
-        subprocess.run(["git", *args], cwd=repo, check=True, env=env)
-    monkeypatch.chdir(repo)
+    git_repo(tmp_path / "repo", "main")
+    monkeypatch.chdir(tmp_path / "repo")
     db = tmp_path / "h.db"
     main_run = _write(tmp_path, "run.json", _run(0.6, path="/ci/run.sqlite"))
     wb = tmp_path / "wb.json"

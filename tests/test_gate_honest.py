@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from _gitrepo import git_repo
 from click.testing import CliRunner
 
 from recsys_doctor import history
@@ -45,16 +46,9 @@ def _cli(*args, **kw):
 @pytest.fixture
 def on_main(tmp_path, monkeypatch):
     """Work inside a fresh git repository on branch ``main``."""
-    import subprocess
-
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin"}
-    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "m"]):
-        subprocess.run(["git", *args], cwd=repo, check=True, env=env)
-    monkeypatch.chdir(repo)
-    return repo
+    git_repo(tmp_path / "repo", "main")
+    monkeypatch.chdir(tmp_path / "repo")
+    return tmp_path / "repo"
 
 
 def _sql(db: Path, q: str):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _gitrepo import git_repo
 from click.testing import CliRunner
 
 from recsys_doctor import history
@@ -67,13 +68,7 @@ def test_record_run_row(tmp_path, trace_file, monkeypatch):
 
 def test_git_commit_and_branch(tmp_path, trace_file):
     repo = tmp_path / "repo"
-    repo.mkdir()
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin"}
-    for args in (["init", "-q", "-b", "feature/x"], ["commit", "-q", "--allow-empty", "-m", "m"]):
-        subprocess.run(["git", *args], cwd=repo, check=True, env=env)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                         env=env).stdout.strip()
+    sha = git_repo(repo, "feature/x")
     db = tmp_path / "h.db"
     history.record_run(_result(trace_file), db, command="check", passed=True, cwd=repo)
     run = history.list_runs(db)[0]

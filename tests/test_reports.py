@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _intervals import union_len
+
 from recsys_doctor.advise import advise_trace
 from recsys_doctor.findings import Finding
 from recsys_doctor.model import Trace
@@ -178,48 +180,28 @@ def test_history_trend_in_html(evil_result):
     assert "10.0%" in doc and "42.0%" in doc
 
 
+def _gpu_intervals(db: str, tables: tuple[str, ...]) -> list[tuple[int, int]]:
+    con = sqlite3.connect(db)
+    return [iv for t in tables for iv in con.execute(f"SELECT start, end FROM {t}").fetchall()]
+
+
+_ACTIVITY = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
 def _util_by_sql(db: str) -> float:
     """Busy (union of kernels) over window (first to last kernel/copy/memset), straight
     from the nsys tables: the summary's definition, computed without the package."""
-    con = sqlite3.connect(db)
-    k = con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start").fetchall()
-    lo, hi = [], []
-    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
-        a, b = con.execute(f"SELECT min(start), max(end) FROM {t}").fetchone()
-        if a is not None:
-            lo.append(a)
-            hi.append(b)
-    busy, cur_s, cur_e = 0, None, None
-    for s, e in k:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    return busy / (max(hi) - min(lo))
+    every = _gpu_intervals(db, _ACTIVITY)
+    window = max(e for _, e in every) - min(s for s, _ in every)
+    return union_len(_gpu_intervals(db, _ACTIVITY[:1])) / window
 
 
 def _idle_by_sql(db: str) -> float:
     """Share of the window in which nothing at all runs on the GPU (no kernel, copy or
     memset), from the nsys tables and a hand-written interval union."""
-    con = sqlite3.connect(db)
-    iv = []
-    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
-        iv += con.execute(f"SELECT start, end FROM {t}").fetchall()
-    iv.sort()
-    covered, cur_s, cur_e = 0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                covered += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    covered += cur_e - cur_s
-    window = max(e for _, e in iv) - iv[0][0]
-    return 1 - covered / window
+    every = _gpu_intervals(db, _ACTIVITY)
+    window = max(e for _, e in every) - min(s for s, _ in every)
+    return 1 - union_len(every) / window
 
 
 @pytest.mark.shared
@@ -255,3 +237,28 @@ def test_progress_quiet_when_not_a_tty(monkeypatch, capsys):
         bar.advance(3)
         bar.update(completed=10)
     assert capsys.readouterr().err == ""
+
+
+def test_compare_page_shows_measured_tables_escaped(evil_result):
+    other = advise_trace(_evil_trace())
+    measured = {"chosen": EVIL_SCRIPT,
+                "rows": [{"metric": "qps", "before": 1000.0, "after": 2500.0, "ratio": 2500.0 / 1000.0}],
+                "candidates": [{"plan": EVIL_IMG, "predicted": 3.0, "measured": None, "p99_ms": 1.23456,
+                                "error": EVIL_SCRIPT}]}
+    doc = render_compare_html(evil_result, other, measured=measured)
+    assert "<script" not in doc and "<img src=x" not in doc
+    head = doc[: doc.index("<figure>")]  # the measured tables come before the plot
+    assert "Measured before / after (chosen: &lt;script&gt;" in head
+    assert "<td class='num'>2,500.000</td><td class='num'>2.500</td>" in head
+    assert "<td class='num'>3.000</td><td class='num'>-</td><td class='num'>1.235</td>" in head
+    assert "Measured before" not in render_compare_html(evil_result, other)
+
+
+def test_templates_ship_with_the_package():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "templates/*" in data["recsys_doctor.reports"]
+    assert {p.name for p in (root / "reports" / "templates").iterdir()} >= {"report.html.j2", "compare.html.j2"}

@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from _intervals import union_len
 from click.testing import CliRunner
 from rich.console import Console
 
@@ -81,8 +82,9 @@ def test_window_shows_in_every_report(tmp_path):
 
 def test_plots_use_the_trace_clock(syncq):
     from recsys_doctor.reports import plots
+    from recsys_doctor.reports.plots._base import _edges_s
 
-    assert plots._edges_s(syncq.analyses["utilization"]["timeline"])[0] == pytest.approx(
+    assert _edges_s(syncq.analyses["utilization"]["timeline"])[0] == pytest.approx(
         syncq.analyses["utilization"]["timeline"]["start_ns"] / 1e9)
     assert "--start" in plots.CLOCK_LABEL
 
@@ -93,17 +95,8 @@ def _idle_by_sql(db) -> tuple[int, int]:
     iv = []
     for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"):
         iv += db.execute(f"SELECT start, end FROM {t}").fetchall()
-    iv.sort()
-    cov, cs, ce = 0, None, None
-    for s, e in iv:
-        if ce is None or s > ce:
-            cov += 0 if ce is None else ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    cov += ce - cs
-    win = max(e for _, e in iv) - iv[0][0]
-    return win - cov, win
+    win = max(e for _, e in iv) - min(s for s, _ in iv)
+    return win - union_len(iv), win
 
 
 def test_one_idle_figure(tmp_path, syncq):

@@ -405,7 +405,8 @@ def test_request_load_copies_bytes_and_checks_sizes():
     import ctypes
 
     from recsys_doctor.errors import BadInputError
-    from recsys_doctor.runtime.torch_adapter import Request, _Entry
+    from recsys_doctor.runtime._request import Request
+    from recsys_doctor.runtime._serve_entry import Entry as _Entry
 
     class _Pinned:  # a host buffer like HostBuffer: a pointer we own
         def __init__(self, n):
@@ -455,7 +456,7 @@ def test_launch_mode_setting_is_checked(monkeypatch):
 
 def test_graph_copies_setting_is_checked(monkeypatch):
     from recsys_doctor.errors import BadInputError
-    from recsys_doctor.runtime.torch_adapter import _graph_copies_inside
+    from recsys_doctor.runtime._serve_entry import graph_copies_inside as _graph_copies_inside
 
     monkeypatch.delenv("RECSYS_DOCTOR_GRAPH_COPIES", raising=False)
     assert _graph_copies_inside() is True

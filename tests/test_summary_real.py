@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _intervals import union_len
 from conftest import shared_files
 from recsys_doctor.analyzers.summary import summarize
 from recsys_doctor.loaders import load
@@ -19,20 +20,6 @@ pytestmark = pytest.mark.shared
 
 NSYS = shared_files("h100", ("*.sqlite",)) + shared_files("nsys", ("*.sqlite",))
 KINETO = shared_files("h100", ("*.json.gz", "*.json")) + shared_files("kineto", ("*.json.gz", "*.json"))
-
-
-def union_len(pairs) -> int:
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(pairs):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def switches(copies) -> int:

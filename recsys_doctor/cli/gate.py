@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .._format import fmt
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options
 from .._json import json_default
@@ -29,14 +30,22 @@ def _window(nvtx: str | None, start: str | None, end: str | None) -> dict[str, A
     return {"nvtx": nvtx, "start_ns": parse_time(start, "--start"), "end_ns": parse_time(end, "--end")}
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        if v.is_integer() and abs(v) < 1e15:
-            return f"{int(v):,}"
-        return f"{v:.4g}"
-    return str(v)
+class _Fraction(click.ParamType):
+    """``0.4`` or ``40%`` -> 0.4, checked by click while it parses the options (exit 2
+    with click's usage message); the rule is :func:`recsys_doctor.gate.parse_fraction`."""
+
+    name = "fraction"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from ..gate import parse_fraction
+
+        what = param.opts[0] if param else "value"
+        try:
+            out = parse_fraction(value, what)
+        except BadInputError as e:
+            self.fail(str(e).removeprefix(f"{what}: "), param, ctx)
+        assert out is not None
+        return out
 
 
 _db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), envvar="RECSYS_DOCTOR_DB",
@@ -49,8 +58,8 @@ _db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_typ
               help="Baseline: an `advise --json` output or a `check --write-baseline` file.")
 @click.option("--baseline-db", "baseline_branch", metavar="BRANCH",
               help="Baseline: the latest run of this workload recorded in the history for BRANCH.")
-@click.option("--min-utilization", metavar="X", help="Fail when GPU utilization is below X (0.4 or 40%).")
-@click.option("--max-drop", metavar="D",
+@click.option("--min-utilization", type=_Fraction(), metavar="X", help="Fail when GPU utilization is below X (0.4 or 40%).")
+@click.option("--max-drop", type=_Fraction(), metavar="D",
               help="Fail when utilization dropped by more than D (absolute: 0.05 or 5%) vs the baseline.")
 @click.option("--fail-on", type=_SEVERITIES,
               help="Fail when a finding of this severity or worse appears that the baseline did not have.")
@@ -69,7 +78,7 @@ _db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_typ
 @click.option("--no-history", is_flag=True, help="Do not record this run in the history.")
 @click.pass_context
 def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, baseline_branch: str | None,
-              min_utilization: str | None, max_drop: str | None, fail_on: str | None,
+              min_utilization: float | None, max_drop: float | None, fail_on: str | None,
               write_baseline: Path | None, junit: Path | None, as_json: bool, nvtx: str | None,
               start: str | None, end: str | None, workload_name: str | None, db: Path | None,
               no_history: bool) -> None:
@@ -85,8 +94,6 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
 
     if baseline_file and baseline_branch:
         raise BadInputError("give either --baseline FILE or --baseline-db BRANCH, not both")
-    min_u = gate.parse_fraction(min_utilization, "--min-utilization")
-    drop = gate.parse_fraction(max_drop, "--max-drop")
     # load the baseline first: a bad baseline should fail before a long trace load
     base = gate.load_baseline(baseline_file) if baseline_file else None
     options = Options()
@@ -97,12 +104,12 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
     if write_baseline:
         gate.write_baseline(result, write_baseline)
         click.echo(f"baseline written to {write_baseline}", err=True)
-        if base is None and min_u is None and drop is None and fail_on is None:
+        if base is None and min_utilization is None and max_drop is None and fail_on is None:
             if not no_history:
                 _record(result, db, passed=True, reasons=[f"written as a baseline to {write_baseline}"],
                         options=options, key=key)
             return
-    verdict = gate.check(result, base, min_utilization=min_u, max_drop=drop,
+    verdict = gate.check(result, base, min_utilization=min_utilization, max_drop=max_drop,
                          fail_on=fail_on.lower() if fail_on else None)
     if junit:
         gate.write_junit(verdict, junit)
@@ -168,21 +175,9 @@ def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out:
     if as_json:
         click.echo(json.dumps(c.to_dict(), indent=1, default=json_default))
         return
-    click.echo(f"A: {a}\nB: {b}\n")
-    w = max([len(m["metric"]) for m in c.metrics] + [6])
-    click.echo(f"{'metric':<{w}}  {'A':>12}  {'B':>12}  {'B - A':>12}")
-    for m in c.metrics:
-        d = m["delta"]
-        click.echo(f"{m['metric']:<{w}}  {_fmt(m['a']):>12}  {_fmt(m['b']):>12}  "
-                   f"{('n/a' if d is None else ('+' if d > 0 else '') + _fmt(d)):>12}")
-    for label, fs in (("appeared in B", c.appeared), ("disappeared from A", c.disappeared)):
-        click.echo(f"\nfindings {label}: {len(fs)}")
-        for f in fs:
-            click.echo(f"  [{f['severity']}] {f['id']}: {f['title']}")
-    if c.changed:
-        click.echo(f"\nseverity changed: {len(c.changed)}")
-        for f in c.changed:
-            click.echo(f"  {f['id']}: {f['a']} -> {f['b']}")
+    from ..reports.tables import compare_view, print_wide
+
+    print_wide(compare_view(c))
 
 
 @click.command("history")
@@ -202,12 +197,6 @@ def history_cmd(limit: int, branch: str | None, workload: str | None, as_json: b
     if not runs:
         click.echo(f"no runs recorded in {history.resolve_db_path(db)}")
         return
-    click.echo(f"{'id':>5}  {'when (UTC)':<25}  {'cmd':<6}  {'util':>6}  {'kernels':>8}  {'commit':<8}  "
-               f"{'branch':<16}  {'check':<5}  workload")
-    for r in runs:
-        u = r.get("gpu_utilization")
-        chk = "" if r.get("passed") is None else ("pass" if r["passed"] else "FAIL")
-        click.echo(f"{r['id']:>5}  {r['when_utc']:<25}  {r['command']:<6}  "
-                   f"{('n/a' if u is None else f'{u * 100:.1f}%'):>6}  {_fmt(r.get('kernels')):>8}  "
-                   f"{(r.get('git_commit') or '')[:8]:<8}  {(r.get('git_branch') or '')[:16]:<16}  {chk:<5}  "
-                   f"{r.get('workload') or ''}")
+    from ..reports.tables import history_table, print_wide
+
+    print_wide(history_table(runs))

@@ -1,0 +1,109 @@
+"""Numbers as people read them: the one set of formatters behind every report, the CLI
+tables and the gate's messages (the JSON output keeps raw numbers).
+
+* :func:`fmt`: any scalar, compact (counts with thousands separators, floats to 4
+  significant digits, ``n/a`` for None/NaN);
+* :func:`pct`: a share (0..1) as a percentage;
+* :func:`fixed`: a measured number to a fixed number of decimals, with its unit;
+* :func:`duration_ns`: nanoseconds in the unit that reads best (ns, us, ms, s);
+* :func:`fmt_value`: an evidence or summary value, the unit taken from its key
+  (``*_ns``, ``*_us``, ``*_ms``, ``*share*``/``*fraction*``/``*utilization*``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["fmt", "pct", "fixed", "duration_ns", "fmt_value", "shorten"]
+
+#: kernel names are often several hundred characters of template arguments; the terminal
+#: shows the head (namespace and kernel name), the JSON and HTML reports keep them whole
+NAME_WIDTH = 100
+
+
+def fmt(v: Any) -> str:
+    """A compact, human-readable rendering of a scalar (floats to 4 significant digits;
+    a float that holds a whole number prints as that integer)."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "n/a"
+        if v.is_integer() and abs(v) < 1e15:
+            return f"{int(v):,}"
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
+            return f"{v:.3g}"
+        return f"{v:,.4g}"
+    if hasattr(v, "item"):
+        return fmt(v.item())
+    if isinstance(v, (list, tuple)) and all(not isinstance(x, (dict, list)) for x in v):
+        return ", ".join(fmt(x) for x in v)
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def pct(share: Any, digits: int = 1) -> str:
+    """``0.4231`` -> ``42.3%`` (``n/a`` for None)."""
+    return "n/a" if share is None else f"{float(share) * 100:.{digits}f}%"
+
+
+def fixed(v: Any, unit: str = "", digits: int = 2) -> str:
+    """``1234.5`` -> ``1,234.50`` plus ``unit``; ``-`` when there is no measurement."""
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}{unit}" if isinstance(v, float) else f"{v}{unit}"
+
+
+def duration_ns(v: float) -> str:
+    """``77630`` -> ``77.63 us``: seconds, ms, us or ns, whichever reads best."""
+    a = abs(v)
+    if a >= 1e9:
+        return f"{v / 1e9:.3f} s"
+    if a >= 1e6:
+        return f"{v / 1e6:.3f} ms"
+    if a >= 1e3:
+        return f"{v / 1e3:.2f} us"
+    return f"{v:.0f} ns"
+
+
+def shorten(s: str, width: int = NAME_WIDTH) -> str:
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def _float_by_key(key: str, v: float) -> str:
+    k = key.lower()
+    if any(t in k for t in ("fraction", "share", "utilization", "ratio_of")) and -0.001 <= v <= 1.001:
+        return pct(v)
+    if k.endswith("_us"):
+        return f"{v:,.2f} us"
+    if k.endswith("_ms"):
+        return f"{v:,.3f} ms"
+    if k.endswith("_ns"):
+        return duration_ns(v)
+    return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def fmt_value(key: str, v: Any) -> str:
+    """A human rendering of one evidence / summary number (shares as %, ns as time)."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, str):
+        return shorten(v)
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return _float_by_key(key, v)
+    if isinstance(v, int):
+        return duration_ns(v) if key.lower().endswith("_ns") else f"{v:,}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={fmt_value(k, x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt_value(key, x) for x in v[:5]) + (" ..." if len(v) > 5 else "")
+    return str(v)

@@ -1,0 +1,112 @@
+"""Plots across runs: before/after of two runs, and the utilization trend of the history."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._base import BUSY, GREY, H2D, IDLE, _edges_s, _fig, _render, _short, _util_data
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+    from ...advise import AdviseResult
+
+__all__ = ['plot_before_after', 'plot_history_trend']
+
+
+# --- before / after -------------------------------------------------------------------------
+
+_COMPARE_METRICS = (
+    ("gpu_utilization", "GPU utilization"),
+    ("short_kernel_fraction", "short kernels (<10 us)"),
+)
+
+
+def _mean_timeline(result: "AdviseResult") -> tuple[np.ndarray, np.ndarray] | None:
+    tl = _util_data(result)
+    if tl is None:
+        return None
+    arr = np.array([list(v) for v in tl["devices"].values()], dtype=float)
+    if arr.size == 0:
+        return None
+    e = _edges_s(tl)
+    x = (e[:-1] + e[1:]) / 2
+    return x / max(e[-1], 1e-12), arr.mean(axis=0)
+
+
+def _draw_before_after(a: "AdviseResult", b: "AdviseResult", a_label: str, b_label: str) -> "Figure":
+    fig = _fig(11, 3.8)
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    sa, sb = a.summary or {}, b.summary or {}
+    xs = np.arange(len(_COMPARE_METRICS))
+    va = [float(sa.get(k) or 0) * 100 for k, _ in _COMPARE_METRICS]
+    vb = [float(sb.get(k) or 0) * 100 for k, _ in _COMPARE_METRICS]
+    ax1.bar(xs - 0.2, va, width=0.4, color=GREY, label=_short(a_label, 30))
+    ax1.bar(xs + 0.2, vb, width=0.4, color=H2D, label=_short(b_label, 30))
+    for x, v in zip(xs - 0.2, va):
+        ax1.text(x, v + 1, f"{v:.0f}%", ha="center", fontsize=9)
+    for x, v in zip(xs + 0.2, vb):
+        ax1.text(x, v + 1, f"{v:.0f}%", ha="center", fontsize=9, fontweight="bold")
+    ax1.set_xticks(xs, [lab for _, lab in _COMPARE_METRICS])
+    ax1.set_ylim(0, 110)
+    ax1.set_ylabel("%")
+    ua, ub = sa.get("gpu_utilization"), sb.get("gpu_utilization")
+    if ua is not None and ub is not None:
+        ax1.set_title(f"Utilization {ua * 100:.0f}% \u2192 {ub * 100:.0f}% ({(ub - ua) * 100:+.0f} points)", loc="left")
+    ax1.legend(fontsize=8, loc="upper right")
+    drawn = 0
+    for res, lab, color in ((a, a_label, GREY), (b, b_label, H2D)):
+        mt = _mean_timeline(res)
+        if mt is not None:
+            ax2.plot(mt[0] * 100, mt[1] * 100, color=color, lw=1.6, label=_short(lab, 40))
+            drawn += 1
+    ax2.set_ylim(0, 100)
+    ax2.set_xlim(0, 100)
+    ax2.set_xlabel("% of the run")
+    ax2.set_ylabel("% busy")
+    ax2.set_title("Utilization over each run", loc="left")
+    if drawn:
+        ax2.legend(fontsize=8, loc="upper right")
+    else:
+        ax2.text(50, 50, "no utilization timeline in these runs", ha="center", va="center", color=GREY)
+    return fig
+
+
+def plot_before_after(before: "AdviseResult", after: "AdviseResult", before_label: str = "before",
+                      after_label: str = "after") -> bytes:
+    """Key metrics side by side and both utilization timelines on a common 0-100% axis."""
+    out = _render(_draw_before_after, before, after, before_label, after_label)
+    assert out is not None
+    return out
+
+
+# --- history trend --------------------------------------------------------------------------
+
+def _draw_trend(rows: Sequence[Mapping[str, Any]]) -> "Figure | None":
+    pts = [(r.get("when_utc"), r.get("gpu_utilization"), r.get("git_commit")) for r in rows
+           if r.get("gpu_utilization") is not None]
+    if len(pts) < 2:
+        return None
+    pts.sort(key=lambda p: str(p[0]))
+    ys = np.array([float(p[1]) * 100 for p in pts])
+    xs = np.arange(len(pts))
+    fig = _fig(11, 2.8)
+    ax = fig.add_subplot()
+    ax.plot(xs, ys, "-o", color=H2D, ms=4)
+    ax.plot(xs[-1:], ys[-1:], "o", color=IDLE if ys[-1] < ys[:-1].max() else BUSY, ms=9, label="this run")
+    ax.set_ylim(0, max(100, ys.max() + 5))
+    ax.set_ylabel("GPU utilization %")
+    step = max(1, len(pts) // 8)
+    ax.set_xticks(xs[::step], [f"{str(p[0])[:10]}\n{(p[2] or '')[:7]}" for p in pts[::step]], fontsize=8)
+    ax.set_title(f"Utilization trend over the last {len(pts)} runs of this workload", loc="left")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def plot_history_trend(rows: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """``gpu_utilization`` of history rows (:func:`recsys_doctor.history.list_runs`) in
+    time order, the newest point (this run) highlighted; ``None`` under two runs."""
+    return _render(_draw_trend, rows)

@@ -1,0 +1,270 @@
+"""Preparing one slot of a served model for one input signature: the slot's pinned and
+device staging buffers with per-tensor views of them, a warm-up forward that tells the
+output layout, and the CUDA graph capture (H2D copy, forward, output copy and D2H copy in
+one graph on merged groups). The hot path that runs an entry is in :mod:`.serving`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Sequence
+
+from ..errors import BadInputError
+from ..errors import first_line as _first_line
+from ._cuda import check, ensure_context
+from ._policy import flatten, pack_layout, unflatten
+from ._streams import HostBuffer, StreamGroup
+
+#: CUDA graph captures are serialized process-wide: two captures at once in thread-local
+#: mode are legal, but a capture's device-wide synchronize and allocator bookkeeping are
+#: cheaper to reason about one at a time, and captures are rare (once per group and shape).
+_CAPTURE_LOCK = threading.Lock()
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+class Entry:
+    """Everything one slot needs to run one input signature: staging buffers, views of
+    them, and either a captured graph or the eager path (with the reason)."""
+
+    def __init__(self) -> None:
+        self.pinned_in: HostBuffer | None = None
+        self.pinned_out: HostBuffer | None = None
+        self.dev_in: Any = None
+        self.dev_out: Any = None
+        self.n_in = 0
+        self.n_out = 0
+        #: one pinned view per tensor leaf (what ``_foreach_copy_`` packs into), the
+        #: positions of the tensor leaves, and whether every leaf is a tensor
+        self.host_in_views: list[Any] = []
+        self.tensor_pos: list[int] = []
+        self.all_tensors = True
+        #: zero-copy access: the inputs' structure over the pinned views, the whole
+        #: pinned input as bytes, and its layout
+        self.inputs: Any = None
+        self.in_bytes: Any = None
+        self.layout: Any = None
+        self.outputs: Any = None
+        self.dev_args: Any = None
+        self.dev_out_views: list[Any] = []
+        self.host_out_views: list[Any] = []
+        self.out_shapes: list[tuple[Any, tuple[int, ...]]] = []
+        self.out_spec: Any = None
+        self.graph: Any = None
+        self.exec_h: Any = None
+        self.exec_i = 0  # the graph exec as an int (0: none), for the ctypes hot path
+        self.reason: str | None = None
+
+    def close(self, group: StreamGroup) -> None:
+        self.graph = None
+        self.exec_h = None
+        self.exec_i = 0
+        self.inputs = self.outputs = self.in_bytes = None
+        self.host_in_views = []
+        self.dev_args = None
+        self.dev_out_views = []
+        self.host_out_views = []
+        for b in (self.dev_in, self.dev_out):
+            if b is not None:
+                b.close(group.compute)
+        for h in (self.pinned_in, self.pinned_out):
+            if h is not None:
+                h.close()
+        self.dev_in = self.dev_out = self.pinned_in = self.pinned_out = None
+
+
+#: returned by ``ServedModel._execute`` when the outputs are in the slot's staged views
+STAGED = object()
+
+
+def graph_copies_inside() -> bool:
+    """``RECSYS_DOCTOR_GRAPH_COPIES``: the H2D/D2H copies inside each query's graph
+    (``inside``, the default) or enqueued around it (``outside``)."""
+    v = os.environ.get("RECSYS_DOCTOR_GRAPH_COPIES", "inside")
+    if v not in ("inside", "outside"):
+        raise BadInputError(f"RECSYS_DOCTOR_GRAPH_COPIES must be inside or outside, got {v!r}")
+    return v == "inside"
+
+
+def has_mem_pool(torch: Any) -> bool:
+    return hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
+
+
+def sig_str(sig: Any) -> str:
+    """An input signature as people write it: ``(float32[256, 13], 42)``."""
+    _, leaves = sig
+    parts = []
+    for x in leaves:
+        if x and x[0] == "const":
+            parts.append(str(x[2]))
+        else:
+            parts.append(f"{str(x[0]).replace('torch.', '')}{list(x[1])}")
+    return "(" + ", ".join(parts) + ")"
+
+
+# ------------------------------------------------------------------------------ staging
+
+def _layout_of(tensors: Sequence[Any]) -> Any:
+    return pack_layout([(str(t.dtype), tuple(t.shape), t.element_size()) for t in tensors])
+
+
+def _views(base: Any, layout: Any, tensors_meta: Sequence[tuple[Any, tuple[int, ...]]]) -> list[Any]:
+    return [base[off:off + nb].view(dtype).view(shape)
+            for (dtype, shape), off, nb in zip(tensors_meta, layout.offsets, layout.nbytes_each)]
+
+
+def _stage_inputs(sm: Any, g: StreamGroup, e: Entry, leaves: Sequence[Any], spec: Any) -> None:
+    """The pinned and device input buffers of ``e`` and the views of both."""
+    torch = sm.torch
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if any(t.is_cuda for t in tensors):
+        raise BadInputError("serve() takes host (CPU) tensors; the runtime does the copies")
+    meta = [(t.dtype, tuple(t.shape)) for t in tensors]
+    lay = _layout_of(tensors)
+    e.n_in = lay.nbytes
+    e.pinned_in = HostBuffer(lay.nbytes)
+    e.dev_in = g.allocate(lay.nbytes)
+    hbase = torch.frombuffer(e.pinned_in.ctypes_view, dtype=torch.uint8)
+    hviews = _views(hbase, lay, meta)
+    dviews = _views(torch.as_tensor(e.dev_in, device=sm.device), lay, meta)
+    e.host_in_views = hviews
+    e.tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    e.all_tensors = len(e.tensor_pos) == len(leaves)
+    e.layout = lay
+    e.in_bytes = hbase
+    ith = iter(hviews)
+    e.inputs = unflatten([next(ith) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+    it = iter(dviews)
+    e.dev_args = unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+
+
+def _stage_outputs(sm: Any, g: StreamGroup, e: Entry, outs: Sequence[Any]) -> None:
+    """The pinned and device output buffers of ``e``, laid out for ``outs``."""
+    torch = sm.torch
+    if not outs or not all(isinstance(o, torch.Tensor) and o.is_cuda for o in outs):
+        raise BadInputError("serve(): the model must return CUDA tensors (a tensor or a tuple/list/dict of them)")
+    e.out_shapes = [(o.dtype, tuple(o.shape)) for o in outs]
+    olay = _layout_of(outs)
+    e.n_out = olay.nbytes
+    e.pinned_out = HostBuffer(olay.nbytes)
+    e.dev_out = g.allocate(olay.nbytes)
+    e.host_out_views = _views(torch.frombuffer(e.pinned_out.ctypes_view, dtype=torch.uint8), olay, e.out_shapes)
+    e.dev_out_views = _views(torch.as_tensor(e.dev_out, device=sm.device), olay, e.out_shapes)
+    e.outputs = unflatten(list(e.host_out_views), e.out_spec)
+
+
+def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any], spec: Any) -> Entry:
+    """A ready entry of ``g``'s ``slot`` for ``sig``: staged, warmed up and, with graphs
+    on, captured (or running eagerly with the reason)."""
+    torch = sm.torch
+    ensure_context(sm.manager.context)
+    e = Entry()
+    try:
+        _stage_inputs(sm, g, e, leaves, spec)
+        # warm-up on the group's stream; it also tells the output layout
+        sm._pack(e, leaves)
+        check(_driver().cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync")
+        ext = sm._ext[g.index]
+        with torch.cuda.stream(ext), torch.no_grad(), sm._activations(g, slot):
+            outs, e.out_spec = flatten(sm.model(*e.dev_args), sm._is_tensor)
+        _stage_outputs(sm, g, e, outs)
+        del outs
+        ext.synchronize()
+        if sm.config.cuda_graphs and sig not in sm._eager_sigs:
+            capture(sm, g, slot, e, sig)
+        elif not sm.config.cuda_graphs:
+            e.reason = "CUDA graphs disabled"
+        else:
+            e.reason = sm._eager_sigs[sig]
+        return e
+    except BaseException:
+        try:
+            g.synchronize()
+        finally:
+            e.close(g)
+        raise
+
+
+# ------------------------------------------------------------------------------ capture
+
+def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException]) -> None:
+    """A second eager run on the group's stream: lazy inits (cuBLAS handles and
+    workspaces for this stream) must not happen inside the capture. It runs with
+    PyTorch's sync debug mode set to "error", so a model that synchronizes with the host
+    (.item(), nonzero, ...) is found here and never enters a capture that would fail
+    half-way."""
+    torch = sm.torch
+    ext = sm._ext[g.index]
+    prev = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(ext), sm._activations(g, slot):
+            sm.model(*e.dev_args)
+    except RuntimeError as ex:
+        first.append(ex)
+        raise
+    finally:
+        torch.cuda.set_sync_debug_mode(prev)
+    ext.synchronize()
+
+
+def _captured_query(sm: Any, g: StreamGroup, e: Entry) -> None:
+    """What a query's graph holds: (H2D copy,) forward, output copies (, D2H copy)."""
+    d = _driver()
+    copies = g.merge and sm.copies_in_graph
+    if copies:
+        check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync (captured)")
+    outs, _ = flatten(sm.model(*e.dev_args), sm._is_tensor)
+    if [(o.dtype, tuple(o.shape)) for o in outs] != e.out_shapes:
+        raise BadInputError("output shapes differ between runs with equal input shapes")
+    for dv, o in zip(e.dev_out_views, outs):
+        dv.copy_(o)
+    if copies:
+        check(d.cuMemcpyDtoHAsync(e.pinned_out.ptr, e.dev_out.ptr, e.n_out, g.compute_h), "cuMemcpyDtoHAsync (captured)")
+
+
+def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
+    """Capture ``e``'s query into a CUDA graph in the slot's activation pool; on failure
+    ``e`` runs eagerly and the reason is kept in ``sm.fallbacks``."""
+    torch = sm.torch
+    first: list[BaseException] = []
+    graph = None
+    with _CAPTURE_LOCK:
+        try:
+            with torch.no_grad():
+                _second_eager_run(sm, g, slot, e, first)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=sm._graph_pools.get((g.index, slot.index)), stream=sm._ext[g.index],
+                                      capture_error_mode="thread_local"):
+                    try:
+                        _captured_query(sm, g, e)
+                    except BaseException as ex:
+                        first.append(ex)
+                        raise
+            e.graph = graph
+            e.exec_i = int(graph.raw_cuda_graph_exec())
+            e.exec_h = _driver().CUgraphExec(e.exec_i)
+        except Exception as ex:
+            _fall_back(sm, e, sig, _first_line(first[0] if first else ex), graph)
+
+
+def _fall_back(sm: Any, e: Entry, sig: Any, reason: str, graph: Any) -> None:
+    try:
+        sm.torch.cuda.synchronize(sm.device)
+    except Exception:
+        pass
+    if graph is not None:
+        # keep a failed capture's graph object alive: PyTorch's RNG state may still refer to it
+        sm._failed_graphs.append(graph)
+    e.graph = None
+    e.exec_h = None
+    e.exec_i = 0
+    e.reason = f"CUDA graph capture failed, running eagerly: {reason}"
+    with sm._lock:
+        sm._eager_sigs[sig] = e.reason
+        sm.fallbacks[sig_str(sig)] = e.reason
