@@ -101,6 +101,21 @@ def sync_per_query(queries: int = 400) -> None:
                 torch.cuda.synchronize()
 
 
+def run_clients(client, threads: int, duration: float) -> None:
+    """Run ``client(k, go, stop)`` on ``threads`` threads: each sets up, waits on the barrier
+    ``go``, then sends queries while ``time.perf_counter() < stop[0]`` (``duration``
+    seconds from when this opens the window)."""
+    go = threading.Barrier(threads + 1)
+    stop = [0.0]
+    ts = [threading.Thread(target=client, args=(k, go, stop)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    stop[0] = time.perf_counter() + duration
+    go.wait()
+    for t in ts:
+        t.join()
+
+
 def threads8_one_stream(threads: int = 8, duration: float = 0.4) -> None:
     model = MLP().cuda().eval()
     shared = torch.cuda.Stream()
@@ -109,10 +124,8 @@ def threads8_one_stream(threads: int = 8, duration: float = 0.4) -> None:
         for _ in range(3):
             model(x0)
     torch.cuda.synchronize()
-    go = threading.Barrier(threads + 1)
-    stop = [0.0]
 
-    def client(k: int) -> None:
+    def client(k: int, go: threading.Barrier, stop: list[float]) -> None:
         name_thread(f"client-{k}")
         xh = torch.randn(BATCH, IN).pin_memory()
         oh = torch.empty(BATCH, 1).pin_memory()
@@ -125,13 +138,7 @@ def threads8_one_stream(threads: int = 8, duration: float = 0.4) -> None:
                 oh.copy_(out, non_blocking=True)
                 shared.synchronize()
 
-    ts = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    stop[0] = time.perf_counter() + duration
-    go.wait()
-    for t in ts:
-        t.join()
+    run_clients(client, threads, duration)
 
 
 def graphs_in_use(threads: int = 2, duration: float = 0.4) -> None:
@@ -150,10 +157,8 @@ def graphs_in_use(threads: int = 2, duration: float = 0.4) -> None:
                     out = model(x)
             torch.cuda.synchronize()
             states.append((s, x, out, g))
-    go = threading.Barrier(threads + 1)
-    stop = [0.0]
 
-    def client(k: int) -> None:
+    def client(k: int, go: threading.Barrier, stop: list[float]) -> None:
         name_thread(f"client-{k}")
         s, x, out, g = states[k]
         xh = torch.randn(BATCH, IN).pin_memory()
@@ -167,13 +172,7 @@ def graphs_in_use(threads: int = 2, duration: float = 0.4) -> None:
                     oh.copy_(out, non_blocking=True)
                     s.synchronize()
 
-    ts = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    stop[0] = time.perf_counter() + duration
-    go.wait()
-    for t in ts:
-        t.join()
+    run_clients(client, threads, duration)
 
 
 def large_kernels(iters: int = 300, n: int = 8192) -> None:

@@ -39,16 +39,18 @@ try:
 except Exception:  # noqa: BLE001
     NVML = None
 
-N_SPARSE, VOCAB, DIM, N_DENSE, BATCH, HOT = 26, 200_000, 16, 13, 256, 4
+VOCAB, BATCH = 200_000, 256
 DUR = float(os.environ.get("DUR", 1.5))
 QS = [int(q) for q in os.environ.get("QS", "1,4,8").split(",")]
 GROUPS = [int(g) for g in os.environ.get("BENCH_GROUPS", "1,2,4,8").split(",")]
 SKIP = set(filter(None, os.environ.get("SKIP", "").split(",")))
 
 
-# the wide&deep model of the examples (identical layers: 26 EmbeddingBag deep + 26 wide,
-# MLP 429-512-256-1), here with the probe's 200k vocabulary
+# the wide&deep model, its query inputs and its hand-written serving loop are the
+# examples' (identical layers: 26 EmbeddingBag deep + 26 wide, MLP 429-512-256-1), here
+# with the probe's 200k vocabulary
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import wdl_serving  # noqa: E402
 from wdl_serving import WideDeep  # noqa: E402
 
 
@@ -57,11 +59,7 @@ def WDL() -> nn.Module:  # noqa: N802 - keeps the benchmark's config names
 
 
 def host_query(seed):
-    g = torch.Generator().manual_seed(seed)
-    dense = torch.randn(BATCH, N_DENSE, generator=g).pin_memory()
-    idx = [torch.randint(0, VOCAB, (BATCH * HOT,), generator=g).pin_memory() for _ in range(N_SPARSE)]
-    offs = torch.arange(0, BATCH * HOT, HOT).pin_memory()
-    return dense, idx, offs
+    return wdl_serving.host_query(BATCH, VOCAB, generator=torch.Generator().manual_seed(seed))
 
 
 class Sampler(threading.Thread):
@@ -76,40 +74,14 @@ class Sampler(threading.Thread):
 
 
 def closed_loop(Q, make_worker):
-    """Q threads, each running make_worker(k)() -> one query, back to back for DUR s."""
-    lat = [[] for _ in range(Q)]
+    """Q threads, each running make_worker(k)() -> one query, back to back for DUR s (the
+    examples' closed loop, without NVTX ranges), NVML sampled meanwhile."""
     workers = [make_worker(k) for k in range(Q)]
-    ready = threading.Barrier(Q + 1)
-    go = threading.Event()
-    stop_at = [0.0]
-
-    def loop(k):
-        fn = workers[k]
-        ready.wait()
-        go.wait()
-        out = lat[k]
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop_at[0]:
-                break
-            fn()
-            out.append(time.perf_counter() - t0)
-
-    ths = [threading.Thread(target=loop, args=(k,)) for k in range(Q)]
-    for t in ths:
-        t.start()
-    ready.wait()
     samp = Sampler()
     samp.start()
-    t0 = time.perf_counter()
-    stop_at[0] = t0 + DUR
-    go.set()
-    for t in ths:
-        t.join()
-    wall = time.perf_counter() - t0
+    all_l, wall = wdl_serving.closed_loop(Q, DUR, lambda k: workers[k](), ranges=False)
     samp.stop = True
     samp.join()
-    all_l = sorted(x for l in lat for x in l)
     util = round(statistics.mean(samp.vals[2:]), 1) if len(samp.vals) > 3 else None
     return dict(queries=len(all_l), qps=round(len(all_l) / wall, 1),
                 p50_ms=round(all_l[len(all_l) // 2] * 1e3, 3),
@@ -117,46 +89,14 @@ def closed_loop(Q, make_worker):
 
 
 def baseline_workers(model, Q, use_graph, queries):
+    """Plain PyTorch, every client on one shared stream: the examples' serving query, eager or
+    one CUDA graph per client (``wdl_serving.prepare_client``/``query``)."""
     shared = torch.cuda.Stream()
-    states = []
-    for k in range(Q):
-        hq = queries[k % len(queries)]
-        st = {}
-        with torch.cuda.stream(shared), torch.no_grad():
-            st["dense"] = hq[0].to("cuda", non_blocking=True)
-            st["idx"] = [t.to("cuda", non_blocking=True) for t in hq[1]]
-            st["offs"] = hq[2].to("cuda", non_blocking=True)
-            st["out_h"] = torch.empty(BATCH, 1).pin_memory()
-            for _ in range(3):
-                st["out"] = model(st["dense"], st["idx"], st["offs"])
-            shared.synchronize()
-            st["g"] = None
-            if use_graph:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=shared, capture_error_mode="thread_local"):
-                    st["out"] = model(st["dense"], st["idx"], st["offs"])
-                st["g"] = g
-        torch.cuda.synchronize()
-        states.append(st)
+    states = [wdl_serving.prepare_client(model, shared, queries[k % len(queries)], use_graph) for k in range(Q)]
 
     def make(k):
-        st, hq = states[k], queries[k % len(queries)]
-        dense, idx, offs, out_h, g = st["dense"], st["idx"], st["offs"], st["out_h"], st["g"]
-        holder = {"out": st["out"]}
-
-        def one():
-            with torch.cuda.stream(shared), torch.no_grad():
-                dense.copy_(hq[0], non_blocking=True)
-                for d, h in zip(idx, hq[1]):
-                    d.copy_(h, non_blocking=True)
-                if g is not None:
-                    g.replay()
-                    out = holder["out"]
-                else:
-                    out = model(dense, idx, offs)
-                out_h.copy_(out, non_blocking=True)
-                shared.synchronize()
-        return one
+        st = states[k]
+        return lambda: wdl_serving.query(model, st)
     return make, states
 
 
@@ -235,7 +175,7 @@ TB, F, T, TVOC = 512, 26, 4, 100_000
 
 
 # the examples' MMoE (same sizes: 26 features x 16, 8 experts 416-128-128-64, 4 tasks)
-from mmoe_training import MMoE  # noqa: E402
+from mmoe_training import MMoE, warm_up_aside  # noqa: E402
 
 
 def bench_train(name, streams, graph, steps=200):
@@ -252,13 +192,7 @@ def bench_train(name, streams, graph, steps=200):
         loss.backward()
         opt.step()
         return loss
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(5):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up_aside(step, 5)
     if graph:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):

@@ -26,13 +26,17 @@ Arguments after ``--``: ``--batch N`` (512), ``--vocab N`` (100000), ``--seed N`
 
 from __future__ import annotations
 
-import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from recsys_doctor.runtime import parallel_branches
 from recsys_doctor.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _example_args import int_options  # noqa: E402
 
 N_FEATURES, DIM, N_EXPERTS, N_TASKS, HIDDEN, EXPERT_OUT = 26, 16, 8, 4, 128, 64
 
@@ -75,12 +79,22 @@ class MMoE(nn.Module):
         return torch.cat(parallel_branches(heads, x, ex, streams=self.streams), 1)
 
 
+def warm_up_aside(step, n: int) -> None:
+    """``n`` eager calls of ``step()`` on a side stream, then wait for them: what capturing
+    a training step as a CUDA graph needs first (allocator, cuBLAS and Adam state warmed up
+    off the capture stream). The benchmark and the GPU tests use it for their
+    hand-written whole-step graphs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(n):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
 def workload(argv: list[str] | None = None) -> Workload:
-    ap = argparse.ArgumentParser(prog="mmoe_training.py")
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--vocab", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv or [])
+    a = int_options("mmoe_training.py", argv, batch=512, vocab=100_000, seed=0)
     torch.manual_seed(a.seed)
     model = MMoE(a.vocab).cuda().train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -53,20 +53,36 @@ def main() -> None:
                         offs.to("cuda", non_blocking=True))
         return out.cpu()
 
-    lat: list[list[float]] = [[] for _ in range(a.threads)]
+    lat_ms, wall, checksum = serve(one_query, queries, a.warmup, a.duration)
+    n = len(lat_ms)
+
+    def pct(q: float) -> float:  # nearest rank
+        return lat_ms[max(0, min(n - 1, int(-(-q * n // 100)) - 1))]
+
+    print(json.dumps({"script": "plain_serving_script", "threads": a.threads, "queries": n,
+                      "qps": round(n / wall, 1), "p50_ms": round(pct(50), 3), "p99_ms": round(pct(99), 3),
+                      "checksum": round(checksum, 4)}), flush=True)
+
+
+def serve(one_query, queries: list, warmup: int, duration: float) -> tuple[list[float], float, float]:
+    """One client thread per query in ``queries``: ``warmup`` queries each, then all of
+    them back to back for ``duration`` seconds. Returns every latency (ms, sorted), the
+    window's wall time and the sum of the last outputs (the same with or without a plan)."""
+    threads = len(queries)
+    lat: list[list[float]] = [[] for _ in range(threads)]
     stop_at = [0.0]
     start = [0.0]
 
     def open_window() -> None:  # run once, when every client has warmed up
         start[0] = time.perf_counter()
-        stop_at[0] = start[0] + a.duration
+        stop_at[0] = start[0] + duration
 
-    ready = threading.Barrier(a.threads + 1, action=open_window)
-    checks: list[float] = [0.0] * a.threads
+    ready = threading.Barrier(threads + 1, action=open_window)
+    checks: list[float] = [0.0] * threads
 
     def client(k: int) -> None:
         q = queries[k]
-        for _ in range(a.warmup):
+        for _ in range(warmup):
             one_query(q)
         ready.wait()
         mine = lat[k]
@@ -76,22 +92,14 @@ def main() -> None:
             mine.append(time.perf_counter() - t0)
         checks[k] = float(out.sum())
 
-    workers = [threading.Thread(target=client, args=(k,), name=f"client-{k}") for k in range(a.threads)]
+    workers = [threading.Thread(target=client, args=(k,), name=f"client-{k}") for k in range(threads)]
     for w in workers:
         w.start()
     ready.wait()
     for w in workers:
         w.join()
     wall = time.perf_counter() - start[0]
-    all_l = sorted(x * 1e3 for row in lat for x in row)
-    n = len(all_l)
-
-    def pct(q: float) -> float:
-        return all_l[max(0, min(n - 1, int(-(-q * n // 100)) - 1))]
-
-    print(json.dumps({"script": "plain_serving_script", "threads": a.threads, "queries": n,
-                      "qps": round(n / wall, 1), "p50_ms": round(pct(50), 3), "p99_ms": round(pct(99), 3),
-                      "checksum": round(sum(checks), 4)}), flush=True)
+    return sorted(x * 1e3 for row in lat for x in row), wall, sum(checks)
 
 
 if __name__ == "__main__":

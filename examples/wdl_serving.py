@@ -66,72 +66,89 @@ class WideDeep(nn.Module):
         return torch.sigmoid(self.mlp(torch.cat(e + [dense], 1)) + w)
 
 
-def host_query(batch: int, vocab: int):
-    dense = torch.randn(batch, N_DENSE).pin_memory()
-    idx = [torch.randint(0, vocab, (batch * HOT,)).pin_memory() for _ in range(N_SPARSE)]
+def host_query(batch: int, vocab: int, generator: torch.Generator | None = None):
+    """One query's host inputs, pinned: 13 dense features and ``HOT`` ids per sample for
+    each of the 26 sparse features (``generator``: a seeded one, else torch's global RNG)."""
+    dense = torch.randn(batch, N_DENSE, generator=generator).pin_memory()
+    idx = [torch.randint(0, vocab, (batch * HOT,), generator=generator).pin_memory() for _ in range(N_SPARSE)]
     offs = torch.arange(0, batch * HOT, HOT).pin_memory()
     return dense, idx, offs
 
 
-def run(threads: int, mode: str, streams: str, duration: float, batch: int, vocab: int) -> dict:
-    model = WideDeep(vocab).cuda().eval()
-    shared = torch.cuda.Stream()
-    states = []
-    with annotate("warmup"):
-        for _ in range(threads):
-            s = torch.cuda.Stream() if streams == "per-thread" else shared
-            hq = host_query(batch, vocab)
-            st = {"stream": s, "hq": hq, "graph": None}
-            with torch.cuda.stream(s), torch.no_grad():
-                st["dense"] = hq[0].to("cuda", non_blocking=True)
-                st["idx"] = [t.to("cuda", non_blocking=True) for t in hq[1]]
-                st["offs"] = hq[2].to("cuda", non_blocking=True)
-                st["out_h"] = torch.empty(batch, 1).pin_memory()
-                for _ in range(3):
-                    st["out"] = model(st["dense"], st["idx"], st["offs"])
-                s.synchronize()
-                if mode == "graphs":
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
-                        st["out"] = model(st["dense"], st["idx"], st["offs"])
-                    st["graph"] = g
-            torch.cuda.synchronize()
-            states.append(st)
+def prepare_client(model: nn.Module, stream: torch.cuda.Stream, hq, graph: bool) -> dict:
+    """One client's device side on ``stream``: its inputs copied to the GPU, a pinned host
+    output, 3 warm-up forwards and, with ``graph``, the forward captured as a CUDA graph."""
+    st = {"stream": stream, "hq": hq, "graph": None}
+    with torch.cuda.stream(stream), torch.no_grad():
+        st["dense"] = hq[0].to("cuda", non_blocking=True)
+        st["idx"] = [t.to("cuda", non_blocking=True) for t in hq[1]]
+        st["offs"] = hq[2].to("cuda", non_blocking=True)
+        st["out_h"] = torch.empty(hq[0].shape[0], 1).pin_memory()
+        for _ in range(3):
+            st["out"] = model(st["dense"], st["idx"], st["offs"])
+        stream.synchronize()
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream, capture_error_mode="thread_local"):
+                st["out"] = model(st["dense"], st["idx"], st["offs"])
+            st["graph"] = g
+    torch.cuda.synchronize()
+    return st
 
+
+def query(model: nn.Module, st: dict) -> None:
+    """One query of a prepared client: host inputs -> GPU tensor by tensor, the model (or its
+    graph), output -> pinned host memory, and wait for it on the client's stream."""
+    s, hq, g = st["stream"], st["hq"], st["graph"]
+    with torch.cuda.stream(s), torch.no_grad():
+        st["dense"].copy_(hq[0], non_blocking=True)
+        for d, h in zip(st["idx"], hq[1]):
+            d.copy_(h, non_blocking=True)
+        if g is not None:
+            g.replay()
+        else:
+            st["out"] = model(st["dense"], st["idx"], st["offs"])
+        st["out_h"].copy_(st["out"], non_blocking=True)
+        s.synchronize()
+
+
+def closed_loop(threads: int, duration: float, one_query, ranges: bool = True) -> tuple[list[float], float]:
+    """``threads`` client threads call ``one_query(k)`` back to back for ``duration`` seconds
+    (with ``ranges``, each call an NVTX ``query`` range and the window an NVTX ``measure``
+    range); returns every call's latency in seconds, sorted, and the window's wall time."""
+    mark = annotate if ranges else (lambda name: contextlib.nullcontext())
     lat: list[list[float]] = [[] for _ in range(threads)]
     go = threading.Barrier(threads + 1)
     stop_at = [0.0]
 
     def client(k: int) -> None:
-        st = states[k]
-        s, hq, g = st["stream"], st["hq"], st["graph"]
-        with torch.cuda.stream(s), torch.no_grad():
-            go.wait()
-            while time.perf_counter() < stop_at[0]:
-                t0 = time.perf_counter()
-                with annotate("query"):
-                    st["dense"].copy_(hq[0], non_blocking=True)
-                    for d, h in zip(st["idx"], hq[1]):
-                        d.copy_(h, non_blocking=True)
-                    if g is not None:
-                        g.replay()
-                    else:
-                        st["out"] = model(st["dense"], st["idx"], st["offs"])
-                    st["out_h"].copy_(st["out"], non_blocking=True)
-                    s.synchronize()
-                lat[k].append(time.perf_counter() - t0)
+        go.wait()
+        while time.perf_counter() < stop_at[0]:
+            t0 = time.perf_counter()
+            with mark("query"):
+                one_query(k)
+            lat[k].append(time.perf_counter() - t0)
 
     workers = [threading.Thread(target=client, args=(k,), name=f"client-{k}") for k in range(threads)]
     for w in workers:
         w.start()
-    with annotate("measure"):
+    with mark("measure"):
         t0 = time.perf_counter()
         stop_at[0] = t0 + duration
         go.wait()
         for w in workers:
             w.join()
         wall = time.perf_counter() - t0
-    all_l = sorted(x for l in lat for x in l)
+    return sorted(x for row in lat for x in row), wall
+
+
+def run(threads: int, mode: str, streams: str, duration: float, batch: int, vocab: int) -> dict:
+    model = WideDeep(vocab).cuda().eval()
+    shared = torch.cuda.Stream()
+    with annotate("warmup"):
+        states = [prepare_client(model, torch.cuda.Stream() if streams == "per-thread" else shared,
+                                 host_query(batch, vocab), graph=mode == "graphs") for _ in range(threads)]
+    all_l, wall = closed_loop(threads, duration, lambda k: query(model, states[k]))
     return {"threads": threads, "mode": mode, "streams": streams, "queries": len(all_l),
             "qps": round(len(all_l) / wall, 1),
             "p50_ms": round(statistics.median(all_l) * 1e3, 3) if all_l else None,

@@ -15,24 +15,20 @@ Arguments after ``--``: ``--batch N`` (256), ``--vocab N`` (100000), ``--threads
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _example_args import int_options  # noqa: E402
 from wdl_serving import WideDeep, host_query  # noqa: E402
 
 from recsys_doctor.workload import Workload  # noqa: E402
 
 
 def workload(argv: list[str] | None = None) -> Workload:
-    ap = argparse.ArgumentParser(prog="wdl_workload.py")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=100_000)
-    ap.add_argument("--threads", type=int, default=8)
-    a = ap.parse_args(argv or [])
+    a = int_options("wdl_workload.py", argv, batch=256, vocab=100_000, threads=8)
     torch.manual_seed(0)
     model = WideDeep(a.vocab).cuda().eval()
 

@@ -31,21 +31,24 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ._json import json_default
-from .capture import _child_env, check_workload_options, child_argv, default_out_dir, profile
+from .apply_report import (ApplyResult, CandidateResult, _add_table_to_html, _meas_numbers, _pred_numbers,
+                           _summary_point, before_after_rows)
+from .capture import check_workload_options, child_argv, default_out_dir, profile
+from .capture.child_process import child_env
 from .capture.nvml import NvmlSampler
 from .errors import BadInputError, RecsysDoctorError, WorkloadError
 from .plan_io import read_plan, write_plan
 from .plan_search import (GROUP_COUNTS, SCRIPT_MAX_THREADS_PER_GROUP, candidates, plan_candidate, runtime_plan,
                           select_to_measure)
-from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env
-from .train_runner import make_runner
-from .apply_report import (ApplyResult, CandidateResult, _add_table_to_html, _meas_numbers, _pred_numbers,
-                           _summary_point, before_after_rows)
-from .whatif import Candidate, TraceStats, WhatIfCosts, rank, trace_stats
+from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env, script_treatment
+from .train_runner import make_runner, runtime_treatment
+from .whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
+from .workload import is_workload_module
 
 __all__ = [
     "GROUP_COUNTS",
@@ -57,6 +60,8 @@ __all__ = [
     "select_to_measure",
     "plan_candidate",
     "make_runner",
+    "runtime_treatment",
+    "script_treatment",
     "runtime_plan",
     "write_plan",
     "read_plan",
@@ -88,25 +93,24 @@ def stats_from_profile(res: Any, kind: str) -> TraceStats:
 
 # ------------------------------------------------------------------------------ orchestration
 
-def _measure_candidate_child(target: Path, args: Sequence[str], runtime: dict[str, Any], out: Path, tag: str, *,
-                             threads: int | None, duration_s: float | None, steps: int | None,
-                             nvml: bool, device_index: int) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
-    res = out / f"cand_{tag}.json"
-    argv = child_argv(target, res, list(args), threads=threads, duration_s=duration_s, steps=steps, profiled=None,
-                      apply=runtime)
-    log = out / "program.log"
-    with open(log, "ab") as fh, NvmlSampler(device_index, 0.05, enabled=nvml) as smp:
-        fh.write(f"\n$ candidate {tag}: {json.dumps(runtime)}\n".encode())
-        fh.flush()
-        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=_child_env())
-    if proc.returncode != 0 or not res.is_file():
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        raise WorkloadError((lines[-1] if lines else "no output").removeprefix("recsys-doctor: error: "))
-    meas = json.loads(res.read_text())
-    info_p = Path(str(res) + ".apply.json")
-    info = json.loads(info_p.read_text()) if info_p.is_file() else {}
-    nv = smp.result.summary(meas.get("window_epoch") or None) if nvml else None
-    return meas, nv, info
+@dataclass
+class _Setup:
+    """What every step of one ``profile --apply`` shares."""
+
+    target: Path
+    args: list[str]
+    out: Path
+    backend: str
+    nvml: bool
+    options: Any
+    device_index: int
+    say: Callable[[str], None]
+    measure_kw: dict[str, Any] = field(default_factory=dict)
+
+    def profile(self, sub: str, **kw: Any) -> Any:
+        """Profile the target into ``out/sub`` (``before`` or ``after``)."""
+        return profile(self.target, self.args, backend=self.backend, out_dir=self.out / sub, nvml=self.nvml,
+                       options=self.options, device_index=self.device_index, **self.measure_kw, **kw)
 
 
 def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, backend: str = "auto",
@@ -119,23 +123,20 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     """``profile --apply`` for a workload module or a plain script: returns
     ``(ApplyResult, before ProfileResult, after ProfileResult or None)``. See the module
     docstring for the steps; every measured candidate runs in its own child process."""
-    from .workload import is_workload_module
-
     t0 = time.perf_counter()
-    say = progress or (lambda s: None)
     if top_k < 1:
         raise BadInputError(f"--top-k must be >= 1, got {top_k}")
     target = Path(target)
     out = Path(out_dir) if out_dir is not None else default_out_dir()
-    is_wl = is_workload_module(target)
-    if not is_wl:
-        check_workload_options(target, is_wl, threads, duration_s, steps)
+    if not is_workload_module(target):
+        check_workload_options(target, False, threads, duration_s, steps)
         return apply_script(target, args, backend=backend, out_dir=out, top_k=top_k, nvml=nvml, options=options,
                             history=history, db_path=db_path, device_index=device_index, progress=progress,
                             costs=costs)
-    say("profiling the baseline")
-    before = profile(target, list(args), backend=backend, out_dir=out / "before", threads=threads, duration_s=duration_s,
-                     steps=steps, baseline=True, nvml=nvml, options=options, device_index=device_index)
+    run = _Setup(target, list(args), out, backend, nvml, options, device_index, progress or (lambda s: None),
+                 {"threads": threads, "duration_s": duration_s, "steps": steps})
+    run.say("profiling the baseline")
+    before = run.profile("before", baseline=True)
     m = before.baseline or before.measurement
     kind = m.kind if m is not None else "serve"
     clients = m.threads if m is not None else (threads or 1)
@@ -144,53 +145,92 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     prefer = plan_candidate(advised)
     ranked = rank(stats, candidates("serve" if kind == "serve" else "train"), clients=clients, prefer=prefer,
                   costs=costs)
-    chosen_preds = select_to_measure(ranked, top_k, prefer)
-    results = [CandidateResult(p) for p in ranked]
-    by_cand = {r.prediction.candidate: r for r in results}
-    for i, p in enumerate(chosen_preds):
-        say(f"measuring candidate {i + 1}/{len(chosen_preds)}: {p.candidate.label}")
-        r = by_cand[p.candidate]
-        try:
-            r.measured, r.nvml, r.info = _measure_candidate_child(
-                target, args, runtime_plan(p.candidate, clients), out, f"{i + 1}", threads=threads,
-                duration_s=duration_s, steps=steps, nvml=nvml, device_index=device_index)
-        except RecsysDoctorError as e:
-            r.error = str(e)
-    measured = [r for r in results if r.measured is not None]
-    if not measured:
-        raise WorkloadError("no candidate plan could be measured: " + "; ".join(
-            f"{r.prediction.candidate.label}: {r.error}" for r in results if r.error))
-    if kind == "serve":
-        best = max(measured, key=lambda r: (r.measured or {}).get("qps") or 0.0)
-    else:
-        best = min(measured, key=lambda r: (r.measured or {}).get("step_ms") or math.inf)
+    results = _measure_workload_candidates(run, ranked, select_to_measure(ranked, top_k, prefer), clients)
+    best = _keep_best(results, kind)
     chosen = best.prediction.candidate
     plan_path = write_plan(out / "plan.json", advised, chosen, clients=clients,
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
                            baseline=_meas_numbers(m.to_dict() if m else None))
-    say(f"profiling the chosen plan ({chosen.label})")
-    after = None
     notes: list[str] = []
-    try:
-        after = profile(target, list(args), backend=backend, out_dir=out / "after", threads=threads,
-                        duration_s=duration_s, steps=steps, baseline=False, nvml=nvml, options=options,
-                        device_index=device_index, apply=runtime_plan(chosen, clients))
-    except RecsysDoctorError as e:
-        notes.append(f"the after-profile failed: {e}")
+    after = _profile_after(run, chosen, notes, baseline=False, treatment=runtime_treatment(runtime_plan(chosen, clients)))
     before_pt = _summary_point(m.to_dict() if m else None, (before.capture.get("baseline") or {}).get("nvml")
                                or before.capture.get("nvml"), before.advise)
     after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
     if kind == "train":
-        la, lb = before_pt.get("losses") or [], after_pt.get("losses") or []
-        n = min(len(la), len(lb))
-        if n:
-            diff = max(abs(a - b) for a, b in zip(la[:n], lb[:n]))
-            after_pt["loss_max_abs_diff"] = diff
-            notes.append(f"losses of {n} measured steps: max |before - after| = {diff:.3g}")
+        _compare_losses(before_pt, after_pt, notes)
     res = ApplyResult(kind=kind, target=str(target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes)
     _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
+
+
+def _measure_workload_candidates(run: _Setup, ranked: list[Prediction], todo: list[Prediction],
+                                 clients: int) -> list[CandidateResult]:
+    """Every ranked candidate's result; those in ``todo`` measured, each in a child process."""
+    results = [CandidateResult(p) for p in ranked]
+    by_cand = {r.prediction.candidate: r for r in results}
+    for i, p in enumerate(todo):
+        run.say(f"measuring candidate {i + 1}/{len(todo)}: {p.candidate.label}")
+        r = by_cand[p.candidate]
+        try:
+            r.measured, r.nvml, r.info = _measure_candidate_child(run, runtime_plan(p.candidate, clients), f"{i + 1}")
+        except RecsysDoctorError as e:
+            r.error = str(e)
+    return results
+
+
+def _measure_candidate_child(run: _Setup, runtime: dict[str, Any],
+                             tag: str) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    res = run.out / f"cand_{tag}.json"
+    argv = child_argv(run.target, res, run.args, profiled=None, treatment=runtime_treatment(runtime), **run.measure_kw)
+    log = run.out / "program.log"
+    with open(log, "ab") as fh, NvmlSampler(run.device_index, 0.05, enabled=run.nvml) as smp:
+        fh.write(f"\n$ candidate {tag}: {json.dumps(runtime)}\n".encode())
+        fh.flush()
+        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=child_env())
+    if proc.returncode != 0 or not res.is_file():
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        raise WorkloadError((lines[-1] if lines else "no output").removeprefix("recsys-doctor: error: "))
+    meas = json.loads(res.read_text())
+    info_p = Path(str(res) + ".apply.json")
+    info = json.loads(info_p.read_text()) if info_p.is_file() else {}
+    nv = smp.result.summary(meas.get("window_epoch") or None) if run.nvml else None
+    return meas, nv, info
+
+
+def _keep_best(results: list[CandidateResult], kind: str) -> CandidateResult:
+    """The best measured candidate: most queries/s (serving, scripts), least step time
+    (training). A script's candidate counts as measured only when it printed its q/s."""
+    if kind == "script":
+        measured = [r for r in results if r.measured and r.measured.get("qps")]
+    else:
+        measured = [r for r in results if r.measured is not None]
+    if not measured:
+        raise WorkloadError("no candidate plan could be measured: " + "; ".join(
+            f"{r.prediction.candidate.label}: {r.error}" for r in results if r.error))
+    if kind == "train":
+        return min(measured, key=lambda r: (r.measured or {}).get("step_ms") or math.inf)
+    return max(measured, key=lambda r: (r.measured or {}).get("qps") or 0.0)
+
+
+def _profile_after(run: _Setup, chosen: Candidate, notes: list[str], **kw: Any) -> Any:
+    """The chosen plan profiled once more (same backend), or None with a note."""
+    run.say(f"profiling the chosen plan ({chosen.label})")
+    try:
+        return run.profile("after", **kw)
+    except RecsysDoctorError as e:
+        notes.append(f"the after-profile failed: {e}")
+        return None
+
+
+def _compare_losses(before_pt: dict[str, Any], after_pt: dict[str, Any], notes: list[str]) -> None:
+    """Training: the largest step-by-step loss difference (a faster step must compute the same)."""
+    la, lb = before_pt.get("losses") or [], after_pt.get("losses") or []
+    n = min(len(la), len(lb))
+    if n:
+        diff = max(abs(a - b) for a, b in zip(la[:n], lb[:n]))
+        after_pt["loss_max_abs_diff"] = diff
+        notes.append(f"losses of {n} measured steps: max |before - after| = {diff:.3g}")
 
 
 def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Path, t0: float, *,
@@ -232,23 +272,15 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     graphs), run the script unmodified with the best ``top_k`` plans (and the advisor's),
     each measured by the script's own printed line; keep the best; profile it once more."""
     t0 = time.perf_counter()
-    say = progress or (lambda s: None)
-    target = Path(target)
-    out = Path(out_dir) if out_dir is not None else default_out_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    py = python or sys.executable
-    say("profiling the script")
-    before = profile(target, list(args), backend=backend, out_dir=out / "before", nvml=nvml, options=options,
-                     device_index=device_index)
-    log = out / "program.log"
-    say("measuring the script as it is")
-    base, _ = run_script([py, str(target), *args], log=log, timeout_s=script_timeout_s)
-    units = base.get("queries") or base.get("calls") or base.get("steps")
-    tail = (base["p99_ms"] / base["p50_ms"]) if base.get("p50_ms") and base.get("p99_ms") else 1.0
-    stats = trace_stats(before.advise.trace, units=None, kind="serve", unit_range="query", p99_over_p50=tail) \
-        if before.advise.trace is not None else None
-    if stats is None:
-        raise BadInputError("the script's profile has no trace to estimate from")
+    run = _Setup(Path(target), list(args), Path(out_dir) if out_dir is not None else default_out_dir(), backend,
+                 nvml, options, device_index, progress or (lambda s: None))
+    run.out.mkdir(parents=True, exist_ok=True)
+    argv = [python or sys.executable, str(run.target), *run.args]
+    run.say("profiling the script")
+    before = run.profile("before")
+    run.say("measuring the script as it is")
+    base, _ = run_script(argv, log=run.out / "program.log", timeout_s=script_timeout_s)
+    stats = _script_stats(before, base)
     clients = int(base.get("threads") or stats.threads)
     advised = before.advise.plan or {}
     adv = plan_candidate(advised)
@@ -256,40 +288,46 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     ranked = rank(stats, candidates("script", clients=clients), clients=clients, prefer=prefer, costs=costs)
     if prefer not in [p.candidate for p in ranked]:
         prefer = None
-    todo = select_to_measure(ranked, top_k, prefer)
-    results = [CandidateResult(p) for p in ranked]
-    by_cand = {r.prediction.candidate: r for r in results}
-    hook = out / "hook"
-    for i, p in enumerate(todo):
-        say(f"running the script with candidate {i + 1}/{len(todo)}: {p.candidate.label}")
-        r = by_cand[p.candidate]
-        pp = write_plan(out / f"cand_{i + 1}.plan.json", advised, p.candidate)
-        try:
-            with NvmlSampler(device_index, 0.05, enabled=nvml) as smp:
-                r.measured, _ = run_script([py, str(target), *args], env=script_env(pp, hook_dir=hook), log=log,
-                                           timeout_s=script_timeout_s)
-            r.nvml = smp.result.summary() if nvml else None
-        except RecsysDoctorError as e:
-            r.error = str(e)
-    measured = [r for r in results if r.measured and r.measured.get("qps")]
-    if not measured:
-        raise WorkloadError("no candidate plan could be measured: " + "; ".join(
-            f"{r.prediction.candidate.label}: {r.error}" for r in results if r.error))
-    best = max(measured, key=lambda r: (r.measured or {}).get("qps") or 0.0)
+    results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,
+                                         script_timeout_s)
+    best = _keep_best(results, "script")
     chosen = best.prediction.candidate
-    plan_path = write_plan(out / "plan.json", advised, chosen, predicted=_pred_numbers(best.prediction),
+    plan_path = write_plan(run.out / "plan.json", advised, chosen, predicted=_pred_numbers(best.prediction),
                            measured=_meas_numbers(best.measured), baseline=_meas_numbers(base))
-    after = None
+    units = base.get("queries") or base.get("calls") or base.get("steps")
     notes: list[str] = [f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}"]
-    say(f"profiling the script with the chosen plan ({chosen.label})")
-    try:
-        after = profile(target, list(args), backend=backend, out_dir=out / "after", nvml=nvml, options=options,
-                        device_index=device_index, apply_plan=plan_path)
-    except RecsysDoctorError as e:
-        notes.append(f"the after-profile failed: {e}")
+    after = _profile_after(run, chosen, notes, treatment=script_treatment(plan_path))
     before_pt = _summary_point(base, before.capture.get("nvml"), before.advise)
     after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
-    res = ApplyResult(kind="script", target=str(target), chosen=chosen, before=before_pt, after=after_pt,
+    res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes)
-    _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
+    _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
+
+
+def _script_stats(before: Any, base: dict[str, Any]) -> TraceStats:
+    """What-if stats of the script's trace, with the tail ratio the script itself measured."""
+    if before.advise.trace is None:
+        raise BadInputError("the script's profile has no trace to estimate from")
+    tail = (base["p99_ms"] / base["p50_ms"]) if base.get("p50_ms") and base.get("p99_ms") else 1.0
+    return trace_stats(before.advise.trace, units=None, kind="serve", unit_range="query", p99_over_p50=tail)
+
+
+def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Prediction], todo: list[Prediction],
+                               advised: dict[str, Any], timeout_s: float) -> list[CandidateResult]:
+    """Every ranked candidate's result; those in ``todo`` measured by running the script
+    unmodified with the candidate's plan file applied at interpreter start."""
+    results = [CandidateResult(p) for p in ranked]
+    by_cand = {r.prediction.candidate: r for r in results}
+    for i, p in enumerate(todo):
+        run.say(f"running the script with candidate {i + 1}/{len(todo)}: {p.candidate.label}")
+        r = by_cand[p.candidate]
+        pp = write_plan(run.out / f"cand_{i + 1}.plan.json", advised, p.candidate)
+        try:
+            with NvmlSampler(run.device_index, 0.05, enabled=run.nvml) as smp:
+                r.measured, _ = run_script(argv, env=script_env(pp, hook_dir=run.out / "hook"),
+                                           log=run.out / "program.log", timeout_s=timeout_s)
+            r.nvml = smp.result.summary() if run.nvml else None
+        except RecsysDoctorError as e:
+            r.error = str(e)
+    return results

@@ -26,7 +26,7 @@ except ImportError:  # loaded by file path by the script hook, outside the packa
     class BadInputError(ValueError):  # type: ignore[no-redef]
         """A plan that cannot be used (the package's own class where there is a package)."""
 
-__all__ = ["PLAN_VERSION", "PATHS", "Plan"]
+__all__ = ["PLAN_VERSION", "PATHS", "RuntimeSettings", "Plan"]
 
 #: the plan JSON's ``schema`` (planner schema 1)
 PLAN_VERSION = 1
@@ -49,29 +49,26 @@ _TYPES: dict[str, type] = {"groups": int, "merge_streams": bool, "per_stream_all
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What the runtime should do. Defaults are the runtime's (``RuntimeConfig``)."""
+class RuntimeSettings:
+    """The runtime's knobs, checked: the fields a plan gives the runtime, and the whole of
+    ``RuntimeConfig`` (which is this plus how to build one from a plan). Defaults are the
+    measured best for a small-batch wide&deep model at 8 client threads on the H100 (see
+    ``docs/runtime.md``)."""
 
-    #: stream groups (serving: a compute stream [+ copy streams] each; training: branch streams)
+    #: stream groups (serving: each a compute stream + copy streams, or one merged stream;
+    #: training: branch streams; scripts: client threads round-robin)
     groups: int = 4
-    #: a group's copies on its compute stream
+    #: a group's copies on its compute stream (no cross-stream waits inside a group)
     merge_streams: bool = True
-    #: a memory pool per group (else one shared)
+    #: a memory pool per group (else one pool shared by all groups)
     per_stream_allocator: bool = True
-    #: CUDA graphs (serving: per group and shape; training: the whole step; scripts: per module call)
+    #: CUDA graphs (serving: the whole query, H2D + forward + D2H, per group and shape;
+    #: training: the whole step; scripts: per top-level module call)
     cuda_graphs: bool = True
-    #: queries a group can have in flight (serving)
+    #: queries a group can have in flight at once, each with its own staging buffers (serving)
     slots_per_group: int = 2
-    #: limit in bytes on the runtime's device pools together (serving; None: none)
+    #: upper limit in bytes on the runtime's device pools together (serving; None: no limit)
     pool_limit_bytes: int | None = None
-    #: training: (NVTX range, group) pairs from the planner's ``range_assignment``
-    range_assignment: tuple[tuple[str, int], ...] = ()
-    #: ``serving`` / ``training`` as the planner saw the trace (None: not said)
-    kind: str | None = None
-    #: plan schema version
-    version: int = PLAN_VERSION
-    #: the runtime fields the plan gave (the others are defaults): only those are reported
-    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
@@ -84,6 +81,24 @@ class Plan:
         for f in ("merge_streams", "per_stream_allocator", "cuda_graphs"):
             if not isinstance(getattr(self, f), bool):
                 raise BadInputError(f"{f} must be true or false, got {getattr(self, f)!r}")
+
+
+@dataclass(frozen=True)
+class Plan(RuntimeSettings):
+    """What the runtime should do: its settings (:class:`RuntimeSettings`, defaults the
+    runtime's) plus what the planner said about the trace."""
+
+    #: training: (NVTX range, group) pairs from the planner's ``range_assignment``
+    range_assignment: tuple[tuple[str, int], ...] = ()
+    #: ``serving`` / ``training`` as the planner saw the trace (None: not said)
+    kind: str | None = None
+    #: plan schema version
+    version: int = PLAN_VERSION
+    #: the runtime fields the plan gave (the others are defaults): only those are reported
+    given: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.version != PLAN_VERSION:
             raise BadInputError(f"plan schema {self.version!r} is not supported (this version reads {PLAN_VERSION})")
 

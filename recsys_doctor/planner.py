@@ -115,83 +115,85 @@ def make_plan(trace: Trace, findings: list[Finding], results: list[AnalysisResul
     data = {r.name: r.data for r in results}
     byid = {f.id: f for f in findings}
     kind = detect_kind(trace)
-    cap = max(1, int(options.max_stream_groups))
     families = sibling_families(trace) if kind == "training" else []
-
-    # stream groups
-    contended = [s for s in data.get("stream-contention", {}).get("streams", []) if s.get("contended")]
-    if "stream-contention" in byid and contended:
-        want = max(s["concurrent_threads"] for s in contended)
-        n = min(cap, want)
-        groups = {"count": n, "because": ["stream-contention"],
-                  "reason": f"{want} CPU threads launch concurrently into one stream: one group per thread"
-                            + (f" (capped at {cap})" if want > cap else "")}
-    elif families:
-        f0 = families[0]
-        n = min(cap, len(f0["members"]))
-        because = _ids(findings, "small-grid", "launch-bound", "short-kernels")
-        groups = {"count": n, "because": because,
-                  "reason": f"{len(f0['members'])} independent sibling branches ({f0['prefix']}N) can run "
-                            f"concurrently on {n} groups"}
-    else:
-        groups = {"count": 1, "because": [], "reason": "no concurrent launching threads or independent branches found"}
+    groups = _stream_groups(data, byid, findings, families, max(1, int(options.max_stream_groups)))
     n_groups = groups["count"]
-
-    # merge copy and compute streams
-    mp = data.get("memcpy-ping-pong", {})
-    small_latency = bool(mp.get("h2d", 0) + mp.get("d2h", 0)) and mp.get("median_copy_bytes", 1 << 62) <= options.small_copy_bytes
-    interleaved = mp.get("direction_switches", 0) > 0 or (mp.get("small_copies_per_unit") or 0) >= options.many_copies_per_unit
-    if "memcpy-ping-pong" in byid and small_latency and interleaved:
-        merge = {"enabled": True, "because": ["memcpy-ping-pong"],
-                 "reason": f"copies are small (median {mp.get('median_copy_bytes')} B) and interleaved with compute: "
-                           "a separate copy stream adds event syncs without overlap to gain"}
-    elif mp.get("h2d", 0) + mp.get("d2h", 0):
-        merge = {"enabled": False, "because": _ids(findings, "memcpy-ping-pong"),
-                 "reason": "copies are large or not interleaved: keep a copy stream per group to overlap them"}
-    else:
-        merge = {"enabled": False, "because": [], "reason": "no host<->device copies in the trace"}
-
     alloc = {"enabled": n_groups > 1, "because": list(groups["because"]) if n_groups > 1 else [],
              "reason": ("each group frees and reuses its own blocks without cross-stream waits"
                         if n_groups > 1 else "one group: the default allocator is enough")}
-
-    # CUDA graphs
-    gc = data.get("graph-candidate", {})
-    already = gc.get("graphed_busy_share")
-    launchy = _ids(findings, "launch-bound", "short-kernels", "graph-candidate")
-    if already is not None and already >= 0.5:
-        graphs = {"enabled": False, "already_graphed_share": already, "sequence_length": gc.get("sequence_length"),
-                  "because": ["graph-candidate"] if "graph-candidate" in byid else [],
-                  "reason": f"{already:.0%} of GPU work already runs in CUDA graphs"}
-    elif launchy:
-        graphs = {"enabled": True, "already_graphed_share": already, "sequence_length": gc.get("sequence_length"),
-                  "because": launchy,
-                  "reason": "the GPU waits on eager launches of short kernels: capture the repeated sequence "
-                            "once per group and replay it"}
-    else:
-        graphs = {"enabled": False, "already_graphed_share": already, "sequence_length": gc.get("sequence_length"),
-                  "because": [], "reason": "not launch-bound: graphs would not pay for their static buffers"}
-
-    # training: range assignment
-    if kind == "training" and families and n_groups > 1:
-        f0 = families[0]
-        assign = [{"nvtx": name, "group": i % n_groups} for i, name in enumerate(f0["members"])]
-        ranges = {"enabled": True, "family": f0["prefix"], "assignments": assign,
-                  "because": list(groups["because"]),
-                  "reason": f"sibling ranges {f0['members'][0]}..{f0['members'][-1]} are independent: "
-                            f"round-robin over {n_groups} groups"}
-    else:
-        ranges = {"enabled": False, "family": None, "assignments": [], "because": [],
-                  "reason": ("serving: requests, not ranges, map to groups" if kind == "serving"
-                             else "no independent sibling ranges found")}
-
     return {
         "schema": PLAN_SCHEMA,
         "kind": kind,
         "stream_groups": groups,
-        "merge_copy_compute": merge,
+        "merge_copy_compute": _merge_copy_compute(data.get("memcpy-ping-pong", {}), byid, findings, options),
         "per_stream_allocators": alloc,
-        "cuda_graphs": graphs,
-        "range_assignment": ranges,
+        "cuda_graphs": _cuda_graphs(data.get("graph-candidate", {}), byid, findings),
+        "range_assignment": _range_assignment(kind, families, groups),
         "findings": [f.id for f in findings],
     }
+
+
+def _stream_groups(data: dict[str, Any], byid: dict[str, Finding], findings: list[Finding],
+                   families: list[dict[str, Any]], cap: int) -> dict[str, Any]:
+    """One group per thread launching concurrently into one stream; else (training) one
+    per independent sibling branch; both capped at ``max_stream_groups``."""
+    contended = [s for s in data.get("stream-contention", {}).get("streams", []) if s.get("contended")]
+    if "stream-contention" in byid and contended:
+        want = max(s["concurrent_threads"] for s in contended)
+        return {"count": min(cap, want), "because": ["stream-contention"],
+                "reason": f"{want} CPU threads launch concurrently into one stream: one group per thread"
+                          + (f" (capped at {cap})" if want > cap else "")}
+    if families:
+        f0 = families[0]
+        n = min(cap, len(f0["members"]))
+        return {"count": n, "because": _ids(findings, "small-grid", "launch-bound", "short-kernels"),
+                "reason": f"{len(f0['members'])} independent sibling branches ({f0['prefix']}N) can run "
+                          f"concurrently on {n} groups"}
+    return {"count": 1, "because": [], "reason": "no concurrent launching threads or independent branches found"}
+
+
+def _merge_copy_compute(mp: dict[str, Any], byid: dict[str, Finding], findings: list[Finding],
+                        options: Options) -> dict[str, Any]:
+    """Merge a group's copy and compute streams when its copies are small and interleaved
+    with compute (nothing to overlap, only event syncs to save)."""
+    small_latency = bool(mp.get("h2d", 0) + mp.get("d2h", 0)) and mp.get("median_copy_bytes", 1 << 62) <= options.small_copy_bytes
+    interleaved = mp.get("direction_switches", 0) > 0 or (mp.get("small_copies_per_unit") or 0) >= options.many_copies_per_unit
+    if "memcpy-ping-pong" in byid and small_latency and interleaved:
+        return {"enabled": True, "because": ["memcpy-ping-pong"],
+                "reason": f"copies are small (median {mp.get('median_copy_bytes')} B) and interleaved with compute: "
+                          "a separate copy stream adds event syncs without overlap to gain"}
+    if mp.get("h2d", 0) + mp.get("d2h", 0):
+        return {"enabled": False, "because": _ids(findings, "memcpy-ping-pong"),
+                "reason": "copies are large or not interleaved: keep a copy stream per group to overlap them"}
+    return {"enabled": False, "because": [], "reason": "no host<->device copies in the trace"}
+
+
+def _cuda_graphs(gc: dict[str, Any], byid: dict[str, Finding], findings: list[Finding]) -> dict[str, Any]:
+    """Graphs when the GPU waits on eager launches, unless most work is graphed already."""
+    already = gc.get("graphed_busy_share")
+    launchy = _ids(findings, "launch-bound", "short-kernels", "graph-candidate")
+    common = {"already_graphed_share": already, "sequence_length": gc.get("sequence_length")}
+    if already is not None and already >= 0.5:
+        return {"enabled": False, **common, "because": ["graph-candidate"] if "graph-candidate" in byid else [],
+                "reason": f"{already:.0%} of GPU work already runs in CUDA graphs"}
+    if launchy:
+        return {"enabled": True, **common, "because": launchy,
+                "reason": "the GPU waits on eager launches of short kernels: capture the repeated sequence "
+                          "once per group and replay it"}
+    return {"enabled": False, **common, "because": [],
+            "reason": "not launch-bound: graphs would not pay for their static buffers"}
+
+
+def _range_assignment(kind: str, families: list[dict[str, Any]], groups: dict[str, Any]) -> dict[str, Any]:
+    """Training: the first sibling family's ranges round-robin over the groups."""
+    n_groups = groups["count"]
+    if kind == "training" and families and n_groups > 1:
+        f0 = families[0]
+        assign = [{"nvtx": name, "group": i % n_groups} for i, name in enumerate(f0["members"])]
+        return {"enabled": True, "family": f0["prefix"], "assignments": assign,
+                "because": list(groups["because"]),
+                "reason": f"sibling ranges {f0['members'][0]}..{f0['members'][-1]} are independent: "
+                          f"round-robin over {n_groups} groups"}
+    return {"enabled": False, "family": None, "assignments": [], "because": [],
+            "reason": ("serving: requests, not ranges, map to groups" if kind == "serving"
+                       else "no independent sibling ranges found")}

@@ -2,23 +2,33 @@
 
 :func:`script_env` makes an environment whose generated ``sitecustomize.py`` starts
 :mod:`recsys_doctor._autoapply` at interpreter start; :func:`run_script` runs a program
-and returns the measurement it printed (:func:`parse_script_result`).
+and returns the measurement it printed (:func:`parse_script_result`);
+:func:`activate_in_process` starts the same hook in this process (the torch capture
+backend runs the script here). :func:`script_treatment` hands both to capture for the
+"after" profile of a script.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from .capture.treatment import Treatment
 from .errors import BadInputError, WorkloadError
 from .plan_io import read_plan
 
-__all__ = ["ENV_PLAN", "script_env", "hook_env", "parse_script_result", "run_script"]
+__all__ = ["ENV_PLAN", "script_env", "hook_env", "activate_in_process", "script_treatment",
+           "parse_script_result", "run_script"]
+
+#: the hook's own module: loaded by file path, so a script gets it without importing the package
+_AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply.py")
 
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 
@@ -59,8 +69,7 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     read_plan(plan)
     d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix="recsys-doctor-hook-"))
     d.mkdir(parents=True, exist_ok=True)
-    auto = Path(__file__).resolve().with_name("_autoapply.py")
-    (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(auto), here=str(d.resolve())))
+    (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(_AUTOAPPLY), here=str(d.resolve())))
     env = dict(os.environ if base_env is None else base_env)
     env[ENV_PLAN] = str(plan)
     root = str(Path(__file__).resolve().parents[1])
@@ -73,6 +82,29 @@ def hook_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | None 
     """:func:`script_env` in a temp folder that is removed when the block ends."""
     with tempfile.TemporaryDirectory(prefix="recsys-doctor-hook-") as d:
         yield script_env(plan_path, base_env=base_env, hook_dir=d)
+
+
+def activate_in_process(plan_path: str | os.PathLike[str]) -> Callable[[], None]:
+    """Start the plain-script hook in this process (loaded by file path under the name the
+    generated ``sitecustomize`` uses); returns the function that stops it."""
+    plan = read_plan(plan_path)
+    mod = sys.modules.get("_recsys_doctor_autoapply")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("_recsys_doctor_autoapply", _AUTOAPPLY)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_recsys_doctor_autoapply"] = mod
+        spec.loader.exec_module(mod)
+    mod.activate(plan)
+    return mod.deactivate  # type: ignore[no-any-return]
+
+
+def script_treatment(plan_path: str | os.PathLike[str]) -> Treatment:
+    """A plain script profiled with ``plan_path`` applied: under nsys through
+    :func:`script_env` (the hook folder inside the capture's output), under torch.profiler
+    through :func:`activate_in_process`."""
+    return Treatment("script", script_env=lambda env, d: script_env(plan_path, base_env=env, hook_dir=d),
+                     activate=lambda: activate_in_process(plan_path))
 
 
 def parse_script_result(output: str) -> dict[str, Any]:

@@ -1,18 +1,32 @@
 """Applying runtime settings to a workload module in-process: :func:`make_runner`.
 
 Serving workloads run through :func:`recsys_doctor.runtime.serve`; training workloads get
-branch streams and a whole-step CUDA graph. Used by the profiler's child process and by
-the candidate measurements of ``profile --apply``.
+branch streams and a whole-step CUDA graph. Used by the candidate measurements and the
+"after" profile of ``profile --apply``, through :func:`runtime_treatment`: in this process
+(torch backend) or in a child process run as
+
+    python -m recsys_doctor.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON [...]
+
+which is the capture child (:mod:`recsys_doctor.capture._child`, same arguments) with the
+settings applied; what the runtime reports (fallbacks, notes) goes to ``RESULT.apply.json``.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
+from .capture._child import main as _child_main
+from .capture.treatment import Prepared, Treatment
+from .errors import BadInputError
 from .plan import Plan
 
-__all__ = ["make_runner"]
+__all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE"]
+
+#: run as the child process of an applied workload (``python -m``)
+CHILD_MODULE = "recsys_doctor.train_runner"
 
 
 def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
@@ -54,34 +68,40 @@ def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], C
     return _train_runner(wl, cfg, info)
 
 
+def runtime_treatment(runtime: dict[str, Any]) -> Treatment:
+    """A workload captured or measured with ``runtime`` applied (:func:`make_runner`), in
+    this process or in the child this module runs as."""
+    return Treatment("workload", prepare=lambda wl: make_runner(wl, runtime), child_module=CHILD_MODULE,
+                     child_args=("--apply", json.dumps(runtime)))
+
+
+def _prepare_from(text: str) -> Callable[[Any], Prepared]:
+    try:
+        runtime = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInputError(f"--apply: not JSON ({e.msg})") from None
+    return lambda wl: make_runner(wl, runtime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child process of an applied workload (see the module docstring)."""
+    return _child_main(argv, prog=f"python -m {CHILD_MODULE}", prepare_from=_prepare_from)
+
+
 def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
-    import torch
-
     step = wl.run
-    model = wl.model
-    closers: list[Callable[[], None]] = []
-    if cfg.groups > 1:
-        if hasattr(model, "streams"):
-            from .runtime import BranchStreams
+    closers = _branch_streams(wl.model, cfg.groups, info)
 
-            bs = BranchStreams(cfg.groups)
-            prev = model.streams
-            model.streams = bs
+    def close() -> None:
+        for c in closers:
+            c()
 
-            def undo() -> None:
-                model.streams = prev
-                bs.close()
-
-            closers.append(undo)
-            info["branch_streams"] = cfg.groups
-        else:
-            info["notes"].append("the workload's model has no 'streams' attribute: branch streams not applied")
     if not cfg.cuda_graphs:
-        return step, lambda: [c() for c in closers], info, wl
+        return step, close, info, wl
     opt = getattr(step, "optimizer", None)
     if opt is None:
         info["notes"].append("the step exposes no 'optimizer' attribute: no whole-step CUDA graph (eager)")
-        return step, lambda: [c() for c in closers], info, wl
+        return step, close, info, wl
     for pg in opt.param_groups:
         if "capturable" in pg:
             pg["capturable"] = True
@@ -92,42 +112,82 @@ def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, di
     if eager_first + rest != int(wl.warmup):
         info["notes"].append(f"warm-up {wl.warmup} < {eager_first + 1}: the applied run takes "
                              f"{eager_first + rest - int(wl.warmup)} more steps before measuring")
+    info["whole_step_graph"] = True
+    info["eager_steps_before_capture"] = eager_first
+    return _graphed_step(step, eager_first, info), close, info, wl.with_overrides(warmup=rest)
+
+
+def _branch_streams(model: Any, groups: int, info: dict[str, Any]) -> list[Callable[[], None]]:
+    """``model.streams`` set to a ``BranchStreams`` of ``groups`` streams (when > 1);
+    returns what puts it back."""
+    if groups <= 1:
+        return []
+    if not hasattr(model, "streams"):
+        info["notes"].append("the workload's model has no 'streams' attribute: branch streams not applied")
+        return []
+    from .runtime import BranchStreams
+
+    bs = BranchStreams(groups)
+    prev = model.streams
+    model.streams = bs
+
+    def undo() -> None:
+        model.streams = prev
+        bs.close()
+
+    info["branch_streams"] = groups
+    return [undo]
+
+
+def _graphed_step(step: Callable[..., Any], eager_first: int, info: dict[str, Any]) -> Callable[..., Any]:
+    """``step`` as a whole-step CUDA graph: the first call runs ``eager_first`` eager steps
+    on a side stream, captures one and replays it; later calls copy new input tensors into
+    the captured ones and replay. Returns a clone of the step's output. A failed capture is
+    kept in ``info["fallback"]`` and the step runs eagerly from then on."""
+    import torch
+
     st: dict[str, Any] = {}
+
+    def tensors(args: tuple[Any, ...]) -> list[Any]:
+        return [a for a in args if isinstance(a, torch.Tensor)]
+
+    def capture(args: tuple[Any, ...]) -> Any:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(eager_first):
+                step(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                out = step(*args)
+        except Exception as e:  # noqa: BLE001 - the reason is kept; the step runs eagerly
+            info["fallback"] = f"whole-step capture failed, running eagerly: {type(e).__name__}: {e}"
+            torch.cuda.synchronize()
+            st["graph"] = False
+            return False
+        st.update(graph=g, out=out, args=args, ptrs=[a.data_ptr() for a in tensors(args)])
+        return g
 
     def run(*args: Any) -> Any:
         g = st.get("graph")
         if g is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(eager_first):
-                    step(*args)
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(g):
-                    out = step(*args)
-            except Exception as e:  # noqa: BLE001 - the reason is kept; the step runs eagerly
-                info["fallback"] = f"whole-step capture failed, running eagerly: {type(e).__name__}: {e}"
-                torch.cuda.synchronize()
-                st["graph"] = False
+            g = capture(args)
+            if g is False:
                 return step(*args)
-            st.update(graph=g, out=out, args=args,
-                      ptrs=[a.data_ptr() for a in args if isinstance(a, torch.Tensor)])
-            g.replay()
         elif g is False:
             return step(*args)
-        else:
-            ptrs = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
-            if ptrs != st["ptrs"]:  # new input tensors: copy them into the captured ones
-                for d, s in zip((a for a in st["args"] if isinstance(a, torch.Tensor)),
-                                (a for a in args if isinstance(a, torch.Tensor))):
-                    d.copy_(s)
-            g.replay()
+        elif [a.data_ptr() for a in tensors(args)] != st["ptrs"]:  # new inputs: copy into the captured ones
+            for d, src in zip(tensors(st["args"]), tensors(args)):
+                d.copy_(src)
+        g.replay()
         out = st["out"]
         return out.clone() if isinstance(out, torch.Tensor) else out
 
-    info["whole_step_graph"] = True
-    info["eager_steps_before_capture"] = eager_first
-    return run, lambda: [c() for c in closers], info, wl.with_overrides(warmup=rest)
+    return run
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a subprocess
+    sys.exit(main())

@@ -263,17 +263,7 @@ def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", 
     k, m, ms = trace.kernels, trace.memcpys, trace.memsets
     if len(k) + len(m) == 0:
         raise BadInputError("the trace has no kernels or copies: nothing to estimate from")
-    source = "given"
-    if units is None and unit_range is not None and len(trace.ranges):
-        n = int((trace.ranges["name"].astype(object) == unit_range).sum())
-        if n:
-            units, source = n, f"{unit_range} ranges"
-    if units is None:
-        n = int((m["kind"].astype(object) == "d2h").sum()) if len(m) else 0
-        if n:
-            units, source = n, "device-to-host copies"
-    if not units or units < 1:
-        raise BadInputError("cannot count queries/steps in the trace (no ranges, no result copies)")
+    units, source = _count_units(trace, units, unit_range)
     act = trace.gpu_activity()
     lo = int(act["start"].min())
     hi = int(act["end"].max())
@@ -286,18 +276,7 @@ def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", 
     sm = None
     if len(trace.devices) and trace.devices["sm_count"].notna().any():
         sm = int(trace.devices["sm_count"].dropna().max())
-    share = 1.0
-    small = 0.0
-    if len(k) and sm:
-        blocks = (k["grid_x"].astype("Float64").fillna(1) * k["grid_y"].astype("Float64").fillna(1)
-                  * k["grid_z"].astype("Float64").fillna(1)).astype("float64")
-        bt = (k["block_x"].astype("Float64").fillna(1) * k["block_y"].astype("Float64").fillna(1)
-              * k["block_z"].astype("Float64").fillna(1)).astype("float64")
-        frac = np.minimum(1.0, blocks.to_numpy() * bt.to_numpy() / (sm * threads_per_sm))
-        w = kdur.to_numpy()
-        if w.sum() > 0:
-            share = float(np.sum(frac * w) / w.sum())
-            small = float(w[blocks.to_numpy() < sm].sum() / w.sum())
+    share, small = _sm_shares(k, kdur.to_numpy(), sm, threads_per_sm)
     threads = int(trace.api.groupby(["pid", "tid"]).ngroups) if len(trace.api) else 1
     return TraceStats(
         units=int(units), unit_source=source, kind=kind, threads=max(1, threads), wall_ns=max(1, hi - lo),
@@ -312,6 +291,38 @@ def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", 
         sm_count=sm, mean_sm_share=share, small_grid_share=small,
         p99_over_p50=max(1.0, float(p99_over_p50)),
     )
+
+
+def _count_units(trace: Trace, units: int | None, unit_range: str | None) -> tuple[int, str]:
+    """The unit count and where it came from: given, ``unit_range`` ranges, or D2H copies."""
+    source = "given"
+    if units is None and unit_range is not None and len(trace.ranges):
+        n = int((trace.ranges["name"].astype(object) == unit_range).sum())
+        if n:
+            units, source = n, f"{unit_range} ranges"
+    if units is None:
+        m = trace.memcpys
+        n = int((m["kind"].astype(object) == "d2h").sum()) if len(m) else 0
+        if n:
+            units, source = n, "device-to-host copies"
+    if not units or units < 1:
+        raise BadInputError("cannot count queries/steps in the trace (no ranges, no result copies)")
+    return units, source
+
+
+def _sm_shares(k: Any, w: np.ndarray, sm: int | None, threads_per_sm: int) -> tuple[float, float]:
+    """``(mean_sm_share, small_grid_share)`` of the kernels ``k`` weighted by durations ``w``
+    (1.0 and 0.0 without an SM count or kernel time)."""
+    if not len(k) or not sm or w.sum() <= 0:
+        return 1.0, 0.0
+
+    def dims(prefix: str) -> np.ndarray:
+        return (k[f"{prefix}_x"].astype("Float64").fillna(1) * k[f"{prefix}_y"].astype("Float64").fillna(1)
+                * k[f"{prefix}_z"].astype("Float64").fillna(1)).astype("float64").to_numpy()
+
+    blocks = dims("grid")
+    frac = np.minimum(1.0, blocks * dims("block") / (sm * threads_per_sm))
+    return float(np.sum(frac * w) / w.sum()), float(w[blocks < sm].sum() / w.sum())
 
 
 # ------------------------------------------------------------------------------ the estimate

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError
-from ..plan import Plan
+from ..plan import Plan, RuntimeSettings
 
 __all__ = [
     "pick_least_loaded",
@@ -303,25 +303,10 @@ def pack_layout(specs: Sequence[tuple[Hashable, tuple[int, ...], int]], align: i
 # ----------------------------------------------------------------------------- config
 
 @dataclass(frozen=True)
-class RuntimeConfig:
-    """The runtime's knobs. Defaults are the measured best for a small-batch wide&deep
-    model at 8 client threads on the H100 (see ``docs/runtime.md``)."""
-
-    #: number of stream groups (each: a compute stream + copy streams, or one merged stream)
-    groups: int = 4
-    #: one stream per group for copies and compute (no cross-stream waits inside a group)
-    merge_streams: bool = True
-    #: a memory pool per group (else one pool shared by all groups)
-    per_stream_allocator: bool = True
-    #: capture the whole query (H2D, forward, D2H) into a CUDA graph per group and shape
-    cuda_graphs: bool = True
-    #: queries a group can have in flight at once (each has its own staging buffers)
-    slots_per_group: int = 2
-    #: upper limit in bytes on the runtime's device pools together (None: no limit)
-    pool_limit_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        Plan(**{f.name: getattr(self, f.name) for f in fields(self)})  # the plan type's checks, one place
+class RuntimeConfig(RuntimeSettings):
+    """The runtime's knobs: the fields, their defaults and checks are the plan type's
+    (:class:`recsys_doctor.plan.RuntimeSettings`, one definition); this adds reading one
+    from a plan."""
 
     @classmethod
     def from_plan(cls, plan: Mapping[str, Any], **overrides: Any) -> "RuntimeConfig":

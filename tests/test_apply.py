@@ -332,6 +332,72 @@ def test_hook_with_a_broken_plan_leaves_the_script_running(tmp_path):
     assert "not applied" in out.stderr and "groups" in out.stderr
 
 
+# ------------------------------------------------------------------------------ treatments
+
+TRAIN_WORKLOAD = """
+from recsys_doctor.workload import Workload
+
+def workload():
+    state = {"loss": 8.0}
+
+    def step(k):
+        state["loss"] /= 2
+        return state["loss"]
+
+    return Workload(model=None, inputs=lambda k: (k,), kind="train", steps=3, warmup=1, run=step)
+"""
+
+
+def test_applied_child_runs_the_workload_with_the_settings(tmp_path):
+    """The "after" child of a workload is the train runner's: same arguments as the capture
+    child plus --apply; it measures the workload changed and writes what the runtime said."""
+    from recsys_doctor.capture import child_argv
+    from recsys_doctor.train_runner import main as runner_main, runtime_treatment
+
+    runtime = {"groups": 1, "cuda_graphs": False}
+    t = runtime_treatment(runtime)
+    argv = child_argv(Path("wl.py"), Path("m.json"), ["x"], threads=None, duration_s=None, steps=2, profiled="nsys",
+                      treatment=t)
+    assert argv == [sys.executable, "-m", "recsys_doctor.train_runner", "wl.py", "--result", "m.json",
+                    "--apply", json.dumps(runtime), "--steps", "2", "--profiled", "nsys", "--", "x"]
+    wl = tmp_path / "wl.py"
+    wl.write_text(TRAIN_WORKLOAD)
+    out = tmp_path / "m.json"
+    assert runner_main([str(wl), "--result", str(out), "--apply", json.dumps(runtime)]) == 0
+    m = json.loads(out.read_text())
+    # warm-up 1 step (8 -> 4), then 3 measured steps: 2, 1, 0.5
+    assert m["calls"] == 3 and m["losses"] == [2.0, 1.0, 0.5]
+    info = json.loads(Path(str(out) + ".apply.json").read_text())
+    assert info["runtime"]["groups"] == 1 and info["runtime"]["cuda_graphs"] is False
+
+
+def test_applied_child_errors_are_one_line(tmp_path, capsys):
+    from recsys_doctor.train_runner import main as runner_main
+
+    wl = tmp_path / "wl.py"
+    wl.write_text(TRAIN_WORKLOAD)
+    assert runner_main([str(wl), "--result", str(tmp_path / "m.json"), "--apply", "{groups: 2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("recsys-doctor: error: --apply: not JSON")
+
+
+def test_a_treatment_must_fit_the_target(tmp_path):
+    from recsys_doctor.capture import profile
+    from recsys_doctor.script_hook import script_treatment
+    from recsys_doctor.train_runner import runtime_treatment
+
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    wl = tmp_path / "wl.py"
+    wl.write_text(TRAIN_WORKLOAD)
+    with pytest.raises(BadInputError, match="runtime settings apply to a workload module"):
+        profile(script, treatment=runtime_treatment({"groups": 2}), out_dir=tmp_path / "o")
+    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2))
+    with pytest.raises(BadInputError, match="a plan file applies to a plain script"):
+        profile(wl, treatment=script_treatment(plan), out_dir=tmp_path / "o")
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
 # ------------------------------------------------------------------------------ CLI
 
 def test_cli_apply_errors(tmp_path):
@@ -343,6 +409,8 @@ def test_cli_apply_errors(tmp_path):
     assert res.exit_code == 2 and "give the command" in res.output
     res = r.invoke(main, ["apply", str(p), "--", "/no/such/program-xyz"])
     assert res.exit_code == 2 and "no such program" in res.output
+    res = r.invoke(main, ["apply", "--json", str(p), "--", sys.executable, "-c", "print(1)"])
+    assert res.exit_code == 2 and "--json goes with --compare" in res.output
 
 
 def test_cli_apply_runs_the_command_and_compares(tmp_path):
@@ -367,6 +435,10 @@ def test_cli_profile_apply_options_need_apply(tmp_path):
     script.write_text("print(1)\n")
     res = CliRunner().invoke(main, ["profile", str(script), "--top-k", "2"])
     assert res.exit_code == 2 and "--top-k" in res.output
+    # the default value written out is still an option that would do nothing
+    for extra in (["--top-k", "3"], ["--history"], ["--db", str(tmp_path / "h.db")]):
+        res = CliRunner().invoke(main, ["profile", str(script), *extra])
+        assert res.exit_code == 2 and "go with --apply" in res.output, extra
 
 
 def test_cli_apply_says_the_plan_is_not_active_without_cuda(tmp_path):

@@ -9,10 +9,10 @@ MMoE training (branch streams + whole-step CUDA graph) the same losses as eager 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from _threads import run_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +38,7 @@ def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
     the capturing thread had no cuBLAS handle of its own)."""
     torch = pytest.importorskip("torch")
     from recsys_doctor.apply import write_plan
-    from recsys_doctor.capture import _activate_in_process
+    from recsys_doctor.script_hook import activate_in_process
     from recsys_doctor.whatif import Candidate
 
     model, host_query = _wdl()
@@ -55,25 +55,17 @@ def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
 
     ref = [query(q) for q in qs]
     plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
-    undo = _activate_in_process(plan)
+    undo = activate_in_process(plan)
     import sys
 
     hook = sys.modules["_recsys_doctor_autoapply"]
     got: dict[int, list] = {}
-    errors: list[BaseException] = []
 
     def client(k: int) -> None:
-        try:
-            got[k] = [query(qs[(k + i) % len(qs)]) for i in range(12)]
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        got[k] = [query(qs[(k + i) % len(qs)]) for i in range(12)]
 
     try:
-        ts = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        errors = run_threads(client, threads)
         st = hook.stats()
     finally:
         undo()
@@ -86,9 +78,10 @@ def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
 
 def test_served_workload_equals_default_query():
     torch = pytest.importorskip("torch")
+    from recsys_doctor._drive import _default_serve_query
     from recsys_doctor.apply import make_runner, runtime_plan
     from recsys_doctor.whatif import Candidate
-    from recsys_doctor.workload import _default_serve_query, load_workload, measure
+    from recsys_doctor.workload import load_workload, measure
 
     wl = load_workload(ROOT / "examples" / "wdl_workload.py", ["--vocab", "1000", "--batch", "64"])
     ref = _default_serve_query(wl.model)(*wl.inputs(1))

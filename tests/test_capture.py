@@ -382,7 +382,7 @@ def fake_nsys(tmp_path, monkeypatch):
     exe.write_text(FAKE_NSYS.format(python=sys.executable, log=str(log), demo=str(DEMO)))
     exe.chmod(0o755)
     monkeypatch.setenv("RECSYS_DOCTOR_NSYS", str(exe))
-    monkeypatch.setattr("recsys_doctor.capture.require_gpu", lambda i=0: {"gpu": "stand-in", "gpu_count": 1})
+    monkeypatch.setattr("recsys_doctor.capture.backend.require_gpu", lambda i=0: {"gpu": "stand-in", "gpu_count": 1})
     return exe, log
 
 
@@ -470,7 +470,10 @@ def test_cli_help():
     (["profile", "{tmp}/model.py"], "model.py: no such file"),
     (["profile", "{tmp}"], "is a directory"),
     (["profile", "{tmp}/script.py", "--threads", "4"], "apply to a workload module"),
-    (["profile", "{tmp}/wl.py", "--threads", "0"], "--threads must be >= 1"),
+    (["profile", "{tmp}/wl.py", "--threads", "0"], "'--threads': 0 is not in the range x>=1"),
+    (["profile", "{tmp}/wl.py", "--duration", "0"], "'--duration': 0.0 is not in the range x>0"),
+    (["profile", "{tmp}/wl.py", "--steps", "x"], "'--steps': 'x' is not a valid integer"),
+    (["profile", "{tmp}/wl.py", "--apply", "--top-k", "0"], "'--top-k': 0 is not in the range x>=1"),
     (["profile", "{tmp}/wl.py", "--set", "nonsense"], "NAME=VALUE"),
 ])
 def test_cli_one_line_errors(tmp_path, argv, needle):

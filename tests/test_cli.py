@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -96,11 +97,8 @@ def test_corrupt_sqlite_body(tmp_path):
 
 def test_sqlite_not_nsys(tmp_path):
     p = tmp_path / "other.sqlite"
-    con = sqlite3.connect(p)
-    con.execute("CREATE TABLE users(id INTEGER, name TEXT)")
-    con.execute("INSERT INTO users VALUES (1, 'a')")
-    con.commit()
-    con.close()
+    with contextlib.closing(sqlite3.connect(p)) as con, con:  # a valid SQLite database, not an nsys export
+        con.executescript("CREATE TABLE users(id INTEGER, name TEXT); INSERT INTO users VALUES (1, 'a');")
     assert_bad_input(run("advise", str(p)), "other.sqlite", "nsys")
 
 

@@ -18,7 +18,10 @@ nn = torch.nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from mmoe_training import MMoE as _MMoE  # noqa: E402 - the examples' models, one definition each
+from mmoe_training import warm_up_aside  # noqa: E402
 from wdl_serving import WideDeep  # noqa: E402
+
+from _threads import run_threads  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -52,22 +55,14 @@ def wdl():
 
 def _hammer(served, queries, n_threads):
     results: dict[int, torch.Tensor] = {}
-    errors: list[BaseException] = []
     barrier = threading.Barrier(n_threads)
 
     def worker(k: int) -> None:
-        try:
-            barrier.wait()
-            for j in range(k, len(queries), n_threads):
-                results[j] = served(*queries[j])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        barrier.wait()
+        for j in range(k, len(queries), n_threads):
+            results[j] = served(*queries[j])
 
-    ths = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
+    errors = run_threads(worker, n_threads)
     assert not errors, errors
     return results
 
@@ -102,7 +97,6 @@ def test_request_zero_copy_matches_eager_under_threads(wdl):
     queries = [make_query(300 + j) for j in range(96)]
     refs = [reference(wdl, q) for q in queries]
     got: dict[int, torch.Tensor] = {}
-    errors: list[BaseException] = []
     with serve(wdl, queries[0], groups=4, merge=True, graphs=True) as served:
         # the flat buffer holds the inputs at the layout's offsets: pack one query by hand
         with served.request() as r:
@@ -114,23 +108,16 @@ def test_request_zero_copy_matches_eager_under_threads(wdl):
             torch.testing.assert_close(r.run().clone(), refs[5], rtol=1e-5, atol=1e-6)
 
         def worker(k: int) -> None:
-            try:
-                for j in range(k, len(queries), 8):
-                    d, i, o = queries[j]
-                    with served.request() as q:
-                        q.inputs[0].copy_(d)
-                        for dst, src in zip(q.inputs[1], i):
-                            dst.copy_(src)
-                        q.inputs[2].copy_(o)
-                        got[j] = q.run().clone()
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+            for j in range(k, len(queries), 8):
+                d, i, o = queries[j]
+                with served.request() as q:
+                    q.inputs[0].copy_(d)
+                    for dst, src in zip(q.inputs[1], i):
+                        dst.copy_(src)
+                    q.inputs[2].copy_(o)
+                    got[j] = q.run().clone()
 
-        ths = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
+        errors = run_threads(worker, 8)
         st = served.stats()
     assert not errors, errors
     for j, ref in enumerate(refs):
@@ -296,13 +283,7 @@ def _train(streams, graph: bool, steps: int = 50):
     init = {k: v.clone() for k, v in m.state_dict().items()}
     ids.copy_(data[0][0])
     y.copy_(data[0][1])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up_aside(step, 3)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()

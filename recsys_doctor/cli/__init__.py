@@ -3,6 +3,8 @@
 Each command parses its options, calls one library function and renders the result.
 Library errors (:class:`~recsys_doctor.errors.RecsysDoctorError`) are translated here,
 once: one line on stderr, exit code from the error class (2 = bad input), no traceback.
+An option value click's own types refuse (``click.IntRange``, a number that is not one)
+is one line and exit 2 as well.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ __all__ = ["main"]
 
 
 class _Group(click.Group):
-    """Turns library errors into one clear line and the documented exit code."""
+    """Turns library errors and refused option values into one clear line and the
+    documented exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.BadParameter as e:
+            click.echo(f"recsys-doctor: error: {e.format_message()}", err=True)
+            ctx.exit(2)
         except RecsysDoctorError as e:
             click.echo(f"recsys-doctor: error: {e}", err=True)
             ctx.exit(e.exit_code)

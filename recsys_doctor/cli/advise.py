@@ -83,16 +83,15 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     from ..ranks import is_multi_target
 
     if len(traces) == 1 and not demo and is_multi_target(traces[0]):
-        if nvtx or start or end or html_out:
-            raise BadInputError("--nvtx, --start, --end and --html apply to single traces, not to a DIR or GLOB")
+        db_given = click.get_current_context().get_parameter_source("db") == click.core.ParameterSource.COMMANDLINE
+        if nvtx or start or end or html_out or db_given:
+            raise BadInputError("--nvtx, --start, --end, --html and --db apply to single traces, not to a DIR or GLOB "
+                                "(a many-rank run is not recorded in the history)")
         _advise_ranks(traces[0], as_json, short_kernel_us, sets, md_out, dask_address, workers)
         return
     if dask_address or workers:
         raise BadInputError("--dask and --workers need one DIR or GLOB of rank traces")
-    from .. import history
     from ..advise import advise
-    from ..reports.html import write_html
-    from ..reports.markdown import write_markdown
     from ..reports.terminal import render_terminal
 
     paths = list(traces)
@@ -104,13 +103,30 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     start_ns, end_ns = parse_time(start, "--start"), parse_time(end, "--end")
     results = [advise(p, options, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns,
                       progress=sys.stderr.isatty()) for p in paths]
+    _record_and_write(results, options, db=db, history_on=not no_history, html_out=html_out, md_out=md_out)
+    if as_json:
+        payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
+        click.echo(json.dumps(payload, indent=1, default=json_default))
+        return
+    for r in results:
+        render_terminal(r)
+
+
+def _record_and_write(results: list[Any], options: Options, *, db: Path | None, history_on: bool,
+                      html_out: Path | None, md_out: Path | None) -> None:
+    """Per trace: the history record, the HTML report (with the workload's history trend)
+    and the Markdown report."""
+    from .. import history
+    from ..reports.html import write_html
+    from ..reports.markdown import write_markdown
+
     html_paths = _per_trace_paths(html_out, results)
     md_paths = _per_trace_paths(md_out, results)
     for i, r in enumerate(results):
         key = None
-        if not no_history or html_out:
+        if history_on or html_out:
             key = _quiet(lambda: history.workload_key(r, options), None)
-        if not no_history:
+        if history_on:
             _quiet(lambda: history.record_run(r, db, command="advise", options=options, key=key), None,
                    "run not recorded in the history")
         if html_out:
@@ -122,12 +138,6 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
             written = write_markdown(r, md_paths[i], options=options)
             for w in written or [md_paths[i]]:
                 click.echo(f"wrote {w}", err=True)
-    if as_json:
-        payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
-        click.echo(json.dumps(payload, indent=1, default=json_default))
-        return
-    for r in results:
-        render_terminal(r)
 
 
 def _advise_ranks(target: Path, as_json: bool, short_kernel_us: float | None, sets: tuple[str, ...],

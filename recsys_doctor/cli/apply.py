@@ -40,6 +40,8 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
         command = command[1:]
     if not command:
         raise BadInputError("give the command to run after --, e.g. recsys-doctor apply plan.json -- python serve.py")
+    if as_json and not compare:
+        raise BadInputError("--json goes with --compare (without it the command's own output is printed as it is)")
     read_plan(plan)
     why = _inactive_reason()
     if why:

@@ -22,9 +22,12 @@ __all__ = ["profile_cmd", "render_capture", "render_apply"]
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Folder for the trace, NVML samples and plot, logs (default ./recsys-doctor-runs/<timestamp>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the advise JSON plus a 'capture' object.")
-@click.option("--threads", type=int, metavar="N", help="Workload: client threads (overrides its concurrency).")
-@click.option("--duration", type=float, metavar="SECONDS", help="Workload: length of the measurement window.")
-@click.option("--steps", type=int, metavar="N", help="Workload: exactly N calls per client instead of --duration.")
+@click.option("--threads", type=click.IntRange(min=1), metavar="N",
+              help="Workload: client threads (overrides its concurrency).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Workload: length of the measurement window.")
+@click.option("--steps", type=click.IntRange(min=1), metavar="N",
+              help="Workload: exactly N calls per client instead of --duration.")
 @click.option("--baseline/--no-baseline", default=True, show_default=True,
               help="Workload: also measure it once without any profiler attached (not with --apply, which always does).")
 @click.option("--no-nvml", is_flag=True, help="Do not sample GPU utilization with NVML.")
@@ -36,7 +39,7 @@ __all__ = ["profile_cmd", "render_capture", "render_apply"]
 @click.option("--apply", "do_apply", is_flag=True,
               help="Then search plans (what-if estimate from the trace), measure the best --top-k with the "
                    "stream-group runtime, keep the best measured; write plan.json, apply.json, compare.html.")
-@click.option("--top-k", type=int, default=3, show_default=True, metavar="K",
+@click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True, metavar="K",
               help="--apply: how many candidate plans to measure (the advisor's own plan is always measured).")
 @click.option("--history/--no-history", default=True, show_default=True,
               help="--apply: record the after-run in the history database (an error without --apply).")
@@ -63,12 +66,6 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     """
     from ..capture import profile
 
-    if threads is not None and threads < 1:
-        raise BadInputError(f"--threads must be >= 1, got {threads}")
-    if duration is not None and not duration > 0:
-        raise BadInputError(f"--duration must be > 0, got {duration}")
-    if steps is not None and steps < 1:
-        raise BadInputError(f"--steps must be >= 1, got {steps}")
     options = Options().with_overrides(parse_set_pairs(sets))
     given = _given(click.get_current_context())
     if do_apply:
@@ -83,22 +80,32 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
                    nvml=not no_nvml, options=options, top_k=top_k, history=history, db_path=db_path,
                    as_json=as_json)
         return
-    if top_k != 3 or db_path is not None or "history" in given:
+    if given & {"top_k", "db_path", "history"}:
         raise BadInputError("--top-k, --history/--no-history and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
                   steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options)
-    if as_json:
-        from ..capture import json_default
+    _report(res.to_dict(), as_json, res)
 
-        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
-        return
+
+def _report(doc: dict[str, Any], as_json: bool, profiled: Any, applied: dict[str, Any] | None = None) -> None:
+    """``--json``: ``doc``; else the advise report of ``profiled``, how it was captured and,
+    with ``--apply``, the plan search and the before/after table (``applied``)."""
+    import sys
+
     from rich.console import Console
 
+    from ..capture import json_default
     from ..reports.terminal import render_terminal
 
+    if as_json:
+        click.echo(json.dumps(doc, indent=1, default=json_default))
+        return
     console = Console()
-    render_terminal(res.advise, console)
-    render_capture(res.capture, console)
+    render_terminal(profiled.advise, console)
+    render_capture(profiled.capture, console)
+    if applied is not None:
+        render_apply(applied, console)
+    sys.stdout.flush()
 
 
 def _given(ctx: click.Context) -> set[str]:
@@ -110,10 +117,7 @@ def _given(ctx: click.Context) -> set[str]:
 def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,
                duration: float | None, steps: int | None, nvml: bool, options: Options, top_k: int,
                history: bool, db_path: Path | None, as_json: bool) -> None:
-    import sys
-
     from ..apply import apply_workload
-    from ..capture import json_default
 
     def say(msg: str) -> None:
         if not as_json:
@@ -122,18 +126,8 @@ def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Pat
     res, before, after = apply_workload(model, args, backend=backend, out_dir=out_dir, threads=threads,
                                         duration_s=duration, steps=steps, top_k=top_k, nvml=nvml, options=options,
                                         history=history, db_path=db_path, progress=say)
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
-        return
-    from rich.console import Console
-
-    from ..reports.terminal import render_terminal
-
-    console = Console()
-    render_terminal(before.advise, console)
-    render_capture(before.capture, console)
-    render_apply(res.to_dict(), console)
-    sys.stdout.flush()
+    d = res.to_dict()
+    _report(d, as_json, before, d)
 
 
 def render_apply(d: dict[str, Any], console: Any) -> None:
