@@ -43,7 +43,7 @@ from .capture.child_process import child_env
 from .capture.nvml import NvmlSampler
 from .errors import BadInputError, RecsysDoctorError, WorkloadError
 from .plan_io import read_plan, write_plan
-from .plan_search import (GROUP_COUNTS, SCRIPT_MAX_THREADS_PER_GROUP, candidates, plan_candidate, runtime_plan,
+from .plan_search import (GROUP_COUNTS, candidates, plan_candidate, runtime_plan,
                           select_to_measure)
 from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
@@ -52,7 +52,6 @@ from .workload import is_workload_module
 
 __all__ = [
     "GROUP_COUNTS",
-    "SCRIPT_MAX_THREADS_PER_GROUP",
     "ENV_PLAN",
     "CandidateResult",
     "ApplyResult",

@@ -7,7 +7,6 @@ candidate into the runtime settings for a given number of client threads.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -15,35 +14,26 @@ from .errors import BadInputError
 from .plan import Plan
 from .whatif import Candidate, Prediction
 
-__all__ = ["GROUP_COUNTS", "SCRIPT_MAX_THREADS_PER_GROUP", "candidates", "plan_candidate", "runtime_plan",
+__all__ = ["GROUP_COUNTS", "candidates", "plan_candidate", "runtime_plan",
            "select_to_measure"]
 
 #: group counts tried by the plan search
 GROUP_COUNTS = (1, 2, 4, 8)
 
 
-#: plain scripts: at most this many client threads share one group when graphs are on.
-#: Measured on the H200: with 4 or 8 threads per group (8 threads on 2 or 1 groups) the
-#: hook's captures fail ("operation failed due to a previous error during capture") even
-#: with every other model execution held off during a capture, so those groups run eagerly
-#: (bench/results/apply_script_g2_after_gate_h200.log; before the hook handled the failure,
-#: the clients died: apply_script_g2_diag.log); 1-2 threads per group capture fine.
-SCRIPT_MAX_THREADS_PER_GROUP = 2
-
-
 def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS,
                clients: int | None = None) -> list[Candidate]:
     """Every plan the search considers. Serving: groups x merge x allocator x graphs (32).
     Training: branch streams x graphs (copies are not per-step, pools are the step's own).
-    A plain script: groups x graphs (its copies are its own, on the group's stream); with
-    ``clients`` given, graphed plans with more than :data:`SCRIPT_MAX_THREADS_PER_GROUP`
-    threads per group are left out (see there)."""
+    A plain script: groups x graphs (its copies are its own, on the group's stream), any
+    number of client threads per group (``clients`` is accepted for callers that know it;
+    it no longer limits the search: the hook captures with any number of threads per
+    group, see ``docs/profile.md``)."""
     if kind == "serve":
         return [Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
                 for gr in (True, False)]
     if kind == "script":
-        return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)
-                if not (gr and clients and math.ceil(clients / g) > SCRIPT_MAX_THREADS_PER_GROUP)]
+        return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
     if kind == "train":
         return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
     raise BadInputError(f"unknown candidate kind {kind!r}")
