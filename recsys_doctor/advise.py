@@ -6,11 +6,11 @@ options, calls :func:`advise`, and renders the :class:`AdviseResult`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._files import file_sha256
 from .errors import BadInputError
 from .findings import AnalysisResult, Finding
 from .model import Trace
@@ -50,14 +50,6 @@ class AdviseResult:
             "plan": self.plan,
             "analyses": self.analyses,
         }
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def trace_span(trace: Trace) -> tuple[int, int] | None:
@@ -220,7 +212,7 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
 
     with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False) as bar:
         trace = load(path, progress=bar)
-    trace.meta.setdefault("sha256", _file_sha256(str(path)))
+    trace.meta.setdefault("sha256", file_sha256(path))
     span = trace_span(trace)
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)
     res = advise_trace(trace, options, progress=progress)

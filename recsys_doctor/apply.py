@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ._json import json_default
-from .apply_report import (ApplyResult, CandidateResult, _add_table_to_html, _meas_numbers, _pred_numbers,
+from .apply_report import (ApplyResult, CandidateResult, measured_tables, _meas_numbers, _pred_numbers,
                            _summary_point, before_after_rows)
 from .capture import check_workload_options, child_argv, default_out_dir, profile
 from .capture.child_process import child_env
@@ -242,8 +242,8 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Pat
         try:
             from .reports.html import write_compare_html
 
-            write_compare_html(before.advise, after.advise, out / "compare.html", a_label="before", b_label="after")
-            _add_table_to_html(out / "compare.html", res)
+            write_compare_html(before.advise, after.advise, out / "compare.html", a_label="before", b_label="after",
+                               measured=measured_tables(res))
             res.files["html"] = str(out / "compare.html")
         except Exception as e:  # noqa: BLE001
             res.notes.append(f"no HTML report: {type(e).__name__}: {e}")

@@ -4,12 +4,11 @@ table, the summary points compared, and the HTML block added to ``compare.html``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .whatif import Candidate, Prediction
 
-__all__ = ["CandidateResult", "ApplyResult", "before_after_rows"]
+__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables"]
 
 
 @dataclass
@@ -110,30 +109,17 @@ def _trace_util(advise: Any) -> float | None:
     return None
 
 
-def _add_table_to_html(path: Path, res: ApplyResult) -> None:
-    import html
-
-    def f(v: Any) -> str:
-        if v is None:
-            return "-"
-        return f"{v:,.3f}" if isinstance(v, float) else html.escape(str(v))
-
-    rows = "".join(f"<tr><td>{html.escape(r['metric'])}</td><td class='num'>{f(r['before'])}</td>"
-                   f"<td class='num'>{f(r['after'])}</td><td class='num'>{f(r['ratio'])}</td></tr>"
-                   for r in before_after_rows(res.before, res.after))
-    crow = ""
+def measured_tables(res: ApplyResult) -> dict[str, Any]:
+    """What the compare page shows above its plot (``reports.html.render_compare_html``'s
+    ``measured``): the measured before/after rows and each measured candidate's predicted
+    and measured numbers."""
+    key = "qps" if res.kind != "train" else "step_ms"
+    cands = []
     for c in res.candidates:
         if c.measured is None and c.error is None:
             continue
         p, m = _pred_numbers(c.prediction), _meas_numbers(c.measured) or {}
-        key = "qps" if res.kind != "train" else "step_ms"
-        crow += (f"<tr><td>{html.escape(c.prediction.candidate.label)}</td><td class='num'>{f(p.get(key))}</td>"
-                 f"<td class='num'>{f(m.get(key))}</td><td class='num'>{f(m.get('p99_ms'))}</td>"
-                 f"<td>{html.escape(c.error or '')}</td></tr>")
-    chosen = html.escape(res.chosen.label) if res.chosen else "-"
-    block = (f"<h2>Measured before / after (chosen: {chosen})</h2><table><tr><th>metric</th><th>before</th>"
-             f"<th>after</th><th>after/before</th></tr>{rows}</table>"
-             f"<h2>Candidates: predicted vs measured</h2><table><tr><th>plan</th><th>predicted</th>"
-             f"<th>measured</th><th>measured p99 ms</th><th>error</th></tr>{crow}</table>")
-    text = path.read_text()
-    path.write_text(text.replace("<figure>", block + "<figure>", 1))
+        cands.append({"plan": c.prediction.candidate.label, "predicted": p.get(key), "measured": m.get(key),
+                      "p99_ms": m.get("p99_ms"), "error": c.error})
+    return {"chosen": res.chosen.label if res.chosen else None,
+            "rows": before_after_rows(res.before, res.after), "candidates": cands}

@@ -10,7 +10,6 @@ trace was captured) and below apply: a changed "after" run comes in as a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._files import file_sha256
 from .._json import json_default
 from ..advise import AdviseResult, advise_trace, restrict
 from ..errors import BadInputError
@@ -282,11 +282,7 @@ def _diagnose(trace_path: Path, options: Options | None, window: str | None,
     from ..loaders import load
 
     trace = load(trace_path)
-    h = hashlib.sha256()
-    with open(trace_path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    trace.meta.setdefault("sha256", h.hexdigest())
+    trace.meta.setdefault("sha256", file_sha256(trace_path))
     used = None
     if window is not None:
         try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .._format import fixed
 from ..errors import BadInputError
 from ..options import Options, parse_set_pairs
 
@@ -143,28 +144,20 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
         if c["measured"] is None and c["error"] is None:
             continue
         p, m = c["predicted"], c["measured"] or {}
-        t.add_row(c["label"], _fmt(p.get(key), "", 1), _fmt(m.get(key), "", 1), _fmt(p.get("p99_ms"), "", 3),
-                  _fmt(m.get("p99_ms"), "", 3), str(p.get("bound")), c["error"] or "; ".join(p.get("notes") or []))
+        t.add_row(c["label"], fixed(p.get(key), "", 1), fixed(m.get(key), "", 1), fixed(p.get("p99_ms"), "", 3),
+                  fixed(m.get("p99_ms"), "", 3), str(p.get("bound")), c["error"] or "; ".join(p.get("notes") or []))
     console.print(t)
     b = Table(title=f"Before / after (chosen: {(d.get('chosen') or {}).get('label', '-')})", title_justify="left")
     for c in ("metric", "before", "after", "after / before"):
         b.add_column(c)
     for r in d["table"]:
-        b.add_row(r["metric"], _fmt(r["before"], "", 3), _fmt(r["after"], "", 3), _fmt(r["ratio"], "x", 3))
+        b.add_row(r["metric"], fixed(r["before"], "", 3), fixed(r["after"], "", 3), fixed(r["ratio"], "x", 3))
     console.print(b)
     for n in d.get("notes") or []:
         console.print(f"note: {n}")
     files = d.get("files") or {}
     console.print(f"plan: {files.get('plan')}  report: {files.get('html', '-')}  "
                   f"result: {files.get('apply', '-')}  ({d.get('wall_s', 0):.1f} s)")
-
-
-def _fmt(v: Any, unit: str = "", nd: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}{unit}"
-    return f"{v}{unit}"
 
 
 def render_capture(cap: dict[str, Any], console: Any) -> None:
@@ -180,13 +173,13 @@ def render_capture(cap: dict[str, Any], console: Any) -> None:
     t.add_row("trace", str(cap.get("trace")))
     if cap.get("window"):
         t.add_row("analyzed", f"NVTX range {cap['window']!r}")
-    t.add_row("wall", f"{_fmt(cap.get('wall_s'), ' s')} total, capture {_fmt(cap.get('capture_wall_s'), ' s')}")
+    t.add_row("wall", f"{fixed(cap.get('wall_s'), ' s')} total, capture {fixed(cap.get('capture_wall_s'), ' s')}")
     nv = cap.get("nvml") or {}
     if nv.get("n"):
         t.add_row("NVML util (" + ("measure window" if nv.get("window_epoch") else "whole capture") + ")",
-                  f"mean {_fmt(nv.get('util_mean'), '%', 1)}, p50 {_fmt(nv.get('util_p50'), '%', 0)}, "
-                  f"max {_fmt(nv.get('util_max'), '%', 0)}; SM clock {_fmt(nv.get('sm_clock_mean_mhz'), ' MHz', 0)}; "
-                  f"memory peak {_fmt(nv.get('mem_used_max_mib'), ' MiB', 0)} ({nv['n']} samples)")
+                  f"mean {fixed(nv.get('util_mean'), '%', 1)}, p50 {fixed(nv.get('util_p50'), '%', 0)}, "
+                  f"max {fixed(nv.get('util_max'), '%', 0)}; SM clock {fixed(nv.get('sm_clock_mean_mhz'), ' MHz', 0)}; "
+                  f"memory peak {fixed(nv.get('mem_used_max_mib'), ' MiB', 0)} ({nv['n']} samples)")
         if cap.get("nvml_plot"):
             t.add_row("NVML plot", str(cap["nvml_plot"]))
     else:
@@ -197,16 +190,16 @@ def render_capture(cap: dict[str, Any], console: Any) -> None:
         if not m:
             continue
         if m["kind"] == "serve":
-            text = (f"{_fmt(m['qps'], ' queries/s', 1)}, p50 {_fmt(m['p50_ms'], ' ms', 3)}, "
-                    f"p99 {_fmt(m['p99_ms'], ' ms', 3)} ({m['calls']} queries, {m['threads']} threads, "
-                    f"{_fmt(m['wall_s'], ' s')})")
+            text = (f"{fixed(m['qps'], ' queries/s', 1)}, p50 {fixed(m['p50_ms'], ' ms', 3)}, "
+                    f"p99 {fixed(m['p99_ms'], ' ms', 3)} ({m['calls']} queries, {m['threads']} threads, "
+                    f"{fixed(m['wall_s'], ' s')})")
         else:
-            text = (f"step {_fmt(m['step_ms'], ' ms', 3)}, p50 {_fmt(m['p50_ms'], ' ms', 3)}, "
-                    f"p99 {_fmt(m['p99_ms'], ' ms', 3)} ({m['calls']} steps)")
+            text = (f"step {fixed(m['step_ms'], ' ms', 3)}, p50 {fixed(m['p50_ms'], ' ms', 3)}, "
+                    f"p99 {fixed(m['p99_ms'], ' ms', 3)} ({m['calls']} steps)")
             if m.get("losses"):
                 text += f"; loss {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}"
         if nvb and nvb.get("n"):
-            text += f"; NVML util mean {_fmt(nvb.get('util_mean'), '%', 1)}, p50 {_fmt(nvb.get('util_p50'), '%', 0)}"
+            text += f"; NVML util mean {fixed(nvb.get('util_mean'), '%', 1)}, p50 {fixed(nvb.get('util_p50'), '%', 0)}"
         t.add_row(label, text)
     t.add_row("files", str(cap.get("out_dir")))
     console.print(t)

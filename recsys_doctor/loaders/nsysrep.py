@@ -32,6 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .._files import file_sha256
 from ..errors import BadInputError, NsysNotFoundError, TraceFormatError
 from ..model import Trace
 from .nsys import load_nsys_sqlite
@@ -156,14 +157,10 @@ def _report_sha(report: Path, st: os.stat_result, cdir: Path) -> str:
         rec = json.loads(index.read_text())
         if rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns and rec["path"] == str(report):
             return str(rec["sha256"])
-    h = hashlib.sha256()
     try:
-        with open(report, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
+        sha = file_sha256(report)
     except OSError as e:
         raise BadInputError(f"{report}: cannot read ({e.strerror or e})") from None
-    sha = h.hexdigest()
     with contextlib.suppress(OSError):
         index.parent.mkdir(parents=True, exist_ok=True)
         index.write_text(json.dumps({"path": str(report), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}))
