@@ -231,6 +231,20 @@ def _serve_fns(config, served, queries):
     return [(per_query if config == "serve_request" else held)(b) for b in packed]
 
 
+def _warm_and_capture(model, s, *args):
+    """Three eager runs on stream ``s`` (lazy inits), then the forward captured on it;
+    returns the graph and its static output. Call inside ``torch.cuda.stream(s)``."""
+    import torch
+
+    for _ in range(3):
+        model(*args)
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
+        out = model(*args)
+    return g, out
+
+
 def _graph_client(model, a, config):
     """One client's own stream and CUDA graph."""
     import torch
@@ -243,12 +257,7 @@ def _graph_client(model, a, config):
             d_idx = [t.cuda() for t in idx_h]
             d_offs = offs_h.cuda()
             out_h = torch.empty(BATCH, 1).pin_memory()
-            for _ in range(3):
-                out = model(d_dense, d_idx, d_offs)
-            s.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
-                out = model(d_dense, d_idx, d_offs)
+            g, out = _warm_and_capture(model, s, d_dense, d_idx, d_offs)
 
             def fn():
                 with torch.cuda.stream(s):
@@ -274,13 +283,8 @@ def _graph_client(model, a, config):
             vh.copy_(t)
         dd, di, do = views_d[0], views_d[1:-1], views_d[-1]
         d_in.copy_(h_in, non_blocking=True)
-        for _ in range(3):
-            out = model(dd, di, do)
+        g, out = _warm_and_capture(model, s, dd, di, do)
         out_h = torch.empty(tuple(out.shape), dtype=out.dtype).pin_memory()
-        s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
-            out = model(dd, di, do)
     bytes_views = [t.view(-1).view(torch.uint8) for t in leaves]
 
     def fn():
