@@ -26,7 +26,7 @@ import pandas as pd
 from ..model import Trace
 from ._util import norm_name
 
-__all__ = ["enclosing_range", "attribute", "where_shares", "ANNOTATION_SOURCES"]
+__all__ = ["enclosing_range", "attribute", "any_region", "where_shares", "ANNOTATION_SOURCES"]
 
 #: sources counted as "code regions" (everything except individual aten ops)
 ANNOTATION_SOURCES = ("nvtx", "nvtx_pushpop", "nvtx_startend", "user_annotation")
@@ -136,18 +136,30 @@ def attribute(trace: Trace, pid: Any, tid: Any, t: Any, *, sources: Iterable[str
     return res
 
 
+def any_region(reg: np.ndarray) -> bool:
+    """Whether :func:`attribute` named a region for any event."""
+    return bool(len(reg)) and bool(pd.notna(reg).any())
+
+
 def where_shares(labels: Any, weights: Any = None, *, key: str, top: int = 5,
                  extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """``where`` entries: the ``top`` labels by total weight with their share of the whole.
-    Missing labels (``None``) are dropped from the list but count in the total."""
-    lab = np.asarray(labels, dtype=object)
-    w = pd.Series(np.ones(len(lab)) if weights is None else np.asarray(weights, dtype=float))
+    Missing labels (``None``) are dropped from the list but count in the total. ``labels``
+    may also be (code of each row, label of each code), as ``thread_label_codes`` gives."""
+    if isinstance(labels, tuple):  # (code of each row, label of each code)
+        codes, uniq = labels
+        n = len(codes)
+    else:
+        lab = np.asarray(labels, dtype=object)
+        n = len(lab)
+    w = pd.Series(np.ones(n) if weights is None else np.asarray(weights, dtype=float))
     total = float(w.sum())
-    if total <= 0 or len(lab) == 0:
+    if total <= 0 or n == 0:
         return []
     # group on integer codes (a label per distinct value, not per row), then order the
     # groups by label as a groupby on the labels would, before ranking them
-    codes, uniq = pd.factorize(lab)
+    if not isinstance(labels, tuple):
+        codes, uniq = pd.factorize(lab)
     ok = codes >= 0
     g = w[ok].groupby(codes[ok]).sum()
     g.index = pd.Index(uniq, dtype=object)[g.index.to_numpy()]

@@ -31,7 +31,7 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
+from ._attribution import any_region, attribute, where_shares
 from ._recoverable import steady_window, examples, finish, idle_gaps
 from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, r, str_contains, thread_labels
 
@@ -175,7 +175,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             res.data = data
             reg = attribute(trace, seq["pid"][covered], seq["tid"][covered], seq["api_start"][covered])
             where: list[dict] = []
-            if any(x is not None for x in reg):
+            if any_region(reg):
                 where = where_shares(reg, kd[cov_rows], key="nvtx", top=options.top_n)
             cs = seq[covered]
             tl = thread_labels(trace, cs["pid"], cs["tid"])

@@ -31,9 +31,9 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
+from ._attribution import any_region, attribute, where_shares
 from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_labels
+from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_label_codes
 from .summary import direction_switches
 
 __all__ = ["analyze"]
@@ -123,9 +123,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     # where: regions issuing the copies (weighted by count), then threads
     where: list[dict] = []
     if len(j):
-        if any(x is not None for x in reg):
+        if any_region(reg):
             where = where_shares(reg, key="nvtx", top=options.top_n)
-        labels = thread_labels(trace, j["pid"], j["tid"])
+        labels = thread_label_codes(trace, j["pid"], j["tid"])
         where += where_shares(labels, key="thread", top=options.top_n)
     parts = []
     if switches:

@@ -18,9 +18,9 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
+from ._attribution import any_region, attribute, where_shares
 from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import launches, r, stream_labels
+from ._util import launches, r, stream_label_codes
 
 __all__ = ["analyze"]
 
@@ -81,13 +81,13 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         js = j[jd < cut]
         if len(js):
             reg = attribute(trace, js["pid"], js["tid"], js["api_start"])
-            if any(x is not None for x in reg):
+            if any_region(reg):
                 where = where_shares(reg, key="nvtx", top=options.top_n)
             if not where:
-                labels = stream_labels(js["pid"], js["device"], js["stream"])
+                labels = stream_label_codes(js["pid"], js["device"], js["stream"])
                 where = where_shares(labels, key="stream", top=options.top_n)
     if not where:
-        labels = stream_labels(k["pid"][short], k["device"][short], k["stream"][short])
+        labels = stream_label_codes(k["pid"][short], k["device"][short], k["stream"][short])
         where = where_shares(labels, key="stream", top=options.top_n)
 
     launch_txt = ""

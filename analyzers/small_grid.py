@@ -20,7 +20,7 @@ from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._recoverable import steady_window, examples, finish, steady_starts
-from ._util import r, stream_labels
+from ._util import r, stream_label_codes
 from ._attribution import where_shares
 
 __all__ = ["analyze"]
@@ -75,7 +75,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     idle_frac = 1.0 - blocks[sel] / np.maximum(sm_of[sel], 1)
     rec = float((dur[sel] * idle_frac).sum())
     data["unused_sm_time_ns"] = int(rec)
-    labels = stream_labels(k["pid"][smallm], k["device"][smallm], k["stream"][smallm])
+    labels = stream_label_codes(k["pid"][smallm], k["device"][smallm], k["stream"][smallm])
     where = where_shares(labels, dur[smallm], key="stream", top=options.top_n)
     res.findings.append(Finding(
         id="small-grid", severity=sev,

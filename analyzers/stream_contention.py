@@ -34,9 +34,9 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
+from ._attribution import any_region, attribute, where_shares
 from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import launches, merge_intervals, r, stream_label, thread_label, thread_labels
+from ._util import launches, merge_intervals, r, stream_label, thread_label, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -131,10 +131,10 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     fc = pd.concat(flagged_calls, ignore_index=True)
     where = [{"stream": f["stream"], "threads": f["threads"],
               "share": round(f["launches"] / len(fc), 4)} for f in flagged][: options.top_n]
-    labels = thread_labels(trace, fc["pid"], fc["tid"])
+    labels = thread_label_codes(trace, fc["pid"], fc["tid"])
     where += where_shares(labels, key="thread", top=options.top_n)
     reg = attribute(trace, fc["pid"], fc["tid"], fc["api_start"])
-    if any(x is not None for x in reg):
+    if any_region(reg):
         where += where_shares(reg, key="nvtx", top=options.top_n)
     slow = f", launch calls {worst['slowdown']:.1f}x slower while another thread launches" if worst["slowdown"] else ""
     res.findings.append(Finding(

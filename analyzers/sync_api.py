@@ -27,9 +27,9 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
+from ._attribution import any_region, attribute, where_shares
 from ._recoverable import steady_window, examples, finish, gaps_containing, idle_gaps
-from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, thread_label, thread_labels
+from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, thread_label, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -118,9 +118,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     sev = "note"
     reg = attribute(trace, sy["pid"], sy["tid"], sy["start"])
     where: list[dict] = []
-    if any(x is not None for x in reg):
+    if any_region(reg):
         where = where_shares(reg, dur, key="nvtx", top=options.top_n)
-    where += where_shares(thread_labels(trace, sy["pid"], sy["tid"]), dur,
+    where += where_shares(thread_label_codes(trace, sy["pid"], sy["tid"]), dur,
                           key="thread", top=options.top_n)
     if "callsite" in sy.columns and sy["callsite"].notna().any():  # backtraces in the trace
         where += where_shares(sy["callsite"].to_numpy(object), dur, key="callsite", top=options.top_n)
