@@ -16,7 +16,8 @@ import pandas as pd
 
 from ..model import Trace
 
-__all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "left_join_ops", "cached"]
+__all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "left_join_ops", "cached", "api_thread_spans",
+           "api_keys_in"]
 
 #: the kinds of GPU operation, in op_table's default order
 OP_KINDS = ("kernel", "memcpy", "memset", "graph")
@@ -150,6 +151,36 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray | None] | None:
         ks = key[order]
         first[1:] = ks[1:] != ks[:-1]
     return ks[first], rows[order[first]]
+
+
+def api_thread_spans(trace: Trace) -> pd.DataFrame:
+    """Per CPU thread ``(pid, tid)`` of the API table (sorted): its first call start ``lo``
+    and last call end ``hi``, as ``api.groupby(["pid", "tid"]).agg(min start, max end)``."""
+    def make() -> pd.DataFrame:
+        api = trace.api
+        pid, tid = api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64)
+        fp, up = pd.factorize(pid)
+        ft, ut = pd.factorize(tid)
+        codes = fp.astype(np.int64) * max(len(ut), 1) + ft
+        lo = pd.Series(api["start"].to_numpy(np.int64)).groupby(codes).min()
+        hi = pd.Series(api["end"].to_numpy(np.int64)).groupby(codes).max()
+        c = lo.index.to_numpy()
+        index = pd.MultiIndex.from_arrays([np.asarray(up)[c // max(len(ut), 1)], np.asarray(ut)[c % max(len(ut), 1)]],
+                                          names=["pid", "tid"])
+        return pd.DataFrame({"lo": lo.to_numpy(), "hi": hi.to_numpy()}, index=index).sort_index()
+    return cached(trace, "api_thread_spans", make)
+
+
+def api_keys_in(trace: Trace, pid: np.ndarray, corr: np.ndarray) -> np.ndarray:
+    """Which API rows have one of the given ``(pid, correlation)`` pairs (bool per row)."""
+    api = trace.api
+    apid, acorr = api["pid"].to_numpy(np.int64), api["correlation"].to_numpy(np.int64)
+    want = _pid_corr_key(np.asarray(pid, np.int64), np.asarray(corr, np.int64))
+    have = _pid_corr_key(apid, acorr) if want is not None else None
+    if have is None:
+        keys = pd.MultiIndex.from_arrays([np.asarray(pid, np.int64), np.asarray(corr, np.int64)])
+        return np.asarray(pd.MultiIndex.from_arrays([apid, acorr]).isin(keys), bool)
+    return np.isin(have, np.unique(want))
 
 
 def launches(trace: Trace, what: Iterable[str] = OP_KINDS) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from ._ops import OP_KINDS, launches, left_join_ops, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "op_api_rows", "take_str", "per_key", "left_join_ops", "str_contains", "OP_KINDS", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "per_key", "left_join_ops", "str_contains", "OP_KINDS", "group_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -138,6 +138,25 @@ def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     w = max(len(ub), 1)
     inv, pair = pd.factorize(fa.astype(np.int64) * w + fb)
     return inv, np.asarray(ua)[pair // w], np.asarray(ub)[pair % w]
+
+
+def group_codes(*cols: Any) -> tuple[np.ndarray, list[tuple]]:
+    """Rows grouped by several integer columns, as ``groupby(cols, sort=True)`` numbers
+    them: (group of each row, the key of each group in sorted order), with one hash pass
+    per column and no tuple per row."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    uniqs = []
+    for c in cols:
+        f, u = pd.factorize(np.asarray(c), sort=True)
+        key = key * max(len(u), 1) + f
+        uniqs.append(np.asarray(u))
+    codes, ukeys = pd.factorize(key, sort=True)
+    parts = []
+    rest = np.asarray(ukeys, dtype=np.int64)
+    for u in reversed(uniqs):
+        parts.append(u[rest % max(len(u), 1)])
+        rest = rest // max(len(u), 1)
+    return codes, list(zip(*[p.tolist() for p in reversed(parts)]))
 
 
 def thread_label_codes(trace: Trace, pids: Any, tids: Any) -> tuple[np.ndarray, np.ndarray]:
