@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
-from ._util import norm_name
+from ._util import group_codes, norm_name
 
 __all__ = ["enclosing_range", "attribute", "any_region", "where_shares", "ANNOTATION_SOURCES"]
 
@@ -54,29 +54,43 @@ def enclosing_range(ranges: pd.DataFrame, pid: Any, tid: Any, t: Any) -> np.ndar
     if len(ranges) == 0 or t.size == 0:
         return out
     rp = ranges["pid"].to_numpy(np.int64)
-    rt = ranges["tid"].to_numpy(np.int64)
     rs = ranges["start"].to_numpy(np.int64)
     re_ = ranges["end"].to_numpy(np.int64)
     # one integer code per thread, shared by ranges and events
-    keys = pd.MultiIndex.from_arrays([np.concatenate([rp, pid]), np.concatenate([rt, tid])])
-    codes, _ = pd.factorize(keys)
+    codes = group_codes(np.concatenate([rp, pid]), np.concatenate([ranges["tid"].to_numpy(np.int64), tid]))[0]
     rc, ec = codes[: rp.size], codes[rp.size:]
     order = np.lexsort((-re_, rs, rc))  # by thread, start, longest first
     sc, ss, se = rc[order], rs[order], re_[order]
-    n = order.size
-    # group boundaries per thread in the sorted order
-    bounds = np.flatnonzero(np.diff(sc)) + 1
+    bounds = np.flatnonzero(np.diff(sc)) + 1  # group boundaries per thread in the sorted order
     gstart = np.concatenate(([0], bounds))
-    gend = np.concatenate((bounds, [n]))
+    gend = np.concatenate((bounds, [order.size]))
+    depth, parent = _nesting(ss, se, gstart, gend)
+    cand = _latest_started(sc, ss, gstart, gend, ec, t)
+    # climb to the first ancestor that contains t
+    todo = np.flatnonzero(cand >= 0)
+    for _ in range(int(depth.max()) + 2 if order.size else 0):
+        if todo.size == 0:
+            break
+        c = cand[todo]
+        inside = (ss[c] <= t[todo]) & (t[todo] < se[c])
+        done = todo[inside]
+        out[done] = order[cand[done]]
+        rest = todo[~inside]
+        cand[rest] = parent[cand[rest]]
+        todo = rest[cand[rest] >= 0]
+    return out
+
+
+def _nesting(ss: np.ndarray, se: np.ndarray, gstart: np.ndarray, gend: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth of each range (ranges sorted by thread, start, longest first) and its parent:
+    the nearest earlier range of its thread one level up (-1 for none)."""
+    n = ss.size
     depth = np.empty(n, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
     for a, b in zip(gstart, gend):
-        pos = np.arange(b - a)
-        ends_sorted = np.sort(se[a:b])
-        closed = np.searchsorted(ends_sorted, ss[a:b], side="right")
-        d = pos - closed
+        closed = np.searchsorted(np.sort(se[a:b]), ss[a:b], side="right")
+        d = np.arange(b - a) - closed
         depth[a:b] = d
-        # parent: nearest earlier range with depth d-1
         for lvl in range(1, int(d.max()) + 1 if d.size else 0):
             kids = np.flatnonzero(d == lvl)
             ups = np.flatnonzero(d == lvl - 1)
@@ -85,7 +99,12 @@ def enclosing_range(ranges: pd.DataFrame, pid: Any, tid: Any, t: Any) -> np.ndar
             j = np.searchsorted(ups, kids, side="left") - 1
             ok = j >= 0
             parent[a + kids[ok]] = a + ups[j[ok]]
-    # events: latest range on the same thread with start <= t
+    return depth, parent
+
+
+def _latest_started(sc: np.ndarray, ss: np.ndarray, gstart: np.ndarray, gend: np.ndarray, ec: np.ndarray,
+                    t: np.ndarray) -> np.ndarray:
+    """For each event, the latest range on its thread that started at or before it (-1)."""
     thread_of = {int(sc[a]): (a, b) for a, b in zip(gstart, gend)}
     cand = np.full(t.size, -1, dtype=np.int64)
     for code in np.unique(ec):
@@ -97,19 +116,7 @@ def enclosing_range(ranges: pd.DataFrame, pid: Any, tid: Any, t: Any) -> np.ndar
         j = np.searchsorted(ss[a:b], t[ev], side="right") - 1
         ok = j >= 0
         cand[ev[ok]] = a + j[ok]
-    # climb to the first ancestor that contains t
-    todo = np.flatnonzero(cand >= 0)
-    for _ in range(int(depth.max()) + 2 if n else 0):
-        if todo.size == 0:
-            break
-        c = cand[todo]
-        inside = (ss[c] <= t[todo]) & (t[todo] < se[c])
-        done = todo[inside]
-        out[done] = order[cand[done]]
-        rest = todo[~inside]
-        cand[rest] = parent[cand[rest]]
-        todo = rest[cand[rest] >= 0]
-    return out
+    return cand
 
 
 def attribute(trace: Trace, pid: Any, tid: Any, t: Any, *, sources: Iterable[str] | None = None,
