@@ -9,7 +9,7 @@ correlation)`` (one int64 key per pair and a binary search, not a hash join of f
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,7 @@ import pandas as pd
 from ..model import Trace
 
 __all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "left_join_ops", "cached", "api_thread_spans",
-           "api_keys_in"]
+           "api_keys_in", "what_is", "DeviceBusy", "device_busy", "timeline_edges"]
 
 #: the kinds of GPU operation, in op_table's default order
 OP_KINDS = ("kernel", "memcpy", "memset", "graph")
@@ -151,6 +151,54 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray | None] | None:
         ks = key[order]
         first[1:] = ks[1:] != ks[:-1]
     return ks[first], rows[order[first]]
+
+
+def what_is(ops: pd.DataFrame, *kinds: str) -> np.ndarray:
+    """Which rows of an :func:`op_table` frame are of one of ``kinds`` (bool per row)."""
+    w = ops["what"]
+    if not isinstance(w.dtype, pd.CategoricalDtype):
+        return w.isin(list(kinds)).to_numpy(bool)
+    return np.isin(w.cat.codes.to_numpy(), [_WHAT_CATS.get_loc(k) for k in kinds])
+
+
+class DeviceBusy(NamedTuple):
+    """One device's window (first start, last end of any GPU operation) and the union of
+    its kernel and graph-execution intervals (sorted, disjoint)."""
+
+    device: int
+    first: int
+    last: int
+    busy_start: np.ndarray
+    busy_end: np.ndarray
+
+
+def device_busy(trace: Trace) -> list[DeviceBusy]:
+    """:class:`DeviceBusy` of every device, in device order."""
+    return cached(trace, "device_busy", lambda: _device_busy(op_table(trace)))
+
+
+def _device_busy(ops: pd.DataFrame) -> list[DeviceBusy]:
+    from ._util import merge_intervals
+
+    if not len(ops):
+        return []
+    dev = ops["device"].to_numpy(np.int64)
+    start, end = ops["start"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    busy = what_is(ops, "kernel", "graph")
+    out = []
+    for d in np.sort(pd.unique(dev)):
+        m = dev == d
+        mb = m & busy
+        ms, me = merge_intervals(start[mb], end[mb])
+        out.append(DeviceBusy(int(d), int(start[m].min()), int(end[m].max()), ms, me))
+    return out
+
+
+def timeline_edges(trace: Trace, bins: int) -> np.ndarray:
+    """``bins`` equal bins (ns edges, rounded) from the first to the last GPU operation."""
+    parts = device_busy(trace)
+    lo, hi = min(p.first for p in parts), max(p.last for p in parts)
+    return np.linspace(lo, hi, max(1, int(bins)) + 1).round().astype(np.int64)
 
 
 def api_thread_spans(trace: Trace) -> pd.DataFrame:

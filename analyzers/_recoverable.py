@@ -24,6 +24,7 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding, severity_for_recoverable
 from ..model import Trace
 from ..options import Options
+from ._ops import device_busy, timeline_edges
 from ._util import covered_in_bins, merge_intervals, op_table, stream_label, take_str, thread_labels
 
 __all__ = ["steady_starts", "idle_gaps", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
@@ -58,22 +59,13 @@ def steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None = Non
 
 
 def _steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None) -> dict[int, int]:
-    ops = op_table(trace) if ops is None else ops
-    out: dict[int, int] = {}
-    if len(ops) == 0:
-        return out
-    lo, hi = int(ops["start"].min()), int(ops["end"].max())
-    nb = max(1, int(options.timeline_bins))
-    edges = np.linspace(lo, hi, nb + 1).round().astype(np.int64)
+    parts = device_busy(trace)
+    if not parts:
+        return {}
+    edges = timeline_edges(trace, options.timeline_bins)
     widths = np.maximum(np.diff(edges), 1).astype(float)
-    busy_ops = ops[ops["what"].isin(["kernel", "graph"])]
-    for dev, g in ops.groupby("device", sort=True):
-        w0, w1 = int(g["start"].min()), int(g["end"].max())
-        b = busy_ops[busy_ops["device"] == dev]
-        ms, me = merge_intervals(b["start"].to_numpy(), b["end"].to_numpy())
-        frac = covered_in_bins(ms, me, edges) / widths
-        out[int(dev)] = steady_cut(frac, edges, w0, w1, options.startup_fraction)
-    return out
+    return {p.device: steady_cut(covered_in_bins(p.busy_start, p.busy_end, edges) / widths, edges, p.first,
+                                 p.last, options.startup_fraction) for p in parts}
 
 
 def steady_cut(frac: np.ndarray, edges: np.ndarray, w0: int, w1: int, startup_fraction: float) -> int:

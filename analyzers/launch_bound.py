@@ -29,6 +29,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
+from ._ops import what_is
 from ._recoverable import device_gaps, examples, finish, report, steady_starts, steady_window
 from ._util import merge_intervals, op_api_rows, op_table, per_key, r, take_str, thread_label_codes
 
@@ -160,13 +161,12 @@ def _where(trace: Trace, gaps: pd.DataFrame, options: Options) -> list[dict]:
 def _advice(trace: Trace, ops: pd.DataFrame) -> str:
     """What to do; a trace whose GPU time already runs mostly in CUDA graphs is told to
     overlap requests, not to capture graphs it already has."""
-    what = take_str(ops["what"])
-    kern = what == "kernel"
+    kern, graph = what_is(ops, "kernel"), what_is(ops, "graph")
     in_graph = np.zeros(len(ops), dtype=bool)
     if len(trace.kernels):
         in_graph[kern] = trace.kernels["in_graph"].to_numpy(bool)[ops["row"].to_numpy()[kern]]
-    busy = kern | (what == "graph")
-    graphed = (what == "graph") | in_graph
+    busy = kern | graph
+    graphed = graph | in_graph
     s, e = ops["start"].to_numpy(), ops["end"].to_numpy()
     ms, me = merge_intervals(s[busy], e[busy])
     gs, ge = merge_intervals(s[graphed], e[graphed])
