@@ -205,16 +205,14 @@ def api_thread_spans(trace: Trace) -> pd.DataFrame:
     """Per CPU thread ``(pid, tid)`` of the API table (sorted): its first call start ``lo``
     and last call end ``hi``, as ``api.groupby(["pid", "tid"]).agg(min start, max end)``."""
     def make() -> pd.DataFrame:
+        from ._util import pair_codes
+
         api = trace.api
-        pid, tid = api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64)
-        fp, up = pd.factorize(pid)
-        ft, ut = pd.factorize(tid)
-        codes = fp.astype(np.int64) * max(len(ut), 1) + ft
+        codes, pid, tid = pair_codes(api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64))
         lo = pd.Series(api["start"].to_numpy(np.int64)).groupby(codes).min()
         hi = pd.Series(api["end"].to_numpy(np.int64)).groupby(codes).max()
         c = lo.index.to_numpy()
-        index = pd.MultiIndex.from_arrays([np.asarray(up)[c // max(len(ut), 1)], np.asarray(ut)[c % max(len(ut), 1)]],
-                                          names=["pid", "tid"])
+        index = pd.MultiIndex.from_arrays([pid[c], tid[c]], names=["pid", "tid"])
         return pd.DataFrame({"lo": lo.to_numpy(), "hi": hi.to_numpy()}, index=index).sort_index()
     return cached(trace, "api_thread_spans", make)
 

@@ -17,7 +17,7 @@ from ._ops import OP_KINDS, launches, left_join_ops, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "op_api_rows", "take_str", "per_key", "left_join_ops", "str_contains", "OP_KINDS", "group_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "per_key", "left_join_ops", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -132,12 +132,24 @@ def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (a, b) pairs in first-seen order: (code of each row, a and b of each pair)."""
+    """Distinct (a, b) pairs in first-seen order: (code of each row, a and b of each pair).
+    One hash pass over a packed key when both fit in 32 bits (pids, tids, streams do)."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    lim = 1 << 31
+    if not len(a) or (-lim <= a.min() and a.max() < lim and -lim <= b.min() and b.max() < lim):
+        inv, keys = pd.factorize((a << 32) | (b & 0xFFFFFFFF))
+        keys = np.asarray(keys, dtype=np.int64)
+        lo = keys & 0xFFFFFFFF
+        return inv, keys >> 32, np.where(lo >= lim, lo - (1 << 32), lo)
     fa, ua = pd.factorize(a)
     fb, ub = pd.factorize(b)
     w = max(len(ub), 1)
     inv, pair = pd.factorize(fa.astype(np.int64) * w + fb)
     return inv, np.asarray(ua)[pair // w], np.asarray(ub)[pair % w]
+
+
+pair_codes = _pairs
 
 
 def group_codes(*cols: Any) -> tuple[np.ndarray, list[tuple]]:

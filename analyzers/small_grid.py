@@ -29,13 +29,11 @@ __all__ = ["analyze"]
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
-    res = AnalysisResult(name="small-grid")
     k = trace.kernels
-    if len(k) == 0:
-        res.data = {"kernels": 0}
-        return res
-    dv = trace.devices.dropna(subset=["sm_count"]) if len(trace.devices) else trace.devices
-    sms = {int(d): int(s) for d, s in zip(dv["device"], dv["sm_count"]) if int(s) > 0}
+    if not len(k):
+        return AnalysisResult(name="small-grid", data={"kernels": 0})
+    res = AnalysisResult(name="small-grid")
+    sms = _sm_counts(trace)
     kdev = k["device"].to_numpy(np.int64)
     g = (k["grid_x"] * k["grid_y"].fillna(1) * k["grid_z"].fillna(1))
     blocks = g.fillna(0).to_numpy(np.int64)
@@ -71,6 +69,12 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                               n=options.examples_per_finding)
     finish(f, rec, steady_window(trace, options), options)
     return res
+
+
+def _sm_counts(trace: Trace) -> dict[int, int]:
+    """SM count of each device whose count the trace knows."""
+    dv = trace.devices.dropna(subset=["sm_count"]) if len(trace.devices) else trace.devices
+    return {int(d): int(s) for d, s in zip(dv["device"], dv["sm_count"]) if int(s) > 0}
 
 
 def _evidence(k: pd.DataFrame, kdev: np.ndarray, sms: dict[int, int], ok: np.ndarray, smallm: np.ndarray,

@@ -123,9 +123,12 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
         return streams, flagged, calls_of
     order = np.argsort(code, kind="stable")
     bounds = np.searchsorted(code[order], np.arange(len(uniq) + 1))
+    j = j[["pid", "device", "stream", "tid", "api_start", "api_end"]]
+    a_start, a_end = j["api_start"].to_numpy(), j["api_end"].to_numpy()
     for c in many:
         pid, dev, st = uniq[c]
-        calls = j.iloc[order[bounds[c]: bounds[c + 1]]].sort_values(["api_start", "api_end"], kind="stable")
+        rows = order[bounds[c]: bounds[c + 1]]
+        calls = j.iloc[rows[np.lexsort((a_end[rows], a_start[rows]))]]  # by launch start, then end
         info, overlapped, d = _stream_info(trace, pid, dev, st, int(nthreads[c]), calls, options)
         streams.append(info)
         if info["contended"]:
