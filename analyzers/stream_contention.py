@@ -123,12 +123,12 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
         return streams, flagged, calls_of
     order = np.argsort(code, kind="stable")
     bounds = np.searchsorted(code[order], np.arange(len(uniq) + 1))
-    j = j[["pid", "device", "stream", "tid", "api_start", "api_end"]]
-    a_start, a_end = j["api_start"].to_numpy(), j["api_end"].to_numpy()
+    cols = {c: j[c].to_numpy() for c in ("pid", "device", "stream", "tid", "api_start", "api_end")}
     for c in many:
         pid, dev, st = uniq[c]
         rows = order[bounds[c]: bounds[c + 1]]
-        calls = j.iloc[rows[np.lexsort((a_end[rows], a_start[rows]))]]  # by launch start, then end
+        rows = rows[np.lexsort((cols["api_end"][rows], cols["api_start"][rows]))]  # by launch start, then end
+        calls = pd.DataFrame({k: v[rows] for k, v in cols.items()})
         info, overlapped, d = _stream_info(trace, pid, dev, st, int(nthreads[c]), calls, options)
         streams.append(info)
         if info["contended"]:
