@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
+from ._arrays import merge_intervals, pair_codes
 
 __all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "left_join_ops", "cached", "api_thread_spans",
            "api_keys_in", "what_is", "DeviceBusy", "device_busy", "timeline_edges"]
@@ -178,8 +179,6 @@ def device_busy(trace: Trace) -> list[DeviceBusy]:
 
 
 def _device_busy(ops: pd.DataFrame) -> list[DeviceBusy]:
-    from ._util import merge_intervals
-
     if not len(ops):
         return []
     dev = ops["device"].to_numpy(np.int64)
@@ -205,8 +204,6 @@ def api_thread_spans(trace: Trace) -> pd.DataFrame:
     """Per CPU thread ``(pid, tid)`` of the API table (sorted): its first call start ``lo``
     and last call end ``hi``, as ``api.groupby(["pid", "tid"]).agg(min start, max end)``."""
     def make() -> pd.DataFrame:
-        from ._util import pair_codes
-
         api = trace.api
         codes, pid, tid = pair_codes(api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64))
         lo = pd.Series(api["start"].to_numpy(np.int64)).groupby(codes).min()

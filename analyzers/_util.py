@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
+from ._arrays import merge_intervals, pair_codes
 from ._ops import OP_KINDS, launches, left_join_ops, op_api_rows, op_table
 
 __all__ = [
@@ -27,24 +28,6 @@ SYNC_RE = re.compile(r"Synchronize")
 BLOCKING_COPY_RE = re.compile(r"^(?:cuda|cu|hip)Memcpy(?!.*Async)")
 #: Launching a CUDA graph.
 GRAPH_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)GraphLaunch")
-
-
-def merge_intervals(start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals ``[start, end)`` as sorted disjoint (starts, ends) arrays.
-    Touching intervals are merged."""
-    s = np.asarray(start, dtype=np.int64)
-    e = np.asarray(end, dtype=np.int64)
-    if s.size == 0:
-        return s[:0], e[:0]
-    e = np.maximum(e, s)
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    cm = np.maximum.accumulate(e)
-    new = np.empty(s.size, dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > cm[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
 
 
 def union_length(start: Any, end: Any) -> int:
@@ -131,27 +114,6 @@ def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
     return labels[codes].tolist()
 
 
-def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (a, b) pairs in first-seen order: (code of each row, a and b of each pair).
-    One hash pass over a packed key when both fit in 32 bits (pids, tids, streams do)."""
-    a = np.asarray(a, dtype=np.int64)
-    b = np.asarray(b, dtype=np.int64)
-    lim = 1 << 31
-    if not len(a) or (-lim <= a.min() and a.max() < lim and -lim <= b.min() and b.max() < lim):
-        inv, keys = pd.factorize((a << 32) | (b & 0xFFFFFFFF))
-        keys = np.asarray(keys, dtype=np.int64)
-        lo = keys & 0xFFFFFFFF
-        return inv, keys >> 32, np.where(lo >= lim, lo - (1 << 32), lo)
-    fa, ua = pd.factorize(a)
-    fb, ub = pd.factorize(b)
-    w = max(len(ub), 1)
-    inv, pair = pd.factorize(fa.astype(np.int64) * w + fb)
-    return inv, np.asarray(ua)[pair // w], np.asarray(ub)[pair % w]
-
-
-pair_codes = _pairs
-
-
 def group_codes(*cols: Any) -> tuple[np.ndarray, list[tuple]]:
     """Rows grouped by several integer columns, as ``groupby(cols, sort=True)`` numbers
     them: (group of each row, the key of each group in sorted order), with one hash pass
@@ -183,7 +145,7 @@ def thread_label_codes(trace: Trace, pids: Any, tids: Any) -> tuple[np.ndarray, 
     q = np.asarray(tids, dtype=np.int64)
     if p.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, dtype=object)
-    inv, pa, pb = _pairs(p, q)
+    inv, pa, pb = pair_codes(p, q)
     labels = []
     for a, b in zip(pa.tolist(), pb.tolist()):
         n = names.get((a, b))
@@ -206,8 +168,8 @@ def stream_label_codes(pids: Any, devices: Any, streams: Any) -> tuple[np.ndarra
     p = np.asarray(pids, np.int64)
     if p.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, dtype=object)
-    pair, up, ud = _pairs(p, np.asarray(devices, np.int64))
-    inv, which, us = _pairs(pair, np.asarray(streams, np.int64))
+    pair, up, ud = pair_codes(p, np.asarray(devices, np.int64))
+    inv, which, us = pair_codes(pair, np.asarray(streams, np.int64))
     return inv, np.array([stream_label(up[i], ud[i], x) for i, x in zip(which.tolist(), us.tolist())], dtype=object)
 
 
