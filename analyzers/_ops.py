@@ -17,7 +17,7 @@ import pandas as pd
 from ..model import Trace
 from ._arrays import merge_intervals, pair_codes
 
-__all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "left_join_ops", "cached", "api_thread_spans",
+__all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "cached", "api_thread_spans",
            "api_keys_in", "what_is", "DeviceBusy", "device_busy", "timeline_edges"]
 
 #: the kinds of GPU operation, in op_table's default order
@@ -261,37 +261,4 @@ def _launches(trace: Trace, ops: pd.DataFrame, api_rows: np.ndarray) -> pd.DataF
     out["api_name"] = api["name"].take(src).reset_index(drop=True) if len(api) else pd.Series(dtype="object")
     if "callsite" in api.columns and len(api):
         out["callsite"] = api["callsite"].take(src).reset_index(drop=True)
-    return out
-
-
-def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
-    """``ops.merge(j[["what", "row"] + cols], on=["what", "row"], how="left")`` for an
-    :func:`op_table` frame and a :func:`launches` frame (unique ``(what, row)``): numeric
-    columns come back as float64 with NaN where an operation has no launch call, others
-    (names, call sites) with a missing value."""
-    def key(df: pd.DataFrame) -> np.ndarray:
-        w = df["what"]
-        codes = (w.cat.codes.to_numpy().astype(np.int64) if isinstance(w.dtype, pd.CategoricalDtype)
-                 else _WHAT_CATS.get_indexer(w.astype(object)).astype(np.int64))
-        return (codes << 40) | df["row"].to_numpy(np.int64)
-
-    out = ops.copy(deep=False)
-    if not len(j):
-        for c in cols:
-            out[c] = np.full(len(ops), np.nan)
-        return out
-    kj = key(j)
-    order = np.argsort(kj, kind="stable")
-    ks = kj[order]
-    ko = key(ops)
-    pos = np.minimum(np.searchsorted(ks, ko), len(ks) - 1)
-    hit = ks[pos] == ko
-    src = order[pos]
-    for c in cols:
-        col = j[c]
-        if pd.api.types.is_numeric_dtype(col.dtype) and not isinstance(col.dtype, pd.CategoricalDtype):
-            v = col.to_numpy(dtype="float64", na_value=np.nan)
-            out[c] = np.where(hit, v[src], np.nan)
-        else:  # names, call sites: the value where there is a launch, missing elsewhere
-            out[c] = col.take(src).reset_index(drop=True).where(pd.Series(hit))
     return out

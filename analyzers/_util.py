@@ -14,11 +14,11 @@ import pandas as pd
 
 from ..model import Trace
 from ._arrays import merge_intervals, pair_codes
-from ._ops import OP_KINDS, launches, left_join_ops, op_api_rows, op_table
+from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "op_api_rows", "take_str", "per_key", "left_join_ops", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
