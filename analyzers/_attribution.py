@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
-from ._util import norm_name
+from ._util import group_codes, norm_name
 
-__all__ = ["enclosing_range", "attribute", "where_shares", "ANNOTATION_SOURCES"]
+__all__ = ["enclosing_range", "attribute", "any_region", "where_shares", "ANNOTATION_SOURCES"]
 
 #: sources counted as "code regions" (everything except individual aten ops)
 ANNOTATION_SOURCES = ("nvtx", "nvtx_pushpop", "nvtx_startend", "user_annotation")
@@ -54,29 +54,43 @@ def enclosing_range(ranges: pd.DataFrame, pid: Any, tid: Any, t: Any) -> np.ndar
     if len(ranges) == 0 or t.size == 0:
         return out
     rp = ranges["pid"].to_numpy(np.int64)
-    rt = ranges["tid"].to_numpy(np.int64)
     rs = ranges["start"].to_numpy(np.int64)
     re_ = ranges["end"].to_numpy(np.int64)
     # one integer code per thread, shared by ranges and events
-    keys = pd.MultiIndex.from_arrays([np.concatenate([rp, pid]), np.concatenate([rt, tid])])
-    codes, _ = pd.factorize(keys)
+    codes = group_codes(np.concatenate([rp, pid]), np.concatenate([ranges["tid"].to_numpy(np.int64), tid]))[0]
     rc, ec = codes[: rp.size], codes[rp.size:]
     order = np.lexsort((-re_, rs, rc))  # by thread, start, longest first
     sc, ss, se = rc[order], rs[order], re_[order]
-    n = order.size
-    # group boundaries per thread in the sorted order
-    bounds = np.flatnonzero(np.diff(sc)) + 1
+    bounds = np.flatnonzero(np.diff(sc)) + 1  # group boundaries per thread in the sorted order
     gstart = np.concatenate(([0], bounds))
-    gend = np.concatenate((bounds, [n]))
+    gend = np.concatenate((bounds, [order.size]))
+    depth, parent = _nesting(ss, se, gstart, gend)
+    cand = _latest_started(sc, ss, gstart, gend, ec, t)
+    # climb to the first ancestor that contains t
+    todo = np.flatnonzero(cand >= 0)
+    for _ in range(int(depth.max()) + 2 if order.size else 0):
+        if todo.size == 0:
+            break
+        c = cand[todo]
+        inside = (ss[c] <= t[todo]) & (t[todo] < se[c])
+        done = todo[inside]
+        out[done] = order[cand[done]]
+        rest = todo[~inside]
+        cand[rest] = parent[cand[rest]]
+        todo = rest[cand[rest] >= 0]
+    return out
+
+
+def _nesting(ss: np.ndarray, se: np.ndarray, gstart: np.ndarray, gend: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth of each range (ranges sorted by thread, start, longest first) and its parent:
+    the nearest earlier range of its thread one level up (-1 for none)."""
+    n = ss.size
     depth = np.empty(n, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
     for a, b in zip(gstart, gend):
-        pos = np.arange(b - a)
-        ends_sorted = np.sort(se[a:b])
-        closed = np.searchsorted(ends_sorted, ss[a:b], side="right")
-        d = pos - closed
+        closed = np.searchsorted(np.sort(se[a:b]), ss[a:b], side="right")
+        d = np.arange(b - a) - closed
         depth[a:b] = d
-        # parent: nearest earlier range with depth d-1
         for lvl in range(1, int(d.max()) + 1 if d.size else 0):
             kids = np.flatnonzero(d == lvl)
             ups = np.flatnonzero(d == lvl - 1)
@@ -85,7 +99,12 @@ def enclosing_range(ranges: pd.DataFrame, pid: Any, tid: Any, t: Any) -> np.ndar
             j = np.searchsorted(ups, kids, side="left") - 1
             ok = j >= 0
             parent[a + kids[ok]] = a + ups[j[ok]]
-    # events: latest range on the same thread with start <= t
+    return depth, parent
+
+
+def _latest_started(sc: np.ndarray, ss: np.ndarray, gstart: np.ndarray, gend: np.ndarray, ec: np.ndarray,
+                    t: np.ndarray) -> np.ndarray:
+    """For each event, the latest range on its thread that started at or before it (-1)."""
     thread_of = {int(sc[a]): (a, b) for a, b in zip(gstart, gend)}
     cand = np.full(t.size, -1, dtype=np.int64)
     for code in np.unique(ec):
@@ -97,19 +116,7 @@ def enclosing_range(ranges: pd.DataFrame, pid: Any, tid: Any, t: Any) -> np.ndar
         j = np.searchsorted(ss[a:b], t[ev], side="right") - 1
         ok = j >= 0
         cand[ev[ok]] = a + j[ok]
-    # climb to the first ancestor that contains t
-    todo = np.flatnonzero(cand >= 0)
-    for _ in range(int(depth.max()) + 2 if n else 0):
-        if todo.size == 0:
-            break
-        c = cand[todo]
-        inside = (ss[c] <= t[todo]) & (t[todo] < se[c])
-        done = todo[inside]
-        out[done] = order[cand[done]]
-        rest = todo[~inside]
-        cand[rest] = parent[cand[rest]]
-        todo = rest[cand[rest] >= 0]
-    return out
+    return cand
 
 
 def attribute(trace: Trace, pid: Any, tid: Any, t: Any, *, sources: Iterable[str] | None = None,
@@ -136,18 +143,30 @@ def attribute(trace: Trace, pid: Any, tid: Any, t: Any, *, sources: Iterable[str
     return res
 
 
+def any_region(reg: np.ndarray) -> bool:
+    """Whether :func:`attribute` named a region for any event."""
+    return bool(len(reg)) and bool(pd.notna(reg).any())
+
+
 def where_shares(labels: Any, weights: Any = None, *, key: str, top: int = 5,
                  extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """``where`` entries: the ``top`` labels by total weight with their share of the whole.
-    Missing labels (``None``) are dropped from the list but count in the total."""
-    lab = np.asarray(labels, dtype=object)
-    w = pd.Series(np.ones(len(lab)) if weights is None else np.asarray(weights, dtype=float))
+    Missing labels (``None``) are dropped from the list but count in the total. ``labels``
+    may also be (code of each row, label of each code), as ``thread_label_codes`` gives."""
+    if isinstance(labels, tuple):  # (code of each row, label of each code)
+        codes, uniq = labels
+        n = len(codes)
+    else:
+        lab = np.asarray(labels, dtype=object)
+        n = len(lab)
+    w = pd.Series(np.ones(n) if weights is None else np.asarray(weights, dtype=float))
     total = float(w.sum())
-    if total <= 0 or len(lab) == 0:
+    if total <= 0 or n == 0:
         return []
     # group on integer codes (a label per distinct value, not per row), then order the
     # groups by label as a groupby on the labels would, before ranking them
-    codes, uniq = pd.factorize(lab)
+    if not isinstance(labels, tuple):
+        codes, uniq = pd.factorize(lab)
     ok = codes >= 0
     g = w[ok].groupby(codes[ok]).sum()
     g.index = pd.Index(uniq, dtype=object)[g.index.to_numpy()]

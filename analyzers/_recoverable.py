@@ -16,18 +16,19 @@ that ended it (``what``/``row`` in :func:`~._util.op_table`).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from ..findings import Finding, severity_for_recoverable
+from ..findings import AnalysisResult, Finding, severity_for_recoverable
 from ..model import Trace
 from ..options import Options
-from ._util import covered_in_bins, merge_intervals, op_table, stream_label, thread_labels
+from ._ops import device_busy, timeline_edges
+from ._util import covered_in_bins, merge_intervals, op_table, stream_label, take_str, thread_labels
 
-__all__ = ["steady_starts", "idle_gaps", "analysis_window", "steady_window", "finish", "examples",
-           "gaps_containing"]
+__all__ = ["steady_starts", "idle_gaps", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
+           "gaps_containing", "report"]
 
 
 #: per live trace (by id, dropped when the trace is collected): results of the functions
@@ -58,22 +59,13 @@ def steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None = Non
 
 
 def _steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None) -> dict[int, int]:
-    ops = op_table(trace) if ops is None else ops
-    out: dict[int, int] = {}
-    if len(ops) == 0:
-        return out
-    lo, hi = int(ops["start"].min()), int(ops["end"].max())
-    nb = max(1, int(options.timeline_bins))
-    edges = np.linspace(lo, hi, nb + 1).round().astype(np.int64)
+    parts = device_busy(trace)
+    if not parts:
+        return {}
+    edges = timeline_edges(trace, options.timeline_bins)
     widths = np.maximum(np.diff(edges), 1).astype(float)
-    busy_ops = ops[ops["what"].isin(["kernel", "graph"])]
-    for dev, g in ops.groupby("device", sort=True):
-        w0, w1 = int(g["start"].min()), int(g["end"].max())
-        b = busy_ops[busy_ops["device"] == dev]
-        ms, me = merge_intervals(b["start"].to_numpy(), b["end"].to_numpy())
-        frac = covered_in_bins(ms, me, edges) / widths
-        out[int(dev)] = steady_cut(frac, edges, w0, w1, options.startup_fraction)
-    return out
+    return {p.device: steady_cut(covered_in_bins(p.busy_start, p.busy_end, edges) / widths, edges, p.first,
+                                 p.last, options.startup_fraction) for p in parts}
 
 
 def steady_cut(frac: np.ndarray, edges: np.ndarray, w0: int, w1: int, startup_fraction: float) -> int:
@@ -110,35 +102,69 @@ def steady_window(trace: Trace, options: Options) -> int:
     return int(sum(max(0, int(e) - st.get(int(d), int(e))) for d, e in ends.items()))
 
 
+class DeviceGaps(NamedTuple):
+    """One device's GPU operations in (start, end) order and the idle gaps between them."""
+
+    device: int
+    order: np.ndarray  # positions in op_table(trace), by (start, end), stable
+    start: np.ndarray  # start of each operation, in that order
+    reach: np.ndarray  # the latest end of all work up to and including each operation
+    ends_gap: np.ndarray  # positions (in that order) of the operations that end a gap
+    gap: np.ndarray  # length of each of those gaps (ns)
+
+    @property
+    def gap_start(self) -> np.ndarray:
+        """When the device went idle before each gap."""
+        return self.reach[self.ends_gap - 1]
+
+
+def device_gaps(trace: Trace) -> list[DeviceGaps]:
+    """Every device's idle gaps (in device order): the stretches of its window covered by
+    no operation, each ended by the operation that starts it busy again."""
+    return _cached(trace, ("device_gaps",), lambda: _device_gaps(op_table(trace)))
+
+
+def _device_gaps(ops: pd.DataFrame) -> list[DeviceGaps]:
+    dev = ops["device"].to_numpy(np.int64)
+    start = ops["start"].to_numpy(np.int64)
+    end = ops["end"].to_numpy(np.int64)
+    out = []
+    for d in np.unique(dev):
+        pos = np.flatnonzero(dev == d)
+        o = pos[np.lexsort((end[pos], start[pos]))]
+        s = start[o]
+        cm = np.maximum.accumulate(end[o])
+        gap = np.zeros(s.size, dtype=np.int64)
+        gap[1:] = s[1:] - cm[:-1]
+        idx = np.flatnonzero(gap > 0)
+        out.append(DeviceGaps(int(d), o, s, cm, idx, gap[idx]))
+    return out
+
+
 def idle_gaps(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -> pd.DataFrame:
     """Idle gaps of every device: ``device, start, end, ns, what, row, pid, stream,
     steady`` - ``start`` is when the device went idle (end of all work before), ``end``
     when the operation (``what``, ``row``) that ended the gap started; ``steady`` is True
     when the gap lies after the device's steady-state start."""
-    return _cached(trace, ("gaps", options), lambda: _idle_gaps(trace, options, ops)).copy()
+    return _cached(trace, ("gaps", options), lambda: _idle_gaps(trace, options)).copy()
 
 
-def _idle_gaps(trace: Trace, options: Options, ops: pd.DataFrame | None) -> pd.DataFrame:
-    ops = op_table(trace) if ops is None else ops
+def _idle_gaps(trace: Trace, options: Options) -> pd.DataFrame:
     cols = ["device", "start", "end", "ns", "what", "row", "pid", "stream", "steady"]
-    if len(ops) == 0:
+    ops = op_table(trace)
+    parts = device_gaps(trace)
+    if not parts:
         return pd.DataFrame({c: [] for c in cols})
     st = steady_starts(trace, options, ops)
-    parts = []
-    for dev, g in ops.groupby("device", sort=True):
-        g = g.sort_values(["start", "end"], kind="stable")
-        s = g["start"].to_numpy(np.int64)
-        e = g["end"].to_numpy(np.int64)
-        cm = np.maximum.accumulate(e)
-        gap = np.zeros(s.size, dtype=np.int64)
-        gap[1:] = s[1:] - cm[:-1]
-        idx = np.flatnonzero(gap > 0)
-        parts.append(pd.DataFrame({
-            "device": int(dev), "start": cm[idx - 1], "end": s[idx], "ns": gap[idx],
-            "what": g["what"].to_numpy(object)[idx], "row": g["row"].to_numpy(np.int64)[idx],
-            "pid": g["pid"].to_numpy(np.int64)[idx], "stream": g["stream"].to_numpy(np.int64)[idx],
-            "steady": cm[idx - 1] >= st.get(int(dev), 0)}))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in cols})
+    at = np.concatenate([g.order[g.ends_gap] for g in parts])
+    gap_start = np.concatenate([g.gap_start for g in parts])
+    device = np.concatenate([np.full(g.ends_gap.size, g.device, np.int64) for g in parts])
+    steady_at = np.concatenate([np.full(g.ends_gap.size, st.get(g.device, 0), np.int64) for g in parts])
+    return pd.DataFrame({
+        "device": device, "start": gap_start, "end": ops["start"].to_numpy(np.int64)[at],
+        "ns": np.concatenate([g.gap for g in parts]), "what": take_str(ops["what"], at),
+        "row": ops["row"].to_numpy(np.int64)[at], "pid": ops["pid"].to_numpy(np.int64)[at],
+        "stream": ops["stream"].to_numpy(np.int64)[at], "steady": gap_start >= steady_at})
 
 
 def gaps_containing(gaps: pd.DataFrame, t: Any, device: Any = None) -> np.ndarray:
@@ -164,6 +190,15 @@ def gaps_containing(gaps: pd.DataFrame, t: Any, device: Any = None) -> np.ndarra
         sel = hit & (out < 0)
         out[sel] = gi[i[sel]]
     return out
+
+
+def report(res: AnalysisResult, fid: str, *, title: str, evidence: dict[str, Any], recommendation: str,
+           where: list[dict[str, Any]], action: str) -> Finding:
+    """Add a finding (severity "note" until :func:`finish` sets it) to ``res``; return it."""
+    f = Finding(id=fid, severity="note", title=title, evidence=evidence, recommendation=recommendation,
+                where=where, action=action)
+    res.findings.append(f)
+    return f
 
 
 def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options) -> Finding:

@@ -7,16 +7,18 @@ table and all analyzers together must stay well under a second.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..model import Trace
+from ._arrays import merge_intervals, pair_codes
+from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "left_join_ops", "str_contains", "OP_KINDS", "stream_label", "stream_labels", "thread_label", "thread_labels", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -26,24 +28,6 @@ SYNC_RE = re.compile(r"Synchronize")
 BLOCKING_COPY_RE = re.compile(r"^(?:cuda|cu|hip)Memcpy(?!.*Async)")
 #: Launching a CUDA graph.
 GRAPH_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)GraphLaunch")
-
-
-def merge_intervals(start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals ``[start, end)`` as sorted disjoint (starts, ends) arrays.
-    Touching intervals are merged."""
-    s = np.asarray(start, dtype=np.int64)
-    e = np.asarray(end, dtype=np.int64)
-    if s.size == 0:
-        return s[:0], e[:0]
-    e = np.maximum(e, s)
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    cm = np.maximum.accumulate(e)
-    new = np.empty(s.size, dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > cm[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
 
 
 def union_length(start: Any, end: Any) -> int:
@@ -76,6 +60,26 @@ def intersect_length(ms: np.ndarray, me: np.ndarray, lo: int, hi: int) -> int:
     return int(c[1] - c[0])
 
 
+def take_str(s: pd.Series, rows: Any = None) -> np.ndarray:
+    """``s.to_numpy(object)[rows]`` (missing values NaN), converting only the rows taken:
+    for a categorical, one Python object per distinct value, not per row."""
+    if not isinstance(s.dtype, pd.CategoricalDtype):
+        v = s.to_numpy(object)
+        return v if rows is None else v[rows]
+    codes = s.cat.codes.to_numpy()
+    if rows is not None:
+        codes = codes[rows]
+    vals = np.append(np.asarray(s.cat.categories, dtype=object), np.nan)
+    return vals[codes]
+
+
+def per_key(keys: Any, mapping: dict[int, Any], default: Any = 0) -> np.ndarray:
+    """``[mapping.get(k, default) for k in keys]`` as an array, by one lookup per distinct key."""
+    k = np.asarray(keys, dtype=np.int64)
+    uniq, inv = np.unique(k, return_inverse=True)
+    return np.array([mapping.get(int(u), default) for u in uniq])[inv.reshape(-1)] if k.size else np.zeros(0)
+
+
 def str_contains(s: pd.Series, pat: Any, regex: bool = True) -> pd.Series:
     """``s.astype(str).str.contains(pat)`` as a bool Series (missing -> False), evaluated
     once per distinct value when ``s`` is categorical (the trace model's string columns),
@@ -92,186 +96,6 @@ def str_contains(s: pd.Series, pat: Any, regex: bool = True) -> pd.Series:
     return s.astype(str).str.contains(pat, regex=regex).fillna(False).astype(bool)
 
 
-#: the kinds of GPU operation, in op_table's default order
-OP_KINDS = ("kernel", "memcpy", "memset", "graph")
-#: ``what`` is a categorical with these categories (sorted, so it sorts like the strings)
-_WHAT_CATS = pd.Index(sorted(OP_KINDS), dtype=object)
-
-
-def _build_op_table(trace: Trace, what: Iterable[str]) -> pd.DataFrame:
-    cols = ["start", "end", "pid", "device", "stream", "correlation"]
-    src = {"kernel": trace.kernels, "memcpy": trace.memcpys, "memset": trace.memsets, "graph": trace.graphs}
-    parts = []
-    for w in what:
-        df = src[w]
-        if len(df):
-            p = df[cols].copy()
-            p["what"] = pd.Categorical.from_codes(np.full(len(df), _WHAT_CATS.get_loc(w), dtype=np.int8),
-                                                  categories=_WHAT_CATS)
-            p["row"] = np.arange(len(df))
-            parts.append(p)
-    if not parts:
-        out = pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
-        out["what"] = pd.Series(dtype="object")
-        out["row"] = pd.Series(dtype="int64")
-        return out
-    return pd.concat(parts, ignore_index=True)
-
-
-def _subset(full: pd.DataFrame, what: tuple[str, ...]) -> pd.DataFrame | None:
-    """Rows of a full (all kinds, default order) table for ``what``, if ``what`` keeps the
-    default order (then the rows come out exactly as a table built for ``what`` would)."""
-    if what == OP_KINDS:
-        return full.copy(deep=False)
-    pos = [OP_KINDS.index(w) for w in what if w in OP_KINDS]
-    if len(pos) != len(what) or pos != sorted(pos):
-        return None
-    if not len(full) or not isinstance(full["what"].dtype, pd.CategoricalDtype):
-        return full.iloc[:0].copy() if not len(full) else None
-    keep = np.isin(full["what"].cat.codes.to_numpy(), [_WHAT_CATS.get_loc(w) for w in what])
-    idx = np.flatnonzero(keep)
-    if idx.size and idx[-1] - idx[0] + 1 == idx.size:  # one block: a slice, no copy
-        return full.iloc[int(idx[0]): int(idx[-1]) + 1].reset_index(drop=True)
-    return full[keep].reset_index(drop=True)
-
-
-def _cached(trace: Trace, name: str, make: Any) -> Any:
-    """A per-trace cache for the tables several analyzers build (the trace is read-only
-    to analyzers); entries are keyed to the table objects they were built from."""
-    cache = trace.__dict__.setdefault("_analysis_cache", {})
-    key = (name, id(trace.kernels), id(trace.memcpys), id(trace.memsets), id(trace.graphs), id(trace.api))
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
-
-
-def op_table(trace: Trace, what: Iterable[str] = OP_KINDS) -> pd.DataFrame:
-    """GPU operations of the requested kinds in one frame (``Trace.gpu_activity`` columns
-    plus ``row``: the index in the source table). ``what`` is categorical."""
-    what = tuple(what)
-    full = _cached(trace, "ops", lambda: _build_op_table(trace, OP_KINDS))
-    sub = _subset(full, what)
-    return sub if sub is not None else _build_op_table(trace, what)
-
-
-def left_join_ops(ops: pd.DataFrame, j: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
-    """``ops.merge(j[["what", "row"] + cols], on=["what", "row"], how="left")`` for an
-    :func:`op_table` frame and a :func:`launches` frame (unique ``(what, row)``): numeric
-    columns come back as float64 with NaN where an operation has no launch call, others
-    (names, call sites) with a missing value."""
-    def key(df: pd.DataFrame) -> np.ndarray:
-        w = df["what"]
-        codes = (w.cat.codes.to_numpy().astype(np.int64) if isinstance(w.dtype, pd.CategoricalDtype)
-                 else _WHAT_CATS.get_indexer(w.astype(object)).astype(np.int64))
-        return (codes << 40) | df["row"].to_numpy(np.int64)
-
-    out = ops.copy(deep=False)
-    if not len(j):
-        for c in cols:
-            out[c] = np.full(len(ops), np.nan)
-        return out
-    kj = key(j)
-    order = np.argsort(kj, kind="stable")
-    ks = kj[order]
-    ko = key(ops)
-    pos = np.minimum(np.searchsorted(ks, ko), len(ks) - 1)
-    hit = ks[pos] == ko
-    src = order[pos]
-    for c in cols:
-        col = j[c]
-        if pd.api.types.is_numeric_dtype(col.dtype) and not isinstance(col.dtype, pd.CategoricalDtype):
-            v = col.to_numpy(dtype="float64", na_value=np.nan)
-            out[c] = np.where(hit, v[src], np.nan)
-        else:  # names, call sites: the value where there is a launch, missing elsewhere
-            out[c] = col.take(src).reset_index(drop=True).where(pd.Series(hit))
-    return out
-
-
-def launches(trace: Trace, what: Iterable[str] = ("kernel", "memcpy", "memset", "graph")) -> pd.DataFrame:
-    """GPU operations joined to the CPU API call that issued them, on ``(pid, correlation)``.
-
-    Returns the :func:`op_table` columns plus ``tid``, ``api_start``, ``api_end``,
-    ``api_name`` (and ``callsite`` when the trace has backtraces) (inner join: operations without a launch call in the trace are dropped,
-    e.g. work launched before the profiler window opened). When several API rows share a
-    ``(pid, correlation)`` the earliest-starting one (the outermost call) is used.
-    """
-    what = tuple(what)
-    full = _cached(trace, "launches", lambda: _launches(trace, OP_KINDS))
-    sub = _subset(full, what)
-    return sub if sub is not None else _launches(trace, what)
-
-
-def _launches(trace: Trace, what: tuple[str, ...]) -> pd.DataFrame:
-    ops = op_table(trace, what)
-    api = trace.api
-    if len(ops) == 0 or len(api) == 0:
-        out = ops.iloc[:0].copy()
-        for c in ("tid", "api_start", "api_end"):
-            out[c] = pd.Series(dtype="int64")
-        out["api_name"] = pd.Series(dtype="object")
-        return out
-    ops = ops[ops["correlation"] != 0]
-    idx = _api_index(trace)
-    if idx is not None:
-        # one int64 key per (pid, correlation): a binary search instead of a hash join
-        keys, rows = idx
-        k = _pid_corr_key(ops["pid"].to_numpy(), ops["correlation"].to_numpy())
-        if k is not None:
-            pos = np.minimum(np.searchsorted(keys, k), max(len(keys) - 1, 0))
-            hit = (keys[pos] == k) if len(keys) else np.zeros(len(k), dtype=bool)
-            src = rows[pos[hit]]
-            out = ops[hit].reset_index(drop=True)
-            out["tid"] = api["tid"].to_numpy()[src]
-            out["api_start"] = api["start"].to_numpy()[src]
-            out["api_end"] = api["end"].to_numpy()[src]
-            out["api_name"] = api["name"].take(src).reset_index(drop=True)
-            if "callsite" in api.columns:
-                out["callsite"] = api["callsite"].take(src).reset_index(drop=True)
-            return out
-    cols = ["pid", "correlation", "tid", "start", "end", "name"] + (["callsite"] if "callsite" in api.columns else [])
-    a = api.loc[api["correlation"] != 0, cols]
-    if a["correlation"].duplicated().any() or a.duplicated(["pid", "correlation"]).any():
-        a = a.sort_values("start", kind="stable").drop_duplicates(["pid", "correlation"], keep="first")
-    a = a.rename(columns={"start": "api_start", "end": "api_end", "name": "api_name"})
-    return ops.merge(a, on=["pid", "correlation"], how="inner")
-
-
-_KEY_BITS = 40  # correlation ids are 32-bit in CUPTI; pids fit in 23 bits on Linux
-
-
-def _pid_corr_key(pid: np.ndarray, corr: np.ndarray) -> np.ndarray | None:
-    """``pid << 40 | correlation`` when every pair fits, else None (use the hash join)."""
-    pid = np.asarray(pid, dtype=np.int64)
-    corr = np.asarray(corr, dtype=np.int64)
-    if len(pid) and (pid.min() < 0 or pid.max() >= 1 << (63 - _KEY_BITS)
-                     or corr.min() < 0 or corr.max() >= 1 << _KEY_BITS):
-        return None
-    return (pid << _KEY_BITS) | corr
-
-
-def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
-    """Sorted unique ``(pid, correlation)`` keys of the API calls with a correlation and,
-    for each, the row of its earliest-starting call (first in table order on ties), as
-    the hash join would pick it; None when a key does not fit in one int64."""
-    api = trace.api
-    corr = api["correlation"].to_numpy()
-    rows = np.flatnonzero(corr != 0)
-    key = _pid_corr_key(api["pid"].to_numpy()[rows], corr[rows])
-    if key is None:
-        return None
-    order = np.argsort(key, kind="stable")  # nearly sorted already: correlation ids grow with time
-    ks = key[order]
-    first = np.ones(len(ks), dtype=bool)
-    first[1:] = ks[1:] != ks[:-1]
-    if not first.all():  # shared keys: the earliest start wins, then table order
-        st = api["start"].to_numpy()[rows]
-        if len(st) > 1 and not (st[1:] >= st[:-1]).all():  # table not in time order
-            order = np.lexsort((st, key))
-        ks = key[order]
-        first[1:] = ks[1:] != ks[:-1]
-    return ks[first], rows[order[first]]
-
-
 def stream_label(pid: Any, device: Any, stream: Any) -> str:
     return f"pid {int(pid)} dev {int(device)} stream {int(stream)}"
 
@@ -286,6 +110,32 @@ def thread_label(trace: Trace, pid: Any, tid: Any) -> str:
 
 def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
     """Vectorized :func:`thread_label`: names are looked up once per distinct thread."""
+    codes, labels = thread_label_codes(trace, pids, tids)
+    return labels[codes].tolist()
+
+
+def group_codes(*cols: Any) -> tuple[np.ndarray, list[tuple]]:
+    """Rows grouped by several integer columns, as ``groupby(cols, sort=True)`` numbers
+    them: (group of each row, the key of each group in sorted order), with one hash pass
+    per column and no tuple per row."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    uniqs = []
+    for c in cols:
+        f, u = pd.factorize(np.asarray(c), sort=True)
+        key = key * max(len(u), 1) + f
+        uniqs.append(np.asarray(u))
+    codes, ukeys = pd.factorize(key, sort=True)
+    parts = []
+    rest = np.asarray(ukeys, dtype=np.int64)
+    for u in reversed(uniqs):
+        parts.append(u[rest % max(len(u), 1)])
+        rest = rest // max(len(u), 1)
+    return codes, list(zip(*[p.tolist() for p in reversed(parts)]))
+
+
+def thread_label_codes(trace: Trace, pids: Any, tids: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each row, label of each distinct thread): :func:`thread_labels` without a
+    Python string per row (what :func:`~._attribution.where_shares` takes)."""
     t = trace.threads
     names: dict[tuple[int, int], Any] = {}
     if len(t):
@@ -294,31 +144,33 @@ def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
     p = np.asarray(pids, dtype=np.int64)
     q = np.asarray(tids, dtype=np.int64)
     if p.size == 0:
-        return []
-    # distinct (pid, tid) pairs by factorizing each column, then their combination
-    fp, up = pd.factorize(p)
-    fq, uq = pd.factorize(q)
-    inv, pair = pd.factorize(fp.astype(np.int64) * max(len(uq), 1) + fq)
+        return np.zeros(0, np.int64), np.zeros(0, dtype=object)
+    inv, pa, pb = pair_codes(p, q)
     labels = []
-    for code in pair:
-        a, b = int(up[code // max(len(uq), 1)]), int(uq[code % max(len(uq), 1)])
+    for a, b in zip(pa.tolist(), pb.tolist()):
         n = names.get((a, b))
         if isinstance(n, str):  # Kineto names threads "thread <tid> (<comm>)": keep <comm>
             m = _KINETO_THREAD_NAME.fullmatch(n)
             n = m.group(1) if m and int(m.group(0).split()[1]) == b else n
         base = f"pid {a} tid {b}"
         labels.append(f"{base} ({n})" if isinstance(n, str) and n else base)
-    return np.array(labels, dtype=object)[inv].tolist()
+    return inv, np.array(labels, dtype=object)
 
 
 def stream_labels(pids: Any, devices: Any, streams: Any) -> list[str]:
     """Vectorized :func:`stream_label`."""
-    a = np.stack([np.asarray(pids, np.int64), np.asarray(devices, np.int64), np.asarray(streams, np.int64)], axis=1)
-    if a.size == 0:
-        return []
-    u, inv = np.unique(a, axis=0, return_inverse=True)
-    lab = [stream_label(*row) for row in u]
-    return [lab[i] for i in np.asarray(inv).ravel()]
+    codes, labels = stream_label_codes(pids, devices, streams)
+    return labels[codes].tolist()
+
+
+def stream_label_codes(pids: Any, devices: Any, streams: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each row, label of each distinct stream), as :func:`thread_label_codes`."""
+    p = np.asarray(pids, np.int64)
+    if p.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, dtype=object)
+    pair, up, ud = pair_codes(p, np.asarray(devices, np.int64))
+    inv, which, us = pair_codes(pair, np.asarray(streams, np.int64))
+    return inv, np.array([stream_label(up[i], ud[i], x) for i, x in zip(which.tolist(), us.tolist())], dtype=object)
 
 
 _STEP_RE = re.compile(r"#\d+$")

@@ -28,12 +28,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding
+from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
-from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, r, str_contains, thread_labels
+from ._attribution import any_region, attribute, where_shares
+from ._recoverable import examples, finish, idle_gaps, report, steady_window
+from ._util import (GRAPH_LAUNCH_RE, group_codes, launches, merge_intervals, r, str_contains, take_str,
+                    thread_label)
 
 __all__ = ["analyze", "repeated_windows"]
 
@@ -101,126 +102,144 @@ def _period(h: np.ndarray, rep: np.ndarray, grp: np.ndarray) -> tuple[int, int, 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="graph-candidate")
-    k = trace.kernels
-    g = trace.graphs
+    k, g = trace.kernels, trace.graphs
     n_graph_launch = int(str_contains(trace.api["name"], GRAPH_LAUNCH_RE).sum())
     if len(k) == 0 and len(g) == 0:
         res.data = {"kernels": 0, "graph_launch_calls": n_graph_launch}
         return res
     j = launches(trace, ("kernel",))
-    by_graph_launch = np.zeros(len(k), dtype=bool)
-    if len(j):
-        gl = str_contains(j["api_name"], GRAPH_LAUNCH_RE).to_numpy()
-        by_graph_launch[j["row"].to_numpy()[gl]] = True
-    in_graph = k["in_graph"].to_numpy(bool) | by_graph_launch
-    kd = (k["end"] - k["start"]).to_numpy(np.int64)
-
-    # share of GPU work already in graphs
-    gs = np.concatenate([g["start"].to_numpy(np.int64), k["start"].to_numpy(np.int64)[in_graph]])
-    ge = np.concatenate([g["end"].to_numpy(np.int64), k["end"].to_numpy(np.int64)[in_graph]])
-    ms, me = merge_intervals(gs, ge)
-    graph_busy = int((me - ms).sum())
-    bs, be = merge_intervals(np.concatenate([g["start"].to_numpy(np.int64), k["start"].to_numpy(np.int64)]),
-                             np.concatenate([g["end"].to_numpy(np.int64), k["end"].to_numpy(np.int64)]))
-    busy = int((be - bs).sum())
-    graphed_share = graph_busy / busy if busy else None
-
-    # eager kernels, ordered per launching thread (or stream when not joinable)
-    eager = np.flatnonzero(~in_graph)
-    seq = pd.DataFrame({"row": eager, "name": k["name"].to_numpy(object)[eager],
-                        "t": k["start"].to_numpy(np.int64)[eager],
-                        "gkey": [f"s{p}/{d}/{s}" for p, d, s in zip(k["pid"].to_numpy()[eager],
-                                                                      k["device"].to_numpy()[eager],
-                                                                      k["stream"].to_numpy()[eager])]})
-    seq["pid"] = k["pid"].to_numpy()[eager]
-    seq["tid"] = -1
-    seq["api_start"] = seq["t"]
-    if len(j) and len(seq):
-        jj = j[~in_graph[j["row"].to_numpy()]].set_index("row")
-        hit = seq["row"].isin(jj.index).to_numpy()
-        rows = seq["row"].to_numpy()[hit]
-        seq.loc[hit, "tid"] = jj.loc[rows, "tid"].to_numpy()
-        seq.loc[hit, "api_start"] = jj.loc[rows, "api_start"].to_numpy()
-        seq.loc[hit, "t"] = seq.loc[hit, "api_start"]
-        seq.loc[hit, "gkey"] = ["t" + str(p) + "/" + str(t) for p, t in zip(seq.loc[hit, "pid"], seq.loc[hit, "tid"])]
-    seq = seq.sort_values(["gkey", "t"], kind="stable").reset_index(drop=True)
+    in_graph, busy, graphed_share = _graphed(k, g, j)
+    seq = _eager_sequence(k, in_graph, j)
     K, R = int(options.graph_min_kernels), int(options.graph_min_repeats)
-    data: dict = {"kernels": int(len(k)), "eager_kernels": int(eager.size),
-                  "in_graph_kernels": int(in_graph.sum()), "graph_executions": int(len(g)),
-                  "graph_launch_calls": n_graph_launch, "graphed_busy_share": r(graphed_share),
-                  "min_kernels": K, "min_repeats": R}
-    cand_share = 0.0
-    if len(seq) >= K:
-        ids = pd.factorize(seq["name"].astype(object).fillna("?"))[0].astype(np.int64) + 1
-        grp = pd.factorize(seq["gkey"])[0]
-        covered, h, rep = repeated_windows(ids, grp, K, R)
-        cov_rows = seq["row"].to_numpy()[covered]
-        ks_, ke_ = k["start"].to_numpy(np.int64)[cov_rows], k["end"].to_numpy(np.int64)[cov_rows]
-        cs_, ce_ = merge_intervals(ks_, ke_)
-        cand_time = int((ce_ - cs_).sum())  # union: kernels overlapping on several streams count once
-        cand_share = cand_time / busy if busy else 0.0
-        data.update({"candidate_kernels": int(covered.sum()), "candidate_kernel_time_us": r(cand_time / 1000, 3),
-                     "candidate_share_of_busy": r(cand_share),
-                     "candidate_share_of_eager": r(covered.sum() / len(seq))})
-        if rep.any():
-            period, n_rep, p0 = _period(h, rep, grp)
-            # a loop body shorter than the minimum window is reported as the smallest
-            # multiple of it that is a sequence of at least graph_min_kernels kernels
-            period = max(period, 1) * int(np.ceil(K / max(period, 1)))
-            n_rep = max(int(covered.sum()) // period, 1)
-            cnt = np.array([n_rep])
-            body = seq["name"].iloc[p0: p0 + max(period, 1)].astype(str).tolist()
-            data.update({"sequence_length": period, "sequence_repeats": int(cnt.max()),
-                         "sequence_head": body[:10]})
-            res.data = data
-            reg = attribute(trace, seq["pid"][covered], seq["tid"][covered], seq["api_start"][covered])
-            where: list[dict] = []
-            if any(x is not None for x in reg):
-                where = where_shares(reg, kd[cov_rows], key="nvtx", top=options.top_n)
-            cs = seq[covered]
-            tl = thread_labels(trace, cs["pid"], cs["tid"])
-            labels = [lab if t >= 0 else f"stream {gk[1:]}" for lab, t, gk in zip(tl, cs["tid"], cs["gkey"])]
-            where += where_shares(labels, kd[cov_rows], key="thread", top=options.top_n)
-            if cand_share >= options.report_min_share:
-                sev = "note"
-                gaps = idle_gaps(trace, options)
-                is_cand = np.zeros(len(k), bool)
-                is_cand[cov_rows] = True
-                gc = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool)] if len(gaps) else gaps
-                gc = gc[is_cand[gc["row"].to_numpy(np.int64)]] if len(gc) else gc
-                rec = int(gc["ns"].sum()) if len(gc) else 0
-                data["idle_before_candidates_ns"] = rec
-                already = (f"; {graphed_share:.0%} of GPU work already runs in graphs"
-                           if graphed_share else "")
-                res.findings.append(Finding(
-                    id="graph-candidate", severity=sev,
-                    title=(f"A {period}-kernel sequence repeats {int(cnt.max())}x eagerly; repeated eager "
-                           f"sequences hold {cand_share:.0%} of GPU busy time{already}"),
-                    evidence=data,
-                    recommendation=(
-                        "Capture the repeated sequence once per stream group in a CUDA graph "
-                        "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
-                        "one pinned copy) and replay it with one cudaGraphLaunch per request/step."),
-                    where=where))
-                f = res.findings[-1]
-                f.action = f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it"
-                if len(gc):
-                    f.examples = examples(trace, start=gc["start"], end=gc["end"], pid=gc["pid"],
-                                          device=gc["device"], stream=gc["stream"],
-                                          what="GPU idle before a kernel of the repeated sequence",
-                                          n=options.examples_per_finding)
-                finish(f, rec, steady_window(trace, options), options)
-                return res
+    data: dict = {
+        "kernels": int(len(k)), "eager_kernels": int(len(seq)), "in_graph_kernels": int(in_graph.sum()),
+        "graph_executions": int(len(g)), "graph_launch_calls": n_graph_launch,
+        "graphed_busy_share": r(graphed_share), "min_kernels": K, "min_repeats": R}
     res.data = data
-    if graphed_share or n_graph_launch:
-        res.findings.append(Finding(
-            id="graph-candidate", severity="note",
+    found = _candidates(seq, k, busy, data, options) if len(seq) >= K else None
+    if found is not None and found["share"] >= options.report_min_share:
+        _report_candidates(res, trace, k, seq, found, graphed_share, options)
+    elif graphed_share or n_graph_launch:
+        f = report(
+            res, "graph-candidate",
             title=(f"CUDA graphs already in use: {graphed_share or 0:.0%} of GPU busy time runs in "
                    f"graphs ({len(g)} graph executions, {n_graph_launch} graph launch calls)"),
-            evidence=data,
+            evidence=data, where=[],
             recommendation=("Nothing to capture: the repeated work is already graphed. Keep one graph "
                             "per stream group so concurrent requests do not share a stream."),
-            where=[]))
-        res.findings[-1].action = "nothing to capture: the repeated work already runs in CUDA graphs"
-        finish(res.findings[-1], 0, steady_window(trace, options), options)
+            action="nothing to capture: the repeated work already runs in CUDA graphs")
+        finish(f, 0, steady_window(trace, options), options)
     return res
+
+
+def _graphed(k: pd.DataFrame, g: pd.DataFrame, j: pd.DataFrame) -> tuple[np.ndarray, int, float | None]:
+    """Kernels already in graphs (recorded in a graph, or launched by a graph launch
+    call), the GPU busy time, and the share of it spent in graphs."""
+    in_graph = k["in_graph"].to_numpy(bool).copy()
+    if len(j):
+        gl = str_contains(j["api_name"], GRAPH_LAUNCH_RE).to_numpy()
+        in_graph[j["row"].to_numpy()[gl]] = True
+    ks, ke = k["start"].to_numpy(np.int64), k["end"].to_numpy(np.int64)
+    gs, ge = g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64)
+    ms, me = merge_intervals(np.concatenate([gs, ks[in_graph]]), np.concatenate([ge, ke[in_graph]]))
+    bs, be = merge_intervals(np.concatenate([gs, ks]), np.concatenate([ge, ke]))
+    busy = int((be - bs).sum())
+    return in_graph, busy, (int((me - ms).sum()) / busy if busy else None)
+
+
+def _eager_sequence(k: pd.DataFrame, in_graph: np.ndarray, j: pd.DataFrame) -> pd.DataFrame:
+    """Eager kernels in the order they were issued: per launching thread ``(pid, tid)`` by
+    launch-call start, or, without a launch call, per stream by GPU start. Groups are
+    ordered by their key text (``t<pid>/<tid>``, ``s<pid>/<device>/<stream>``)."""
+    n = len(k)
+    tid = np.full(n, -1, dtype=np.int64)
+    api_start = k["start"].to_numpy(np.int64).copy()
+    if len(j):
+        rows = j["row"].to_numpy()
+        keep = ~in_graph[rows]
+        tid[rows[keep]] = j["tid"].to_numpy(np.int64)[keep]
+        api_start[rows[keep]] = j["api_start"].to_numpy(np.int64)[keep]
+    eager = np.flatnonzero(~in_graph)
+    pid, dev, st = (k[c].to_numpy(np.int64)[eager] for c in ("pid", "device", "stream"))
+    by_thread = tid[eager] >= 0
+    code, keys = group_codes(by_thread, pid, np.where(by_thread, tid[eager], dev), np.where(by_thread, 0, st))
+    text = [f"t{p}/{x}" if b else f"s{p}/{x}/{y}" for b, p, x, y in keys]
+    rank = np.empty(len(text), dtype=np.int64)
+    rank[sorted(range(len(text)), key=text.__getitem__)] = np.arange(len(text))
+    order = np.lexsort((api_start[eager], rank[code])) if eager.size else eager
+    gkey = np.array(text, dtype=object)
+    return pd.DataFrame({"row": eager[order], "t": api_start[eager][order], "pid": pid[order],
+                         "tid": tid[eager][order], "api_start": api_start[eager][order],
+                         "grp": rank[code][order], "gkey": gkey[code[order]] if eager.size else gkey[:0]})
+
+
+def _candidates(seq: pd.DataFrame, k: pd.DataFrame, busy: int, data: dict, options: Options) -> dict | None:
+    """Kernels covered by repeated windows, their share of the busy time and the loop body
+    (into ``data``); the covered rows and period, or None when nothing repeats."""
+    K, R = int(options.graph_min_kernels), int(options.graph_min_repeats)
+    names = k["name"]
+    codes = names.cat.codes.to_numpy().astype(np.int64)[seq["row"].to_numpy()]
+    cats = list(names.cat.categories)
+    codes = np.where(codes < 0, cats.index("?") if "?" in cats else len(cats), codes)
+    ids = pd.factorize(codes)[0].astype(np.int64) + 1
+    grp = seq["grp"].to_numpy()
+    covered, h, rep = repeated_windows(ids, grp, K, R)
+    cov_rows = seq["row"].to_numpy()[covered]
+    cs_, ce_ = merge_intervals(k["start"].to_numpy(np.int64)[cov_rows], k["end"].to_numpy(np.int64)[cov_rows])
+    cand_time = int((ce_ - cs_).sum())  # union: kernels overlapping on several streams count once
+    data.update({"candidate_kernels": int(covered.sum()), "candidate_kernel_time_us": r(cand_time / 1000, 3),
+                 "candidate_share_of_busy": r(cand_time / busy if busy else 0.0),
+                 "candidate_share_of_eager": r(covered.sum() / len(seq))})
+    if not rep.any():
+        return None
+    period, _, p0 = _period(h, rep, grp)
+    # a loop body shorter than the minimum window is reported as the smallest
+    # multiple of it that is a sequence of at least graph_min_kernels kernels
+    period = max(period, 1) * int(np.ceil(K / max(period, 1)))
+    body = take_str(names, seq["row"].to_numpy()[p0: p0 + max(period, 1)]).astype(str).tolist()
+    data.update({"sequence_length": period, "sequence_repeats": max(int(covered.sum()) // period, 1),
+                 "sequence_head": body[:10]})
+    return {"covered": covered, "rows": cov_rows, "period": period, "share": cand_time / busy if busy else 0.0}
+
+
+def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: pd.DataFrame, found: dict,
+                       graphed_share: float | None, options: Options) -> None:
+    data, period, rows = res.data, found["period"], found["rows"]
+    gaps = idle_gaps(trace, options)
+    is_cand = np.zeros(len(k), bool)
+    is_cand[rows] = True
+    gc = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool)] if len(gaps) else gaps
+    gc = gc[is_cand[gc["row"].to_numpy(np.int64)]] if len(gc) else gc
+    rec = int(gc["ns"].sum()) if len(gc) else 0
+    data["idle_before_candidates_ns"] = rec
+    already = f"; {graphed_share:.0%} of GPU work already runs in graphs" if graphed_share else ""
+    f = report(
+        res, "graph-candidate",
+        title=(f"A {period}-kernel sequence repeats {data['sequence_repeats']}x eagerly; repeated eager "
+               f"sequences hold {found['share']:.0%} of GPU busy time{already}"),
+        evidence=data, where=_where(trace, k, seq, found, options),
+        recommendation=(
+            "Capture the repeated sequence once per stream group in a CUDA graph "
+            "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
+            "one pinned copy) and replay it with one cudaGraphLaunch per request/step."),
+        action=f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it")
+    if len(gc):
+        f.examples = examples(trace, start=gc["start"], end=gc["end"], pid=gc["pid"], device=gc["device"],
+                              stream=gc["stream"], what="GPU idle before a kernel of the repeated sequence",
+                              n=options.examples_per_finding)
+    finish(f, rec, steady_window(trace, options), options)
+
+
+def _where(trace: Trace, k: pd.DataFrame, seq: pd.DataFrame, found: dict, options: Options) -> list[dict]:
+    """Code regions, then threads (or streams, for kernels without a launch call)."""
+    cs = seq[found["covered"]]
+    kd = (k["end"] - k["start"]).to_numpy(np.int64)[found["rows"]]
+    reg = attribute(trace, cs["pid"], cs["tid"], cs["api_start"])
+    where = where_shares(reg, kd, key="nvtx", top=options.top_n) if any_region(reg) else []
+    code, groups = pd.factorize(cs["grp"].to_numpy())
+    first = np.zeros(len(groups), dtype=np.int64)
+    first[code[::-1]] = np.arange(len(code))[::-1]
+    gk, pid, tid = cs["gkey"].to_numpy(object), cs["pid"].to_numpy(), cs["tid"].to_numpy()
+    labels = np.array([thread_label(trace, pid[i], tid[i]) if gk[i][0] == "t" else f"stream {gk[i][1:]}"
+                       for i in first], dtype=object)
+    return where + where_shares((code, labels), kd, key="thread", top=options.top_n)

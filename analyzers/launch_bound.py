@@ -20,17 +20,22 @@ streams. Severity follows from it (docs/findings.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding
+from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
-from ._recoverable import examples, finish, steady_starts, steady_window
-from ._util import launches, left_join_ops, op_table, r, thread_labels
+from ._attribution import any_region, attribute, where_shares
+from ._ops import what_is
+from ._recoverable import device_gaps, examples, finish, report, steady_starts, steady_window
+from ._util import merge_intervals, op_api_rows, op_table, per_key, r, take_str, thread_label_codes
 
 __all__ = ["analyze"]
+
+_KINDS = ("host_wait", "short_gap", "other")
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
@@ -39,130 +44,132 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if len(ops) == 0:
         res.data = {"devices": {}}
         return res
-    j = launches(trace)
-    ops = left_join_ops(ops, j, ["tid", "api_start", "api_name"] + (["callsite"] if "callsite" in j.columns else []))
-    if "callsite" not in ops.columns:
-        ops["callsite"] = None
-    short_ns = int(round(options.short_gap_us * 1000))
+    gaps = _classified_gaps(trace, options)
+    data = res.data = _evidence(gaps, options)
+    share = data["launch_share_of_window"]
+    if share is None or share < options.report_min_share:
+        return res
+    W = data["window_ns"]
+    advice = _advice(trace, ops)
+    f = report(
+        res, "launch-bound",
+        title=(f"GPU idle {data['idle_share']:.0%} of the window; {share:.0%} of the window is "
+               f"waiting for launches (host wait {data['host_wait_share_of_window']:.0%}, "
+               f"short gaps {data['short_gap_ns'] / W:.0%})"),
+        evidence=data, recommendation=advice, where=_where(trace, gaps, options),
+        action=("overlap requests on several stream groups (the work already runs in CUDA graphs)"
+                if advice.startswith("The work is already in CUDA graphs")
+                else "capture the per-query/step sequence in a CUDA graph so the GPU stops waiting for launches"))
+    ex = gaps[gaps["host_wait"] & gaps["steady"]]
+    if len(ex):
+        f.examples = examples(trace, start=ex["start"], end=ex["end"], pid=ex["pid"], tid=ex["tid"],
+                              device=ex["device"], stream=ex["stream"], what="GPU idle, waiting for a launch",
+                              n=options.examples_per_finding)
+    finish(f, data["steady_launch_wait_ns"], steady_window(trace, options), options)
+    return res
+
+
+def _classified_gaps(trace: Trace, options: Options) -> pd.DataFrame:
+    """Every idle gap of every device with the operation that ended it, its launch call
+    (NaN where none) and its class: host wait, short gap or other."""
+    ops = op_table(trace)
+    parts = device_gaps(trace)
     steady = steady_starts(trace, options, ops)
-    rec = 0
-    ex_parts = []
+    at = np.concatenate([g.order[g.ends_gap] for g in parts])
+    dev = np.concatenate([np.full(g.ends_gap.size, g.device, np.int64) for g in parts])
+    prev_end = np.concatenate([g.gap_start for g in parts])
+    gap = np.concatenate([g.gap for g in parts])
+    api = trace.api
+    row = op_api_rows(trace)[at]
+    has = row >= 0
+    api_start = np.where(has, api["start"].to_numpy(np.int64)[np.maximum(row, 0)] if len(api) else 0, np.nan)
+    host = has & (api_start >= prev_end)
+    short = ~host & (gap < int(round(options.short_gap_us * 1000)))
+    out = pd.DataFrame({
+        "device": dev, "start": prev_end, "end": ops["start"].to_numpy(np.int64)[at], "gap": gap,
+        "pid": ops["pid"].to_numpy(np.int64)[at], "stream": ops["stream"].to_numpy(np.int64)[at],
+        "api_row": row, "api_start": api_start,
+        "tid": np.where(has, api["tid"].to_numpy(np.int64)[np.maximum(row, 0)] if len(api) else 0, np.nan),
+        "host_wait": host, "short_gap": short, "other": ~host & ~short,
+        "steady": prev_end >= per_key(dev, steady, 0)})
+    out.attrs["windows"] = {g.device: int(g.reach[-1] - g.start[0]) for g in parts}
+    return out
+
+
+def _evidence(gaps: pd.DataFrame, options: Options) -> dict[str, Any]:
+    """Per device and in total: window, idle time and its split by class."""
     devices: dict[str, dict] = {}
-    hw_parts = []
-    tot = {"window": 0, "idle": 0, "host_wait": 0, "short_gap": 0, "other": 0}
-    for dev, g in ops.groupby("device", sort=True):
-        g = g.sort_values(["start", "end"], kind="stable")
-        s = g["start"].to_numpy(np.int64)
-        e = g["end"].to_numpy(np.int64)
-        cm = np.maximum.accumulate(e)
-        gap = np.zeros(s.size, dtype=np.int64)
-        gap[1:] = s[1:] - cm[:-1]
-        new = gap > 0  # this op starts a new busy block after an idle gap
-        idx = np.flatnonzero(new)
-        gl = gap[idx]
-        prev_end = cm[idx - 1]
-        api_start = g["api_start"].to_numpy(dtype="float64", na_value=np.nan)[idx]
-        host = ~np.isnan(api_start) & (api_start >= prev_end)
-        shortg = ~host & (gl < short_ns)
-        other = ~host & ~shortg
-        win = int(e.max() - s.min())
-        in_steady = prev_end >= steady.get(int(dev), 0)
-        rec += int(gl[(host | shortg) & in_steady].sum())
-        hs = host & in_steady
-        if hs.any():
-            ex_parts.append(pd.DataFrame({
-                "start": prev_end[hs], "end": s[idx][hs], "pid": g["pid"].to_numpy()[idx][hs],
-                "tid": g["tid"].to_numpy(dtype="float64", na_value=np.nan)[idx][hs],
-                "device": g["device"].to_numpy()[idx][hs], "stream": g["stream"].to_numpy()[idx][hs]}))
-        d = {
-            "window_ns": win, "idle_ns": int(gl.sum()), "gaps": int(idx.size),
-            "host_wait_ns": int(gl[host].sum()), "host_wait_gaps": int(host.sum()),
-            "short_gap_ns": int(gl[shortg].sum()), "short_gaps": int(shortg.sum()),
-            "other_ns": int(gl[other].sum()), "other_gaps": int(other.sum()),
-        }
+    tot = dict.fromkeys(("window", "idle", *_KINDS), 0)
+    for dev, win in gaps.attrs["windows"].items():
+        g = gaps[gaps["device"].to_numpy() == dev]
+        gl = g["gap"].to_numpy()
+        d = {"window_ns": win, "idle_ns": int(gl.sum()), "gaps": int(len(g))}
+        for k, name in zip(_KINDS, ("host_wait", "short", "other")):
+            m = g[k].to_numpy()
+            d[f"{k}_ns"] = int(gl[m].sum())
+            d[f"{name}_gaps"] = int(m.sum())
+            tot[k] += int(gl[m].sum())
         d["idle_share"] = r(d["idle_ns"] / win) if win else None
         d["host_wait_share_of_idle"] = r(d["host_wait_ns"] / d["idle_ns"]) if d["idle_ns"] else None
         d["host_wait_share_of_window"] = r(d["host_wait_ns"] / win) if win else None
-        devices[str(int(dev))] = d
+        devices[str(dev)] = d
         tot["window"] += win
         tot["idle"] += d["idle_ns"]
-        tot["host_wait"] += d["host_wait_ns"]
-        tot["short_gap"] += d["short_gap_ns"]
-        tot["other"] += d["other_ns"]
-        # where: the steady-state host waits (the ones counted as recoverable), else all
-        wm = hs if hs.any() else host
-        if wm.any():
-            hw_parts.append(pd.DataFrame({
-                "pid": g["pid"].to_numpy()[idx][wm], "tid": g["tid"].to_numpy(dtype="float64", na_value=np.nan)[idx][wm],
-                "api_start": api_start[wm], "gap": gl[wm],
-                "api": g["api_name"].to_numpy(object)[idx][wm],
-                "callsite": g["callsite"].to_numpy(object)[idx][wm]}))
     W = tot["window"]
-    launch_share = ((tot["host_wait"] + tot["short_gap"]) / W) if W else None
-    data = {
+    rec = gaps["gap"].to_numpy()[((gaps["host_wait"] | gaps["short_gap"]) & gaps["steady"]).to_numpy()]
+    return {
         "devices": devices,
         "window_ns": W, "idle_ns": tot["idle"], "host_wait_ns": tot["host_wait"],
         "short_gap_ns": tot["short_gap"], "other_idle_ns": tot["other"],
         "idle_share": r(tot["idle"] / W) if W else None,
         "host_wait_share_of_idle": r(tot["host_wait"] / tot["idle"]) if tot["idle"] else None,
         "host_wait_share_of_window": r(tot["host_wait"] / W) if W else None,
-        "launch_share_of_window": r(launch_share),
+        "launch_share_of_window": r((tot["host_wait"] + tot["short_gap"]) / W) if W else None,
         "short_gap_us": options.short_gap_us,
-        "steady_launch_wait_ns": int(rec),
+        "steady_launch_wait_ns": int(rec.sum()),
     }
-    res.data = data
-    if launch_share is None or launch_share < options.report_min_share:
-        return res
-    sev = "note"
+
+
+def _where(trace: Trace, gaps: pd.DataFrame, options: Options) -> list[dict]:
+    """Where the host waits happen: the steady-state ones (those counted as recoverable)
+    of each device that has some, else all of that device's host waits."""
+    hs = (gaps["host_wait"] & gaps["steady"]).to_numpy()
+    host = gaps["host_wait"].to_numpy()
+    dev = gaps["device"].to_numpy()
+    pick = np.where(per_key(dev, {int(d): bool(hs[dev == d].any()) for d in np.unique(dev)}, False), hs, host)
+    hw = gaps[pick]
+    if not len(hw):
+        return []
+    tid = hw["tid"].to_numpy().astype(np.int64)
+    rows = hw["api_row"].to_numpy()
+    top = options.top_n
     where: list[dict] = []
-    if hw_parts:
-        hw = pd.concat(hw_parts, ignore_index=True)
-        hw = hw[~np.isnan(hw["tid"].to_numpy(float))]
-        if len(hw):
-            tid = hw["tid"].to_numpy().astype(np.int64)
-            reg = attribute(trace, hw["pid"], tid, hw["api_start"].to_numpy().astype(np.int64))
-            if any(x is not None for x in reg):
-                where = where_shares(reg, hw["gap"], key="nvtx", top=options.top_n)
-            labels = thread_labels(trace, hw["pid"], tid)
-            where += where_shares(labels, hw["gap"], key="thread", top=options.top_n)
-            if not any("nvtx" in w for w in where):
-                # no code regions: the CUDA calls whose late arrival left the GPU idle
-                where += where_shares(hw["api"].to_numpy(object), hw["gap"], key="api", top=options.top_n)
-                # and, where the trace has backtraces, the program's own frame that called
-                where += where_shares(hw["callsite"].to_numpy(object), hw["gap"], key="callsite", top=options.top_n)
-    res.findings.append(Finding(
-        id="launch-bound", severity=sev,
-        title=(f"GPU idle {data['idle_share']:.0%} of the window; {launch_share:.0%} of the window is "
-               f"waiting for launches (host wait {data['host_wait_share_of_window']:.0%}, "
-               f"short gaps {tot['short_gap'] / W:.0%})"),
-        evidence=data,
-        recommendation=_advice(trace, ops),
-        where=where))
-    f = res.findings[-1]
-    f.action = ("overlap requests on several stream groups (the work already runs in CUDA graphs)"
-                if f.recommendation.startswith("The work is already in CUDA graphs")
-                else "capture the per-query/step sequence in a CUDA graph so the GPU stops waiting for launches")
-    if ex_parts:
-        ex = pd.concat(ex_parts, ignore_index=True)
-        f.examples = examples(trace, start=ex["start"], end=ex["end"], pid=ex["pid"], tid=ex["tid"],
-                              device=ex["device"], stream=ex["stream"], what="GPU idle, waiting for a launch",
-                              n=options.examples_per_finding)
-    finish(f, rec, steady_window(trace, options), options)
-    return res
+    reg = attribute(trace, hw["pid"], tid, hw["api_start"].to_numpy().astype(np.int64))
+    if any_region(reg):
+        where = where_shares(reg, hw["gap"], key="nvtx", top=top)
+    where += where_shares(thread_label_codes(trace, hw["pid"], tid), hw["gap"], key="thread", top=top)
+    if not any("nvtx" in w for w in where):
+        # no code regions: the CUDA calls whose late arrival left the GPU idle
+        where += where_shares(take_str(trace.api["name"], rows), hw["gap"], key="api", top=top)
+        # and, where the trace has backtraces, the program's own frame that called
+        calls = (take_str(trace.api["callsite"], rows) if "callsite" in trace.api.columns
+                 else np.full(len(rows), None, dtype=object))
+        where += where_shares(calls, hw["gap"], key="callsite", top=top)
+    return where
 
 
 def _advice(trace: Trace, ops: pd.DataFrame) -> str:
     """What to do; a trace whose GPU time already runs mostly in CUDA graphs is told to
     overlap requests, not to capture graphs it already has."""
-    from ._util import merge_intervals
-
-    busy = ops[ops["what"].isin(["kernel", "graph"])]
-    graphed = busy[(busy["what"] == "graph")]
-    in_graph = trace.kernels["in_graph"].to_numpy(bool) if len(trace.kernels) else np.zeros(0, bool)
-    gk = busy[(busy["what"] == "kernel") & np.isin(busy["row"].to_numpy(), np.flatnonzero(in_graph))]
-    parts = pd.concat([graphed, gk])
-    ms, me = merge_intervals(busy["start"].to_numpy(), busy["end"].to_numpy())
-    gs, ge = merge_intervals(parts["start"].to_numpy(), parts["end"].to_numpy())
+    kern, graph = what_is(ops, "kernel"), what_is(ops, "graph")
+    in_graph = np.zeros(len(ops), dtype=bool)
+    if len(trace.kernels):
+        in_graph[kern] = trace.kernels["in_graph"].to_numpy(bool)[ops["row"].to_numpy()[kern]]
+    busy = kern | graph
+    graphed = graph | in_graph
+    s, e = ops["start"].to_numpy(), ops["end"].to_numpy()
+    ms, me = merge_intervals(s[busy], e[busy])
+    gs, ge = merge_intervals(s[graphed], e[graphed])
     tot = int((me - ms).sum())
     if tot and int((ge - gs).sum()) / tot >= 0.5:
         return ("The work is already in CUDA graphs; the GPU waits for the host between replays: "

@@ -25,15 +25,17 @@ Severity follows from it (docs/findings.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
-from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_labels
+from ._attribution import any_region, attribute, where_shares
+from ._recoverable import examples, finish, idle_gaps, report, steady_window
+from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_label_codes
 from .summary import direction_switches
 
 __all__ = ["analyze"]
@@ -67,89 +69,26 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if n == 0:
         res.data = {"h2d": 0, "d2h": 0, "direction_switches": 0}
         return res
-    switches = direction_switches(mc)
-    small = hd["bytes"].to_numpy(np.int64) <= options.small_copy_bytes
-    pageable = (hd["src_mem"] == "pageable").to_numpy() | (hd["dst_mem"] == "pageable").to_numpy()
-
     j = launches(trace, ("memcpy",))
     keep = is_hd[j["row"].to_numpy(np.int64)] if len(j) else np.zeros(0, bool)
     j = j if keep.all() else j[keep]
-    sync_mask = str_contains(j["api_name"], BLOCKING_COPY_RE).to_numpy() if len(j) else np.zeros(0, bool)
-    n_sync = int(sync_mask.sum())
     reg = attribute(trace, j["pid"], j["tid"], j["api_start"]) if len(j) else np.empty(0, object)
-    jsmall = mc["bytes"].to_numpy(np.int64)[j["row"].to_numpy(np.int64)] <= options.small_copy_bytes
-    unit, n_units = _units(trace, reg[jsmall] if len(j) else reg)
-    per_unit = small.sum() / max(1, n_units)
-    copy_time = int((hd["end"] - hd["start"]).sum())
-
-    switch_share = switches / (n - 1) if n > 1 else 0.0
-    small_share = float(small.mean())
-    sync_share = n_sync / n
-    pageable_share = float(pageable.mean())
-    data = {
-        "h2d": int((hd["kind"] == "h2d").sum()), "d2h": int((hd["kind"] == "d2h").sum()),
-        "direction_switches": int(switches), "switch_share": r(switch_share),
-        "small_copies": int(small.sum()), "small_copy_bytes": options.small_copy_bytes,
-        "small_share": r(small_share), "unit": unit, "units": int(n_units),
-        "small_copies_per_unit": r(per_unit, 2),
-        "pageable_copies": int(pageable.sum()), "pageable_share": r(pageable_share),
-        "sync_copies": n_sync, "sync_share": r(sync_share),
-        "copy_time_us": r(copy_time / 1000, 3),
-        "median_copy_bytes": int(np.median(hd["bytes"])),
-        "launches_joined": int(len(j)),
-    }
+    data, scores = _evidence(trace, hd, j, reg, options)
     res.data = data
-    scores = {"switch": switch_share, "sync": sync_share, "pageable": pageable_share,
-              "small": small_share if per_unit >= options.many_copies_per_unit else 0.0}
-    top = max(scores.values())
-    if n < 2 or top < options.report_min_share:
+    if n < 2 or max(scores.values()) < options.report_min_share:
         return res
-    sev = "note"
-    gaps = idle_gaps(trace, options)
-    rt = gaps.iloc[:0]
-    if len(gaps):
-        d2h = hd[hd["kind"] == "d2h"]
-        ends = pd.MultiIndex.from_arrays([d2h["device"].to_numpy(np.int64), d2h["end"].to_numpy(np.int64)])
-        m = pd.MultiIndex.from_arrays([gaps["device"].to_numpy(np.int64),
-                                       gaps["start"].to_numpy(np.int64)]).isin(ends)
-        rt = gaps[m & gaps["steady"].to_numpy(bool)]
-    round_trip = int(rt["ns"].sum()) if len(rt) else 0
+    rt = _round_trips(trace, hd, options)
+    small = hd["bytes"].to_numpy(np.int64) <= options.small_copy_bytes
     merge = 0.0
     if scores["small"]:
         sd = (hd["end"] - hd["start"]).to_numpy(np.int64)[small]
-        merge = max(0.0, float(small.sum() - n_units)) * float(np.median(sd))
-    data["round_trip_idle_ns"] = round_trip
+        merge = max(0.0, float(small.sum() - data["units"])) * float(np.median(sd))
+    data["round_trip_idle_ns"] = int(rt["ns"].sum()) if len(rt) else 0
     data["merge_copies_saving_ns"] = int(merge)
-    # where: regions issuing the copies (weighted by count), then threads
-    where: list[dict] = []
-    if len(j):
-        if any(x is not None for x in reg):
-            where = where_shares(reg, key="nvtx", top=options.top_n)
-        labels = thread_labels(trace, j["pid"], j["tid"])
-        where += where_shares(labels, key="thread", top=options.top_n)
-    parts = []
-    if switches:
-        parts.append(f"{switches} H2D/D2H direction switches")
-    parts.append(f"{int(small.sum())} small copies" + (f" ({per_unit:.1f} per {unit})" if unit else ""))
-    if n_sync:
-        parts.append(f"{n_sync} synchronous cudaMemcpy")
-    if pageable.any():
-        parts.append(f"{int(pageable.sum())} from/to pageable memory")
-    rec = []
-    if scores["small"] or pageable.any():
-        rec.append("gather the per-tensor inputs into one pinned staging buffer and issue a single "
-                   "cudaMemcpyAsync per query/step")
-    if n_sync or switches:
-        rec.append("replace blocking cudaMemcpy/.cpu()/.item() with async copies into pinned memory and "
-                   "one event wait at the end of the request")
-    rec.append("put the copies on the group's own stream (or merge copy and compute streams when the "
-               "copies are this small and latency-bound)")
-    res.findings.append(Finding(
-        id="memcpy-ping-pong", severity=sev,
-        title=f"{n} host<->device copies: " + ", ".join(parts),
-        evidence=data, recommendation=_sentence("; ".join(rec)), where=where))
-    f = res.findings[-1]
-    f.action = "stage each request's inputs in one pinned buffer and read results back asynchronously"
+    f = report(res, "memcpy-ping-pong", title=f"{n} host<->device copies: " + ", ".join(_parts(data)),
+               evidence=data, recommendation=_sentence("; ".join(_advice(data, scores))),
+               where=_where(trace, j, reg, options),
+               action="stage each request's inputs in one pinned buffer and read results back asynchronously")
     if len(rt):
         f.examples = examples(trace, start=rt["start"], end=rt["end"], pid=rt["pid"], device=rt["device"],
                               stream=rt["stream"], what="GPU idle after a D2H copy (host round trip)",
@@ -158,8 +97,84 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         f.examples = examples(trace, start=hd["start"], end=hd["end"], pid=hd["pid"], device=hd["device"],
                               stream=hd["stream"], what=[f"{k.upper()} copy" for k in hd["kind"]],
                               n=options.examples_per_finding)
-    finish(f, round_trip + merge, steady_window(trace, options), options)
+    finish(f, data["round_trip_idle_ns"] + merge, steady_window(trace, options), options)
     return res
+
+
+def _evidence(trace: Trace, hd: pd.DataFrame, j: pd.DataFrame, reg: np.ndarray,
+              options: Options) -> tuple[dict[str, Any], dict[str, float]]:
+    """Counts, switches, small/pageable/synchronous copies; and the score of each."""
+    n = len(hd)
+    switches = direction_switches(trace.memcpys)
+    small = hd["bytes"].to_numpy(np.int64) <= options.small_copy_bytes
+    pageable = (hd["src_mem"] == "pageable").to_numpy() | (hd["dst_mem"] == "pageable").to_numpy()
+    n_sync = int(str_contains(j["api_name"], BLOCKING_COPY_RE).sum()) if len(j) else 0
+    jsmall = trace.memcpys["bytes"].to_numpy(np.int64)[j["row"].to_numpy(np.int64)] <= options.small_copy_bytes
+    unit, n_units = _units(trace, reg[jsmall] if len(j) else reg)
+    per_unit = small.sum() / max(1, n_units)
+    switch_share = switches / (n - 1) if n > 1 else 0.0
+    data = {
+        "h2d": int((hd["kind"] == "h2d").sum()), "d2h": int((hd["kind"] == "d2h").sum()),
+        "direction_switches": int(switches), "switch_share": r(switch_share),
+        "small_copies": int(small.sum()), "small_copy_bytes": options.small_copy_bytes,
+        "small_share": r(float(small.mean())), "unit": unit, "units": int(n_units),
+        "small_copies_per_unit": r(per_unit, 2),
+        "pageable_copies": int(pageable.sum()), "pageable_share": r(float(pageable.mean())),
+        "sync_copies": n_sync, "sync_share": r(n_sync / n),
+        "copy_time_us": r(int((hd["end"] - hd["start"]).sum()) / 1000, 3),
+        "median_copy_bytes": int(np.median(hd["bytes"])),
+        "launches_joined": int(len(j)),
+    }
+    scores = {"switch": switch_share, "sync": n_sync / n, "pageable": float(pageable.mean()),
+              "small": float(small.mean()) if per_unit >= options.many_copies_per_unit else 0.0}
+    return data, scores
+
+
+def _round_trips(trace: Trace, hd: pd.DataFrame, options: Options) -> pd.DataFrame:
+    """Steady-state idle gaps that start when a D2H copy ends (the host round trip)."""
+    gaps = idle_gaps(trace, options)
+    if not len(gaps):
+        return gaps.iloc[:0]
+    d2h = hd[hd["kind"] == "d2h"]
+    ends = pd.MultiIndex.from_arrays([d2h["device"].to_numpy(np.int64), d2h["end"].to_numpy(np.int64)])
+    m = pd.MultiIndex.from_arrays([gaps["device"].to_numpy(np.int64),
+                                   gaps["start"].to_numpy(np.int64)]).isin(ends)
+    return gaps[m & gaps["steady"].to_numpy(bool)]
+
+
+def _where(trace: Trace, j: pd.DataFrame, reg: np.ndarray, options: Options) -> list[dict]:
+    """Regions issuing the copies (weighted by count), then threads."""
+    if not len(j):
+        return []
+    where = where_shares(reg, key="nvtx", top=options.top_n) if any_region(reg) else []
+    return where + where_shares(thread_label_codes(trace, j["pid"], j["tid"]), key="thread", top=options.top_n)
+
+
+def _parts(data: dict[str, Any]) -> list[str]:
+    parts = []
+    if data["direction_switches"]:
+        parts.append(f"{data['direction_switches']} H2D/D2H direction switches")
+    unit = data["unit"]
+    parts.append(f"{data['small_copies']} small copies"
+                 + (f" ({data['small_copies'] / max(1, data['units']):.1f} per {unit})" if unit else ""))
+    if data["sync_copies"]:
+        parts.append(f"{data['sync_copies']} synchronous cudaMemcpy")
+    if data["pageable_copies"]:
+        parts.append(f"{data['pageable_copies']} from/to pageable memory")
+    return parts
+
+
+def _advice(data: dict[str, Any], scores: dict[str, float]) -> list[str]:
+    rec = []
+    if scores["small"] or data["pageable_copies"]:
+        rec.append("gather the per-tensor inputs into one pinned staging buffer and issue a single "
+                   "cudaMemcpyAsync per query/step")
+    if data["sync_copies"] or data["direction_switches"]:
+        rec.append("replace blocking cudaMemcpy/.cpu()/.item() with async copies into pinned memory and "
+                   "one event wait at the end of the request")
+    rec.append("put the copies on the group's own stream (or merge copy and compute streams when the "
+               "copies are this small and latency-bound)")
+    return rec
 
 
 def _sentence(text: str) -> str:

@@ -31,12 +31,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding
+from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
-from ._recoverable import steady_window, examples, finish, idle_gaps
-from ._util import launches, merge_intervals, r, stream_label, thread_label, thread_labels
+from ._attribution import any_region, attribute, where_shares
+from ._recoverable import examples, finish, idle_gaps, report, steady_window
+from ._util import group_codes, launches, merge_intervals, r, stream_label, thread_label, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -78,91 +78,118 @@ def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="stream-contention")
-    j = launches(trace)
-    streams: list[dict] = []
-    flagged: list[dict] = []
-    flagged_calls = []
-    if len(j):
-        nthreads = j.groupby(["pid", "device", "stream"])["tid"].nunique()
-        for (pid, dev, st), nt in nthreads.items():
-            if nt < options.contention_min_threads:
-                continue
-            calls = j[(j["pid"] == pid) & (j["device"] == dev) & (j["stream"] == st)]
-            calls = calls.sort_values(["api_start", "api_end"], kind="stable")
-            share, overlapped = _overlap_stats(calls)
-            tids = calls["tid"].to_numpy(np.int64)
-            switch_rate = float((tids[1:] != tids[:-1]).mean()) if tids.size > 1 else 0.0
-            d = (calls["api_end"] - calls["api_start"]).to_numpy(np.int64)
-            med_over = float(np.median(d[overlapped])) if overlapped.any() else None
-            med_alone = float(np.median(d[~overlapped])) if (~overlapped).any() else None
-            per_thread = calls.groupby("tid").size().sort_values(ascending=False)
-            # threads whose launch span [first, last] overlaps another thread's span: a
-            # warm-up thread that finished before the clients started does not count
-            span = calls.groupby("tid").agg(lo=("api_start", "min"), hi=("api_end", "max"))
-            lo, hi = span["lo"].to_numpy(), span["hi"].to_numpy()
-            ov = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
-            np.fill_diagonal(ov, False)
-            concurrent_threads = int(ov.any(axis=1).sum())
-            info = {
-                "stream": stream_label(pid, dev, st), "pid": int(pid), "device": int(dev), "stream_id": int(st),
-                "threads": int(nt), "concurrent_threads": concurrent_threads, "launches": int(len(calls)),
-                "overlap_share": r(share), "switch_rate": r(switch_rate),
-                "median_launch_us_overlapped": r(med_over / 1000, 3) if med_over is not None else None,
-                "median_launch_us_alone": r(med_alone / 1000, 3) if med_alone is not None else None,
-                "slowdown": r(med_over / med_alone) if (med_over and med_alone) else None,
-                "launches_per_thread": {thread_label(trace, pid, t): int(n) for t, n in per_thread.items()},
-            }
-            info["contended"] = bool(concurrent_threads >= options.contention_min_threads and (
-                share >= options.contention_min_overlap or switch_rate >= options.contention_min_switch_rate))
-            info["score"] = r(max(share, switch_rate))
-            streams.append(info)
-            if info["contended"]:
-                lost = 0.0
-                if med_alone is not None and overlapped.any():
-                    lost = float(np.clip(d[overlapped] - med_alone, 0, None).sum())
-                info["launch_time_lost_ns"] = int(lost)
-                flagged.append(info)
-                flagged_calls.append(calls.assign(_ov=overlapped, _dur=d))
+    streams, flagged, calls = _streams(trace, options)
     res.data = {"streams": streams, "contended_streams": len(flagged)}
     if not flagged:
         return res
     worst = max(flagged, key=lambda x: (x["score"] or 0, x["concurrent_threads"]))
-    sev = "note"
-    fc = pd.concat(flagged_calls, ignore_index=True)
-    where = [{"stream": f["stream"], "threads": f["threads"],
-              "share": round(f["launches"] / len(fc), 4)} for f in flagged][: options.top_n]
-    labels = thread_labels(trace, fc["pid"], fc["tid"])
-    where += where_shares(labels, key="thread", top=options.top_n)
-    reg = attribute(trace, fc["pid"], fc["tid"], fc["api_start"])
-    if any(x is not None for x in reg):
-        where += where_shares(reg, key="nvtx", top=options.top_n)
+    fc = pd.concat(calls, ignore_index=True)
     slow = f", launch calls {worst['slowdown']:.1f}x slower while another thread launches" if worst["slowdown"] else ""
-    res.findings.append(Finding(
-        id="stream-contention", severity=sev,
+    f = report(
+        res, "stream-contention",
         title=(f"{worst['concurrent_threads']} CPU threads launch concurrently into one stream "
                f"({worst['stream']}): {worst['switch_rate']:.0%} of consecutive launches switch thread, "
                f"{worst['overlap_share']:.0%} of launch time overlaps another thread{slow}"),
-        evidence={"streams": flagged, "worst": worst["stream"]},
+        evidence={"streams": flagged, "worst": worst["stream"]}, where=_where(trace, flagged, fc, options),
         recommendation=(
             "Give every client thread its own stream group (a compute stream plus a copy stream, "
             "with a per-stream caching allocator) so launches stop serializing on one stream and "
             "requests overlap on the GPU; use CUDA graphs per group to cut the launch calls."),
-        where=where))
-    f = res.findings[-1]
-    f.action = "give every client thread its own stream group instead of one shared stream"
-    gaps = idle_gaps(trace, options)
-    keys = {(x["pid"], x["device"], x["stream_id"]) for x in flagged}
-    cap = 0
-    if len(gaps):
-        gs = gaps[gaps["steady"].astype(bool)]
-        on = [(int(p), int(d), int(st)) in keys for p, d, st in zip(gs["pid"], gs["device"], gs["stream"])]
-        cap = int(gs["ns"].to_numpy()[np.asarray(on, bool)].sum()) if len(gs) else 0
-    lost = sum(x["launch_time_lost_ns"] for x in flagged)
+        action="give every client thread its own stream group instead of one shared stream")
     ov = fc[fc["_ov"].to_numpy(bool)]
     if len(ov):
         f.examples = examples(trace, start=ov["api_start"], end=ov["api_end"], pid=ov["pid"], tid=ov["tid"],
                               device=ov["device"], stream=ov["stream"],
                               what="launch call while another thread launches into the stream",
                               n=options.examples_per_finding)
-    finish(f, min(lost, cap), steady_window(trace, options), options)
+    lost = sum(x["launch_time_lost_ns"] for x in flagged)
+    finish(f, min(lost, _idle_cap(trace, flagged, options)), steady_window(trace, options), options)
     return res
+
+
+def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], list[pd.DataFrame]]:
+    """Every stream fed by enough threads (its evidence), the contended ones, and the
+    launch calls of each contended stream."""
+    j = launches(trace)
+    streams: list[dict] = []
+    flagged: list[dict] = []
+    calls_of: list[pd.DataFrame] = []
+    if not len(j):
+        return streams, flagged, calls_of
+    code, uniq = group_codes(j["pid"].to_numpy(), j["device"].to_numpy(), j["stream"].to_numpy())
+    nthreads = pd.Series(j["tid"].to_numpy()).groupby(code).nunique()
+    many = nthreads.index[nthreads.to_numpy() >= options.contention_min_threads].to_numpy()
+    if not many.size:
+        return streams, flagged, calls_of
+    order = np.argsort(code, kind="stable")
+    bounds = np.searchsorted(code[order], np.arange(len(uniq) + 1))
+    cols = {c: j[c].to_numpy() for c in ("pid", "device", "stream", "tid", "api_start", "api_end")}
+    for c in many:
+        pid, dev, st = uniq[c]
+        rows = order[bounds[c]: bounds[c + 1]]
+        rows = rows[np.lexsort((cols["api_end"][rows], cols["api_start"][rows]))]  # by launch start, then end
+        calls = pd.DataFrame({k: v[rows] for k, v in cols.items()})
+        info, overlapped, d = _stream_info(trace, pid, dev, st, int(nthreads[c]), calls, options)
+        streams.append(info)
+        if info["contended"]:
+            flagged.append(info)
+            calls_of.append(calls.assign(_ov=overlapped, _dur=d))
+    return streams, flagged, calls_of
+
+
+def _stream_info(trace: Trace, pid: int, dev: int, st: int, nt: int, calls: pd.DataFrame,
+                 options: Options) -> tuple[dict, np.ndarray, np.ndarray]:
+    """One stream's evidence: overlap, switch rate, slowdown, concurrent threads."""
+    share, overlapped = _overlap_stats(calls)
+    tids = calls["tid"].to_numpy(np.int64)
+    switch_rate = float((tids[1:] != tids[:-1]).mean()) if tids.size > 1 else 0.0
+    d = (calls["api_end"] - calls["api_start"]).to_numpy(np.int64)
+    med_over = float(np.median(d[overlapped])) if overlapped.any() else None
+    med_alone = float(np.median(d[~overlapped])) if (~overlapped).any() else None
+    per_thread = calls.groupby("tid").size().sort_values(ascending=False)
+    # threads whose launch span [first, last] overlaps another thread's span: a
+    # warm-up thread that finished before the clients started does not count
+    span = calls.groupby("tid").agg(lo=("api_start", "min"), hi=("api_end", "max"))
+    lo, hi = span["lo"].to_numpy(), span["hi"].to_numpy()
+    ov = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
+    np.fill_diagonal(ov, False)
+    concurrent = int(ov.any(axis=1).sum())
+    info = {
+        "stream": stream_label(pid, dev, st), "pid": int(pid), "device": int(dev), "stream_id": int(st),
+        "threads": nt, "concurrent_threads": concurrent, "launches": int(len(calls)),
+        "overlap_share": r(share), "switch_rate": r(switch_rate),
+        "median_launch_us_overlapped": r(med_over / 1000, 3) if med_over is not None else None,
+        "median_launch_us_alone": r(med_alone / 1000, 3) if med_alone is not None else None,
+        "slowdown": r(med_over / med_alone) if (med_over and med_alone) else None,
+        "launches_per_thread": {thread_label(trace, pid, t): int(n) for t, n in per_thread.items()},
+    }
+    info["contended"] = bool(concurrent >= options.contention_min_threads and (
+        share >= options.contention_min_overlap or switch_rate >= options.contention_min_switch_rate))
+    info["score"] = r(max(share, switch_rate))
+    if info["contended"]:
+        lost = float(np.clip(d[overlapped] - med_alone, 0, None).sum()) if (med_alone is not None
+                                                                            and overlapped.any()) else 0.0
+        info["launch_time_lost_ns"] = int(lost)
+    return info, overlapped, d
+
+
+def _where(trace: Trace, flagged: list[dict], fc: pd.DataFrame, options: Options) -> list[dict]:
+    where = [{"stream": f["stream"], "threads": f["threads"],
+              "share": round(f["launches"] / len(fc), 4)} for f in flagged][: options.top_n]
+    where += where_shares(thread_label_codes(trace, fc["pid"], fc["tid"]), key="thread", top=options.top_n)
+    reg = attribute(trace, fc["pid"], fc["tid"], fc["api_start"])
+    if any_region(reg):
+        where += where_shares(reg, key="nvtx", top=options.top_n)
+    return where
+
+
+def _idle_cap(trace: Trace, flagged: list[dict], options: Options) -> int:
+    """Steady-state GPU idle that ends with work on a contended stream (ns)."""
+    gaps = idle_gaps(trace, options)
+    if not len(gaps):
+        return 0
+    gs = gaps[gaps["steady"].astype(bool)]
+    keys = pd.MultiIndex.from_tuples([(x["pid"], x["device"], x["stream_id"]) for x in flagged])
+    on = pd.MultiIndex.from_arrays([gs["pid"].to_numpy(np.int64), gs["device"].to_numpy(np.int64),
+                                    gs["stream"].to_numpy(np.int64)]).isin(keys)
+    return int(gs["ns"].to_numpy()[np.asarray(on, bool)].sum()) if len(gs) else 0

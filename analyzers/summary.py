@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from ..model import Trace
-from ._util import GRAPH_LAUNCH_RE, launches, merge_intervals, str_contains
+from ._ops import device_busy, op_api_rows, op_table, what_is
+from ._util import GRAPH_LAUNCH_RE, group_codes, str_contains
 
 __all__ = ["summarize", "SHORT_KERNEL_NS", "device_windows", "direction_switches"]
 
@@ -46,17 +47,24 @@ SHORT_KERNEL_NS = 10_000
 
 def device_windows(trace: Trace) -> dict[int, dict[str, int]]:
     """Per device: ``start``/``end`` of its window and ``busy`` (union of kernels+graphs)."""
-    act = trace.gpu_activity()
-    out: dict[int, dict[str, int]] = {}
-    if len(act) == 0:
-        return out
-    busy_src = act[act["what"].isin(["kernel", "graph"])]
-    for dev, g in act.groupby("device", sort=True):
-        lo, hi = int(g["start"].min()), int(g["end"].max())
-        b = busy_src[busy_src["device"] == dev]
-        ms, me = merge_intervals(b["start"].to_numpy(), b["end"].to_numpy())
-        out[int(dev)] = {"start": lo, "end": hi, "busy": int((me - ms).sum())}
-    return out
+    return {p.device: {"start": p.first, "end": p.last, "busy": int((p.busy_end - p.busy_start).sum())}
+            for p in device_busy(trace)}
+
+
+def launch_threads_per_stream_max(trace: Trace) -> int:
+    """The most distinct launching threads ``(pid, tid)`` of kernels, copies and memsets
+    (joined to their API call) in one stream ``(pid, device, stream)``; 0 when none join."""
+    ops = op_table(trace)
+    rows = op_api_rows(trace)
+    m = (rows >= 0) & ~what_is(ops, "graph") if len(ops) else np.zeros(0, bool)
+    if not m.any():
+        return 0
+    tid = trace.api["tid"].to_numpy(np.int64)[rows[m]]
+    stream, _ = group_codes(*(ops[c].to_numpy(np.int64)[m] for c in ("pid", "device", "stream")))
+    pairs, _ = group_codes(stream, tid)
+    per_pair = np.zeros(pairs.max() + 1, dtype=np.int64)
+    per_pair[pairs] = stream
+    return int(np.bincount(per_pair).max())
 
 
 def direction_switches(memcpys: Any) -> int:
@@ -82,13 +90,8 @@ def summarize(trace: Trace) -> dict[str, Any]:
     window = sum(w["end"] - w["start"] for w in wins.values())
     busy = sum(w["busy"] for w in wins.values())
 
-    j = launches(trace, ("kernel", "memcpy", "memset"))
-    if len(j):
-        per_stream = j.groupby(["pid", "device", "stream"])[["tid"]].nunique()["tid"]
-        # distinct (pid, tid): pid is part of the stream key, so tid alone is distinct within it
-        threads_max = int(per_stream.max())
-    else:
-        threads_max = 0
+    # distinct (pid, tid): pid is part of the stream key, so tid alone is distinct within it
+    threads_max = launch_threads_per_stream_max(trace)
 
     mc = trace.memcpys
     return {

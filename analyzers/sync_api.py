@@ -21,15 +21,18 @@ it (docs/findings.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
-from ..findings import AnalysisResult, Finding
+from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._attribution import attribute, where_shares
-from ._recoverable import steady_window, examples, finish, gaps_containing, idle_gaps
-from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, thread_label, thread_labels
+from ._attribution import any_region, attribute, where_shares
+from ._ops import api_keys_in, api_thread_spans
+from ._recoverable import examples, finish, gaps_containing, idle_gaps, report, steady_window
+from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, take_str, thread_label, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -43,101 +46,36 @@ def _kind(name: str) -> str:
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="sync-api")
-    api = trace.api
-    if len(api) == 0:
+    if len(trace.api) == 0:
         res.data = {"calls": 0}
         return res
-    m = (str_contains(api["name"], SYNC_RE) | str_contains(api["name"], BLOCKING_COPY_RE)).to_numpy()
-    mc = trace.memcpys
-    pageable_d2h = 0
-    if len(mc):
-        pj = launches(trace, ("memcpy",))
-        if len(pj):
-            rows = pj["row"].to_numpy(np.int64)
-            pg = ((mc["kind"].to_numpy(object)[rows] == "d2h")
-                  & (mc["dst_mem"].astype(object).to_numpy()[rows] == "pageable"))
-            if pg.any():
-                keys = pd.MultiIndex.from_arrays([pj["pid"].to_numpy(np.int64)[pg],
-                                                  pj["correlation"].to_numpy(np.int64)[pg]])
-                pm = np.asarray(pd.MultiIndex.from_arrays([api["pid"].to_numpy(np.int64),
-                                                           api["correlation"].to_numpy(np.int64)]).isin(keys), bool)
-                pm &= ~m
-                pageable_d2h = int(pm.sum())
-                m = m | pm
-    sy = api[m]
+    m, pageable_d2h = _sync_calls(trace)
+    sy = trace.api[m]
     if len(sy) == 0:
         res.data = {"calls": 0, "blocked_us": 0.0}
         return res
     dur = (sy["end"] - sy["start"]).to_numpy(np.int64)
-    kinds = sy["name"].astype(str).map(_kind)
-    kinds = kinds.where(kinds != "other", "pageable_copy")
-    spans = api.groupby(["pid", "tid"]).agg(lo=("start", "min"), hi=("end", "max"))
-    spans["span"] = spans["hi"] - spans["lo"]
-    by_thread = pd.DataFrame({"pid": sy["pid"].to_numpy(), "tid": sy["tid"].to_numpy(), "dur": dur}) \
-        .groupby(["pid", "tid"])["dur"].agg(["count", "sum"])
-    by_thread = by_thread.join(spans["span"])
-    blocked = int(dur.sum())
-    span_sum = int(by_thread["span"].sum())
-    blocked_share = blocked / span_sum if span_sum > 0 else None
-    threads = []
-    for (p, t), row in by_thread.sort_values("sum", ascending=False).iterrows():
-        threads.append({"thread": thread_label(trace, p, t), "calls": int(row["count"]),
-                        "blocked_us": r(row["sum"] / 1000, 3),
-                        "blocked_share": r(row["sum"] / row["span"]) if row["span"] > 0 else None})
-    by_kind = {k: {"calls": int(c), "blocked_us": r(s / 1000, 3)}
-               for k, (c, s) in pd.DataFrame({"k": kinds.to_numpy(), "d": dur}).groupby("k")["d"]
-               .agg(["count", "sum"]).iterrows()}
-    by_name = sy.assign(d=dur).groupby("name")["d"].agg(["count", "sum"]).sort_values("sum", ascending=False)
-    # GPU idle caused: steady-state gaps of the caller's devices in which a sync returns
-    gaps = idle_gaps(trace, options)
-    gaps = gaps[gaps["steady"].astype(bool)].reset_index(drop=True) if len(gaps) else gaps
-    hit = np.full(len(sy), -1, dtype=np.int64)
-    for pid in np.unique(sy["pid"].to_numpy(np.int64)):
-        mp = sy["pid"].to_numpy(np.int64) == pid
-        gp = gaps[gaps["pid"].to_numpy(np.int64) == pid] if len(gaps) else gaps
-        if len(gp):
-            h = gaps_containing(gp.reset_index(drop=True), sy["end"].to_numpy(np.int64)[mp])
-            hit[mp] = np.where(h >= 0, gp.index.to_numpy()[np.maximum(h, 0)], -1)
-    used = np.unique(hit[hit >= 0])
+    gaps, used = _gaps_after(trace, sy, options)
     gpu_idle = int(gaps["ns"].to_numpy(np.int64)[used].sum()) if used.size else 0
     window = steady_window(trace, options)
-    data = {
-        "calls": int(len(sy)), "blocked_us": r(blocked / 1000, 3), "blocked_share": r(blocked_share),
-        "pageable_d2h_copies": pageable_d2h,
-        "gpu_idle_after_sync_ns": gpu_idle, "gpu_idle_after_sync_share": r(gpu_idle / window) if window else None,
-        "by_kind": by_kind,
-        "by_name": [{"name": str(n), "calls": int(c), "blocked_us": r(s / 1000, 3)}
-                    for n, (c, s) in by_name.head(options.top_n).iterrows()],
-        "threads": threads[: options.top_n],
-    }
-    res.data = data
+    data = res.data = _evidence(trace, sy, dur, pageable_d2h, gpu_idle, window, options)
     idle_share = gpu_idle / window if window else 0.0
+    blocked, blocked_share = dur.sum(), data["blocked_share"]
     if (len(sy) < options.sync_report_min_calls and (blocked_share or 0.0) < options.report_min_share
             and idle_share < options.report_min_share):
         return res
-    sev = "note"
-    reg = attribute(trace, sy["pid"], sy["tid"], sy["start"])
-    where: list[dict] = []
-    if any(x is not None for x in reg):
-        where = where_shares(reg, dur, key="nvtx", top=options.top_n)
-    where += where_shares(thread_labels(trace, sy["pid"], sy["tid"]), dur,
-                          key="thread", top=options.top_n)
-    if "callsite" in sy.columns and sy["callsite"].notna().any():  # backtraces in the trace
-        where += where_shares(sy["callsite"].to_numpy(object), dur, key="callsite", top=options.top_n)
-    res.findings.append(Finding(
-        id="sync-api", severity=sev,
+    f = report(
+        res, "sync-api",
         title=(f"{len(sy)} synchronizing calls block CPU threads for {blocked / 1e6:.2f} ms "
                f"({(blocked_share or 0):.0%} of those threads' API time) and leave the GPU idle "
                f"{gpu_idle / 1e6:.2f} ms ({idle_share:.0%} of the steady state) after they return"),
-        evidence=data,
+        evidence=data, where=_where(trace, sy, dur, options),
         recommendation=(
             "Remove the syncs from the hot path: replace cudaDeviceSynchronize/cudaStreamSynchronize "
             "and blocking cudaMemcpy (.cpu(), .item()) with an event recorded on the group's stream and "
             "waited on only where the result is consumed; copy results into pinned buffers "
             "asynchronously."),
-        where=where))
-    f = res.findings[-1]
-    f.action = "replace the per-request synchronize calls with one event wait where the result is used"
+        action="replace the per-request synchronize calls with one event wait where the result is used")
     if used.size:
         gu = gaps.iloc[used]
         f.examples = examples(trace, start=gu["start"], end=gu["end"], pid=gu["pid"], device=gu["device"],
@@ -148,3 +86,80 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                               what=[str(x) for x in sy["name"]], n=options.examples_per_finding)
     finish(f, gpu_idle, window, options)
     return res
+
+
+def _sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
+    """Which API calls synchronize (by name, and the launch calls of async D2H copies into
+    pageable memory), and how many of them are such pageable copies."""
+    api = trace.api
+    m = (str_contains(api["name"], SYNC_RE) | str_contains(api["name"], BLOCKING_COPY_RE)).to_numpy()
+    mc = trace.memcpys
+    pj = launches(trace, ("memcpy",)) if len(mc) else None
+    if pj is None or not len(pj):
+        return m, 0
+    rows = pj["row"].to_numpy(np.int64)
+    pg = (take_str(mc["kind"], rows) == "d2h") & (take_str(mc["dst_mem"], rows) == "pageable")
+    if not pg.any():
+        return m, 0
+    pm = api_keys_in(trace, pj["pid"].to_numpy(np.int64)[pg], pj["correlation"].to_numpy(np.int64)[pg]) & ~m
+    return m | pm, int(pm.sum())
+
+
+def _gaps_after(trace: Trace, sy: pd.DataFrame, options: Options) -> tuple[pd.DataFrame, np.ndarray]:
+    """The steady-state idle gaps (of the caller's process) in which a sync call returns:
+    (all steady gaps, positions of those)."""
+    gaps = idle_gaps(trace, options)
+    gaps = gaps[gaps["steady"].astype(bool)].reset_index(drop=True) if len(gaps) else gaps
+    hit = np.full(len(sy), -1, dtype=np.int64)
+    spid = sy["pid"].to_numpy(np.int64)
+    gpid = gaps["pid"].to_numpy(np.int64) if len(gaps) else np.zeros(0, np.int64)
+    for pid in np.unique(spid):
+        mp = spid == pid
+        gp = np.flatnonzero(gpid == pid)
+        if gp.size:
+            h = gaps_containing(gaps.iloc[gp].reset_index(drop=True), sy["end"].to_numpy(np.int64)[mp])
+            hit[mp] = np.where(h >= 0, gp[np.maximum(h, 0)], -1)
+    return gaps, np.unique(hit[hit >= 0])
+
+
+def _evidence(trace: Trace, sy: pd.DataFrame, dur: np.ndarray, pageable_d2h: int, gpu_idle: int,
+              window: int, options: Options) -> dict[str, Any]:
+    """Counts and blocked time, by kind, by name and by thread."""
+    names = sy["name"]
+    kinds = np.array([_kind(str(c)) for c in names.cat.categories] + [_kind("nan")], dtype=object)[
+        names.cat.codes.to_numpy()] if isinstance(names.dtype, pd.CategoricalDtype) else \
+        names.astype(str).map(_kind).to_numpy(object)
+    kinds = np.where(kinds == "other", "pageable_copy", kinds)
+    by_thread = pd.DataFrame({"pid": sy["pid"].to_numpy(), "tid": sy["tid"].to_numpy(), "dur": dur}) \
+        .groupby(["pid", "tid"])["dur"].agg(["count", "sum"])
+    spans = api_thread_spans(trace)
+    by_thread = by_thread.join((spans["hi"] - spans["lo"]).rename("span"))
+    span_sum = int(by_thread["span"].sum())
+    blocked_share = int(dur.sum()) / span_sum if span_sum > 0 else None
+    threads = [{"thread": thread_label(trace, p, t), "calls": int(row["count"]),
+                "blocked_us": r(row["sum"] / 1000, 3),
+                "blocked_share": r(row["sum"] / row["span"]) if row["span"] > 0 else None}
+               for (p, t), row in by_thread.sort_values("sum", ascending=False).iterrows()]
+    by_kind = {k: {"calls": int(c), "blocked_us": r(s / 1000, 3)}
+               for k, (c, s) in pd.DataFrame({"k": kinds, "d": dur}).groupby("k")["d"].agg(["count", "sum"]).iterrows()}
+    by_name = sy.assign(d=dur).groupby("name")["d"].agg(["count", "sum"]).sort_values("sum", ascending=False)
+    return {
+        "calls": int(len(sy)), "blocked_us": r(int(dur.sum()) / 1000, 3), "blocked_share": r(blocked_share),
+        "pageable_d2h_copies": pageable_d2h,
+        "gpu_idle_after_sync_ns": gpu_idle, "gpu_idle_after_sync_share": r(gpu_idle / window) if window else None,
+        "by_kind": by_kind,
+        "by_name": [{"name": str(n), "calls": int(c), "blocked_us": r(s / 1000, 3)}
+                    for n, (c, s) in by_name.head(options.top_n).iterrows()],
+        "threads": threads[: options.top_n],
+    }
+
+
+def _where(trace: Trace, sy: pd.DataFrame, dur: np.ndarray, options: Options) -> list[dict]:
+    reg = attribute(trace, sy["pid"], sy["tid"], sy["start"])
+    where: list[dict] = []
+    if any_region(reg):
+        where = where_shares(reg, dur, key="nvtx", top=options.top_n)
+    where += where_shares(thread_label_codes(trace, sy["pid"], sy["tid"]), dur, key="thread", top=options.top_n)
+    if "callsite" in sy.columns and sy["callsite"].notna().any():  # backtraces in the trace
+        where += where_shares(sy["callsite"].to_numpy(object), dur, key="callsite", top=options.top_n)
+    return where

@@ -29,52 +29,54 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._recoverable import steady_cut
+from ._ops import device_busy, timeline_edges
 from ._util import covered_in_bins, intersect_length, merge_intervals, op_table, stream_label
 
 __all__ = ["analyze"]
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
-    ops = op_table(trace)
     res = AnalysisResult(name="utilization")
-    if len(ops) == 0:
+    parts = device_busy(trace)
+    if not parts:
         res.data = {"devices": {}, "utilization": None, "timeline": None}
         return res
-    lo, hi = int(ops["start"].min()), int(ops["end"].max())
-    nb = max(1, int(options.timeline_bins))
-    edges = np.linspace(lo, hi, nb + 1).round().astype(np.int64)
+    edges = timeline_edges(trace, options.timeline_bins)
     widths = np.maximum(np.diff(edges), 1).astype(float)
-    busy_ops = ops[ops["what"].isin(["kernel", "graph"])]
     devs: dict[str, Any] = {}
     tl_dev: dict[str, list[float]] = {}
     tot_busy = tot_win = 0
-    for dev, g in ops.groupby("device", sort=True):
-        w0, w1 = int(g["start"].min()), int(g["end"].max())
-        b = busy_ops[busy_ops["device"] == dev]
-        ms, me = merge_intervals(b["start"].to_numpy(), b["end"].to_numpy())
-        busy = int((me - ms).sum())
-        win = w1 - w0
-        frac = covered_in_bins(ms, me, edges) / widths
-        tl_dev[str(int(dev))] = [round(float(x), 4) for x in frac]
-        cut = steady_cut(frac, edges, w0, w1, options.startup_fraction)
-        steady_busy = intersect_length(ms, me, cut, w1)
-        devs[str(int(dev))] = {
+    for p in parts:
+        busy = int((p.busy_end - p.busy_start).sum())
+        win = p.last - p.first
+        frac = covered_in_bins(p.busy_start, p.busy_end, edges) / widths
+        tl_dev[str(p.device)] = [round(float(x), 4) for x in frac]
+        cut = steady_cut(frac, edges, p.first, p.last, options.startup_fraction)
+        steady_busy = intersect_length(p.busy_start, p.busy_end, cut, p.last)
+        devs[str(p.device)] = {
             "window_ns": win,
             "busy_ns": busy,
             "utilization": (busy / win) if win > 0 else None,
             "steady_start_ns": cut,
-            "steady_utilization": (steady_busy / (w1 - cut)) if w1 > cut else None,
+            "steady_utilization": (steady_busy / (p.last - cut)) if p.last > cut else None,
         }
         tot_busy += busy
         tot_win += win
-    tl_stream: dict[str, list[float]] = {}
-    for (pid, dev, st), g in busy_ops.groupby(["pid", "device", "stream"], sort=True):
-        ms, me = merge_intervals(g["start"].to_numpy(), g["end"].to_numpy())
-        tl_stream[stream_label(pid, dev, st)] = [round(float(x), 4) for x in covered_in_bins(ms, me, edges) / widths]
     res.data = {
         "devices": devs,
         "utilization": (tot_busy / tot_win) if tot_win > 0 else None,
-        "timeline": {"start_ns": lo, "end_ns": hi, "bins": nb, "edges_ns": [int(x) for x in edges],
-                     "devices": tl_dev, "streams": tl_stream},
+        "timeline": {"start_ns": int(edges[0]), "end_ns": int(edges[-1]), "bins": len(edges) - 1,
+                     "edges_ns": [int(x) for x in edges], "devices": tl_dev,
+                     "streams": _stream_timelines(trace, edges, widths)},
     }
     return res
+
+
+def _stream_timelines(trace: Trace, edges: np.ndarray, widths: np.ndarray) -> dict[str, list[float]]:
+    """Busy fraction per bin of every stream (kernels and graph executions)."""
+    ops = op_table(trace, ("kernel", "graph"))
+    out: dict[str, list[float]] = {}
+    for (pid, dev, st), g in ops.groupby(["pid", "device", "stream"], sort=True):
+        ms, me = merge_intervals(g["start"].to_numpy(), g["end"].to_numpy())
+        out[stream_label(pid, dev, st)] = [round(float(x), 4) for x in covered_in_bins(ms, me, edges) / widths]
+    return out

@@ -61,19 +61,18 @@ elif engine == "adbc":
             cur.execute(f"SELECT {cols} FROM {tab}")
             df = cur.fetch_arrow_table().to_pandas()
             rows += len(df); keep.append(df)
-elif engine == "connectorx":
-    import connectorx as cx, sqlite3
+elif engine in ("connectorx", "polars"):
+    import sqlite3
+    if engine == "connectorx":
+        import connectorx as cx
+        read = lambda sql: cx.read_sql(f"sqlite://{path}", sql, return_type="arrow").to_pandas()
+    else:
+        import polars as pl
+        read = lambda sql: pl.read_database_uri(sql, f"sqlite://{path}", engine="connectorx").to_pandas()
     tables = {r[0] for r in sqlite3.connect(path).execute("select name from sqlite_master")}
     for tab, cols in queries.items():
         if tab in tables:
-            df = cx.read_sql(f"sqlite://{path}", f"SELECT {cols} FROM {tab}", return_type="arrow").to_pandas()
-            rows += len(df); keep.append(df)
-elif engine == "polars":
-    import polars as pl, sqlite3
-    tables = {r[0] for r in sqlite3.connect(path).execute("select name from sqlite_master")}
-    for tab, cols in queries.items():
-        if tab in tables:
-            df = pl.read_database_uri(f"SELECT {cols} FROM {tab}", f"sqlite://{path}", engine="connectorx").to_pandas()
+            df = read(f"SELECT {cols} FROM {tab}")
             rows += len(df); keep.append(df)
 elif engine == "duckdb":
     import duckdb, os, duckdb_ext

@@ -163,65 +163,86 @@ def main() -> None:
     ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"scale_{dt.date.today()}.json")
     a = ap.parse_args()
-    res: list[dict] = []
     doc: dict = {
         "what": ("recsys-doctor advise --json (whole command: start-up, load, analyze, plan) on a real H100 "
                  "export tiled in time; nsys-ai diagnose --format json on the same file in the same run"),
         "trace": str(a.trace.relative_to(ROOT.parent) if a.trace.is_relative_to(ROOT.parent) else a.trace),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": _machine(), "nsys_ai": None, "results": res,
+        "machine": _machine(), "nsys_ai": None, "results": [],
     }
-    home = None
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmpd:
         tmp = Path(tmpd)
-        if a.nsys_ai:
-            ver = subprocess.run([str(Path(a.nsys_ai).parent / "python"), "-c",
-                                  "import importlib.metadata as m; print(m.version('nsys-ai'), m.version('duckdb'))"],
-                                 capture_output=True, text=True).stdout.split()
-            doc["nsys_ai"] = {"version": ver[0] if ver else None, "duckdb": ver[1] if len(ver) > 1 else None}
-            if a.nsys_ai_duckdb_ext:
-                home = tmp / "home"
-                d = home / ".duckdb" / "extensions" / a.nsys_ai_duckdb_version / "linux_amd64"
-                d.mkdir(parents=True)
-                shutil.copyfile(a.nsys_ai_duckdb_ext, d / "sqlite_scanner.duckdb_extension")
-                doc["nsys_ai"]["duckdb_extension"] = f"sqlite_scanner placed offline ({a.nsys_ai_duckdb_ext.name})"
-        else:
-            doc["nsys_ai"] = {"unavailable": "not measured: run with --nsys-ai (pip install nsys-ai in a throwaway venv)"}
+        home = _nsys_ai_setup(a, tmp, doc)
         base_rows = _activity_rows(a.trace)
         sizes = [("rows", float(x)) for x in a.rows.split(",") if x] + ([("gb", a.gb)] if a.gb else [])
         for kind, target in sizes:
-            if kind == "rows":
-                k = max(1, round(target / base_rows))
-            else:
-                k = max(1, round(target * 2**30 / _bytes_per_factor(a.trace, tmp)))
-            f = tmp / f"tiled_{k}.sqlite"
-            rows = tile(a.trace, f, k)
-            row = {"factor": k, "activity_rows": rows, "file_mb": round(f.stat().st_size / 2**20, 1),
-                   "load_avg_before": os.getloadavg()[0]}
-            print(f"tiled x{k}: {rows:,} rows, {row['file_mb']} MB", file=sys.stderr, flush=True)
-            rep = 1 if kind == "gb" else a.repeat
-            row["recsys_doctor"] = ours(f, rep)
-            if kind == "rows":
-                row["nsys_ai"] = nsys_ai(a.nsys_ai, home, f, rep, tmp)
-            row["load_avg_after"] = os.getloadavg()[0]
-            print(json.dumps(row), file=sys.stderr, flush=True)
-            res.append(row)
-            f.unlink()
-        from kineto_scale import KINETO, kineto_child, tile_to_size  # the Kineto bench's own helpers
-
-        a.kineto = a.kineto or KINETO
+            k = (max(1, round(target / base_rows)) if kind == "rows"
+                 else max(1, round(target * 2**30 / _bytes_per_factor(a.trace, tmp))))
+            doc["results"].append(_one_size(a, tmp, home, k, repeat=1 if kind == "gb" else a.repeat,
+                                            with_nsys_ai=kind == "rows"))
+        a.kineto = a.kineto or _kineto_default()
         if a.kineto_mb and a.kineto.exists():
-            f, k, n = tile_to_size(a.kineto, tmp, a.kineto_mb)
-            row = {"factor": k, "events": n, "file_mb": round(f.stat().st_size / 2**20, 1),
-                   "load_avg_before": os.getloadavg()[0]}
-            row.update(kineto_child(f, a.repeat))
-            row["load_avg_after"] = os.getloadavg()[0]
-            print(json.dumps(row), file=sys.stderr, flush=True)
-            doc["kineto"] = {"trace": str(a.kineto.name), **row}
-            f.unlink()
+            doc["kineto"] = _kineto_size(a, tmp)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {a.out}")
+
+
+def _nsys_ai_setup(a: argparse.Namespace, tmp: Path, doc: dict) -> Path | None:
+    """Record nsys-ai's version; place DuckDB's sqlite extension in a private HOME when
+    given (offline). Returns that HOME (None: nsys-ai's own)."""
+    if not a.nsys_ai:
+        doc["nsys_ai"] = {"unavailable": "not measured: run with --nsys-ai (pip install nsys-ai in a throwaway venv)"}
+        return None
+    ver = subprocess.run([str(Path(a.nsys_ai).parent / "python"), "-c",
+                          "import importlib.metadata as m; print(m.version('nsys-ai'), m.version('duckdb'))"],
+                         capture_output=True, text=True).stdout.split()
+    doc["nsys_ai"] = {"version": ver[0] if ver else None, "duckdb": ver[1] if len(ver) > 1 else None}
+    if not a.nsys_ai_duckdb_ext:
+        return None
+    home = tmp / "home"
+    d = home / ".duckdb" / "extensions" / a.nsys_ai_duckdb_version / "linux_amd64"
+    d.mkdir(parents=True)
+    shutil.copyfile(a.nsys_ai_duckdb_ext, d / "sqlite_scanner.duckdb_extension")
+    doc["nsys_ai"]["duckdb_extension"] = f"sqlite_scanner placed offline ({a.nsys_ai_duckdb_ext.name})"
+    return home
+
+
+def _one_size(a: argparse.Namespace, tmp: Path, home: Path | None, k: int, repeat: int, with_nsys_ai: bool) -> dict:
+    """Tile K times, time both tools on the file (machine load before and after), delete it."""
+    f = tmp / f"tiled_{k}.sqlite"
+    rows = tile(a.trace, f, k)
+    row = {"factor": k, "activity_rows": rows, "file_mb": round(f.stat().st_size / 2**20, 1),
+           "load_avg_before": os.getloadavg()[0]}
+    print(f"tiled x{k}: {rows:,} rows, {row['file_mb']} MB", file=sys.stderr, flush=True)
+    row["recsys_doctor"] = ours(f, repeat)
+    if with_nsys_ai:
+        row["nsys_ai"] = nsys_ai(a.nsys_ai, home, f, repeat, tmp)
+    row["load_avg_after"] = os.getloadavg()[0]
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    f.unlink()
+    return row
+
+
+def _kineto_default() -> Path:
+    from kineto_scale import KINETO  # the Kineto bench's own helpers
+
+    return KINETO
+
+
+def _kineto_size(a: argparse.Namespace, tmp: Path) -> dict:
+    """The Kineto trace tiled to about ``--kineto-mb``: load only, and the whole advise
+    (``bench/kineto_scale.py``'s tiling and timing)."""
+    from kineto_scale import kineto_child, tile_to_size
+
+    f, k, n = tile_to_size(a.kineto, tmp, a.kineto_mb)
+    row = {"factor": k, "events": n, "file_mb": round(f.stat().st_size / 2**20, 1),
+           "load_avg_before": os.getloadavg()[0]}
+    row.update(kineto_child(f, a.repeat))
+    row["load_avg_after"] = os.getloadavg()[0]
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    f.unlink()
+    return {"trace": str(a.kineto.name), **row}
 
 
 def _activity_rows(src: Path) -> int:

@@ -1,0 +1,70 @@
+"""The file side of the nsys loader: gzip, the SQLite header, one-line error messages."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import shutil
+import struct
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import TraceFormatError
+
+__all__ = ["SQLITE_MAGIC", "GZIP_MAGIC", "gunzipped", "check_header", "one_line"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@contextlib.contextmanager
+def gunzipped(p: Path) -> Iterator[Path]:
+    """Decompress ``p`` to a private temporary file (deleted afterwards). The whole
+    trace is read into DataFrames while the file exists, so nothing needs caching."""
+    fd, name = tempfile.mkstemp(prefix="recsys-doctor-", suffix=".sqlite")
+    tmp = Path(name)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as out, gzip.open(p, "rb") as g:
+                shutil.copyfileobj(g, out, 1 << 20)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceFormatError(f"{p}: corrupt gzip file ({e or type(e).__name__})") from None
+        yield tmp
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def check_header(p: Path, shown: Path) -> None:
+    """Catch non-SQLite and truncated files before SQLite does, with a clearer message.
+
+    The header stores the database size in pages (offset 28) and is trustworthy when the
+    "version-valid-for" number (offset 92) equals the change counter (offset 24); a file
+    shorter than that size was cut off (a partial copy or download)."""
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        hdr = f.read(100)
+    if not hdr.startswith(SQLITE_MAGIC):
+        raise TraceFormatError(f"{shown}: not an SQLite database (expected an Nsight Systems .sqlite export)")
+    if len(hdr) < 100:
+        raise TraceFormatError(f"{shown}: truncated SQLite file ({size} bytes, shorter than the 100-byte header)")
+    page_size = struct.unpack(">H", hdr[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    (change,) = struct.unpack(">I", hdr[24:28])
+    (n_pages,) = struct.unpack(">I", hdr[28:32])
+    (valid_for,) = struct.unpack(">I", hdr[92:96])
+    if page_size < 512 or page_size & (page_size - 1):
+        raise TraceFormatError(f"{shown}: corrupt SQLite file (invalid page size {page_size} in header)")
+    if n_pages and change == valid_for and size < n_pages * page_size:
+        raise TraceFormatError(
+            f"{shown}: truncated SQLite file ({size} bytes, the header says {n_pages * page_size}); "
+            "copy or export it again"
+        )
+
+
+def one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
