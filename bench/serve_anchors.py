@@ -264,10 +264,7 @@ def _graph_client(model, a, config):
                     d_dense.copy_(dense_h, non_blocking=True)
                     for d, h in zip(d_idx, idx_h):
                         d.copy_(h, non_blocking=True)
-                    g.replay()
-                    out_h.copy_(out, non_blocking=True)
-                    s.synchronize()
-                return out_h.clone()
+                    return _replay_and_fetch(s, g, out, out_h)
             return fn
         # one pinned input buffer (bytes), one device buffer, views for the model
         leaves = _flat(a)
@@ -292,11 +289,17 @@ def _graph_client(model, a, config):
             if config == "graph_cat":  # pack the query with one torch.cat into the pinned buffer
                 torch.cat(bytes_views, out=h_in)
             d_in.copy_(h_in, non_blocking=True)
-            g.replay()
-            out_h.copy_(out, non_blocking=True)
-            s.synchronize()
-        return out_h.clone()
+            return _replay_and_fetch(s, g, out, out_h)
     return fn
+
+
+def _replay_and_fetch(s, g, out, out_h):
+    """The hand-roll's query after its inputs are on the GPU: replay, one D2H copy into
+    pinned memory, wait for the stream, a copy of the output (inside ``torch.cuda.stream(s)``)."""
+    g.replay()
+    out_h.copy_(out, non_blocking=True)
+    s.synchronize()
+    return out_h.clone()
 
 
 # ------------------------------------------------------------------------------ driver
