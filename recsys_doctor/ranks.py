@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .analyzers._arrays import merge_intervals
 from .errors import BadInputError
 from .options import Options
 
@@ -137,12 +138,6 @@ def _rank_of(meta: dict[str, Any], path: Path, index: int) -> int:
     return int(nums[-1]) if nums and len(nums[-1]) < 7 else index
 
 
-def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from .analyzers._util import merge_intervals
-
-    return merge_intervals(start, end)
-
-
 def analyze_rank(path: str, options: Options | None = None, index: int = 0) -> RankSummary:
     """Diagnose one rank's trace and keep only the small summary (runs on a worker)."""
     import time
@@ -160,9 +155,9 @@ def analyze_rank(path: str, options: Options | None = None, index: int = 0) -> R
     g = tr.graphs
     cs = np.concatenate([ks[~nccl], g["start"].to_numpy(np.int64)])
     ce = np.concatenate([ke[~nccl], g["end"].to_numpy(np.int64)])
-    comp = _union(cs, ce)
-    comm = _union(ks[nccl], ke[nccl])
-    both = _union(np.concatenate([comp[0], comm[0]]), np.concatenate([comp[1], comm[1]]))
+    comp = merge_intervals(cs, ce)
+    comm = merge_intervals(ks[nccl], ke[nccl])
+    both = merge_intervals(np.concatenate([comp[0], comm[0]]), np.concatenate([comp[1], comm[1]]))
     c_ns, m_ns = int((comp[1] - comp[0]).sum()), int((comm[1] - comm[0]).sum())
     overlap = c_ns + m_ns - int((both[1] - both[0]).sum())
     util = res.analyses.get("utilization", {}).get("devices", {})

@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from .analyzers._util import merge_intervals, union_length
 from .errors import BadInputError
 from .model import Trace
 from .plan import Plan
@@ -198,30 +199,9 @@ class Prediction:
 # ------------------------------------------------------------------------------ intervals
 
 def union_ns(starts: Sequence[int] | np.ndarray, ends: Sequence[int] | np.ndarray) -> int:
-    """Total length of the union of intervals ``[start, end)`` (ns)."""
-    s = np.asarray(starts, dtype=np.int64)
-    e = np.asarray(ends, dtype=np.int64)
-    if s.size == 0:
-        return 0
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run_end = np.maximum.accumulate(e)
-    # a new block starts where the start is past everything before it
-    new = np.ones(s.size, dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]
-    idx = np.flatnonzero(new)
-    block_end = np.append(run_end[idx[1:] - 1], run_end[-1])
-    return int(np.sum(block_end - s[idx]))
-
-
-def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
+    """Total length of the union of intervals ``[start, end)`` (ns): the analyzers' one
+    interval union (:func:`recsys_doctor.analyzers._util.union_length`)."""
+    return union_length(starts, ends)
 
 
 def host_busy_ns(api: pd.DataFrame) -> int:
@@ -236,7 +216,7 @@ def host_busy_ns(api: pd.DataFrame) -> int:
         lo, hi = int(g["start"].min()), int(g["end"].max())
         blocked = g[g["name"].astype(str).str.contains(_SYNC_RE)]
         cur = lo
-        for s, e in _merge(list(zip(blocked["start"].astype("int64"), blocked["end"].astype("int64")))):
+        for s, e in zip(*merge_intervals(blocked["start"].to_numpy(np.int64), blocked["end"].to_numpy(np.int64))):
             if s > cur:
                 busy.append((cur, min(s, hi)))
             cur = max(cur, e)
