@@ -21,20 +21,16 @@ __all__ = ["GROUP_COUNTS", "candidates", "plan_candidate", "runtime_plan",
 GROUP_COUNTS = (1, 2, 4, 8)
 
 
-def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS,
-               clients: int | None = None) -> list[Candidate]:
+def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS) -> list[Candidate]:
     """Every plan the search considers. Serving: groups x merge x allocator x graphs (32).
     Training: branch streams x graphs (copies are not per-step, pools are the step's own).
-    A plain script: groups x graphs (its copies are its own, on the group's stream), any
-    number of client threads per group (``clients`` is accepted for callers that know it;
-    it no longer limits the search: the hook captures with any number of threads per
-    group, see ``docs/profile.md``)."""
+    A plain script: groups x graphs (its copies are its own, on the group's stream), with
+    any number of client threads per group (the hook captures with any, see
+    ``docs/profile.md``)."""
     if kind == "serve":
         return [Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
                 for gr in (True, False)]
-    if kind == "script":
-        return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
-    if kind == "train":
+    if kind in ("script", "train"):
         return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
     raise BadInputError(f"unknown candidate kind {kind!r}")
 

@@ -14,18 +14,12 @@ from ..errors import BadInputError
 from ..errors import first_line as _first_line
 from ._cuda import check, ensure_context
 from ._policy import flatten, pack_layout, unflatten
-from ._streams import HostBuffer, StreamGroup
+from ._streams import HostBuffer, StreamGroup, _driver
 
 #: CUDA graph captures are serialized process-wide: two captures at once in thread-local
 #: mode are legal, but a capture's device-wide synchronize and allocator bookkeeping are
 #: cheaper to reason about one at a time, and captures are rare (once per group and shape).
 _CAPTURE_LOCK = threading.Lock()
-
-
-def _driver() -> Any:
-    from cuda.bindings import driver
-
-    return driver
 
 
 class Entry:
