@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call of issue-8 work on the GPU machine: set-up, then the named parts, each with
 # its own time limit, logs and results under $OUT.  usage: bash bench/gpu_session.sh PART...
-# parts: tests alltests anchors variants apply (wdl + script + mmoe through bench/apply_acceptance.sh)
+# parts: tests alltests anchors variants harness apply (wdl + script + mmoe through bench/apply_acceptance.sh)
 #        prof8 (nsys + advise of the hand-roll and the runtime at Q=8) hookdiag (plain script, 4 threads/group);
 # carry .whl and .gpu-libs
 set -u
@@ -54,6 +54,9 @@ for part in "$@"; do
           python3 examples/plain_serving_script.py --threads 8 --duration 2 > "$OUT/hook_g$g.log" 2>&1
         echo "groups=$g rc=$?"; grep -v "^ " "$OUT/hook_g$g.log" | tail -12
       done;;
+    harness)  # what the workload driver adds on top of the runtime (bench/harness_overhead.py)
+      OUT=$OUT timeout ${HARNESS_TIMEOUT:-200} python3 bench/harness_overhead.py > "$OUT/harness.log" 2>&1
+      echo "harness rc=$?"; cat "$OUT/harness.log";;
     apply)
       OUT=$OUT/apply timeout ${APPLY_TIMEOUT:-400} bash bench/apply_acceptance.sh ${APPLY_PARTS:-wdl script mmoe} > "$OUT/apply.log" 2>&1
       echo "apply rc=$?"; tail -60 "$OUT/apply.log"

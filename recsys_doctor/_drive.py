@@ -43,22 +43,57 @@ def annotate_with(fn: Callable[[str], ContextManager[Any]]) -> Iterator[None]:
             _annotators.remove(fn)
 
 
-def _nvtx_annotate() -> Callable[[str], ContextManager[Any]] | None:
-    try:
-        import nvtx
-    except ImportError:
-        return None
-    return lambda name: nvtx.annotate(name, domain=NVTX_DOMAIN)
+class _Range:
+    """A reusable NVTX range of one name: push on enter, pop on exit (the event attributes
+    are built once, not per call: a phase wraps every query)."""
+
+    __slots__ = ("_domain", "_attributes")
+
+    def __init__(self, domain: Any, attributes: Any) -> None:
+        self._domain, self._attributes = domain, attributes
+
+    def __enter__(self) -> None:
+        self._domain.push_range(self._attributes)
+
+    def __exit__(self, *exc: Any) -> bool:
+        self._domain.pop_range()
+        return False
+
+
+_NO_RANGE = contextlib.nullcontext()
+_ranges: dict[str, ContextManager[Any]] = {}
+
+
+def _nvtx_range(name: str) -> ContextManager[Any]:
+    """The NVTX range ``name`` in the ``recsys_doctor`` domain, made once per name (a
+    no-op context without the ``nvtx`` package; the package itself makes it a no-op when
+    no profiler is attached)."""
+    r = _ranges.get(name)
+    if r is None:
+        try:
+            import nvtx
+        except ImportError:
+            r = _NO_RANGE
+        else:
+            domain = nvtx.get_domain(NVTX_DOMAIN)
+            r = _Range(domain, domain.get_event_attributes(message=name))
+        _ranges[name] = r
+    return r
+
+
+def phase(name: str) -> ContextManager[Any]:
+    """An NVTX range named ``name`` in the ``recsys_doctor`` domain (when the ``nvtx``
+    package is present), plus any annotators registered with :func:`annotate_with`.
+    Without annotators it is one prebuilt push/pop pair: it wraps every query."""
+    if not _annotators:
+        return _nvtx_range(name)
+    return _annotated(name)
 
 
 @contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
-    """An NVTX range named ``name`` in the ``recsys_doctor`` domain (when the ``nvtx``
-    package is present), plus any annotators registered with :func:`annotate_with`."""
+def _annotated(name: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        nv = _nvtx_annotate()
-        if nv is not None:
-            stack.enter_context(nv(name))
+        stack.enter_context(_nvtx_range(name))
         for fn in list(_annotators):
             stack.enter_context(fn(name))
         yield
@@ -83,11 +118,15 @@ def _torch_if_loaded() -> Any:
     return sys.modules.get("torch")
 
 
+def _no_sync() -> None:
+    pass
+
+
 def _default_sync() -> Callable[[], None]:
     torch = _torch_if_loaded()
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return lambda: torch.cuda.current_stream().synchronize()
-    return lambda: None
+    return _no_sync
 
 
 def _default_serve_query(model: Any) -> Callable[..., Any]:
@@ -114,6 +153,7 @@ def _default_serve_query(model: Any) -> Callable[..., Any]:
             out = model(*to(args, device, True))
             return to(out, torch.device("cpu"), False)
 
+    query.synchronous = True  # type: ignore[attr-defined] # the blocking D2H copy waited for the stream
     return query
 
 
@@ -125,7 +165,11 @@ def measure(wl: Workload, *, threads: int | None = None, duration_s: float | Non
     """Drive ``wl``: ``threads`` client threads each make their inputs, warm up, then call
     ``run`` back to back for ``duration_s`` (or exactly ``steps`` calls each), timing
     every call from its start until ``sync()`` returns (default: the calling thread's
-    current CUDA stream is synchronized when torch with CUDA is in use).
+    current CUDA stream is synchronized when torch with CUDA is in use, unless the call
+    has a true ``synchronous`` attribute: it returns only once its GPU work is done and
+    its results are on the host, as the default serving query and a
+    :func:`~recsys_doctor.runtime.serve` model do, so a synchronize after it would only
+    add a wait for nothing).
 
     NVTX phases: ``warmup`` (per client), ``measure`` (the window, on the calling
     thread) and one ``query`` (serve) or ``step`` (train) range per call.
@@ -189,12 +233,11 @@ class _Drive:
             with self.client_context(k) if self.client_context else contextlib.nullcontext():
                 args = self.wl.inputs(k)
                 args = args if isinstance(args, tuple) else (args,)
-                do_sync = self.sync or _default_sync()
                 with phase("warmup"):
                     for _ in range(int(self.wl.warmup)):
                         self.call(*args)
-                    do_sync()
-                do_sync = self.sync or _default_sync()  # CUDA may be initialized only now
+                    self._sync()()
+                do_sync = self._sync()  # CUDA may be initialized only now
                 self.barrier.wait()
                 self._calls(k, args, do_sync)
         except threading.BrokenBarrierError:
@@ -202,6 +245,15 @@ class _Drive:
         except BaseException as e:  # noqa: BLE001 - reported on the calling thread
             self.errors.append(e)
             self.barrier.abort()
+
+    def _sync(self) -> Callable[[], None]:
+        """What ends a timed call: the given ``sync``, nothing for a synchronous call, else
+        the calling thread's current stream synchronized."""
+        if self.sync is not None:
+            return self.sync
+        if getattr(self.call, "synchronous", False):
+            return _no_sync
+        return _default_sync()
 
     def _calls(self, k: int, args: tuple[Any, ...], do_sync: Callable[[], None]) -> None:
         """Client ``k``'s calls in the window, back to back, each timed until ``do_sync`` returns."""

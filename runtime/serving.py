@@ -42,6 +42,10 @@ class ServedModel:
     all groups (one copy) and stay owned by the caller.
     """
 
+    #: a call returns once its query is done and the outputs are on the host (the workload
+    #: driver, :func:`recsys_doctor.workload.measure`, adds no synchronize after it)
+    synchronous = True
+
     def __init__(self, model: Any, example_inputs: Any, config: RuntimeConfig, device: int,
                  max_signatures: int = 16) -> None:
         torch = _torch()

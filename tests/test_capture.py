@@ -4,6 +4,7 @@ lines, the profile command's errors - and the whole nsys path end to end with a 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -187,7 +188,6 @@ def test_measure_client_error_becomes_workload_error():
 
 def test_measure_hooks_run_and_client_context():
     entered = []
-    import contextlib
 
     @contextlib.contextmanager
     def ctx(k):
@@ -198,6 +198,47 @@ def test_measure_hooks_run_and_client_context():
     wl = Workload(model=None, inputs=lambda k: (k,), concurrency=2, steps=2, warmup=0, run=lambda k: 1 / 0)
     m = measure(wl, run=lambda k: seen.append(k), client_context=ctx)
     assert sorted(entered) == [0, 1] and sorted(seen) == [0, 0, 1, 1] and m.calls == 4
+
+
+def test_measure_synchronizes_after_calls_unless_they_are_synchronous(monkeypatch):
+    from recsys_doctor import _drive
+
+    syncs: list[int] = []
+    monkeypatch.setattr(_drive, "_default_sync", lambda: (lambda: syncs.append(1)))
+    wl = Workload(model=None, inputs=lambda k: (), concurrency=1, steps=5, warmup=2, run=lambda: None)
+    measure(wl)
+    assert syncs == [1] * (1 + 5)  # once after the warm-up, then after every timed call
+
+    class Done:  # like a served model: returns once its results are on the host
+        synchronous = True
+
+        def __call__(self) -> None:
+            pass
+
+    syncs.clear()
+    measure(wl, run=Done())
+    assert syncs == []
+    measure(wl, run=Done(), sync=lambda: syncs.append(2))  # an explicit sync always runs
+    assert syncs == [2] * (1 + 5)
+
+
+def test_phases_reach_the_annotators_and_reuse_one_nvtx_range():
+    from recsys_doctor._drive import annotate_with, phase
+
+    assert phase("query") is phase("query")  # built once per name: it wraps every call
+    seen: list[str] = []
+
+    @contextlib.contextmanager
+    def note(name):
+        seen.append(name)
+        yield
+
+    with annotate_with(note):
+        with phase("query"), phase("step"):
+            pass
+    with phase("query"):
+        pass
+    assert seen == ["query", "step"]
 
 
 def test_child_writes_measurement(tmp_path):
