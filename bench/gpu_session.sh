@@ -17,6 +17,14 @@ for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ]
 python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/setup.log" 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/setup.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/setup.log"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# what every result of this call ran on (GPU, driver, CUDA, torch, Python)
+python3 - > "$OUT/env.json" <<'PY'
+import json, platform, subprocess, torch
+smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip().split(", ")
+print(json.dumps({"gpu": smi[0], "driver": smi[-1], "cuda": torch.version.cuda, "torch": torch.__version__,
+                  "python": platform.python_version()}))
+PY
 echo "setup $(( $(date +%s) - t0 )) s"
 for part in "$@"; do
   s=$(date +%s)

@@ -9,7 +9,9 @@ Q merged groups with graphs), driven
   no_sync       measure with the per-call stream synchronize off
   eager         the workload's own eager query through ``measure`` (the baseline)
 
-each in its own process, in one run, Q=8 by default.
+each in its own process, in one run, Q=8 by default. A ``+release`` suffix (``bare+release``)
+runs the configuration with ``RECSYS_DOCTOR_LAUNCH=release-gil`` (graph launches and event
+records release the GIL too).
 
     python bench/harness_overhead.py            # prints and writes $OUT/harness_overhead.json
     QS=4,8 DUR=2 CONFIGS=bare,measure python bench/harness_overhead.py
@@ -110,7 +112,10 @@ def main() -> None:
     rows = []
     for q in qs:
         for c in configs:
-            p = subprocess.run([sys.executable, __file__, c, str(q), str(dur)], capture_output=True, text=True)
+            base, _, variant = c.partition("+")
+            env = dict(os.environ, **({"RECSYS_DOCTOR_LAUNCH": "release-gil"} if variant == "release" else {}))
+            p = subprocess.run([sys.executable, __file__, base, str(q), str(dur)], capture_output=True, text=True,
+                               env=env)
             line = (p.stdout.strip().splitlines() or [""])[-1]
             try:
                 r = json.loads(line)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
+from operator import attrgetter
 from dataclasses import asdict
 from typing import Any, Sequence
 
@@ -30,6 +31,9 @@ from ._serve_entry import graph_copies_inside, has_mem_pool, prepare
 from ._streams import StreamGroup, StreamManager
 
 __all__ = ["serve", "ServedModel", "Request"]
+
+_dtype_of = attrgetter("dtype")
+_shape_of = attrgetter("shape")
 
 
 class ServedModel:
@@ -89,6 +93,9 @@ class ServedModel:
         #: as a hand-written server does; for measuring which the GPU runs faster)
         self.copies_in_graph = graph_copies_inside()
         self.fallbacks: dict[str, str] = {}
+        #: the fast path of :meth:`_key`: specs by list lengths (-1: a tensor argument)
+        self._specs: dict[tuple[int, ...], Any] = {}
+        self._just_tensors = {torch.Tensor}
         self._eager_sigs: dict[Any, str] = {}
         self._failed_graphs: list[Any] = []
         self._lock = threading.Lock()
@@ -111,6 +118,37 @@ class ServedModel:
     def _is_tensor(self, x: Any) -> bool:
         return isinstance(x, self.torch.Tensor)
 
+    def _key(self, args: tuple[Any, ...]) -> tuple[list[Any], Any, Any]:
+        """``(leaves, spec, signature)`` of one call's arguments, as :func:`flatten` and
+        :meth:`_signature` give them. The usual query - positional tensors and lists of
+        tensors - takes a fast path once its structure has been seen: one pass over the
+        arguments, the spec looked up by the list lengths, the signature from two ``map``
+        calls (a query's Python work is what bounds many client threads)."""
+        T = self.torch.Tensor
+        leaves: list[Any] = []
+        shape: list[int] = []
+        for a in args:
+            t = type(a)
+            if t is T:
+                leaves.append(a)
+                shape.append(-1)
+            elif t is list and a and set(map(type, a)) == self._just_tensors:
+                leaves.extend(a)
+                shape.append(len(a))
+            else:
+                break
+        else:
+            key = tuple(shape)
+            spec = self._specs.get(key)
+            if spec is not None:
+                return leaves, spec, (spec, tuple(zip(map(_dtype_of, leaves), map(_shape_of, leaves))))
+            leaves, spec = flatten(args, self._is_tensor)
+            if len(self._specs) < 64:
+                self._specs[key] = spec
+            return leaves, spec, self._signature(leaves, spec)
+        leaves, spec = flatten(args, self._is_tensor)
+        return leaves, spec, self._signature(leaves, spec)
+
     def _signature(self, leaves: Sequence[Any], spec: Any) -> Any:
         T = self.torch.Tensor
         return (spec, tuple((x.dtype, x.shape) if isinstance(x, T) else ("const", type(x).__name__, repr(x))
@@ -124,8 +162,7 @@ class ServedModel:
         outputs."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
-        leaves, spec = flatten(args, self._is_tensor)
-        sig = self._signature(leaves, spec)
+        leaves, spec, sig = self._key(args)
         pool = self._pool
         # a free slot of the least-loaded group, or the oldest waiter's turn (FIFO)
         i, slot = pool.acquire()
@@ -152,8 +189,7 @@ class ServedModel:
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
         if like:
-            leaves, spec = flatten(like, self._is_tensor)
-            sig = self._signature(leaves, spec)
+            leaves, spec, sig = self._key(like)
         else:
             leaves, spec, sig = self._example
         i, slot = self._pool.acquire()

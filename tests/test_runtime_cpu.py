@@ -439,6 +439,38 @@ def test_request_load_copies_bytes_and_checks_sizes():
         r.load(b"a")
 
 
+def test_call_keys_fast_path_equals_flatten_and_signature(monkeypatch):
+    """served(*tensors) keys the usual query (tensors and lists of tensors) without
+    flatten() once its structure is known; every key equals flatten + _signature."""
+    torch = pytest.importorskip("torch")
+    from recsys_doctor.runtime import serving
+    from recsys_doctor.runtime._policy import flatten
+
+    sm = serving.ServedModel.__new__(serving.ServedModel)
+    sm.torch, sm._specs, sm._just_tensors = torch, {}, {torch.Tensor}
+    calls = []
+    monkeypatch.setattr(serving, "flatten", lambda *a: calls.append(1) or flatten(*a))
+
+    def reference(args):
+        leaves, spec = flatten(args, sm._is_tensor)
+        return leaves, spec, sm._signature(leaves, spec)
+
+    wdl = (torch.randn(4, 13), [torch.arange(8) for _ in range(3)], torch.arange(0, 8, 2))
+    other = (torch.randn(4, 13), [torch.arange(6) for _ in range(3)], torch.arange(0, 8, 2))  # other shapes
+    cases = [wdl, wdl, other,
+             (torch.randn(2), [torch.randn(2)], 3),  # a constant
+             (torch.nn.Parameter(torch.randn(2)),),  # a tensor subclass
+             ({"a": torch.randn(2)},), ((torch.randn(2), torch.randn(2)),), ([],)]
+    for args in cases:
+        got, want = sm._key(args), reference(args)
+        assert got[1] == want[1] and got[2] == want[2] and hash(got[2]) == hash(want[2])
+        assert len(got[0]) == len(want[0]) and all(a is b for a, b in zip(got[0], want[0]))
+    # flatten ran for the first wdl call only, not the second; `other` has the same list
+    # lengths (the spec is cached) but its own signature
+    assert len(calls) == 1 + 0 + 0 + 5
+    assert sm._key(wdl)[2] != sm._key(other)[2]
+
+
 def test_launch_mode_setting_is_checked(monkeypatch):
     from recsys_doctor.errors import RuntimeCudaError
     from recsys_doctor.runtime import _fastpath
