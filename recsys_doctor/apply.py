@@ -284,7 +284,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     advised = before.advise.plan or {}
     adv = plan_candidate(advised)
     prefer: Candidate | None = Candidate(adv.groups, True, True, adv.cuda_graphs)
-    ranked = rank(stats, candidates("script"), clients=clients, prefer=prefer, costs=costs)
+    ranked = rank(stats, candidates("script"), clients=clients, prefer=prefer, costs=costs, script=True)
     if prefer not in [p.candidate for p in ranked]:
         prefer = None
     results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,

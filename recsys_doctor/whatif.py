@@ -19,19 +19,22 @@ can be checked by hand and held to account next to the measured numbers:
      ``H = graph_host_ns`` (measured on the H100 by ``bench/serve_anchors.py``; the eager
      per-operation cost ``h`` says nothing about it, which is why an older form of this
      model, ``graph_host_ops * h``, predicted the same host-bound number for every group
-     count). Host work of all client threads is serialized (one Python interpreter lock),
+     count). A plain script under the start-up hook, which graphs the model call only,
+     keeps its own copies: ``H = graph_host_ns + copies_per_unit * h``. Host work of all client threads is serialized (one Python interpreter lock),
      so the host alone allows ``1 / H`` units per second.
    * **GPU time per unit** ``D``. Eager: the measured kernel + copy time. With graphs:
      kernel time plus ``graph_node_gap_ns`` per kernel, and the copies packed into one
      transfer each way (``packed_copy_ns``).
    * **overlap** across groups: a group runs its queries one after another on its stream,
-     so ``groups`` bounds how many queries the GPU works on at once; a kernel that uses a
-     fraction ``o`` of the SMs (time-weighted mean of ``min(1, blocks / SMs)``) leaves room
-     for about ``1 / o`` such kernels at once; and concurrent graphs of tiny kernels share
-     the memory system and the work distributor, so they never overlap perfectly
-     (``max_overlap``, measured). ``overlap = min(groups, clients, 1 / o, max_overlap)``.
-     This is what tells group counts apart: one group is GPU-bound at ``1 / D``, more
-     groups raise the GPU limit until the host (or ``max_overlap``) binds.
+     so ``n = min(groups, clients)`` bounds how many queries the GPU works on at once.
+     Graphed serving: concurrent graphs of tiny kernels share the memory system and the
+     work distributor, a share ``s`` of each one's GPU time cannot overlap
+     (``serial_share``, measured), so ``overlap = n / (1 + s (n - 1))`` (Amdahl's law:
+     1.5 for 2 groups, 2.0 for 4, 2.4 for 8 with ``s = 1/3``). Otherwise (eager, training):
+     a kernel that uses a fraction ``o`` of the SMs (time-weighted mean of its resident
+     threads over the GPU's) leaves room for about ``1 / o`` such kernels at once, and
+     ``overlap = min(n, 1 / o, max_overlap)``. This is what tells group counts apart: one
+     group is GPU-bound at ``1 / D``, more groups raise the GPU limit until the host binds.
    * **serving throughput** ``X = min(1 / H, overlap / D, clients_in_flight / (H + D))``
      where ``clients_in_flight = min(clients, groups * slots)``; latency by Little's law
      ``p50 = clients / X``, and ``p99 = p50 * tail`` with the baseline's own p99/p50 ratio.
@@ -77,17 +80,26 @@ class WhatIfCosts:
     #: with ``graph_host_ns=None``: host operations of one graphed query, each costing the
     #: trace's eager host time per operation.
     graph_host_ops: float = 7.0
-    #: most queries' graphs the GPU overlaps usefully at once (tiny memory-bound kernels of
-    #: concurrent graphs share the memory system); measured on the H100 with the
-    #: hand-written graph-per-thread server of ``bench/serve_anchors.py`` (8,308 q/s with 8
-    #: clients against 3,579 with one: 2.3x, ``bench/results/serve_anchors_h100.json``). None: no cap.
+    #: most units the GPU overlaps usefully at once, eager and training (tiny memory-bound
+    #: kernels share the memory system); measured on the H100 with the hand-written
+    #: graph-per-thread server of ``bench/serve_anchors.py`` (8,308 q/s with 8 clients
+    #: against 3,579 with one: 2.3x, ``bench/results/serve_anchors_h100.json``). None: no cap.
     max_overlap: float | None = 2.3
+    #: graphed serving: the share of a query's GPU time that concurrent groups' graphs
+    #: cannot overlap; ``n`` groups overlap ``n / (1 + s (n - 1))``. Fit on the H100 to the
+    #: runtime's wide&deep throughput at 2, 4 and 8 groups with 8 clients (5.8k, 7.7-8.4k,
+    #: 9.5k q/s against 1 / D = 3.7k: overlaps 1.6, 2.1-2.3, 2.6;
+    #: ``bench/results/apply_i8_h100/``, ``serve_anchors_fastkey_h100/``). None: the
+    #: eager rule (SM share and ``max_overlap``) for graphs too.
+    serial_share: float | None = 1 / 3
     #: extra host operations per unit when copies run on their own streams (2 event records
     #: + 2 stream waits per query in the unmerged runtime path).
     unmerged_extra_ops: float = 4.0
-    #: GPU gap between consecutive kernels inside a CUDA graph (~1 us on Hopper; eager
-    #: launches leave far more between them).
-    graph_node_gap_ns: float = 1_000.0
+    #: GPU gap between consecutive kernels inside a CUDA graph: one graphed wide&deep query
+    #: alone takes ~250 us on the H100 (the hand-roll's 3,702 q/s with one client, host
+    #: included) for 240 us of kernels and 88 kernels, so well under 1 us each; eager
+    #: launches leave far more between them.
+    graph_node_gap_ns: float = 200.0
     #: fixed cost of one packed copy (DMA setup) and its bandwidth for small pinned copies.
     copy_fixed_ns: float = 2_000.0
     copy_bytes_per_ns: float = 20.0
@@ -315,9 +327,11 @@ def _overlap(stats: TraceStats, groups: int, clients: int, max_overlap: float | 
 
 
 def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
-             costs: WhatIfCosts = WhatIfCosts()) -> Prediction:
+             costs: WhatIfCosts = WhatIfCosts(), script: bool = False) -> Prediction:
     """The predicted throughput/latency (serving) or step time (training) of ``cand``; see
-    the module docstring for the model."""
+    the module docstring for the model. ``script``: a plain script under the start-up hook,
+    which graphs the model call only; the script's own copies stay, each costing the
+    trace's host time per operation."""
     q = int(clients if clients is not None else stats.threads)
     if q < 1:
         raise BadInputError(f"clients must be >= 1, got {q}")
@@ -329,6 +343,8 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
         packed_copy_ns = directions * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
     if cand.cuda_graphs:
         host = costs.graph_host_ns if costs.graph_host_ns is not None else costs.graph_host_ops * h
+        if script:
+            host += stats.copies_per_unit * h
         gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + packed_copy_ns
         gpu = max(gpu, costs.min_gpu_share * stats.gpu_ns_per_unit)
     else:
@@ -347,7 +363,11 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
         step = max(host, gpu_s)
         bound = "host" if host >= gpu_s else "gpu"
         return Prediction(cand, host, gpu_s, ov, bound, step_ms=step / 1e6, score=-step, notes=notes)
-    ov = _overlap(stats, cand.groups, q, costs.max_overlap)
+    if cand.cuda_graphs and costs.serial_share is not None:
+        n = max(1, min(cand.groups, q))
+        ov = n / (1 + costs.serial_share * (n - 1))
+    else:
+        ov = _overlap(stats, cand.groups, q, costs.max_overlap)
     in_flight = q if costs.slots_per_group is None else min(q, cand.groups * costs.slots_per_group)
     limits = {"host": 1e9 / host if host > 0 else math.inf,
               "gpu": 1e9 * ov / gpu if gpu > 0 else math.inf,
@@ -362,10 +382,12 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
 
 
 def rank(stats: TraceStats, cands: Sequence[Candidate], *, clients: int | None = None,
-         prefer: Candidate | None = None, costs: WhatIfCosts = WhatIfCosts()) -> list[Prediction]:
-    """Predictions for ``cands``, best first. Ties (equal estimates within 0.5%) go to
-    ``prefer`` (the advisor's plan), then to fewer groups, then to own pools."""
-    preds = [estimate(stats, c, clients=clients, costs=costs) for c in cands]
+         prefer: Candidate | None = None, costs: WhatIfCosts = WhatIfCosts(),
+         script: bool = False) -> list[Prediction]:
+    """Predictions for ``cands`` (``script``: see :func:`estimate`), best first. Ties (equal
+    estimates within 0.5%) go to ``prefer`` (the advisor's plan), then to fewer groups,
+    then to own pools."""
+    preds = [estimate(stats, c, clients=clients, costs=costs, script=script) for c in cands]
     best = max((p.score for p in preds), default=0.0)
 
     def key(p: Prediction) -> tuple[float, int, int, int]:

@@ -143,7 +143,7 @@ def test_estimate_eager_baseline_by_hand():
 def test_estimate_graphs_by_hand():
     st = trace_stats(_trace())
     costs = WhatIfCosts(graph_host_ns=None, graph_host_ops=3, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101,
-                        max_overlap=None)
+                        max_overlap=None, serial_share=None)
     p = estimate(st, Candidate(2, True, True, True), clients=4, costs=costs)
     # host: 3 ops * 20 ns = 60
     # gpu: kernels 60 + 2 kernels * 5 + packed copies (2 directions * 4 + 1010 / 101 = 18) = 88
@@ -164,7 +164,7 @@ def test_estimate_tells_group_counts_apart_with_a_fixed_runtime_host_cost():
     # GPU 88 ns per query as in test_estimate_graphs_by_hand; the runtime's own host cost 10 ns;
     # one kernel fills 1/160 of the GPU (cap 160), max_overlap 3 caps it instead
     costs = WhatIfCosts(graph_host_ns=10, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101,
-                        max_overlap=3)
+                        max_overlap=3, serial_share=None)
     st.mean_sm_share = 1 / 160
     got = {g: estimate(st, Candidate(g), clients=8, costs=costs) for g in (1, 2, 4, 8)}
     # g1: gpu 1e9/88; g2: 2e9/88; g4 and g8: 3e9/88 (max_overlap), below host 1e9/10 = 1e8 and
@@ -175,7 +175,7 @@ def test_estimate_tells_group_counts_apart_with_a_fixed_runtime_host_cost():
     assert got[1].host_ns == 10
     # a host cost of 25 us: g1 GPU-bound at 1e9/60028, g4 host-bound at 4e4 (GPU would allow 3e9/60028)
     slow = WhatIfCosts(graph_host_ns=25_000, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101,
-                       max_overlap=3)
+                       max_overlap=3, serial_share=None)
     st2 = trace_stats(_trace())
     st2.mean_sm_share = 1 / 160
     st2.kernel_ns_per_unit = 60_000  # GPU 60 us + 10 + 18 per query
@@ -183,6 +183,43 @@ def test_estimate_tells_group_counts_apart_with_a_fixed_runtime_host_cost():
     p4 = estimate(st2, Candidate(4), clients=8, costs=slow)
     assert p1.bound == "gpu" and p1.qps == pytest.approx(1e9 / 60_028)
     assert p4.bound == "host" and p4.qps == pytest.approx(1e9 / 25_000)
+
+
+def test_graphed_serving_overlap_follows_the_serial_share_by_hand():
+    st = trace_stats(_trace())
+    # GPU 88 ns per query as in test_estimate_graphs_by_hand, host 10 ns; serial share 1/3:
+    # n queries in flight overlap n / (1 + (n - 1) / 3): 1, 1.5, 2, 2.4 for n = 1, 2, 4, 8.
+    # The SM share (1/160 here) and max_overlap (1.2) no longer cap graphed serving.
+    costs = WhatIfCosts(graph_host_ns=10, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101,
+                        max_overlap=1.2, serial_share=1 / 3)
+    st.mean_sm_share = 1 / 160
+    got = {g: estimate(st, Candidate(g), clients=8, costs=costs) for g in (1, 2, 4, 8)}
+    for g, ov in [(1, 1.0), (2, 1.5), (4, 2.0), (8, 2.4)]:
+        assert got[g].overlap == pytest.approx(ov)
+        assert got[g].bound == "gpu" and got[g].qps == pytest.approx(ov * 1e9 / 88)
+    # 16 groups with 8 clients: 8 in flight, the same as 8 groups
+    assert estimate(st, Candidate(16), clients=8, costs=costs).overlap == pytest.approx(2.4)
+    # eager candidates keep the SM-share / max_overlap rule: min(2, 160, 1.2)
+    assert estimate(st, Candidate(2, cuda_graphs=False), clients=8, costs=costs).overlap == pytest.approx(1.2)
+
+
+def test_a_script_keeps_its_own_copies_on_the_host_by_hand():
+    st = trace_stats(_trace())
+    # per query: 2 copies (H2D, D2H), host time per operation h = 80 / 4 = 20 ns. The
+    # runtime's graphed query costs graph_host_ns = 100 on the host; a plain script under
+    # the hook keeps its own 2 copies: 100 + 2 * 20 = 140 ns, host-bound at 1e9/140 for any
+    # group count (the GPU's 88 ns per query, overlapped or not, allows more)
+    costs = WhatIfCosts(graph_host_ns=100, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101)
+    assert st.copies_per_unit == pytest.approx(2) and st.host_ns_per_op == pytest.approx(20)
+    for g in (1, 2, 8):
+        p = estimate(st, Candidate(g), clients=8, costs=costs, script=True)
+        assert p.host_ns == pytest.approx(140) and p.bound == "host" and p.qps == pytest.approx(1e9 / 140)
+    assert estimate(st, Candidate(2), clients=8, costs=costs).host_ns == pytest.approx(100)
+    # eager candidates are the script as it is: the same with or without script=True
+    e = Candidate(2, cuda_graphs=False)
+    assert estimate(st, e, clients=8, costs=costs, script=True).qps == estimate(st, e, clients=8, costs=costs).qps
+    ranked = rank(st, [Candidate(8), Candidate(2), Candidate(4)], clients=8, costs=costs, script=True)
+    assert [p.candidate.groups for p in ranked] == [2, 4, 8]  # a tie: fewer groups first
 
 
 def test_estimate_training_by_hand():
