@@ -20,8 +20,9 @@ can be checked by hand and held to account next to the measured numbers:
      per-operation cost ``h`` says nothing about it, which is why an older form of this
      model, ``graph_host_ops * h``, predicted the same host-bound number for every group
      count). A plain script under the start-up hook, which graphs the model call only,
-     keeps its own copies: ``H = graph_host_ns + copies_per_unit * h``. Host work of all client threads is serialized (one Python interpreter lock),
-     so the host alone allows ``1 / H`` units per second.
+     keeps its own copies: ``H = graph_host_ns + copies_per_unit * h``. Host work of all
+     client threads is serialized (one Python interpreter lock), so the host alone allows
+     ``1 / H`` units per second.
    * **GPU time per unit** ``D``. Eager: the measured kernel + copy time. With graphs:
      kernel time plus ``graph_node_gap_ns`` per kernel, and the copies packed into one
      transfer each way (``packed_copy_ns``).

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from operator import attrgetter
 from dataclasses import asdict
+from operator import attrgetter
 from typing import Any, Sequence
 
 from ..errors import RuntimeCudaError
@@ -127,6 +127,7 @@ class ServedModel:
         T = self.torch.Tensor
         leaves: list[Any] = []
         shape: list[int] = []
+        key: tuple[int, ...] | None
         for a in args:
             t = type(a)
             if t is T:
@@ -136,17 +137,16 @@ class ServedModel:
                 leaves.extend(a)
                 shape.append(len(a))
             else:
+                key = None  # not the usual query: flatten() every time
                 break
         else:
             key = tuple(shape)
             spec = self._specs.get(key)
             if spec is not None:
                 return leaves, spec, (spec, tuple(zip(map(_dtype_of, leaves), map(_shape_of, leaves))))
-            leaves, spec = flatten(args, self._is_tensor)
-            if len(self._specs) < 64:
-                self._specs[key] = spec
-            return leaves, spec, self._signature(leaves, spec)
         leaves, spec = flatten(args, self._is_tensor)
+        if key is not None and len(self._specs) < 64:
+            self._specs[key] = spec
         return leaves, spec, self._signature(leaves, spec)
 
     def _signature(self, leaves: Sequence[Any], spec: Any) -> Any:
