@@ -104,7 +104,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     """Run the summary, every analyzer and the planner over an already loaded trace."""
     from .analyzers import ANALYZERS, run_all
     from .analyzers.summary import summarize
-    from .loaders.nsys import release_free_memory
+    from .loaders._nsys_columns import release_free_memory
     from .planner import make_plan
     from .progress import progress as progress_bar
 
