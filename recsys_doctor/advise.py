@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._files import file_sha256
+from ._files import file_sha256_started
 from .errors import BadInputError
 from .findings import AnalysisResult, Finding
 from .model import Trace
@@ -212,10 +212,17 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
 
     with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False) as bar:
         trace = load(path, progress=bar)
-    trace.meta.setdefault("sha256", file_sha256(path))
+    # the file's hash is worked out on another thread while the trace is analyzed; its
+    # key takes its place in the metadata now (the JSON keeps the keys in this order)
+    sha256 = None
+    if "sha256" not in trace.meta:
+        trace.meta["sha256"] = None
+        sha256 = file_sha256_started(path)
     span = trace_span(trace)
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)
     res = advise_trace(trace, options, progress=progress)
+    if sha256 is not None:
+        res.trace_info["meta"]["sha256"] = sha256()
     if nvtx is not None:
         res.trace_info["nvtx"] = nvtx
     res.trace_info["span_ns"] = list(span) if span else None
