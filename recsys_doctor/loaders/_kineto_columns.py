@@ -42,6 +42,8 @@ ARG_NUMBERS: dict[str, tuple[str, ...]] = {
 }
 ARG_STRINGS: dict[str, tuple[str, ...]] = {"memcpy": ("kind",), "sync": ("cuda_sync_kind",)}
 ARG_DIM3: dict[str, tuple[str, ...]] = {"kernel": ("grid", "block")}
+#: the columns that hold codes into :class:`Strings`
+STRING_FIELDS = frozenset({"name", *(f for fs in ARG_STRINGS.values() for f in fs)})
 
 _PH, _CAT, _ARGS = attrgetter("ph"), attrgetter("cat"), attrgetter("args")
 _PH_CODE = {"X": 1, "M": 2}
@@ -119,6 +121,33 @@ class EventColumns:
         parts = self.parts[bucket]
         for k, v in cols.items():
             parts.setdefault(k, []).append(v)
+
+    def export(self) -> dict[str, Any]:
+        """Everything this sink kept, picklable, for :meth:`merge` in another process."""
+        return {"values": self.strings.values, "parts": self.parts, "meta_events": self.meta_events,
+                "skipped": dict(self.skipped), "n_events": self.n_events}
+
+    def merge(self, other: dict[str, Any]) -> None:
+        """Append what another sink (:meth:`export`) kept of the events that follow this
+        sink's: its string codes are renumbered into this sink's table, each new string
+        taking the next code in the order the other sink met them, so the result is what
+        this sink would hold had it decoded those events itself."""
+        strings = self.strings
+        remap = np.empty(len(other["values"]) + 1, dtype=np.int32)
+        remap[-1] = -1
+        for i, v in enumerate(other["values"]):
+            c = strings.index.get(v)
+            if c is None:
+                c = strings.index[v] = len(strings.values)
+                strings.values.append(v)
+            remap[i] = c
+        for bucket, cols in other["parts"].items():
+            mine = self.parts[bucket]
+            for f, arrays in cols.items():
+                mine.setdefault(f, []).extend([remap[a] for a in arrays] if f in STRING_FIELDS else arrays)
+        self.meta_events.extend(other["meta_events"])
+        self.skipped.update(other["skipped"])
+        self.n_events += other["n_events"]
 
     def column(self, bucket: str, field: str) -> np.ndarray:
         """The whole column (all batches); empty float64 when the bucket had no event."""
