@@ -23,6 +23,9 @@ SCHEMA_VERSION = 1
 
 _SEV_ORDER = {"high": 0, "medium": 1, "low": 2, "note": 3}
 
+#: traces with at least this many rows (all tables) run their analyzers in two processes
+PARALLEL_ANALYSIS_ROWS = 500_000
+
 
 @dataclass
 class AdviseResult:
@@ -118,7 +121,9 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
             bar.advance()
             release_free_memory()  # each analyzer's scratch goes back before the next one
 
-        results: list[AnalysisResult] = run_all(trace, options, on_done=done)
+        # a large trace: a second process takes analyzers too (where a second CPU is ours)
+        parallel = sum(trace.counts().values()) >= PARALLEL_ANALYSIS_ROWS
+        results: list[AnalysisResult] = run_all(trace, options, on_done=done, parallel=parallel)
     findings = [f for r in results for f in r.findings]
     findings.sort(key=lambda f: (_SEV_ORDER.get(f.severity, 9), -(f.recoverable_ns or 0)))
     plan = make_plan(trace, findings, results, options)

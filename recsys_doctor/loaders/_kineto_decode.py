@@ -26,20 +26,17 @@ import contextlib
 import gzip
 import json
 import mmap
-import multiprocessing
 import os
 import pickle
 import shutil
-import signal
-import sys
 import tempfile
-import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
+from .._fork import fork, read_all, reap, second_cpu
 from ..errors import BadInputError, TraceFormatError
 from ..progress import ProgressHandle
 
@@ -104,7 +101,7 @@ STREAM_MIN = 64 << 20
 #: a gzip file larger than this is decompressed to a temporary file, then streamed
 GZ_TO_DISK = 8 << 20
 #: a streamed events array at least this large is split between two processes (where a
-#: second CPU is free; see :func:`_can_split`)
+#: second CPU is ours: :func:`~recsys_doctor._fork.second_cpu`)
 SPLIT_MIN = 32 << 20
 
 
@@ -314,20 +311,6 @@ def _feed(mm: mmap.mmap, view: memoryview, start: int, end: int, sink: Sink, *, 
 
 # --- split between two processes -------------------------------------------------------------
 
-def _can_split(size: int) -> bool:
-    """Whether a forked process may decode half of an events array of ``size`` bytes: the
-    array is large, the platform forks cheaply and safely (Linux), a second CPU is ours, and
-    this process is not itself a worker of a process pool (``advise DIR`` runs one rank per
-    CPU already)."""
-    if size < SPLIT_MIN or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return False
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - Linux has it
-        cpus = os.cpu_count() or 1
-    return cpus >= 2 and multiprocessing.parent_process() is None
-
-
 def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
                  progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool] | None:
     """:func:`decode_streamed` by two processes: a forked child decodes the events after
@@ -340,7 +323,7 @@ def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
     if not hasattr(sink, "merge"):
         return None
     span = _events_span(mm)
-    if span is None or not _can_split(span[1] - span[0]):
+    if span is None or span[1] - span[0] < SPLIT_MIN or not second_cpu():
         return None
     arr_start, arr_end, top, is_array = span
     # the "}" that ends an event near the middle; if it ends a nested object instead, the
@@ -352,9 +335,7 @@ def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
     try:
         r, w = os.pipe()
         try:
-            with warnings.catch_warnings():  # 3.12+ warns of fork() in a process with threads
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+            pid = fork()
         except OSError:
             os.close(r)
             os.close(w)
@@ -371,12 +352,11 @@ def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
                 ok = False  # one process meets the same value and words the error
             if not ok:
                 return None
-            with os.fdopen(r, "rb") as f:
-                r = -1
-                payload = f.read()
-            _, status = os.waitpid(pid, 0)
+            payload = read_all(r)
+            r = -1
+            code = reap(pid, kill=False)
             pid = 0
-            if os.waitstatus_to_exitcode(status) != 0 or not payload:
+            if code != 0 or not payload:
                 return None
             rest = pickle.loads(payload)
             del payload
@@ -386,10 +366,8 @@ def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
         finally:
             if r >= 0:
                 os.close(r)
-            if pid:  # interrupted: the child's work is not wanted
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
+            if pid:  # given up or interrupted: the child's work is not wanted
+                reap(pid, kill=True)
     finally:
         view.release()
     if progress is not None:
