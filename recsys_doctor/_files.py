@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
 import threading
 from collections.abc import Callable
 
@@ -22,15 +24,20 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def file_sha256_started(path: str | os.PathLike[str]) -> Callable[[], str]:
+def file_sha256_started(path: str | os.PathLike[str], *, idle: bool = False) -> Callable[[], str]:
     """Start :func:`file_sha256` of ``path`` on a background thread; the function returned
     waits for it and gives the hex digest (or raises its ``OSError``).
 
     Reading a block and hashing it both release the GIL, so the hash runs on another
-    core while the caller goes on (``advise`` analyzes the trace meanwhile)."""
+    core while the caller goes on. ``idle`` (Linux): the thread runs at the lowest
+    priority (nice 19), on CPU time nothing else of ours wants: ``advise`` starts it
+    before loading the trace, and it fills the moments when only one core is busy."""
     out: dict[str, object] = {}
 
     def run() -> None:
+        if idle and sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):  # this thread only (a Linux thread id)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
             h = hashlib.sha256()
             with open(path, "rb", buffering=0) as f:

@@ -215,14 +215,16 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
     from .loaders import load
     from .progress import progress as progress_bar
 
+    # the file's hash is worked out on a low-priority thread, in the moments when the
+    # load or the analysis leaves a core idle
+    hashing = file_sha256_started(path, idle=True)
     with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False) as bar:
         trace = load(path, progress=bar)
-    # the file's hash is worked out on another thread while the trace is analyzed; its
-    # key takes its place in the metadata now (the JSON keeps the keys in this order)
+    # its key takes its place in the metadata now (the JSON keeps the keys in this order)
     sha256 = None
     if "sha256" not in trace.meta:
         trace.meta["sha256"] = None
-        sha256 = file_sha256_started(path)
+        sha256 = hashing
     span = trace_span(trace)
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)
     res = advise_trace(trace, options, progress=progress)
