@@ -161,3 +161,36 @@ def test_streamed_progress_follows_bytes(split, shared_traces, monkeypatch):
     _, end = json.JSONDecoder().raw_decode(text, len(raw[:start].decode()))
     assert rec.seen[0][1] == len(text[:end].encode()) - 1 - start
     assert done[-1] >= rec.seen[0][1]
+
+
+def test_batches_give_the_columns_of_one_batch(tmp_path, monkeypatch):
+    """Later batches take shortcuts (names already in the string table looked up at once,
+    args fields read straight from the events); batches with a new name, a null name, a
+    non-string name, ``"args": null`` or a ``"stream 7"`` string take the plain way. Tiny
+    chunks (many batches, split or not) give the tables of one batch."""
+    evs = []
+    for i in range(600):
+        name = f"k{i % 4}" if i < 500 else [f"k{i % 4}", None, 12, "new", 3.5][i % 5]
+        args = {"device": 0, "stream": 7, "correlation": i + 1, "grid": [i % 3 + 1, 1, 1], "block": [32, 1, 1]}
+        if i % 97 == 5:
+            args = None
+        elif i % 89 == 3:
+            args = dict(args, stream="stream 7")
+        evs.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 1000 + 10 * i,
+                    "dur": 2, "args": args})
+        evs.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel" if i % 50 else f"call{i}",
+                    "pid": 1, "tid": 2, "ts": 995 + 10 * i, "dur": 3,
+                    "args": None if i % 101 == 7 else {"correlation": i + 1}})
+        evs.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0,
+                    "tid": 8, "ts": 1003 + 10 * i, "dur": 1,
+                    "args": {"device": 0, "stream": 8, "correlation": 0, "bytes": 64,
+                             "kind": None if i % 7 == 0 else "HtoD"}})
+    f = tmp_path / "edge.json"
+    f.write_text('{"traceEvents": [\n' + ",\n".join(json.dumps(e) for e in evs) + "\n]}\n")
+    whole = kineto.load_kineto_json(f)
+    assert len(whole.kernels) == 600
+    for split in (False, True):
+        monkeypatch.setattr(decode, "STREAM_MIN", 0)
+        monkeypatch.setattr(decode, "STREAM_CHUNK", 2_000)
+        monkeypatch.setattr(decode, "SPLIT_MIN", 0 if split else 1 << 62)
+        _same(kineto.load_kineto_json(f), whole)

@@ -51,6 +51,7 @@ _NAME = attrgetter("name")
 _FIELD_OF = {f: attrgetter(f) for f in ("pid", "tid", "ts", "dur")}
 _ARG_OF = {f: attrgetter(f) for f in ("device", "stream", "correlation", "bytes", "kind", "cuda_sync_kind",
                                       "grid", "block")}
+_ARG_IN = {f: attrgetter(f"args.{f}") for f in _ARG_OF}  # the same, read from the event
 # CUPTI writes "no stream" as an unsigned -1 in some builds (Context Sync: 4294967295).
 _UNSIGNED_MINUS_ONE = (4294967295.0, 18446744073709551615.0)
 
@@ -74,6 +75,14 @@ class Strings:
                 self.values.append(u)
             remap[i] = c
         return remap[codes]
+
+    def codes_of(self, get: Callable[[Any], Any], items: Sequence[Any]) -> np.ndarray:
+        """:meth:`codes` of ``get(item)`` for every item; when every value is already in the
+        table (all but the first batches of a trace), by one dict lookup per item."""
+        try:
+            return np.fromiter(map(self.index.get, map(get, items)), dtype=np.int32, count=len(items))
+        except (TypeError, ValueError):  # a new or missing value (None: not an int), or unhashable
+            return self.codes(list(map(get, items)))
 
 
 class EventColumns:
@@ -106,21 +115,25 @@ class EventColumns:
 
     def _add(self, bucket: str, evs: Sequence[Event]) -> None:
         cols = {f: num_of(get, evs) for f, get in _FIELD_OF.items()}
-        cols["name"] = self.strings.codes(list(map(_NAME, evs)))
+        cols["name"] = self.strings.codes_of(_NAME, evs)
         if bucket in ARG_NUMBERS:
-            args = list(map(_ARGS, evs))
-            if None in args:  # "args": null
-                args = [EMPTY_ARGS if a is None else a for a in args]
-            for f in ARG_NUMBERS[bucket]:
-                cols[f] = num_of(_ARG_OF[f], args)
-            for f in ARG_STRINGS.get(bucket, ()):
-                cols[f] = self.strings.codes(list(map(_ARG_OF[f], args)))
-            for f in ARG_DIM3.get(bucket, ()):
-                for axis, col in zip("xyz", dim3(list(map(_ARG_OF[f], args)))):
-                    cols[f"{f}_{axis}"] = col
+            try:  # straight from the events ("args.device")
+                cols |= self._args(bucket, evs, _ARG_IN)
+            except AttributeError:  # "args": null in this batch (raised by the first field)
+                args = [EMPTY_ARGS if a is None else a for a in map(_ARGS, evs)]
+                cols |= self._args(bucket, args, _ARG_OF)
         parts = self.parts[bucket]
         for k, v in cols.items():
             parts.setdefault(k, []).append(v)
+
+    def _args(self, bucket: str, items: Sequence[Any], getters: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
+        cols = {f: num_of(getters[f], items) for f in ARG_NUMBERS[bucket]}
+        for f in ARG_STRINGS.get(bucket, ()):
+            cols[f] = self.strings.codes_of(getters[f], items)
+        for f in ARG_DIM3.get(bucket, ()):
+            for axis, col in zip("xyz", dim3(list(map(getters[f], items)))):
+                cols[f"{f}_{axis}"] = col
+        return cols
 
     def export(self) -> dict[str, Any]:
         """Everything this sink kept, picklable, for :meth:`merge` in another process."""
