@@ -358,7 +358,10 @@ def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
             pid = 0
             if code != 0 or not payload:
                 return None
-            rest = pickle.loads(payload)
+            try:
+                rest = pickle.loads(payload)
+            except Exception:  # noqa: BLE001 - not what the child meant to send
+                return None
             del payload
             if rest is None:
                 return None
