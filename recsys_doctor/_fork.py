@@ -69,10 +69,10 @@ def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None
     the next task not yet taken (one byte read from a shared pipe, which the kernel hands
     to one reader only), so the two stay busy until the list is done; ``order`` is the
     order in which they are taken (a permutation of the indices; the longest first
-    balances the two best). The child sends its
-    results back pickled; a task it could not finish, or whose result does not pickle, is
-    run here. Errors are raised as the loop would raise them: the first failing task in
-    list order. ``on_done(i)`` is called here as each task's result is in.
+    balances the two best). The child sends its results back pickled; a task it could not
+    finish, or whose result does not pickle, is run here. Errors are raised as the loop
+    would raise them: the first failing task in list order. ``on_done(i)`` is called here
+    as each task's result is in.
 
     Tasks must not depend on one another's side effects (each sees the state at the fork)."""
     n = len(tasks)
@@ -81,7 +81,7 @@ def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None
     if n < 2 or n > 255 or not second_cpu():
         return _in_order(tasks, {}, on_done)
     qr, qw = os.pipe()
-    os.write(qw, bytes(range(n) if order is None else order))  # n <= 255 bytes: one write, far below the pipe's buffer
+    os.write(qw, bytes(range(n) if order is None else order))  # <= 255 bytes: one write, never blocks
     os.close(qw)  # the queue is full; a read past its end gives b""
     rr, rw = os.pipe()
     try:
@@ -111,10 +111,12 @@ def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None
             reap(pid, kill=False)
             pid = 0
             for i, v in sorted(_loads(payload).items()):
-                with contextlib.suppress(Exception):
+                try:
                     results[i] = pickle.loads(v)
-                    if on_done is not None:
-                        on_done(i)
+                except Exception:  # noqa: BLE001 - run here instead
+                    continue
+                if on_done is not None:
+                    on_done(i)
     finally:
         os.close(qr)
         if rr >= 0:
