@@ -7,8 +7,10 @@ one new module and one line in :data:`ANALYZERS`.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
+from .._fork import run_in_two
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
@@ -33,11 +35,23 @@ ANALYZERS: dict[str, Analyzer] = {
 }
 
 
+#: the order in which two processes take the analyzers: the usually longest first
+PARALLEL_ORDER = ("graph-candidate", "stream-contention", "short-kernels", "sync-api", "launch-bound",
+                  "memcpy-ping-pong", "small-grid", "utilization", "no-gpu-activity")
+
+
 def run_all(trace: Trace, options: Options | None = None,
-            on_done: Callable[[str], None] | None = None) -> list[AnalysisResult]:
-    """Run every registered analyzer over ``trace``, in registry order; ``on_done(name)``
-    is called after each (progress reporting)."""
+            on_done: Callable[[str], None] | None = None, *, parallel: bool = False) -> list[AnalysisResult]:
+    """Run every registered analyzer over ``trace``; the results come in registry order.
+    ``on_done(name)`` is called after each (progress reporting). ``parallel``: a forked
+    process takes analyzers too (:func:`~recsys_doctor._fork.run_in_two`; the analyzers
+    are pure functions of the trace, so the results are those of one process)."""
     options = options or Options()
+    if parallel:
+        names = list(ANALYZERS)
+        tasks = [partial(fn, trace, options) for fn in ANALYZERS.values()]
+        order = [names.index(n) for n in PARALLEL_ORDER] + [i for i, n in enumerate(names) if n not in PARALLEL_ORDER]
+        return run_in_two(tasks, None if on_done is None else (lambda i: on_done(names[i])), order=order)
     out = []
     for name, fn in ANALYZERS.items():
         out.append(fn(trace, options))

@@ -18,7 +18,7 @@ from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "op_api_rows", "take_str", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "prefixed_str", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -71,6 +71,17 @@ def take_str(s: pd.Series, rows: Any = None) -> np.ndarray:
         codes = codes[rows]
     vals = np.append(np.asarray(s.cat.categories, dtype=object), np.nan)
     return vals[codes]
+
+
+def prefixed_str(s: pd.Series, prefix: str) -> Any:
+    """``[f"{prefix}{n}" for n in s.astype(str)]`` (an object array for a categorical):
+    for a categorical, one string per distinct value, not per row."""
+    if not isinstance(s.dtype, pd.CategoricalDtype):
+        return [f"{prefix}{n}" for n in s.astype(str)]
+    # every category and a missing value (code -1, first), through the same astype(str)
+    each = pd.Series(pd.Categorical.from_codes(np.arange(-1, len(s.cat.categories)), dtype=s.dtype)).astype(str)
+    labels = np.array([f"{prefix}{n}" for n in each], dtype=object)
+    return labels[s.cat.codes.to_numpy() + 1]
 
 
 def per_key(keys: Any, mapping: dict[int, Any], default: Any = 0) -> np.ndarray:

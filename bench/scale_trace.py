@@ -13,7 +13,10 @@ go to a temporary directory (``--tmp``, default /tmp) and are deleted after use:
 results JSON is kept.
 
     python bench/scale_trace.py [--rows 1e6,4e6,1e7] [--gb 2] [--kineto-mb 450]
-        [--nsys-ai /path/to/venv/bin/nsys-ai] [--repeat 3] [--out bench/results/....json]
+        [--nsys-ai /path/to/venv/bin/nsys-ai] [--repeat 3] [--before ../main] [--out bench/results/....json]
+
+``--before ROOT`` also times another checkout's ``advise`` (its own ``.venv``) on each
+tiled export, its runs interleaved with this one's (``recsys_doctor_before``).
 
 nsys-ai is not a dependency: install it in a throwaway venv (``python -m venv v; v/bin/pip
 install nsys-ai``). Its DuckDB path needs DuckDB's ``sqlite_scanner`` extension, which
@@ -116,6 +119,17 @@ def ours(path: Path, repeat: int) -> dict:
     return best_of([run_cmd(cmd) for _ in range(repeat)])
 
 
+def ours_and_before(path: Path, repeat: int, before: Path) -> tuple[dict, dict]:
+    """``ours`` for this checkout and for ``before`` (another checkout, its own ``.venv``),
+    their runs interleaved so that both see the same machine load."""
+    cmd = ["-m", "recsys_doctor", "advise", "--json", "--no-history", str(path)]
+    this, other = [], []
+    for _ in range(repeat):
+        this.append(run_cmd([sys.executable, *cmd], cwd=ROOT))
+        other.append(run_cmd([str(before / ".venv" / "bin" / "python"), *cmd], cwd=before))
+    return best_of(this), best_of(other)
+
+
 def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Path) -> dict:
     """nsys-ai diagnose on a fresh copy of the file (its Parquet cache cold), then once
     more on the same copy (cache warm)."""
@@ -140,6 +154,11 @@ def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Pa
     return {"engine": sorted(engine), "cold": best_of(cold), "warm_cache": best_of(warm)}
 
 
+def _version(cwd: Path) -> str:
+    r = subprocess.run(["git", "-C", str(cwd), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    return r.stdout.strip()
+
+
 def _machine() -> dict:
     import pandas
     import recsys_doctor
@@ -160,12 +179,15 @@ def main() -> None:
     ap.add_argument("--nsys-ai-duckdb-ext", type=Path, help="sqlite_scanner.duckdb_extension for nsys-ai's DuckDB")
     ap.add_argument("--nsys-ai-duckdb-version", default="v1.4.4")
     ap.add_argument("--repeat", type=int, default=3, help="runs per size; the fastest is reported")
+    ap.add_argument("--before", type=Path, help="another checkout (with its .venv) whose advise is timed on the "
+                                                "same files, runs interleaved (e.g. main before a change)")
     ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"scale_{dt.date.today()}.json")
     a = ap.parse_args()
     doc: dict = {
         "what": ("recsys-doctor advise --json (whole command: start-up, load, analyze, plan) on a real H100 "
                  "export tiled in time; nsys-ai diagnose --format json on the same file in the same run"),
+        "code": {"this": _version(ROOT), **({"before": _version(a.before.resolve())} if a.before else {})},
         "trace": str(a.trace.relative_to(ROOT.parent) if a.trace.is_relative_to(ROOT.parent) else a.trace),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": _machine(), "nsys_ai": None, "results": [],
@@ -215,7 +237,10 @@ def _one_size(a: argparse.Namespace, tmp: Path, home: Path | None, k: int, repea
     row = {"factor": k, "activity_rows": rows, "file_mb": round(f.stat().st_size / 2**20, 1),
            "load_avg_before": os.getloadavg()[0]}
     print(f"tiled x{k}: {rows:,} rows, {row['file_mb']} MB", file=sys.stderr, flush=True)
-    row["recsys_doctor"] = ours(f, repeat)
+    if a.before:
+        row["recsys_doctor"], row["recsys_doctor_before"] = ours_and_before(f, repeat, a.before.resolve())
+    else:
+        row["recsys_doctor"] = ours(f, repeat)
     if with_nsys_ai:
         row["nsys_ai"] = nsys_ai(a.nsys_ai, home, f, repeat, tmp)
     row["load_avg_after"] = os.getloadavg()[0]

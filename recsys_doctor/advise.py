@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._files import file_sha256
+from ._files import file_sha256_started
 from .errors import BadInputError
 from .findings import AnalysisResult, Finding
 from .model import Trace
@@ -22,6 +22,9 @@ __all__ = ["AdviseResult", "advise", "advise_trace", "SCHEMA_VERSION", "restrict
 SCHEMA_VERSION = 1
 
 _SEV_ORDER = {"high": 0, "medium": 1, "low": 2, "note": 3}
+
+#: traces with at least this many rows (all tables) run their analyzers in two processes
+PARALLEL_ANALYSIS_ROWS = 500_000
 
 
 @dataclass
@@ -104,7 +107,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     """Run the summary, every analyzer and the planner over an already loaded trace."""
     from .analyzers import ANALYZERS, run_all
     from .analyzers.summary import summarize
-    from .loaders.nsys import release_free_memory
+    from .loaders._nsys_columns import release_free_memory
     from .planner import make_plan
     from .progress import progress as progress_bar
 
@@ -118,7 +121,9 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
             bar.advance()
             release_free_memory()  # each analyzer's scratch goes back before the next one
 
-        results: list[AnalysisResult] = run_all(trace, options, on_done=done)
+        # a large trace: a second process takes analyzers too (where a second CPU is ours)
+        parallel = sum(trace.counts().values()) >= PARALLEL_ANALYSIS_ROWS
+        results: list[AnalysisResult] = run_all(trace, options, on_done=done, parallel=parallel)
     findings = [f for r in results for f in r.findings]
     findings.sort(key=lambda f: (_SEV_ORDER.get(f.severity, 9), -(f.recoverable_ns or 0)))
     plan = make_plan(trace, findings, results, options)
@@ -210,12 +215,21 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
     from .loaders import load
     from .progress import progress as progress_bar
 
+    # the file's hash is worked out on a low-priority thread, in the moments when the
+    # load or the analysis leaves a core idle
+    hashing = file_sha256_started(path, idle=True)
     with progress_bar(f"loading {os.path.basename(str(path))}", enabled=None if progress else False) as bar:
         trace = load(path, progress=bar)
-    trace.meta.setdefault("sha256", file_sha256(path))
+    # its key takes its place in the metadata now (the JSON keeps the keys in this order)
+    sha256 = None
+    if "sha256" not in trace.meta:
+        trace.meta["sha256"] = None
+        sha256 = hashing
     span = trace_span(trace)
     trace = restrict(trace, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns)
     res = advise_trace(trace, options, progress=progress)
+    if sha256 is not None:
+        res.trace_info["meta"]["sha256"] = sha256()
     if nvtx is not None:
         res.trace_info["nvtx"] = nvtx
     res.trace_info["span_ns"] = list(span) if span else None

@@ -92,7 +92,6 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     if dask_address or workers:
         raise BadInputError("--dask and --workers need one DIR or GLOB of rank traces")
     from ..advise import advise
-    from ..reports.terminal import render_terminal
 
     paths = list(traces)
     if demo:
@@ -108,6 +107,8 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         payload = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
         click.echo(json.dumps(payload, indent=1, default=json_default))
         return
+    from ..reports.terminal import render_terminal
+
     for r in results:
         render_terminal(r)
 
@@ -115,10 +116,11 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
 def _record_and_write(results: list[Any], options: Options, *, db: Path | None, history_on: bool,
                       html_out: Path | None, md_out: Path | None) -> None:
     """Per trace: the history record, the HTML report (with the workload's history trend)
-    and the Markdown report."""
+    and the Markdown report. Each is imported only when asked for (an ``advise --json
+    --no-history`` run pays for none of them)."""
+    if not (history_on or html_out or md_out):
+        return
     from .. import history
-    from ..reports.html import write_html
-    from ..reports.markdown import write_markdown
 
     html_paths = _per_trace_paths(html_out, results)
     md_paths = _per_trace_paths(md_out, results)
@@ -130,11 +132,15 @@ def _record_and_write(results: list[Any], options: Options, *, db: Path | None, 
             _quiet(lambda: history.record_run(r, db, command="advise", options=options, key=key), None,
                    "run not recorded in the history")
         if html_out:
+            from ..reports.html import write_html
+
             rows = _quiet(lambda: history.list_runs(db, limit=50, key=key), [],
                           "history trend left out of the report") if key else []
             write_html(r, html_paths[i], history_rows=rows, options=options)
             click.echo(f"wrote {html_paths[i]}", err=True)
         if md_out:
+            from ..reports.markdown import write_markdown
+
             written = write_markdown(r, md_paths[i], options=options)
             for w in written or [md_paths[i]]:
                 click.echo(f"wrote {w}", err=True)

@@ -42,6 +42,8 @@ ARG_NUMBERS: dict[str, tuple[str, ...]] = {
 }
 ARG_STRINGS: dict[str, tuple[str, ...]] = {"memcpy": ("kind",), "sync": ("cuda_sync_kind",)}
 ARG_DIM3: dict[str, tuple[str, ...]] = {"kernel": ("grid", "block")}
+#: the columns that hold codes into :class:`Strings`
+STRING_FIELDS = frozenset({"name", *(f for fs in ARG_STRINGS.values() for f in fs)})
 
 _PH, _CAT, _ARGS = attrgetter("ph"), attrgetter("cat"), attrgetter("args")
 _PH_CODE = {"X": 1, "M": 2}
@@ -49,6 +51,7 @@ _NAME = attrgetter("name")
 _FIELD_OF = {f: attrgetter(f) for f in ("pid", "tid", "ts", "dur")}
 _ARG_OF = {f: attrgetter(f) for f in ("device", "stream", "correlation", "bytes", "kind", "cuda_sync_kind",
                                       "grid", "block")}
+_ARG_IN = {f: attrgetter(f"args.{f}") for f in _ARG_OF}  # the same, read from the event
 # CUPTI writes "no stream" as an unsigned -1 in some builds (Context Sync: 4294967295).
 _UNSIGNED_MINUS_ONE = (4294967295.0, 18446744073709551615.0)
 
@@ -72,6 +75,14 @@ class Strings:
                 self.values.append(u)
             remap[i] = c
         return remap[codes]
+
+    def codes_of(self, get: Callable[[Any], Any], items: Sequence[Any]) -> np.ndarray:
+        """:meth:`codes` of ``get(item)`` for every item; when every value is already in the
+        table (all but the first batches of a trace), by one dict lookup per item."""
+        try:
+            return np.fromiter(map(self.index.get, map(get, items)), dtype=np.int32, count=len(items))
+        except (TypeError, ValueError):  # a new or missing value (None: not an int), or unhashable
+            return self.codes(list(map(get, items)))
 
 
 class EventColumns:
@@ -104,21 +115,52 @@ class EventColumns:
 
     def _add(self, bucket: str, evs: Sequence[Event]) -> None:
         cols = {f: num_of(get, evs) for f, get in _FIELD_OF.items()}
-        cols["name"] = self.strings.codes(list(map(_NAME, evs)))
+        cols["name"] = self.strings.codes_of(_NAME, evs)
         if bucket in ARG_NUMBERS:
-            args = list(map(_ARGS, evs))
-            if None in args:  # "args": null
-                args = [EMPTY_ARGS if a is None else a for a in args]
-            for f in ARG_NUMBERS[bucket]:
-                cols[f] = num_of(_ARG_OF[f], args)
-            for f in ARG_STRINGS.get(bucket, ()):
-                cols[f] = self.strings.codes(list(map(_ARG_OF[f], args)))
-            for f in ARG_DIM3.get(bucket, ()):
-                for axis, col in zip("xyz", dim3(list(map(_ARG_OF[f], args)))):
-                    cols[f"{f}_{axis}"] = col
+            try:  # straight from the events ("args.device")
+                cols |= self._args(bucket, evs, _ARG_IN)
+            except AttributeError:  # "args": null in this batch (raised by the first field)
+                args = [EMPTY_ARGS if a is None else a for a in map(_ARGS, evs)]
+                cols |= self._args(bucket, args, _ARG_OF)
         parts = self.parts[bucket]
         for k, v in cols.items():
             parts.setdefault(k, []).append(v)
+
+    def _args(self, bucket: str, items: Sequence[Any], getters: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
+        cols = {f: num_of(getters[f], items) for f in ARG_NUMBERS[bucket]}
+        for f in ARG_STRINGS.get(bucket, ()):
+            cols[f] = self.strings.codes_of(getters[f], items)
+        for f in ARG_DIM3.get(bucket, ()):
+            for axis, col in zip("xyz", dim3(list(map(getters[f], items)))):
+                cols[f"{f}_{axis}"] = col
+        return cols
+
+    def export(self) -> dict[str, Any]:
+        """Everything this sink kept, picklable, for :meth:`merge` in another process."""
+        return {"values": self.strings.values, "parts": self.parts, "meta_events": self.meta_events,
+                "skipped": dict(self.skipped), "n_events": self.n_events}
+
+    def merge(self, other: dict[str, Any]) -> None:
+        """Append what another sink (:meth:`export`) kept of the events that follow this
+        sink's: its string codes are renumbered into this sink's table, each new string
+        taking the next code in the order the other sink met them, so the result is what
+        this sink would hold had it decoded those events itself."""
+        strings = self.strings
+        remap = np.empty(len(other["values"]) + 1, dtype=np.int32)
+        remap[-1] = -1
+        for i, v in enumerate(other["values"]):
+            c = strings.index.get(v)
+            if c is None:
+                c = strings.index[v] = len(strings.values)
+                strings.values.append(v)
+            remap[i] = c
+        for bucket, cols in other["parts"].items():
+            mine = self.parts[bucket]
+            for f, arrays in cols.items():
+                mine.setdefault(f, []).extend([remap[a] for a in arrays] if f in STRING_FIELDS else arrays)
+        self.meta_events.extend(other["meta_events"])
+        self.skipped.update(other["skipped"])
+        self.n_events += other["n_events"]
 
     def column(self, bucket: str, field: str) -> np.ndarray:
         """The whole column (all batches); empty float64 when the bucket had no event."""

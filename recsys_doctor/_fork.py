@@ -1,0 +1,177 @@
+"""A second process for CPU-bound work: the Kineto loader decodes half of a large events
+array in one, and ``advise`` runs some of the analyzers in one.
+
+Both use :func:`os.fork`: the child starts with this process's memory (the loaded trace,
+the imported modules) at no copying cost, does its share, sends the results back pickled
+through a pipe and leaves with :func:`os._exit` (no exit handler of the parent runs twice).
+Only where that is cheap and safe (:func:`second_cpu`), and anything the child fails to
+deliver is done again here, so the results never depend on the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["second_cpu", "fork", "run_in_two"]
+
+
+def second_cpu() -> bool:
+    """Whether work may be shared with a forked child: Linux (fork is cheap, and safe for
+    what the children here do), at least two CPUs in this process's affinity, and this
+    process is not itself a worker of a process pool (``advise DIR`` already runs one rank
+    per CPU)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - Linux has it
+        cpus = os.cpu_count() or 1
+    return cpus >= 2 and multiprocessing.parent_process() is None
+
+
+def fork() -> int:
+    """:func:`os.fork`, without Python 3.12's warning about forking a process with threads
+    (the children here touch no lock another thread may hold: they compute, pickle and
+    write to their own pipe). Raises ``OSError`` when the system refuses."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def read_all(fd: int) -> bytes:
+    """Everything written to the pipe ``fd`` until its writer closes it; ``fd`` is closed."""
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def reap(pid: int, *, kill: bool) -> int | None:
+    """Wait for the child ``pid`` (killed first when ``kill``); its exit code, None when it
+    cannot be had."""
+    with contextlib.suppress(OSError):
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    return None
+
+
+def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None] | None = None,
+               order: Sequence[int] | None = None) -> list[Any]:
+    """``[t() for t in tasks]``, with a forked child taking tasks too: each process claims
+    the next task not yet taken (one byte read from a shared pipe, which the kernel hands
+    to one reader only), so the two stay busy until the list is done; ``order`` is the
+    order in which they are taken (a permutation of the indices; the longest first
+    balances the two best). The child sends its results back pickled; a task it could not
+    finish, or whose result does not pickle, is run here. Errors are raised as the loop
+    would raise them: the first failing task in list order. ``on_done(i)`` is called here
+    as each task's result is in.
+
+    Tasks must not depend on one another's side effects (each sees the state at the fork)."""
+    n = len(tasks)
+    if order is not None and sorted(order) != list(range(n)):
+        raise ValueError("order must be a permutation of the task indices")
+    if n < 2 or n > 255 or not second_cpu():
+        return _in_order(tasks, {}, on_done)
+    qr, qw = os.pipe()
+    os.write(qw, bytes(range(n) if order is None else order))  # <= 255 bytes: one write, never blocks
+    os.close(qw)  # the queue is full; a read past its end gives b""
+    rr, rw = os.pipe()
+    try:
+        pid = fork()
+    except OSError:
+        for fd in (qr, rr, rw):
+            os.close(fd)
+        return _in_order(tasks, {}, on_done)
+    if pid == 0:  # the child: never returns
+        os.close(rr)
+        _child(tasks, qr, rw)
+    os.close(rw)
+    results: dict[int, Any] = {}
+    try:
+        while (b := os.read(qr, 1)):
+            i = b[0]
+            try:
+                results[i] = tasks[i]()
+            except Exception as e:  # noqa: BLE001 - raised in list order by _in_order
+                results[i] = _Failed(e)
+                break  # what follows a failure is not needed
+            if on_done is not None:
+                on_done(i)
+        else:
+            payload = read_all(rr)
+            rr = -1
+            reap(pid, kill=False)
+            pid = 0
+            for i, v in sorted(_loads(payload).items()):
+                try:
+                    results[i] = pickle.loads(v)
+                except Exception:  # noqa: BLE001 - run here instead
+                    continue
+                if on_done is not None:
+                    on_done(i)
+    finally:
+        os.close(qr)
+        if rr >= 0:
+            os.close(rr)
+        if pid:
+            reap(pid, kill=True)
+    return _in_order(tasks, results, on_done)
+
+
+class _Failed:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _in_order(tasks: Sequence[Callable[[], Any]], results: dict[int, Any],
+              on_done: Callable[[int], None] | None) -> list[Any]:
+    """The results in list order, running here each task that has none yet; the first
+    failure in list order is raised."""
+    out = []
+    for i, t in enumerate(tasks):
+        if i not in results:
+            results[i] = t()
+            if on_done is not None:
+                on_done(i)
+        r = results[i]
+        if isinstance(r, _Failed):
+            raise r.error
+        out.append(r)
+    return out
+
+
+def _loads(payload: bytes) -> dict[int, bytes]:
+    try:
+        got = pickle.loads(payload) if payload else {}
+    except Exception:  # noqa: BLE001 - a truncated payload: the child died writing it
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _child(tasks: Sequence[Callable[[], Any]], qr: int, rw: int) -> None:
+    """The forked child of :func:`run_in_two`: claim and run tasks until none is left,
+    then write ``{index: pickled result}`` of those that ran and pickled, and exit."""
+    code = 1
+    try:
+        done: dict[int, bytes] = {}
+        while (b := os.read(qr, 1)):
+            i = b[0]
+            try:
+                done[i] = pickle.dumps(tasks[i](), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - the parent runs it again and sees the error
+                break  # and the rest of the queue (it reads it to its end)
+        with os.fdopen(rw, "wb") as f:
+            pickle.dump(done, f, protocol=pickle.HIGHEST_PROTOCOL)
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent runs what is missing
+        code = 1
+    finally:
+        os._exit(code)
