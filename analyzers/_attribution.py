@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
-from ._util import group_codes, norm_name
+from ._util import group_codes, norm_name, per_value
 
 __all__ = ["enclosing_range", "attribute", "any_region", "where_shares", "ANNOTATION_SOURCES"]
 
@@ -138,20 +138,8 @@ def attribute(trace: Trace, pid: Any, tid: Any, t: Any, *, sources: Iterable[str
         return res
     idx = enclosing_range(rng, pid, tid, t)
     ok = idx >= 0
-    res[ok] = _norm_names(rng["name"], idx[ok])
+    res[ok] = per_value(rng["name"], norm_name, idx[ok])
     return res
-
-
-def _norm_names(names: pd.Series, rows: np.ndarray) -> np.ndarray:
-    """:func:`norm_name` of ``names`` at positions ``rows`` (object array): for a
-    categorical, one call per distinct name, not per range."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories.to_numpy(object)
-        normed = np.empty(len(cats) + 1, dtype=object)
-        normed[:-1] = [norm_name(x) for x in cats]
-        normed[-1] = norm_name(np.nan)  # code -1: what to_numpy(object) gives for a missing name
-        return normed[names.cat.codes.to_numpy()[rows]]
-    return np.array([norm_name(x) for x in names.to_numpy(object)], dtype=object)[rows]
 
 
 def any_region(reg: np.ndarray) -> bool:

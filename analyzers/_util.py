@@ -7,7 +7,7 @@ table and all analyzers together must stay well under a second.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "op_api_rows", "take_str", "prefixed_str", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "per_value", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -73,15 +73,19 @@ def take_str(s: pd.Series, rows: Any = None) -> np.ndarray:
     return vals[codes]
 
 
-def prefixed_str(s: pd.Series, prefix: str) -> Any:
-    """``[f"{prefix}{n}" for n in s.astype(str)]`` (an object array for a categorical):
-    for a categorical, one string per distinct value, not per row."""
+def per_value(s: pd.Series, fn: Callable[[Any], Any], rows: Any = None) -> np.ndarray:
+    """``[fn(v) for v in take_str(s, rows)]`` as an object array: for a categorical, ``fn``
+    runs once per distinct value (and once on NaN for a missing one), not once per row."""
     if not isinstance(s.dtype, pd.CategoricalDtype):
-        return [f"{prefix}{n}" for n in s.astype(str)]
-    # every category and a missing value (code -1, first), through the same astype(str)
-    each = pd.Series(pd.Categorical.from_codes(np.arange(-1, len(s.cat.categories)), dtype=s.dtype)).astype(str)
-    labels = np.array([f"{prefix}{n}" for n in each], dtype=object)
-    return labels[s.cat.codes.to_numpy() + 1]
+        out = np.empty(len(s), dtype=object)
+        out[:] = [fn(v) for v in s.to_numpy(object)]
+        return out if rows is None else out[rows]
+    cats = s.cat.categories.to_numpy(object)
+    vals = np.empty(len(cats) + 1, dtype=object)
+    vals[:-1] = [fn(v) for v in cats]
+    vals[-1] = fn(np.nan)  # code -1
+    codes = s.cat.codes.to_numpy()
+    return vals[codes if rows is None else codes[rows]]
 
 
 def per_key(keys: Any, mapping: dict[int, Any], default: Any = 0) -> np.ndarray:

@@ -22,7 +22,7 @@ from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._recoverable import examples, finish, report, steady_starts, steady_window
-from ._util import per_key, prefixed_str, r, stream_label_codes, take_str
+from ._util import per_key, per_value, r, stream_label_codes, take_str
 from ._attribution import where_shares
 
 __all__ = ["analyze"]
@@ -65,7 +65,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if sel.any():
         ks = k[sel]
         f.examples = examples(trace, start=ks["start"], end=ks["end"], pid=ks["pid"], device=ks["device"],
-                              stream=ks["stream"], what=prefixed_str(ks["name"], "kernel "),
+                              stream=ks["stream"], what=per_value(ks["name"], "kernel {}".format),
                               n=options.examples_per_finding)
     finish(f, rec, steady_window(trace, options), options)
     return res

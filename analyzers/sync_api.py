@@ -32,7 +32,8 @@ from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._ops import api_keys_in, api_thread_spans
 from ._recoverable import examples, finish, gaps_containing, idle_gaps, report, steady_window
-from ._util import BLOCKING_COPY_RE, SYNC_RE, launches, r, str_contains, take_str, thread_label, thread_label_codes
+from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_contains, take_str, thread_label,
+                    thread_label_codes)
 
 __all__ = ["analyze"]
 
@@ -126,9 +127,7 @@ def _evidence(trace: Trace, sy: pd.DataFrame, dur: np.ndarray, pageable_d2h: int
               window: int, options: Options) -> dict[str, Any]:
     """Counts and blocked time, by kind, by name and by thread."""
     names = sy["name"]
-    kinds = np.array([_kind(str(c)) for c in names.cat.categories] + [_kind("nan")], dtype=object)[
-        names.cat.codes.to_numpy()] if isinstance(names.dtype, pd.CategoricalDtype) else \
-        names.astype(str).map(_kind).to_numpy(object)
+    kinds = per_value(names, lambda v: _kind(str(v)))
     kinds = np.where(kinds == "other", "pageable_copy", kinds)
     by_thread = pd.DataFrame({"pid": sy["pid"].to_numpy(), "tid": sy["tid"].to_numpy(), "dur": dur}) \
         .groupby(["pid", "tid"])["dur"].agg(["count", "sum"])
