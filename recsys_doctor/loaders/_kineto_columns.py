@@ -66,15 +66,21 @@ class Strings:
 
     def codes(self, vals: list[Any]) -> np.ndarray:
         codes, uniq = pd.factorize(pd.Series(vals, dtype=object), use_na_sentinel=True)
-        remap = np.empty(len(uniq) + 1, dtype=np.int32)
+        return self.remap(uniq.tolist() if hasattr(uniq, "tolist") else list(uniq))[codes]
+
+    def remap(self, values: Sequence[Any]) -> np.ndarray:
+        """This table's code of each of ``values`` (each new one added, in order), with -1
+        appended: index it with codes into ``values`` (-1 for missing) to get codes into
+        this table."""
+        remap = np.empty(len(values) + 1, dtype=np.int32)
         remap[-1] = -1
-        for i, u in enumerate(uniq.tolist() if hasattr(uniq, "tolist") else list(uniq)):
+        for i, u in enumerate(values):
             c = self.index.get(u)
             if c is None:
                 c = self.index[u] = len(self.values)
                 self.values.append(u)
             remap[i] = c
-        return remap[codes]
+        return remap
 
     def codes_of(self, get: Callable[[Any], Any], items: Sequence[Any]) -> np.ndarray:
         """:meth:`codes` of ``get(item)`` for every item; when every value is already in the
@@ -145,15 +151,7 @@ class EventColumns:
         sink's: its string codes are renumbered into this sink's table, each new string
         taking the next code in the order the other sink met them, so the result is what
         this sink would hold had it decoded those events itself."""
-        strings = self.strings
-        remap = np.empty(len(other["values"]) + 1, dtype=np.int32)
-        remap[-1] = -1
-        for i, v in enumerate(other["values"]):
-            c = strings.index.get(v)
-            if c is None:
-                c = strings.index[v] = len(strings.values)
-                strings.values.append(v)
-            remap[i] = c
+        remap = self.strings.remap(other["values"])
         for bucket, cols in other["parts"].items():
             mine = self.parts[bucket]
             for f, arrays in cols.items():
