@@ -24,11 +24,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from serve_anchors import _client_loop  # noqa: E402 - the one closed-loop client driver of the benches
+
 CONFIGS = ["eager", "measure", "no_phase", "no_sync", "bare"]
 
 
@@ -39,38 +40,15 @@ def _workload(q: int):
 
 
 def _bare(served, wl, q: int, dur: float) -> dict:
+    """``served(*args)`` back to back on each client thread: the closed loop of
+    ``bench/serve_anchors.py`` (5 warm-up calls per client, then the window)."""
     args = [wl.inputs(k) for k in range(q)]
-    lat: list[list[float]] = [[] for _ in range(q)]
-    stop = [0.0]
-
-    def open_window() -> None:
-        stop[0] = time.perf_counter() + dur
-
-    bar = threading.Barrier(q, action=open_window)
-
-    def client(k: int) -> None:
-        a = args[k]
-        for _ in range(3):
-            served(*a)
-        bar.wait()
-        mine = lat[k]
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop[0]:
-                break
-            served(*a)
-            mine.append(time.perf_counter() - t0)
-
-    ts = [threading.Thread(target=client, args=(k,)) for k in range(q)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    wall = time.perf_counter() - t0 - 0.0
-    n = sum(len(x) for x in lat)
+    lat, _, errors, wall = _client_loop(q, dur, [(lambda a=a: served(*a)) for a in args])
+    if errors:
+        raise RuntimeError(errors[0])
     ms = sorted(x * 1e3 for row in lat for x in row)
-    return {"queries": n, "qps": round(n / dur, 1), "p99_ms": round(ms[int(0.99 * n) - 1], 3) if n else None,
+    n = len(ms)
+    return {"queries": n, "qps": round(n / wall, 1), "p99_ms": round(ms[int(0.99 * n) - 1], 3) if n else None,
             "wall_s": round(wall, 2)}
 
 
