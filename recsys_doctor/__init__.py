@@ -10,10 +10,28 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import BadInputError, NsysNotFoundError, RecsysDoctorError, TraceFormatError, WorkloadError
-from .model import Trace
-from .options import Options
-from .workload import Workload
+
+if TYPE_CHECKING:
+    from .model import Trace
+    from .options import Options
+    from .workload import Workload
+
+# Trace, Options and Workload are imported when first used: the command line starts
+# without pandas, so that ``advise`` can set a large trace's decoding going first
+_LAZY = {"Trace": "model", "Options": "options", "Workload": "workload"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "__version__",

@@ -216,3 +216,39 @@ def test_docs_options_md_is_current():
     assert doc == options_markdown()
     for name, _default, text in Options.documented():
         assert text, f"Options.{name} has no #: comment saying what it means"
+
+
+def test_advise_starts_a_large_kineto_decode_before_pandas(tmp_path):
+    """``advise`` on one large PyTorch profiler trace forks the decoding helper before it
+    imports pandas and the analyzers: the command line, the package and the decoding
+    modules import without pandas, and ``prefetch`` is called with pandas still absent."""
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.json"
+    ev = '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %d, "dur": 2, "args": {}}'
+    big.write_text('{"traceEvents": [\n' + ",\n".join(ev % (1000 + i) for i in range(4000)) + "\n]}\n")
+    code = f"""
+import sys
+import recsys_doctor.loaders._kineto_decode as d
+assert "pandas" not in sys.modules, "imported pandas"
+d.STREAM_MIN = d.SPLIT_MIN = 0
+d.STREAM_CHUNK = 20_000
+seen = []
+real = d.prefetch
+def spy(p, factory):
+    seen.append("pandas" in sys.modules)
+    return real(p, factory)
+d.prefetch = spy
+from recsys_doctor.cli import main
+assert "pandas" not in sys.modules, "imported pandas"
+try:
+    main(["advise", "--json", "--no-history", {str(big)!r}])
+except SystemExit as e:
+    assert not e.code, e.code
+assert seen == [False], seen
+print("kernels", "pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert '"kernels": 4000' in out.stdout and out.stdout.rstrip().endswith("kernels True")

@@ -1,14 +1,17 @@
 """The streamed Kineto path (large files: chunked typed decoding over a memory map) gives
 exactly the tables of the whole-file path on every shared PyTorch profiler trace; chunks
-are made tiny here so that every trace is cut in many places. So does the split path (a
-forked process decodes the second half of the events), and where the split cannot hold
-(the middle cut falls inside an event, the second half is not valid JSON) the load gives
-way to one process with the same result or the same error."""
+are made tiny here so that every trace is cut in many places. So does the shared path
+(this process and a forked one take chunks in turn), also when the forked one was
+started before the load (``prefetch``) or dies; where it cannot hold (a cut inside an
+event, invalid JSON) the load gives way to one process with the same result or the same
+error."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 
 import pandas as pd
 import pytest
@@ -33,22 +36,27 @@ def test_streamed_equals_whole(path, split, shared_traces, monkeypatch):
     monkeypatch.setattr(decode, "STREAM_CHUNK", 20_000)
     monkeypatch.setattr(decode, "SPLIT_MIN", 0 if split else 1 << 62)
     used = []
-    real, real_split = decode.decode_streamed, decode.decode_split
+    real, real_finish = decode.decode_streamed, decode.SplitDecode.finish
     monkeypatch.setattr(decode, "decode_streamed", lambda *a: used.append(1) or real(*a))
-    monkeypatch.setattr(decode, "decode_split", lambda *a: used.append(2) or real_split(*a))
+    monkeypatch.setattr(decode.SplitDecode, "finish", lambda *a: used.append(2) or real_finish(*a))
     _same(kineto.load_kineto_json(path), whole)
     assert used  # the streamed path ran (it may still hand back to the whole-file path)
 
 
 def _spy_split(monkeypatch) -> list:
-    """Make every streamed array split; the list collects whether each split held."""
+    """Make every streamed array shared; the list collects whether each sharing held."""
     monkeypatch.setattr(decode, "STREAM_MIN", 0)
     monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
     monkeypatch.setattr(decode, "SPLIT_MIN", 0)
     held = []
-    real = decode.decode_split
-    monkeypatch.setattr(decode, "decode_split", lambda *a: held.append(real(*a) is not None) or
-                        (decode._events_span(a[0])[2:] if held[-1] else None))
+    real = decode.SplitDecode.finish
+
+    def finish(job, progress=None):
+        out = real(job, progress)
+        held.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decode.SplitDecode, "finish", finish)
     return held
 
 
@@ -70,32 +78,58 @@ def _event(i: int, name: str, nested: bool = False) -> str:
             % (name, 1000 + 10 * i, args))
 
 
-def test_split_gives_way_when_the_middle_cut_is_inside_an_event(tmp_path, monkeypatch):
-    """The first "},\n" after the middle of the array closes a nested object: the first
-    half's last chunk does not decode, the split is given up and one process loads the
-    trace, with the tables of the whole-file path."""
+def _doc(evs: list[str]) -> str:
+    return '{"traceEvents": [\n' + ",\n".join(evs) + "\n]}\n"
+
+
+def test_a_nested_object_is_no_chunk_boundary(tmp_path, monkeypatch):
+    """A "},\n" that closes a nested object (a key follows it, not an event's "{") is not
+    taken as a cut: the chunks of the shared path still decode, with the tables of the
+    whole-file path."""
     k = 200
-    evs = [_event(i, f"k{i % 7}") for i in range(k)]
-    # the nested event sits across the middle, its inner "},\n" after the middle
-    evs.append(_event(k, "x" * 4000, nested=True))
-    evs += [_event(k + 1 + i, f"k{i % 5}") for i in range(k)]
-    doc = '{"traceEvents": [\n' + ",\n".join(evs) + "\n]}\n"
-    f = tmp_path / "nested_mid.json"
+    evs = [_event(i, f"k{i % 7}", nested=i % 3 == 0) for i in range(2 * k)]
+    f = tmp_path / "nested.json"
+    doc = _doc(evs)
     f.write_text(doc)
-    arr_start = doc.index("[")
-    mid = doc.find("},\n", arr_start + (doc.rindex("]") - arr_start) // 2)
-    assert mid == doc.index('{"y": 1}') + len('{"y": 1') and mid >= 0  # the cut falls inside the event
+    monkeypatch.setattr(decode, "STREAM_CHUNK", 3_000)
     whole = kineto.load_kineto_json(f)
     held = _spy_split(monkeypatch)
+    _same(kineto.load_kineto_json(f), whole)
+    assert held == [True]
+    assert len(whole.kernels) == 2 * k
+    # every chunk runs from an event's "{" to the "}" that ends an event, and between
+    # them the chunks leave out only the separators
+    raw = doc.encode()
+    lo, hi = raw.index(b"["), raw.rindex(b"]")
+    bounds = decode.chunk_bounds(raw, lo, hi)
+    assert len(bounds) > 10
+    assert all(raw[a:a + 8] == b'{"ph": "' and raw[a:stop].rstrip().endswith(b"}}") for a, stop in bounds)
+    assert bounds[-1][1] == hi
+    assert all(raw[b[1]:c[0]] == b",\n" for b, c in zip(bounds, bounds[1:]))
+    assert b"".join(raw[a:stop] + b"," for a, stop in bounds).count(b'"ph"') == 2 * k
+
+
+def test_sharing_gives_way_when_a_cut_is_inside_an_event(tmp_path, monkeypatch):
+    """A list of objects inside an event, one per line: a "},\n" followed by "{" that is
+    not an event boundary. The chunk cut there does not decode, the sharing is given up
+    and one process loads the trace, with the tables of the whole-file path."""
+    k = 200
+    evs = [_event(i, f"k{i % 7}") for i in range(k)]
+    evs.append(_event(k, "x" * 4000).replace('"args": {', '"args": {"list": [{"y": 1},\n{"y": 2}], ', 1))
+    evs += [_event(k + 1 + i, f"k{i % 5}") for i in range(k)]
+    f = tmp_path / "list_of_objects.json"
+    f.write_text(_doc(evs))
     monkeypatch.setattr(decode, "STREAM_CHUNK", 3_000)
+    whole = kineto.load_kineto_json(f)
+    held = _spy_split(monkeypatch)
     _same(kineto.load_kineto_json(f), whole)
     assert held == [False]
     assert len(whole.kernels) == 2 * k + 1
 
 
 def test_split_gives_way_to_the_same_error(tmp_path, monkeypatch):
-    """Invalid JSON in the second half (the child's): the split fails and the load reports
-    the error the one-process path reports."""
+    """Invalid JSON in one chunk (whichever process takes it): the sharing fails and the
+    load reports the error the one-process path reports."""
     evs = [_event(i, f"k{i % 3}") for i in range(400)]
     evs[300] = evs[300].replace('"dur": 2', '"dur": 2,,')
     f = tmp_path / "bad_second_half.json"
@@ -131,7 +165,8 @@ def test_streamed_falls_back_on_compact_json(tmp_path, monkeypatch, shared_trace
 @pytest.mark.parametrize("split", [False, True], ids=["one-process", "split"])
 def test_streamed_progress_follows_bytes(split, shared_traces, monkeypatch):
     """On the streamed path the bar is moved to the bytes decoded, ending at the full
-    length of the ``traceEvents`` array (split: this process's half, scaled to the whole)."""
+    length of the ``traceEvents`` array (shared: to the end of each chunk this process
+    decodes, every chunk before it having been taken before it)."""
     src = next(p for p in KINETO if "df_index_resolver" in p.name)
     monkeypatch.setattr(decode, "STREAM_MIN", 0)
     monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
@@ -194,3 +229,92 @@ def test_batches_give_the_columns_of_one_batch(tmp_path, monkeypatch):
         monkeypatch.setattr(decode, "STREAM_CHUNK", 2_000)
         monkeypatch.setattr(decode, "SPLIT_MIN", 0 if split else 1 << 62)
         _same(kineto.load_kineto_json(f), whole)
+
+
+def _large_trace(monkeypatch):
+    src = next(p for p in KINETO if "df_index_resolver" in p.name)
+    monkeypatch.setattr(decode, "STREAM_MIN", 0)
+    monkeypatch.setattr(decode, "SPLIT_MIN", 0)
+    monkeypatch.setattr(decode, "STREAM_CHUNK", 1 << 20)
+    return src
+
+
+def test_prefetched_job_is_taken_over(tmp_path, shared_traces, monkeypatch):
+    """``prefetch`` (what ``advise`` calls before its imports) starts the forked decoder;
+    the load of the same file takes it over and gives the tables of the whole-file path.
+    A file changed since is not taken over, and a job nobody took is stopped at exit."""
+    src = _large_trace(monkeypatch)
+    f = tmp_path / "big.json"
+    f.write_bytes(gzip.open(src).read())
+    whole = kineto.load_kineto_json(src)
+    assert decode.prefetch(f, kineto.EventColumns)
+    job = decode._PREFETCHED[-1]
+    assert job.pid > 0
+    taken = []
+    real = decode._take_prefetched
+    monkeypatch.setattr(decode, "_take_prefetched", lambda p: taken.append(real(p)) or taken[-1])
+    _same(kineto.load_kineto_json(f), whole)
+    assert taken == [job] and job.pid == 0 and not decode._PREFETCHED
+    # a job for a file that changed before the load is not used for it
+    assert decode.prefetch(f, kineto.EventColumns)
+    stale = decode._PREFETCHED[-1]
+    with open(f, "ab") as out:
+        out.write(b"\n")
+    assert not stale.matches(str(f))
+    _same(kineto.load_kineto_json(f), whole)
+    assert taken[-1] is None and decode._PREFETCHED == [stale]
+    pid = stale.pid
+    decode._drop_prefetched()  # what exit does
+    assert stale.pid == 0 and not decode._PREFETCHED
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped
+    assert not decode.prefetch(tmp_path / "missing.json", kineto.EventColumns)
+    assert not decode.prefetch(tmp_path, kineto.EventColumns)
+
+
+def test_chunks_of_a_dead_child_are_decoded_here(tmp_path, shared_traces, monkeypatch):
+    """The forked decoder is killed: every chunk it took and did not deliver is decoded by
+    this process, with the tables of the whole-file path."""
+    src = _large_trace(monkeypatch)
+    f = tmp_path / "big.json"
+    f.write_bytes(gzip.open(src).read())
+    whole = kineto.load_kineto_json(src)
+    job = decode.SplitDecode.start(str(f), kineto.EventColumns)
+    assert job is not None and len(job.bounds) > 10
+    os.kill(job.pid, signal.SIGKILL)
+    top, is_array, cols = job.finish()
+    assert job.pid == 0
+    monkeypatch.setattr(decode, "load_streamed", lambda *a: (top, is_array, cols))  # the tables of cols
+    _same(kineto.load_kineto_json(f), whole)
+
+
+@pytest.mark.parametrize("path", KINETO, ids=lambda p: p.name)
+def test_decoding_by_phase_equals_decoding_as_events(path, shared_traces, monkeypatch):
+    """Events decoded by phase (flows, instants... skipped in C) give the tables of events
+    decoded one struct type for all, the way a trace with a phase outside the Trace Event
+    Format is decoded."""
+    by_phase = kineto.load_kineto_json(path)
+
+    def refuse(buf):
+        raise decode.msgspec.ValidationError("as if a phase were unknown")
+
+    for name in ("_PHASE_ARRAY_DECODER", "_PHASE_DOC_DECODER"):
+        monkeypatch.setattr(decode, name, type("Refuse", (), {"decode": staticmethod(refuse)}))
+    _same(kineto.load_kineto_json(path), by_phase)
+
+
+def test_an_unknown_phase_decodes_as_events(tmp_path):
+    """A phase outside the Trace Event Format ("Z") or a missing one: the batch is decoded
+    as :class:`Event`; such events are counted and not loaded, like flows."""
+    evs = [json.loads(_event(i, f"k{i % 3}")) for i in range(6)]
+    flows = [{"ph": "f", "id": 1, "pid": 0, "tid": 7, "ts": 1005, "cat": "ac2g", "name": "ac2g"}]
+    odd = [{"ph": "Z", "pid": 0, "tid": 7, "ts": 1006}, {"pid": 0, "tid": 7, "ts": 1007}]
+    a, b = tmp_path / "flows.json", tmp_path / "odd.json"
+    a.write_text(json.dumps({"traceEvents": evs + flows}))
+    b.write_text(json.dumps({"traceEvents": evs + odd}))
+    assert type(decode.decode_events(json.dumps(evs + flows).encode())[0]) is decode.Complete
+    assert type(decode.decode_events(json.dumps(evs + odd).encode())[0]) is decode.Event
+    ta, tb = kineto.load_kineto_json(a), kineto.load_kineto_json(b)
+    assert len(ta.kernels) == len(tb.kernels) == 6
+    assert ta.meta["events"] == 7 and tb.meta["events"] == 8
+    pd.testing.assert_frame_equal(ta.kernels, tb.kernels)

@@ -80,6 +80,13 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     side, worst ranks first, stragglers, and NCCL communication/compute overlap per rank.
     The ranks are analyzed in parallel by local processes, or on Dask with --dask.
     """
+    if len(traces) == 1 and not demo and not dask_address and traces[0].is_file():
+        # a large PyTorch profiler trace: a forked process starts decoding it now, while
+        # this one imports the analyzers (the loader takes that work over)
+        from ..loaders._kineto_columns import EventColumns
+        from ..loaders._kineto_decode import prefetch
+
+        prefetch(traces[0], EventColumns)
     from ..ranks import is_multi_target
 
     if len(traces) == 1 and not demo and is_multi_target(traces[0]):

@@ -15,10 +15,13 @@ import gzip
 import os
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import BadInputError, TraceFormatError
-from ..model import Trace
 from ..progress import ProgressHandle
+
+if TYPE_CHECKING:  # the model (pandas) is imported by the loader that builds it
+    from ..model import Trace
 
 __all__ = ["load", "detect_format"]
 

@@ -4,6 +4,11 @@ Each batch of structs is split by category with a few C-level passes (``map`` wi
 ``attrgetter`` / ``dict.get``, numpy masks) and only the fields its tables need are kept,
 as float64 numbers or int32 codes into one shared string table; the structs are then
 dropped. No dict and no Python loop per event: memory follows the kept columns.
+
+pandas is imported only by the rare fallbacks (values that are not numbers, unhashable
+names): a process that only decodes (the forked helper of
+:mod:`~recsys_doctor.loaders._kineto_decode`, started before the rest of the program is
+imported) needs numpy alone.
 """
 
 from __future__ import annotations
@@ -15,9 +20,8 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from ._kineto_decode import EMPTY_ARGS, Event
+from ._kineto_decode import EMPTY_ARGS, Complete, Event, Metadata
 
 # Kineto category -> our bucket. Legacy (torch <= 1.9) and modern spellings share a bucket.
 BUCKET_OF_CAT: dict[str, str] = {
@@ -47,6 +51,7 @@ STRING_FIELDS = frozenset({"name", *(f for fs in ARG_STRINGS.values() for f in f
 
 _PH, _CAT, _ARGS = attrgetter("ph"), attrgetter("cat"), attrgetter("args")
 _PH_CODE = {"X": 1, "M": 2}
+_PH_CODE_OF_TYPE = {Complete: 1, Metadata: 2}  # events decoded by phase
 _NAME = attrgetter("name")
 _FIELD_OF = {f: attrgetter(f) for f in ("pid", "tid", "ts", "dur")}
 _ARG_OF = {f: attrgetter(f) for f in ("device", "stream", "correlation", "bytes", "kind", "cuda_sync_kind",
@@ -65,8 +70,15 @@ class Strings:
         self.values: list[Any] = []
 
     def codes(self, vals: list[Any]) -> np.ndarray:
-        codes, uniq = pd.factorize(pd.Series(vals, dtype=object), use_na_sentinel=True)
-        return self.remap(uniq.tolist() if hasattr(uniq, "tolist") else list(uniq))[codes]
+        """Codes of ``vals``, each new value added in the order met; None and NaN are
+        missing (-1), as :func:`pandas.factorize` has them."""
+        index = self.index
+        met = dict.fromkeys(vals)  # the distinct values in the order met (TypeError: unhashable)
+        for v in met:
+            if v not in index and v is not None and v == v:  # v != v: NaN
+                index[v] = len(self.values)
+                self.values.append(v)
+        return np.fromiter(map(index.get, vals, repeat(-1)), dtype=np.int32, count=len(vals))
 
     def remap(self, values: Sequence[Any]) -> np.ndarray:
         """This table's code of each of ``values`` (each new one added, in order), with -1
@@ -94,8 +106,10 @@ class Strings:
 class EventColumns:
     """The sink the decoder feeds: per bucket, lists of per-batch column arrays."""
 
-    def __init__(self) -> None:
-        self.strings = Strings()
+    def __init__(self, strings: Strings | None = None) -> None:
+        #: the string table; sinks of one process may share one (:meth:`merge` then keeps
+        #: the codes as they are)
+        self.strings = Strings() if strings is None else strings
         self.parts: dict[str, dict[str, list[np.ndarray]]] = {b: {} for b in BUCKETS}
         self.meta_events: list[Event] = []
         self.skipped: Counter[str] = Counter()
@@ -106,18 +120,21 @@ class EventColumns:
         self.n_events += n
         if not n:
             return
-        ph = np.fromiter(map(_PH_CODE.get, map(_PH, evs), repeat(0)), dtype=np.int8, count=n)
+        if type(evs[0]) is Event:  # a batch is all Event or all decoded by phase
+            ph = np.fromiter(map(_PH_CODE.get, map(_PH, evs), repeat(0)), dtype=np.int8, count=n)
+        else:
+            ph = np.fromiter(map(_PH_CODE_OF_TYPE.get, map(type, evs), repeat(0)), dtype=np.int8, count=n)
         self.meta_events.extend(_take(evs, np.flatnonzero(ph == 2)))
-        code = np.fromiter(map(_CODE_OF_CAT.get, map(_CAT, evs), repeat(-1)), dtype=np.int8, count=n)
-        code[ph != 1] = -2  # only complete events are loaded
+        xs = _take(evs, np.flatnonzero(ph == 1))  # only complete events are loaded
+        code = np.fromiter(map(_CODE_OF_CAT.get, map(_CAT, xs), repeat(-1)), dtype=np.int8, count=len(xs))
         unknown = np.flatnonzero(code == -1)
         if len(unknown):
-            self.skipped.update(map(str, map(_CAT, _take(evs, unknown))))
+            self.skipped.update(map(str, map(_CAT, _take(xs, unknown))))
         order = np.argsort(code, kind="stable")
         bounds = np.searchsorted(code[order], np.arange(len(BUCKETS) + 1))
         for b, bucket in enumerate(BUCKETS):
             if bounds[b + 1] > bounds[b]:
-                self._add(bucket, _take(evs, order[bounds[b]:bounds[b + 1]]))
+                self._add(bucket, _take(xs, order[bounds[b]:bounds[b + 1]]))
 
     def _add(self, bucket: str, evs: Sequence[Event]) -> None:
         cols = {f: num_of(get, evs) for f, get in _FIELD_OF.items()}
@@ -146,16 +163,26 @@ class EventColumns:
         return {"values": self.strings.values, "parts": self.parts, "meta_events": self.meta_events,
                 "skipped": dict(self.skipped), "n_events": self.n_events}
 
-    def merge(self, other: dict[str, Any]) -> None:
+    def merge(self, other: dict[str, Any], remaps: dict[int, np.ndarray] | None = None) -> None:
         """Append what another sink (:meth:`export`) kept of the events that follow this
-        sink's: its string codes are renumbered into this sink's table, each new string
-        taking the next code in the order the other sink met them, so the result is what
-        this sink would hold had it decoded those events itself."""
-        remap = self.strings.remap(other["values"])
+        sink's. Its string codes are renumbered into this sink's table (new strings take
+        the next codes, in the order the other sink's table has them), unless both share
+        one table. ``remaps`` caches the renumbering per table (sinks of one process share
+        a table: it is worked out once for all of them). The tables made from the columns
+        do not depend on how the strings are numbered (categoricals list them sorted)."""
+        values = other["values"]
+        remap = None
+        if values is not self.strings.values:
+            remap = None if remaps is None else remaps.get(id(values))
+            if remap is None:
+                remap = self.strings.remap(values)
+                if remaps is not None:
+                    remaps[id(values)] = remap
         for bucket, cols in other["parts"].items():
             mine = self.parts[bucket]
             for f, arrays in cols.items():
-                mine.setdefault(f, []).extend([remap[a] for a in arrays] if f in STRING_FIELDS else arrays)
+                mine.setdefault(f, []).extend(
+                    [remap[a] for a in arrays] if remap is not None and f in STRING_FIELDS else arrays)
         self.meta_events.extend(other["meta_events"])
         self.skipped.update(other["skipped"])
         self.n_events += other["n_events"]
@@ -197,6 +224,8 @@ def num(values: list[Any]) -> np.ndarray:
             return a
     except (TypeError, ValueError):
         pass
+    import pandas as pd
+
     s = pd.Series(values, dtype=object)
     s = s.where(s.map(lambda v: isinstance(v, (int, float, str))), None)
     out = pd.to_numeric(s, errors="coerce")
@@ -222,6 +251,8 @@ def dim3(vals: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy()
     except (TypeError, ValueError):
         pass
+    import pandas as pd
+
     ok = [v if isinstance(v, list) and len(v) == 3 else (None, None, None) for v in vals]
     return tuple(pd.to_numeric(pd.Series([v[i] for v in ok], dtype=object), errors="coerce")
                  .to_numpy(dtype=np.float64, na_value=np.nan) for i in range(3))  # type: ignore[return-value]

@@ -5,9 +5,11 @@ Three ways in, the same events out:
 * **streamed** (large files): the file is memory-mapped (a large ``.gz`` is first
   decompressed to a temporary file) and ``traceEvents`` is decoded a chunk (~8 MB) at a
   time; pages already decoded are released, so memory follows the columns the sink keeps,
-  not the file. Where a second CPU is free, a forked process decodes the second half of
-  the array into its own sink, whose columns are then appended to this one's (the same
-  columns as one process makes, in the same order);
+  not the file. Where a second CPU is free, this process and a forked one share the
+  chunks (:class:`SplitDecode`), each taking the next one not yet taken, and the chunks'
+  columns are appended in file order (the same columns as one process makes, in the same
+  order). ``advise`` on the command line starts the forked one before it imports the rest
+  of the program (:func:`prefetch`);
 * **whole** (small files): one typed decode of the document;
 * **plain** (anything the typed decoder refuses: invalid JSON, an ``args`` that is not an
   object, ...): the standard library's parse, which words the error exactly, its dicts
@@ -22,7 +24,9 @@ alike).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import gzip
 import json
 import mmap
@@ -32,7 +36,7 @@ import shutil
 import tempfile
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
@@ -69,6 +73,40 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = EMPTY_ARGS  # explicit null stays None
 
 
+class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete event (``"ph": "X"``) of a batch decoded by phase (:func:`decode_events`):
+    the fields of :class:`Event` but ``ph``, which its type says."""
+    cat: str | None = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Args | None = EMPTY_ARGS
+
+
+class Metadata(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    """A metadata event (``"ph": "M"``: thread and process names), likewise."""
+    cat: str | None = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Args | None = EMPTY_ARGS
+
+
+#: the other phases of the Trace Event Format (flows, instants, counters, async events,
+#: samples, objects, marks...): nothing of them is loaded, so none of their fields is kept
+#: (the decoder skips them in C, making no objects for them)
+OTHER_PHASES = "BEIiCbnestfSTpFPONDVvRc()"
+_SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag=ph, gc=False, module=__name__)
+                 for ph in OTHER_PHASES)
+for _cls in _SKIPPED:
+    globals()[_cls.__name__] = _cls
+PhaseEvent = Union[(Complete, Metadata, *_SKIPPED)]
+
+
 TOP_KEYS = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "cupti_version",
             "cuda_runtime_version", "cuda_driver_version", "distributedInfo", "deviceProperties")
 
@@ -86,8 +124,32 @@ class _Doc(msgspec.Struct, gc=False):
     deviceProperties: Any = msgspec.UNSET
 
 
+class _PhaseDoc(_Doc, gc=False):
+    traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET
+
+
 _DOC_DECODER = msgspec.json.Decoder(_Doc)
 _ARRAY_DECODER = msgspec.json.Decoder(list[Event])
+_PHASE_DOC_DECODER = msgspec.json.Decoder(_PhaseDoc)
+_PHASE_ARRAY_DECODER = msgspec.json.Decoder(list[PhaseEvent])
+
+
+def decode_events(buf: Any) -> list[Any]:
+    """A JSON array of events -> structs: by phase (:class:`Complete`, :class:`Metadata`,
+    a field-less struct for any other phase) where every event has a phase of the Trace
+    Event Format, else as :class:`Event` (a phase missing, unknown or not a string). The
+    sink reads both alike. Raises what decoding into :class:`Event` raises."""
+    try:
+        return _PHASE_ARRAY_DECODER.decode(buf)
+    except msgspec.ValidationError:
+        return _ARRAY_DECODER.decode(buf)
+
+
+def _decode_doc(buf: Any) -> _Doc:
+    try:
+        return _PHASE_DOC_DECODER.decode(buf)
+    except msgspec.ValidationError:
+        return _DOC_DECODER.decode(buf)
 _TYPED_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 #: a sink takes one batch of decoded events (the caller's column builder)
@@ -113,8 +175,8 @@ def _top(doc: _Doc) -> dict[str, Any]:
 
 def _no_events_in_array(events: Sequence[Any]) -> bool:
     """torch 1.8 wrote a bare array of events: one whose first 1000 items hold no ``ph``
-    is not a trace."""
-    return bool(events) and not any(getattr(e, "ph", None) is not None for e in events[:1000])
+    is not a trace (events decoded by phase all have one)."""
+    return bool(events) and not any(type(e) is not Event or e.ph is not None for e in events[:1000])
 
 
 # --- whole file ----------------------------------------------------------------------------
@@ -143,9 +205,9 @@ def _decode_typed(raw: bytes) -> tuple[dict[str, Any], list[Event], bool] | None
     head = raw[:4096].lstrip(b" \t\r\n\xef\xbb\xbf")[:1]
     try:
         if head == b"[":
-            events = _ARRAY_DECODER.decode(raw)
+            events = decode_events(raw)
             return None if _no_events_in_array(events) else ({}, events, True)
-        doc = _DOC_DECODER.decode(raw)
+        doc = _decode_doc(raw)
     except _TYPED_ERRORS:
         return None
     if doc.traceEvents is msgspec.UNSET:
@@ -250,12 +312,16 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
             tmp = _gunzip_to_temp(path)
             if tmp is None:
                 return None
+        job = _take_prefetched(path) if tmp is None else None
+        if job is None:
+            job = SplitDecode.start(tmp or path, sink_factory)
+        if job is not None:
+            found = job.finish(progress)
+            if found is not None:
+                return found
         with open(tmp or path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             sink = sink_factory()
-            found = decode_split(mm, sink, sink_factory, progress)
-            if found is None:  # not split (or the split did not hold): one process, a fresh sink
-                sink = sink_factory()
-                found = decode_streamed(mm, sink, progress)
+            found = decode_streamed(mm, sink, progress)
             return None if found is None else (*found, sink)
     finally:
         if tmp is not None:
@@ -311,91 +377,290 @@ def _feed(mm: mmap.mmap, view: memoryview, start: int, end: int, sink: Sink, *, 
     return True
 
 
-# --- split between two processes -------------------------------------------------------------
+# --- shared between two processes ----------------------------------------------------------
 
-def decode_split(mm: mmap.mmap, sink: Any, sink_factory: Callable[[], Any],
-                 progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool] | None:
-    """:func:`decode_streamed` by two processes: a forked child decodes the events after
-    the middle of the array into a fresh sink and sends its columns back (pickled, through
-    a pipe) while this process decodes the first half; the child's columns are then
-    merged into ``sink`` (``sink.merge(child.export())``), which makes the columns one
-    process would have made. None when the array is not split (small, one CPU, no
-    ``merge`` on the sink) or when either half does not decode (the middle cut fell inside
-    an event, invalid JSON, the child died): the caller then decodes in one process."""
-    if not hasattr(sink, "merge"):
-        return None
-    span = _events_span(mm)
-    if span is None or span[1] - span[0] < SPLIT_MIN or not second_cpu():
-        return None
-    arr_start, arr_end, top, is_array = span
-    # the "}" that ends an event near the middle; if it ends a nested object instead, the
-    # first half's last chunk does not decode and the split is given up
-    mid = mm.find(b"},\n", arr_start + (arr_end - arr_start) // 2, arr_end)
-    if mid < 0:
-        return None
-    view = memoryview(mm)
-    try:
-        r, w = os.pipe()
+class SplitDecode:
+    """A large events array decoded by this process and a forked child together.
+
+    The array is cut into chunks of about :data:`STREAM_CHUNK` bytes, each ending at an
+    event's closing ``},`` (followed by a newline, then the next event's ``{``). Both
+    processes take the next chunk not yet taken (a 4-byte index read from a shared pipe,
+    which the kernel hands to one reader only) and decode it into a sink of its own (the
+    sinks of one process share a string table), so the two stay busy until the array is
+    done, however late this process joins in: the command line starts the child
+    (:func:`prefetch`) before it imports the rest of the program. The child sends its
+    chunks' columns back pickled; :meth:`finish` appends every chunk's columns in file
+    order to one sink: the columns one process makes, but for how the strings are
+    numbered (which no table depends on).
+
+    A chunk the child did not deliver (it died, was killed) is decoded here. A chunk that
+    does not decode (a cut inside an event after all, invalid JSON, a value the sink
+    refuses) makes :meth:`finish` answer None: the caller decodes the file in one process,
+    which also words the error."""
+
+    def __init__(self, path: str, mm: mmap.mmap, f: Any, span: tuple[int, int, dict[str, Any], bool],
+                 bounds: list[tuple[int, int]], sink_factory: Callable[[], Any]) -> None:
+        self.path, self.mm, self._file = path, mm, f
+        self.arr_start, self.arr_end, self.top, self.is_array = span
+        self.bounds, self.sink_factory = bounds, sink_factory
+        self._strings: Any = None  # the string table this process's chunks share
+        self._stat = _identity(os.fstat(f.fileno()))
+        self.pid = 0
+        self._queue = self._results = -1
+
+    @classmethod
+    def start(cls, path: str, sink_factory: Callable[[], Any]) -> "SplitDecode | None":
+        """Open ``path`` (plain JSON), cut its events array and fork the child; None when
+        there is nothing to share (small array, one CPU, unusual layout, fork refused)."""
+        if not second_cpu():
+            return None
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return None
+        try:
+            if f.read(2) == GZIP_MAGIC:
+                raise ValueError
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            f.close()
+            return None
+        job = None
+        try:
+            span = _events_span(mm)
+            if span is not None and span[1] - span[0] >= SPLIT_MIN:
+                bounds = chunk_bounds(mm, span[0], span[1])
+                if 2 <= len(bounds) <= _MAX_CHUNKS:
+                    job = cls(path, mm, f, span, bounds, sink_factory)
+                    if not job._fork():
+                        job = None
+        finally:
+            if job is None:
+                mm.close()
+                f.close()
+        return job
+
+    def _fork(self) -> bool:
+        qr, qw = os.pipe()
+        os.write(qw, b"".join(i.to_bytes(4, "little") for i in range(len(self.bounds))))  # < 64 KiB: never blocks
+        os.close(qw)  # the queue is full; a read past its end gives b""
+        rr, rw = os.pipe()
         try:
             pid = fork()
         except OSError:
-            os.close(r)
-            os.close(w)
-            return None
+            for fd in (qr, rr, rw):
+                os.close(fd)
+            return False
         if pid == 0:  # the child: never returns
-            os.close(r)
-            _child(mm, view, mid + 1, arr_end, sink_factory, w)
-        os.close(w)
+            os.close(rr)
+            self._queue = qr
+            self._child(rw)
+        os.close(rw)
+        self.pid, self._queue, self._results = pid, qr, rr
+        return True
+
+    def _take(self) -> int | None:
+        b = os.read(self._queue, 4)
+        return int.from_bytes(b, "little") if len(b) == 4 else None
+
+    def _decode(self, view: memoryview, i: int) -> Any:
+        """Chunk ``i`` decoded into a fresh sink, its columns exported; None when the chunk
+        does not decode (or is a bare array's first chunk that holds no trace events)."""
+        a, stop = self.bounds[i]
         try:
-            try:
-                ok = _feed(mm, view, arr_start, mid + 1, sink, check_first=is_array, progress=progress,
-                           total=(arr_start, arr_end))
-            except (TypeError, ValueError, AttributeError, KeyError):
-                ok = False  # one process meets the same value and words the error
+            evs = decode_events(b"".join((b"[", view[a:stop], b"]")))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if i == 0 and self.is_array and _no_events_in_array(evs):
+            return None
+        sink = self.sink_factory(self._strings)
+        self._strings = sink.strings
+        sink(evs)
+        del evs
+        _release(self.mm, a, stop)
+        return sink.export()
+
+    def _child(self, w: int) -> None:
+        """The forked child: decode chunks until none is left (or one does not decode),
+        write ``{index: columns or None}`` to ``w`` and exit without running any of the
+        parent's exit handlers."""
+        code = 1
+        try:
+            gc.disable()  # the structs are not tracked; what else is made lives until exit
+            view = memoryview(self.mm)
+            done: dict[int, Any] = {}
+            while (i := self._take()) is not None:
+                try:
+                    done[i] = self._decode(view, i)
+                except Exception:  # noqa: BLE001 - the parent sees the chunk fail and gives way
+                    done[i] = None
+                if done[i] is None:
+                    break
+            with os.fdopen(w, "wb") as f:
+                pickle.dump(done, f, protocol=pickle.HIGHEST_PROTOCOL)
+            code = 0
+        except BaseException:  # noqa: BLE001 - the parent decodes what is missing
+            code = 1
+        finally:
+            os._exit(code)
+
+    def finish(self, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Any] | None:
+        """Take chunks here until none is left, then gather the child's; ``(top,
+        is_array, sink)`` with every chunk's columns in file order, or None (a chunk
+        does not decode: the caller decodes in one process). The job is closed."""
+        lo, hi = self.arr_start, self.arr_end
+        mine: dict[int, Any] = {}
+        view = memoryview(self.mm)
+        try:
+            ok = True
+            while (i := self._take()) is not None:
+                try:
+                    mine[i] = self._decode(view, i)
+                except (TypeError, ValueError, AttributeError, KeyError):
+                    mine[i] = None  # one process meets the same value and words the error
+                if mine[i] is None:
+                    ok = False
+                    break
+                if progress is not None:  # every chunk before this one was taken before it
+                    progress.update(completed=min(self.bounds[i][1], hi) - lo, total=hi - lo)
             if not ok:
                 return None
-            payload = read_all(r)
-            r = -1
-            code = reap(pid, kill=False)
-            pid = 0
-            if code != 0 or not payload:
-                return None
-            try:
-                rest = pickle.loads(payload)
-            except Exception:  # noqa: BLE001 - not what the child meant to send
-                return None
-            del payload
-            if rest is None:
-                return None
-            sink.merge(rest)
+            theirs = self._gather()
+            sink = self.sink_factory(self._strings)
+            remaps: dict[int, Any] = {}
+            for i in range(len(self.bounds)):
+                part = mine.pop(i) if i in mine else theirs.pop(i, _MISSING)
+                if part is _MISSING:  # the child did not deliver it
+                    try:
+                        part = self._decode(view, i)
+                    except (TypeError, ValueError, AttributeError, KeyError):
+                        part = None
+                if part is None:
+                    return None
+                sink.merge(part, remaps)
+            if progress is not None:
+                progress.update(completed=hi - lo, total=hi - lo)
+            return self.top, self.is_array, sink
         finally:
-            if r >= 0:
-                os.close(r)
-            if pid:  # given up or interrupted: the child's work is not wanted
-                reap(pid, kill=True)
-    finally:
-        view.release()
-    if progress is not None:
-        progress.update(completed=arr_end - arr_start, total=arr_end - arr_start)
-    return top, is_array
+            view.release()
+            self.close()
+
+    def _gather(self) -> dict[int, Any]:
+        """The child's chunks (none when it died or sent something unreadable)."""
+        payload = read_all(self._results)
+        self._results = -1
+        code = reap(self.pid, kill=False)
+        self.pid = 0
+        if code != 0 or not payload:
+            return {}
+        try:
+            got = pickle.loads(payload)
+        except Exception:  # noqa: BLE001 - not what the child meant to send
+            return {}
+        return got if isinstance(got, dict) else {}
+
+    def close(self) -> None:
+        """Stop the child (if still running) and let the file go; safe to call twice."""
+        for fd in (self._queue, self._results):
+            if fd >= 0:
+                os.close(fd)
+        self._queue = self._results = -1
+        if self.pid:
+            reap(self.pid, kill=True)
+            self.pid = 0
+        with contextlib.suppress(BufferError):  # a view still held: the GC closes it later
+            self.mm.close()
+        self._file.close()
+
+    def matches(self, path: str) -> bool:
+        """Whether this job reads the file ``path`` names now (the same file, unchanged)."""
+        try:
+            return _identity(os.stat(path)) == self._stat
+        except (OSError, ValueError):
+            return False
 
 
-def _child(mm: mmap.mmap, view: memoryview, start: int, end: int, sink_factory: Callable[[], Any],
-           w: int) -> None:
-    """The forked child of :func:`decode_split`: decode ``[start, end)`` into a fresh sink,
-    write its ``export()`` (None when a chunk does not decode) to ``w`` and exit without
-    running any of the parent's exit handlers."""
-    code = 1
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+_MISSING = object()
+#: chunk indices in the queue pipe, 4 bytes each, must fit its 64 KiB before anyone reads
+_MAX_CHUNKS = 16_000
+_PREFETCHED: list[SplitDecode] = []
+
+
+def prefetch(path: str | os.PathLike[str], sink_factory: Callable[..., Any]) -> bool:
+    """Set the shared decoding of a large plain Kineto file going now (the command line
+    calls this before it imports pandas and the analyzers, so the child decodes while this
+    process imports); :func:`load_streamed` of the same, unchanged file takes it over.
+    A job never taken over is stopped at exit. True when a job was started.
+    ``sink_factory`` is the loader's (``EventColumns``)."""
     try:
-        sink = sink_factory()
-        ok = _feed(mm, view, start, end, sink, check_first=False, progress=None, total=(start, end))
-        with os.fdopen(w, "wb") as f:
-            pickle.dump(sink.export() if ok else None, f, protocol=pickle.HIGHEST_PROTOCOL)
-        code = 0
-    except BaseException:  # noqa: BLE001 - reported to the parent by the exit status
-        code = 1
-    finally:
-        os._exit(code)
+        p = os.fspath(path)
+        if not os.path.isfile(p) or os.path.getsize(p) < STREAM_MIN:
+            return False
+    except (OSError, TypeError, ValueError):
+        return False
+    job = SplitDecode.start(p, sink_factory)
+    if job is None:
+        return False
+    if not _PREFETCHED:
+        atexit.register(_drop_prefetched)
+    _PREFETCHED.append(job)
+    return True
+
+
+def _take_prefetched(path: str) -> SplitDecode | None:
+    for job in list(_PREFETCHED):
+        if job.matches(path):
+            _PREFETCHED.remove(job)
+            return job
+    return None
+
+
+def _drop_prefetched() -> None:
+    while _PREFETCHED:
+        _PREFETCHED.pop().close()
+
+
+def chunk_bounds(mm: mmap.mmap, arr_start: int, arr_end: int) -> list[tuple[int, int]]:
+    """The array body cut into ``[start, stop)`` pieces of about :data:`STREAM_CHUNK`
+    bytes, each from an event's ``{`` to just after an event's ``}``: a cut is a ``},``
+    followed by a newline and, after any blanks, the ``{`` of the next event (a nested
+    object closed by ``},`` and a newline is followed by a key's ``"`` instead)."""
+    out = []
+    pos = arr_start + 1
+    while True:
+        a = _skip_blank(mm, pos, arr_end)
+        if a >= arr_end:
+            return out
+        cut = mm.find(b"},\n", min(a + STREAM_CHUNK, arr_end), arr_end)
+        while cut >= 0 and not _opens_event(mm, cut + 3, arr_end):
+            cut = mm.find(b"},\n", cut + 3, arr_end)
+        stop = arr_end if cut < 0 else cut + 1
+        out.append((a, stop))
+        pos = stop + 1
+
+
+def _skip_blank(mm: mmap.mmap, pos: int, end: int) -> int:
+    while pos < end and mm[pos] in _SKIP:  # whitespace and the separating comma
+        pos += 1
+    return pos
+
+
+def _opens_event(mm: mmap.mmap, pos: int, end: int) -> bool:
+    head = mm[pos:min(pos + 256, end)].lstrip(b" \t\r\n")
+    return head[:1] == b"{"
+
+
+def _release(mm: mmap.mmap, a: int, stop: int) -> None:
+    """Drop the whole pages of ``[a, stop)`` from this process's memory (they were decoded)."""
+    page = mmap.ALLOCATIONGRANULARITY
+    lo, hi = -(-a // page) * page, (stop // page) * page
+    if hi > lo and hasattr(mm, "madvise"):
+        with contextlib.suppress(OSError, ValueError):
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _events_span(mm: mmap.mmap) -> tuple[int, int, dict[str, Any], bool] | None:
@@ -451,7 +716,7 @@ def _chunks(mm: mmap.mmap, view: memoryview, arr_start: int, arr_end: int):
         for _ in range(64):  # a cut inside an event (a nested object's "},"): try the next one
             stop = arr_end if cut < 0 else cut + 1
             try:
-                evs = _ARRAY_DECODER.decode(b"".join((b"[", view[a:stop], b"]")))
+                evs = decode_events(b"".join((b"[", view[a:stop], b"]")))
                 break
             except (msgspec.DecodeError, msgspec.ValidationError):
                 if cut < 0:
