@@ -318,3 +318,38 @@ def test_an_unknown_phase_decodes_as_events(tmp_path):
     assert len(ta.kernels) == len(tb.kernels) == 6
     assert ta.meta["events"] == 7 and tb.meta["events"] == 8
     pd.testing.assert_frame_equal(ta.kernels, tb.kernels)
+
+
+@pytest.mark.parametrize("path", KINETO, ids=lambda p: p.name)
+def test_tables_built_in_two_processes_equal_one(path, shared_traces, monkeypatch):
+    """Large traces build the ranges and the other tables in two processes: the same
+    tables and metadata (dropped rows, unmatched GPU events) as one process."""
+    one = kineto.load_kineto_json(path)
+    monkeypatch.setattr(kineto, "PARALLEL_EVENTS", 0)
+    forked = []
+    real = kineto.run_in_two
+    monkeypatch.setattr(kineto, "run_in_two", lambda tasks: forked.append(len(tasks)) or real(tasks))
+    _same(kineto.load_kineto_json(path), one)
+    assert forked == [2]
+
+
+def test_counters_of_both_parts_are_kept(tmp_path, monkeypatch):
+    """Rows without a ``ts`` dropped from the ranges and from the calls, and kernels no call
+    links to, are counted the same when the two parts are built apart (by hand: 2 + 1
+    dropped, 3 unmatched kernels)."""
+    evs = [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 2, "ts": 100 + i, "dur": 1}
+           for i in range(4)]
+    evs += [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 2, "dur": 1} for _ in range(2)]
+    evs += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 110 + i,
+             "dur": 1, "args": {"correlation": i + 1}} for i in range(2)]
+    evs += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "dur": 1,
+             "args": {"correlation": 9}}]
+    evs += [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 120 + i, "dur": 1,
+             "args": {"device": 0, "stream": 7, "correlation": c}} for i, c in enumerate((1, 2, 5, 6, 7))]
+    f = tmp_path / "counters.json"
+    f.write_text(json.dumps({"traceEvents": evs}))
+    one = kineto.load_kineto_json(f)
+    assert one.meta["dropped_events_without_ts"] == 3
+    assert one.meta["unmatched_gpu_events"] == 3 and len(one.kernels) == 5 and len(one.ranges) == 4
+    monkeypatch.setattr(kineto, "PARALLEL_EVENTS", 0)
+    _same(kineto.load_kineto_json(f), one)

@@ -9,6 +9,7 @@ is one line and exit 2 as well.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -17,7 +18,7 @@ import click
 from .. import __version__
 from ..errors import RecsysDoctorError
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 
 class _Group(click.Group):
@@ -65,6 +66,17 @@ def _register() -> None:
 
 
 _register()
+
+
+def run() -> None:
+    """The ``recsys-doctor`` program (and ``python -m recsys_doctor``): :func:`main`, then
+    the exit without the interpreter's last garbage collections over every object still
+    alive (a diagnosed trace leaves millions; 0.1-0.2 s of a large trace's run). Objects
+    are still freed and files closed as the interpreter tears down."""
+    try:
+        main(prog_name="recsys-doctor")
+    finally:
+        gc.freeze()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

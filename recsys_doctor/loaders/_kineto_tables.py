@@ -5,6 +5,7 @@ name."""
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -63,6 +64,22 @@ class Tables:
         self.t0: float | None = min(mins) if mins else None
         self.dropped = 0
         self.unmatched: dict[str, int] = {}
+
+    def fresh(self) -> "Tables":
+        """The same columns and origin, with counters of its own (dropped rows, unmatched
+        GPU events) for a part of the tables built apart."""
+        t = copy.copy(self)
+        t.dropped, t.unmatched = 0, {}
+        return t
+
+    def range_pids(self) -> set[int]:
+        """The processes of the ranges table's rows (those with a ``ts``), without building it."""
+        out: set[int] = set()
+        for bucket in _SOURCES:
+            if self.cols.size(bucket):
+                ts = self.cols.column(bucket, "ts")
+                out.update(np.unique(int_col(self.cols.column(bucket, "pid")[~np.isnan(ts)], -1)).tolist())
+        return out
 
     def ns(self, bucket: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(start_ns, end_ns, valid)``: rows with a missing ts are invalid."""

@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import gc
 import os
+from functools import partial
 from typing import Any
 
 import pandas as pd
 
+from .._fork import run_in_two
 from ..errors import TraceFormatError
 from ..model import Trace
 from ..progress import ProgressHandle
@@ -55,6 +57,10 @@ from ._kineto_decode import Event
 from ._kineto_tables import HostLink, Tables, copy_kind_from_name
 
 __all__ = ["load_kineto_json", "copy_kind_from_name"]
+
+#: traces with at least this many events build their ranges and their other tables in two
+#: processes (where a second CPU is ours)
+PARALLEL_EVENTS = 500_000
 
 # Above this a ts in µs is on the Unix epoch (1e14 µs is 1973); below it, it is relative.
 _EPOCH_US_THRESHOLD = 1e14
@@ -92,13 +98,15 @@ def _load(path: str, progress: ProgressHandle | None) -> Trace:
         cols = EventColumns()
         top, is_array = decode.decode_whole(path, cols)
     tables = Tables(cols)
-    api = tables.api()
-    ranges = tables.ranges()
-    # the host process of a GPU event no call links to: the only CPU process, else -1
-    cpu_pids = sorted({int(x) for df in (api, ranges) if len(df) for x in df["pid"].unique() if x >= 0})
-    link = HostLink(api, cpu_pids[0] if len(cpu_pids) == 1 else -1)
-    kernels, memcpys = tables.kernels(link), tables.memcpys(link)
-    memsets, syncs = tables.memsets(link), tables.syncs(link)
+    tasks = [partial(_ranges_part, tables), partial(_calls_and_gpu_part, tables)]
+    if cols.n_events >= PARALLEL_EVENTS:  # a forked process builds one of the two parts
+        parts = run_in_two(tasks)
+    else:
+        parts = [t() for t in tasks]
+    (ranges,), (api, kernels, memcpys, memsets, syncs, cpu_pids) = (p[0] for p in parts)
+    for _, dropped, unmatched in parts:
+        tables.dropped += dropped
+        tables.unmatched.update(unmatched)
     threads, process_names = _threads(cols.meta_events, set(cpu_pids))
     used_devices = sorted({int(d) for df in (kernels, memcpys, memsets, syncs) if len(df)
                            for d in df["device"].unique() if d >= 0})
@@ -106,6 +114,27 @@ def _load(path: str, progress: ProgressHandle | None) -> Trace:
     return Trace(path=path, format="kineto-json", kernels=kernels, memcpys=memcpys, memsets=memsets,
                  api=api, syncs=syncs, ranges=ranges, threads=threads, devices=_devices(top, used_devices),
                  meta=meta)
+
+
+def _ranges_part(tables: Tables) -> tuple[tuple[pd.DataFrame], int, dict[str, int]]:
+    """The ranges table, with the rows it dropped and (none) unmatched: one of the two
+    independent parts of the tables (:func:`_load` may build them in two processes, so
+    each works on its own copy of the counters and returns them)."""
+    t = tables.fresh()
+    return (t.ranges(),), t.dropped, t.unmatched
+
+
+def _calls_and_gpu_part(tables: Tables) -> tuple[tuple[Any, ...], int, dict[str, int]]:
+    """The API calls and the GPU tables (each GPU event's host process is found through
+    the calls), with the CPU processes, the rows dropped and the GPU events unmatched."""
+    t = tables.fresh()
+    api = t.api()
+    # the host process of a GPU event no call links to: the only CPU process, else -1
+    api_pids = {int(x) for x in api["pid"].unique()} if len(api) else set()
+    cpu_pids = sorted(p for p in api_pids | t.range_pids() if p >= 0)
+    link = HostLink(api, cpu_pids[0] if len(cpu_pids) == 1 else -1)
+    gpu = (t.kernels(link), t.memcpys(link), t.memsets(link), t.syncs(link))
+    return (api, *gpu, cpu_pids), t.dropped, t.unmatched
 
 
 def _threads(meta_events: list[Event], cpu_pids: set[int]) -> tuple[pd.DataFrame, dict[str, str]]:
