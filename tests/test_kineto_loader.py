@@ -14,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from conftest import shared_files
@@ -510,3 +511,27 @@ def test_whitespace_only_file(tmp_path: Path) -> None:
     p = tmp_path / "blank.json"
     p.write_text("  \n ")
     _assert_format_error(p, "empty")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Spans", float("nan")), ("PyTorch Profiler", float("nan")), ("", float("nan")), ("N/A", float("nan")),
+    ("Ⅻ", float("nan")), ("inf", float("inf")), ("-Infinity", float("-inf")), ("stream 7", 7.0),
+    (" 12 ", 12.0), ("1e3", 1000.0)])
+def test_number_columns_read_text_as_pandas_does(text, expected):
+    """A number column holding text (the profiler's own span: ``"pid": "Spans"``): text
+    with no number in it is missing, "inf" is infinity, "stream 7" is 7 (pandas'
+    ``to_numeric``, then the last integer of the text); the values beside it are kept."""
+    import subprocess
+    import sys
+
+    from recsys_doctor.loaders._kineto_columns import num
+
+    got = num([text, 3, None, 2.5, 1669783687464181])
+    assert np.isnan(got[2]) and got[1] == 3.0 and got[3] == 2.5 and got[4] == 1669783687464181.0
+    assert (np.isnan(got[0]) and np.isnan(expected)) or got[0] == expected
+    # text with no number in it is read without pandas (the forked decoder has none)
+    if np.isnan(expected) and text != "Ⅻ":
+        code = ("import sys; from recsys_doctor.loaders._kineto_columns import num; "
+                f"num([{text!r}, 3]); print('pandas' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.stdout.strip() == "False", out.stderr

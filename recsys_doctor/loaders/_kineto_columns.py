@@ -13,6 +13,7 @@ imported) needs numpy alone.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -224,6 +225,11 @@ def num(values: list[Any]) -> np.ndarray:
             return a
     except (TypeError, ValueError):
         pass
+    # text that cannot hold a number (the profiler span's "pid": "Spans") is missing, as
+    # the general way below has it; pandas is not needed for that
+    if all(v is None or type(v) in (int, float) or (type(v) is str and _no_number_in(v)) for v in values):
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return np.array([None if type(v) is str else v for v in values], dtype=np.float64)
     import pandas as pd
 
     s = pd.Series(values, dtype=object)
@@ -233,6 +239,11 @@ def num(values: list[Any]) -> np.ndarray:
     if bad.any():
         out[bad] = pd.to_numeric(s[bad].str.extract(r"^\D*?(-?\d+)\s*$")[0], errors="coerce")
     return out.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _no_number_in(text: str) -> bool:
+    """No digit of any script, no "inf" (which pandas reads as infinity)."""
+    return not any(c.isnumeric() for c in text) and "inf" not in text.lower()
 
 
 def int_col(a: np.ndarray, fill: int) -> np.ndarray:
