@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["second_cpu", "fork", "run_in_two"]
+__all__ = ["second_cpu", "fork", "fork_with_queue", "load_results", "run_in_two"]
 
 
 def second_cpu() -> bool:
@@ -63,6 +63,41 @@ def reap(pid: int, *, kill: bool) -> int | None:
     return None
 
 
+def fork_with_queue(queue: bytes, child: Callable[[int, int], Any]) -> tuple[int, int, int] | None:
+    """Fork a child that shares a work queue with this process: ``queue`` is written to a
+    pipe both read from (the kernel hands each read's bytes to one reader only, so each
+    takes the next items not yet taken; a read past the end gives b""). The child runs
+    ``child(queue_fd, results_fd)``, which must not return (it ends with :func:`os._exit`);
+    here ``(pid, queue_fd, results_fd)``, or None when the system refuses the fork.
+    ``queue`` must fit the pipe's buffer (64 KiB): it is written before anyone reads."""
+    qr, qw = os.pipe()
+    os.write(qw, queue)
+    os.close(qw)  # the queue is full
+    rr, rw = os.pipe()
+    try:
+        pid = fork()
+    except OSError:
+        for fd in (qr, rr, rw):
+            os.close(fd)
+        return None
+    if pid == 0:  # the child: never returns
+        os.close(rr)
+        child(qr, rw)
+        os._exit(1)  # pragma: no cover - child() leaves by os._exit itself
+    os.close(rw)
+    return pid, qr, rr
+
+
+def load_results(payload: bytes) -> dict[int, Any]:
+    """A child's pickled ``{index: result}``; empty when it sent nothing or something
+    unreadable (a truncated payload: the child died writing it)."""
+    try:
+        got = pickle.loads(payload) if payload else {}
+    except Exception:  # noqa: BLE001 - not what the child meant to send
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None] | None = None,
                order: Sequence[int] | None = None) -> list[Any]:
     """``[t() for t in tasks]``, with a forked child taking tasks too: each process claims
@@ -80,20 +115,10 @@ def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None
         raise ValueError("order must be a permutation of the task indices")
     if n < 2 or n > 255 or not second_cpu():
         return _in_order(tasks, {}, on_done)
-    qr, qw = os.pipe()
-    os.write(qw, bytes(range(n) if order is None else order))  # <= 255 bytes: one write, never blocks
-    os.close(qw)  # the queue is full; a read past its end gives b""
-    rr, rw = os.pipe()
-    try:
-        pid = fork()
-    except OSError:
-        for fd in (qr, rr, rw):
-            os.close(fd)
+    started = fork_with_queue(bytes(range(n) if order is None else order), lambda qr, rw: _child(tasks, qr, rw))
+    if started is None:
         return _in_order(tasks, {}, on_done)
-    if pid == 0:  # the child: never returns
-        os.close(rr)
-        _child(tasks, qr, rw)
-    os.close(rw)
+    pid, qr, rr = started
     results: dict[int, Any] = {}
     try:
         while (b := os.read(qr, 1)):
@@ -110,7 +135,7 @@ def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None
             rr = -1
             reap(pid, kill=False)
             pid = 0
-            for i, v in sorted(_loads(payload).items()):
+            for i, v in sorted(load_results(payload).items()):
                 try:
                     results[i] = pickle.loads(v)
                 except Exception:  # noqa: BLE001 - run here instead
@@ -146,14 +171,6 @@ def _in_order(tasks: Sequence[Callable[[], Any]], results: dict[int, Any],
             raise r.error
         out.append(r)
     return out
-
-
-def _loads(payload: bytes) -> dict[int, bytes]:
-    try:
-        got = pickle.loads(payload) if payload else {}
-    except Exception:  # noqa: BLE001 - a truncated payload: the child died writing it
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 def _child(tasks: Sequence[Callable[[], Any]], qr: int, rw: int) -> None:

@@ -40,7 +40,7 @@ from typing import Any, Union
 
 import msgspec
 
-from .._fork import fork, read_all, reap, second_cpu
+from .._fork import fork_with_queue, load_results, read_all, reap, second_cpu
 from ..errors import BadInputError, TraceFormatError
 from ..progress import ProgressHandle
 
@@ -62,8 +62,8 @@ class Args(msgspec.Struct, gc=False, frozen=True):
 EMPTY_ARGS = Args()
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: str | None = None
+class _Fields(msgspec.Struct, gc=False):
+    """The fields the loader reads of an event (absent: None), its phase aside."""
     cat: str | None = None
     name: Any = None
     pid: Any = None
@@ -73,27 +73,19 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = EMPTY_ARGS  # explicit null stays None
 
 
-class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+class Event(_Fields, gc=False):
+    """Any event, its phase a field (the way a batch with a phase outside the Trace Event
+    Format, or none, is decoded)."""
+    ph: str | None = None
+
+
+class Complete(_Fields, gc=False, tag_field="ph", tag="X"):
     """A complete event (``"ph": "X"``) of a batch decoded by phase (:func:`decode_events`):
-    the fields of :class:`Event` but ``ph``, which its type says."""
-    cat: str | None = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: Args | None = EMPTY_ARGS
+    its type says its phase."""
 
 
-class Metadata(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+class Metadata(_Fields, gc=False, tag_field="ph", tag="M"):
     """A metadata event (``"ph": "M"``: thread and process names), likewise."""
-    cat: str | None = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: Args | None = EMPTY_ARGS
 
 
 #: the other phases of the Trace Event Format (flows, instants, counters, async events,
@@ -441,22 +433,15 @@ class SplitDecode:
         return job
 
     def _fork(self) -> bool:
-        qr, qw = os.pipe()
-        os.write(qw, b"".join(i.to_bytes(4, "little") for i in range(len(self.bounds))))  # < 64 KiB: never blocks
-        os.close(qw)  # the queue is full; a read past its end gives b""
-        rr, rw = os.pipe()
-        try:
-            pid = fork()
-        except OSError:
-            for fd in (qr, rr, rw):
-                os.close(fd)
-            return False
-        if pid == 0:  # the child: never returns
-            os.close(rr)
+        def child(qr: int, rw: int) -> None:
             self._queue = qr
             self._child(rw)
-        os.close(rw)
-        self.pid, self._queue, self._results = pid, qr, rr
+
+        queue = b"".join(i.to_bytes(4, "little") for i in range(len(self.bounds)))  # < 64 KiB
+        started = fork_with_queue(queue, child)
+        if started is None:
+            return False
+        self.pid, self._queue, self._results = started
         return True
 
     def _take(self) -> int | None:
@@ -551,13 +536,7 @@ class SplitDecode:
         self._results = -1
         code = reap(self.pid, kill=False)
         self.pid = 0
-        if code != 0 or not payload:
-            return {}
-        try:
-            got = pickle.loads(payload)
-        except Exception:  # noqa: BLE001 - not what the child meant to send
-            return {}
-        return got if isinstance(got, dict) else {}
+        return load_results(payload) if code == 0 else {}
 
     def close(self) -> None:
         """Stop the child (if still running) and let the file go; safe to call twice."""
