@@ -216,33 +216,32 @@ def _wrapped_bootstrap(orig: Any) -> Any:
 def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
     """(hashable key, flat tensor list) or None when an argument is not graph-friendly."""
     tensors: list[Any] = []
-    parts: list[Any] = []
-
-    T = torch.Tensor
-
-    def rec(x: Any) -> Any:
-        if isinstance(x, T):
-            dev = x.get_device()  # -1 on the CPU; cheaper than x.device.index
-            if dev < 0:
-                raise TypeError("a CPU tensor argument")
-            tensors.append(x)
-            # no strides: the static inputs keep the first call's layout and
-            # _foreach_copy_ copies any layout into them
-            return (x.dtype, x.shape, dev)
-        if isinstance(x, (list, tuple)):
-            return (type(x).__name__, tuple(rec(v) for v in x))
-        if isinstance(x, dict):
-            return ("dict", tuple((k, rec(x[k])) for k in sorted(x)))
-        if x is None or isinstance(x, (int, float, bool, str)):
-            return ("C", x)
-        raise TypeError(f"an argument of type {type(x).__name__}")
-
     try:
-        parts.append(rec(args))
-        parts.append(rec(kwargs))
+        parts = (_key_part(torch.Tensor, args, tensors), _key_part(torch.Tensor, kwargs, tensors))
     except TypeError:
         return None
-    return (id(module), tuple(parts)), tensors
+    return (id(module), parts), tensors
+
+
+def _key_part(T: type, x: Any, tensors: list[Any]) -> Any:
+    # a module-level function, not a nested one: a recursive closure is a reference cycle
+    # (function -> cell -> function) that kept every call's tensor list, and so the
+    # script's input tensors, alive until the cyclic garbage collector ran
+    if isinstance(x, T):
+        dev = x.get_device()  # -1 on the CPU; cheaper than x.device.index
+        if dev < 0:
+            raise TypeError("a CPU tensor argument")
+        tensors.append(x)
+        # no strides: the static inputs keep the first call's layout and
+        # _foreach_copy_ copies any layout into them
+        return (x.dtype, x.shape, dev)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple([_key_part(T, v, tensors) for v in x]))
+    if isinstance(x, dict):
+        return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in sorted(x)]))
+    if x is None or isinstance(x, (int, float, bool, str)):
+        return ("C", x)
+    raise TypeError(f"an argument of type {type(x).__name__}")
 
 
 def _rebuild(torch: Any, x: Any, it: Any) -> Any:
