@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["second_cpu", "fork", "fork_with_queue", "load_results", "run_in_two"]
+__all__ = ["second_cpu", "fork", "fork_with_queue", "serve_queue", "load_results", "run_in_two"]
 
 
 def second_cpu() -> bool:
@@ -80,10 +80,12 @@ def fork_with_queue(queue: bytes, child: Callable[[int, int], Any]) -> tuple[int
         for fd in (qr, rr, rw):
             os.close(fd)
         return None
-    if pid == 0:  # the child: never returns
-        os.close(rr)
-        child(qr, rw)
-        os._exit(1)  # pragma: no cover - child() leaves by os._exit itself
+    if pid == 0:  # the child: never returns, not even when child() raises
+        try:
+            os.close(rr)
+            child(qr, rw)
+        finally:
+            os._exit(1)  # pragma: no cover - child() leaves by os._exit itself
     os.close(rw)
     return pid, qr, rr
 
@@ -173,22 +175,38 @@ def _in_order(tasks: Sequence[Callable[[], Any]], results: dict[int, Any],
     return out
 
 
-def _child(tasks: Sequence[Callable[[], Any]], qr: int, rw: int) -> None:
-    """The forked child of :func:`run_in_two`: claim and run tasks until none is left,
-    then write ``{index: pickled result}`` of those that ran and pickled, and exit."""
+def serve_queue(take: Callable[[], int | None], run: Callable[[int], Any], results_fd: int) -> None:
+    """The loop of a child started by :func:`fork_with_queue`: ``results[i] = run(i)`` for
+    each index ``take()`` claims, until none is left, ``run`` raises (that index has no
+    result) or returns None (kept: the parent sees it); then ``{index: result}`` is written
+    pickled to ``results_fd`` and the child exits (code 0, or 1 when anything else failed).
+    Never returns: no exit handler of the parent runs in the child."""
     code = 1
     try:
-        done: dict[int, bytes] = {}
-        while (b := os.read(qr, 1)):
-            i = b[0]
+        done: dict[int, Any] = {}
+        while (i := take()) is not None:
             try:
-                done[i] = pickle.dumps(tasks[i](), protocol=pickle.HIGHEST_PROTOCOL)
+                r = run(i)
             except Exception:  # noqa: BLE001 - the parent runs it again and sees the error
                 break  # and the rest of the queue (it reads it to its end)
-        with os.fdopen(rw, "wb") as f:
+            done[i] = r
+            if r is None:
+                break
+        with os.fdopen(results_fd, "wb") as f:
             pickle.dump(done, f, protocol=pickle.HIGHEST_PROTOCOL)
         code = 0
     except BaseException:  # noqa: BLE001 - the parent runs what is missing
         code = 1
     finally:
         os._exit(code)
+
+
+def _child(tasks: Sequence[Callable[[], Any]], qr: int, rw: int) -> None:
+    """The forked child of :func:`run_in_two`: claim and run tasks until none is left,
+    then send ``{index: pickled result}`` of those that ran and pickled, and exit."""
+
+    def take() -> int | None:
+        b = os.read(qr, 1)
+        return b[0] if b else None
+
+    serve_queue(take, lambda i: pickle.dumps(tasks[i](), protocol=pickle.HIGHEST_PROTOCOL), rw)

@@ -31,7 +31,6 @@ import gzip
 import json
 import mmap
 import os
-import pickle
 import shutil
 import tempfile
 import zlib
@@ -40,7 +39,7 @@ from typing import Any, Union
 
 import msgspec
 
-from .._fork import fork_with_queue, load_results, read_all, reap, second_cpu
+from .._fork import fork_with_queue, load_results, read_all, reap, second_cpu, serve_queue
 from ..errors import BadInputError, TraceFormatError
 from ..progress import ProgressHandle
 
@@ -469,25 +468,16 @@ class SplitDecode:
         """The forked child: decode chunks until none is left (or one does not decode),
         write ``{index: columns or None}`` to ``w`` and exit without running any of the
         parent's exit handlers."""
-        code = 1
-        try:
-            gc.disable()  # the structs are not tracked; what else is made lives until exit
-            view = memoryview(self.mm)
-            done: dict[int, Any] = {}
-            while (i := self._take()) is not None:
-                try:
-                    done[i] = self._decode(view, i)
-                except Exception:  # noqa: BLE001 - the parent sees the chunk fail and gives way
-                    done[i] = None
-                if done[i] is None:
-                    break
-            with os.fdopen(w, "wb") as f:
-                pickle.dump(done, f, protocol=pickle.HIGHEST_PROTOCOL)
-            code = 0
-        except BaseException:  # noqa: BLE001 - the parent decodes what is missing
-            code = 1
-        finally:
-            os._exit(code)
+        gc.disable()  # the structs are not tracked; what else is made lives until exit
+        view = memoryview(self.mm)
+
+        def run(i: int) -> Any:
+            try:
+                return self._decode(view, i)
+            except Exception:  # noqa: BLE001 - the parent sees the chunk fail and gives way
+                return None
+
+        serve_queue(self._take, run, w)
 
     def finish(self, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Any] | None:
         """Take chunks here until none is left, then gather the child's; ``(top,
