@@ -6,8 +6,12 @@ numpy-backed pandas columns (integer ids, strings left as ``StringIds`` codes so
 engine does the same work) and, for the strings, the ``StringIds`` table once. Each
 candidate runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its own.
 
-    python bench/engines.py FILE [--engines sqlite3,adbc,connectorx,polars,duckdb]
+    python bench/engines.py FILE [--engines sqlite3,adbc,pages,connectorx,polars,duckdb]
         [--python-for duckdb=/path/to/venv/bin/python] [--out bench/results/engines.json]
+
+``pages`` is recsys-doctor's own page reader (``recsys_doctor.loaders._sqlite_pages``,
+one thread here like the others; the loader runs two), with ``StringIds`` (text) read
+through sqlite3 as the loader does.
 
 A candidate whose module is not importable by the interpreter given for it is reported
 as ``unavailable`` with the import error, never silently dropped.
@@ -61,6 +65,27 @@ elif engine == "adbc":
             cur.execute(f"SELECT {cols} FROM {tab}")
             df = cur.fetch_arrow_table().to_pandas()
             rows += len(df); keep.append(df)
+elif engine == "pages":
+    import sqlite3, pandas as pd
+    from recsys_doctor.loaders._sqlite_pages import PageFile
+    con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    pf = PageFile(path)
+    roots = dict(con.execute("select name, rootpage from sqlite_master where type = 'table'").fetchall())
+    for tab, cols in queries.items():
+        if tab not in roots:
+            continue
+        if tab == "StringIds":
+            df = pd.read_sql_query(f"SELECT {cols} FROM {tab}", con)
+        else:
+            names = [r[1] for r in con.execute(f"PRAGMA table_info({tab})")]
+            want = [c.strip().strip('"') for c in cols.split(",")]
+            pos = [names.index(c) for c in want]
+            parts = [pf.read(run, pos) for run in pf.runs(roots[tab], 1_000_000)]
+            df = pd.DataFrame({c: (pd.concat([pd.Series(pd.arrays.IntegerArray(*p[i])) if p[i][1] is not None
+                                              else pd.Series(p[i][0]) for p in parts], ignore_index=True)
+                                   if parts else pd.Series([], dtype="int64"))
+                               for c, i in zip(want, pos)})
+        rows += len(df); keep.append(df)
 elif engine in ("connectorx", "polars"):
     import sqlite3
     if engine == "connectorx":
@@ -91,7 +116,7 @@ print(json.dumps({"seconds": round(el, 3), "rows": rows,
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
 '''
 
-IMPORTS = {"sqlite3": "pandas", "adbc": "adbc_driver_sqlite", "connectorx": "connectorx", "polars": "polars",
+IMPORTS = {"sqlite3": "pandas", "adbc": "adbc_driver_sqlite", "pages": "recsys_doctor.loaders._sqlite_pages", "connectorx": "connectorx", "polars": "polars",
            "duckdb": "duckdb_ext"}
 
 
@@ -113,14 +138,14 @@ def run_one(python: str, engine: str, path: Path, repeat: int) -> dict:
 
 
 def _dist(engine: str) -> str:
-    return {"sqlite3": "pandas", "adbc": "adbc-driver-sqlite", "connectorx": "connectorx", "polars": "polars",
+    return {"sqlite3": "pandas", "adbc": "adbc-driver-sqlite", "pages": "recsys-doctor", "connectorx": "connectorx", "polars": "polars",
             "duckdb": "duckdb"}[engine]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", type=Path)
-    ap.add_argument("--engines", default="sqlite3,adbc,connectorx,polars,duckdb")
+    ap.add_argument("--engines", default="sqlite3,adbc,pages,connectorx,polars,duckdb")
     ap.add_argument("--python-for", action="append", default=[], metavar="ENGINE=PYTHON",
                     help="interpreter (of a venv) that has this engine installed")
     ap.add_argument("--repeat", type=int, default=2)

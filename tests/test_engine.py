@@ -1,6 +1,7 @@
-"""The nsys loader's engines agree: ADBC (Arrow, the default) and the standard library's
-sqlite3 through pandas (the previous loader path), read in rowid chunks or whole, give the
-same canonical tables on every shared export; each table is compared column by column."""
+"""The nsys loader's engines agree: the page reader (the default), ADBC (Arrow) and the
+standard library's sqlite3 through pandas (the first loader path), read in chunks or
+whole, give the same canonical tables on every shared export; each table is compared
+column by column."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.parametrize("path", NSYS, ids=lambda p: p.name)
-def test_adbc_equals_sqlite3(path, shared_traces):
-    _same(load_nsys_sqlite(path, engine="adbc"), load_nsys_sqlite(path, engine="sqlite3"))
+def test_engines_equal_sqlite3(path, shared_traces):
+    ref = load_nsys_sqlite(path, engine="sqlite3")
+    _same(load_nsys_sqlite(path, engine="adbc"), ref)
+    _same(load_nsys_sqlite(path, engine="pages"), ref)
 
 
 @pytest.mark.parametrize("path", NSYS[:3] + [p for p in NSYS if "DLProf" in p.name], ids=lambda p: p.name)
@@ -50,11 +53,13 @@ def test_mixed_type_column_falls_back(tmp_path):
                     + [(5000, 5001, 1000 << 24, "kernel named in place")])
     con.commit()
     con.close()
-    tr = load_nsys_sqlite(p, engine="adbc")
-    names = tr.kernels["name"].astype(object)
-    assert (names == "void gemm<float>(float*)").sum() == 2003  # 3 original rows with id 3 + 2,000
-    assert (names == "kernel named in place").sum() == 1
-    _same(tr, load_nsys_sqlite(p, engine="sqlite3"))
+    ref = load_nsys_sqlite(p, engine="sqlite3")
+    for engine in ("adbc", "pages"):  # the page reader refuses the text, then ADBC does
+        tr = load_nsys_sqlite(p, engine=engine)
+        names = tr.kernels["name"].astype(object)
+        assert (names == "void gemm<float>(float*)").sum() == 2003  # 3 original rows with id 3 + 2,000
+        assert (names == "kernel named in place").sum() == 1
+        _same(tr, ref)
 
 
 def test_progress_advances_per_chunk(shared_traces, monkeypatch):

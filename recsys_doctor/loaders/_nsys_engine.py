@@ -1,5 +1,7 @@
-"""The engines that run the nsys loader's big ``SELECT``s: ADBC (Arrow) by default, the
-standard library's sqlite3 as the fallback.
+"""The engines that run the nsys loader's big ``SELECT``s: the file's pages read directly
+(:mod:`._sqlite_pages`) where a ``SELECT`` only picks integer columns of one table, ADBC
+(Arrow) for the rest and for rows the page reader refuses, the standard library's sqlite3
+as the last fallback.
 
 The ADBC SQLite driver steps SQLite and builds Arrow buffers in C without holding the
 GIL, so two reads on two connections use two cores; integer columns come out of Arrow
@@ -10,7 +12,9 @@ has the measurements against sqlite3, connectorx, Polars and DuckDB.
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +22,7 @@ import pandas as pd
 
 from ._nsys_file import one_line
 
-__all__ = ["Engine", "adbc_available", "TEXT_COLUMNS"]
+__all__ = ["Engine", "adbc_available", "TEXT_COLUMNS", "PlainSelect", "plain_select", "page_frame"]
 
 #: the only columns the big SELECTs return as text (NVTX's inline text); every other
 #: column is an integer (an id, a code, a time)
@@ -102,3 +106,61 @@ class Engine:
                for f in tab.schema if f.name not in TEXT_COLUMNS):
             return None
         return arrow_to_pandas(tab)
+
+
+_SELECT = re.compile(r"^SELECT (.+) FROM (\w+) (\w+)$", re.DOTALL)
+_ITEM = re.compile(r'^(?:(\w+)\.(?:"([^"]+)"|(\w+))|(NULL)|(-?\d+)) AS (?:"(\w+)"|(\w+))$')
+
+
+@dataclass(frozen=True)
+class PlainSelect:
+    """A ``SELECT`` of one table's columns, renamed, and integer constants: what the page
+    reader can answer. ``items``: (output name, column name or None, constant or None)."""
+
+    table: str
+    alias: str
+    items: tuple[tuple[str, str | None, int | None], ...]
+
+
+def plain_select(sql: str) -> PlainSelect | None:
+    """``sql`` as a :class:`PlainSelect`, or None where it does anything else (a join, an
+    expression, a filter)."""
+    m = _SELECT.match(sql)
+    if m is None:
+        return None
+    items = []
+    for part in m.group(1).split(", "):
+        it = _ITEM.match(part.strip())
+        if it is None:
+            return None
+        alias, quoted, bare, null, const, out_q, out_b = it.groups()
+        if alias is not None and alias != m.group(3):
+            return None
+        items.append((out_q or out_b, quoted or bare, None if null else (int(const) if const is not None else None)))
+    return PlainSelect(m.group(2), m.group(3), tuple(items))
+
+
+def page_frame(sel: PlainSelect, position: dict[str, int], read: Any) -> pd.DataFrame:
+    """The frame ADBC would return for ``sel``, from the page reader: ``position`` maps a
+    column name to its place in the records, ``read(positions)`` returns {place: (int64
+    values, NULL mask or None)}. Columns without NULLs are int64, with some NULLs nullable
+    ``Int64``, all NULL (or a NULL constant) objects holding None, as in
+    :func:`arrow_to_pandas`."""
+    got = read(sorted({position[c] for _, c, _ in sel.items if c is not None}))
+    n = len(next(iter(got.values()))[0]) if got else None
+    cols: dict[str, Any] = {}
+    for out, col, const in sel.items:
+        if col is not None:
+            v, nulls = got[position[col]]
+            if nulls is None:
+                cols[out] = pd.Series(v, dtype=np.int64, copy=False)
+            elif nulls.all():
+                cols[out] = pd.Series([None] * len(v), dtype=object)
+            else:
+                cols[out] = pd.Series(pd.arrays.IntegerArray(v, nulls))
+        else:
+            if n is None:
+                raise ValueError("a SELECT of constants only")
+            cols[out] = (pd.Series(np.full(n, const, np.int64)) if const is not None
+                         else pd.Series([None] * n, dtype=object))
+    return pd.DataFrame(cols, copy=False)

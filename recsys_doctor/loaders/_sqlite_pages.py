@@ -1,0 +1,383 @@
+"""The integer columns of an SQLite table read straight from the file's pages, with numpy.
+
+An nsys export's big tables (runtime API calls, copies, kernels...) hold only integers.
+SQLite returns them one value at a time through its virtual machine and the ADBC driver
+builds Arrow arrays from those values: most of a large export's load time. The file
+format is public and stable (https://www.sqlite.org/fileformat2.html): a table is a
+b-tree of pages, its rows are records in the leaf pages, a record is a header of "serial
+types" (how each value is stored) followed by the values, big-endian. This module walks
+the b-tree and decodes whole columns at once: one numpy operation per column and step
+over every row of a chunk (gathers through byte-offset views of the memory-mapped file),
+no Python per row or per page, and numpy releases the GIL while it works, so two chunks
+decode on two cores.
+
+It decodes only what it can prove it reads right and raises :class:`Unsupported`
+otherwise; the loader then reads those rows through SQLite, which gives the same values.
+Unsupported: a database in WAL mode, a table that is not a rowid b-tree, a row whose
+payload spills to overflow pages, a value in a wanted column that is not an integer or
+NULL (text, blob, float), a row with fewer columns than the wanted ones (added by
+``ALTER TABLE`` since), a header type too long for one byte, and anything malformed
+(page numbers outside the file, pages of the wrong kind, cells outside their page).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["PageFile", "Unsupported", "LeafRun"]
+
+_MAGIC = b"SQLite format 3\x00"
+_LEAF, _INTERIOR = 13, 5  # page types of a table b-tree
+#: bytes a value takes, by serial type (0 NULL, 1-6 integers of 1/2/3/4/6/8 bytes, 7 a
+#: float, 8 and 9 the constants 0 and 1 with no bytes, 10/11 reserved, 12+ blob/text)
+_SIZE = np.zeros(256, np.int64)
+_SIZE[1:8] = (1, 2, 3, 4, 6, 8, 8)
+_SIZE[12:128] = (np.arange(12, 128) - 12) // 2
+#: serial types a wanted (integer) column may hold
+_INT_TYPES = (0, 1, 2, 3, 4, 5, 6, 8, 9)
+_NOT_INT = np.ones(256, bool)
+_NOT_INT[list(_INT_TYPES)] = False
+#: a value is read as the 8 bytes ending at its last byte, shifted left then right
+#: (arithmetically) by this many bits: what is left is the value, sign-extended
+_SHIFT = np.zeros(256, np.int64)
+_SHIFT[1:7] = 64 - 8 * _SIZE[1:7]
+_NO_BYTES = np.zeros(256, bool)
+_NO_BYTES[[0, 8, 9]] = True
+
+
+class Unsupported(Exception):
+    """These pages hold something this reader does not decode; read them through SQLite."""
+
+
+@dataclass(frozen=True)
+class LeafRun:
+    """Consecutive leaf pages of one table (in b-tree order) and their row count: what
+    one chunk of the load reads. ``rowids`` is the first and last rowid, so the same rows
+    can be selected through SQLite (``rowid BETWEEN``) when :meth:`PageFile.read` refuses."""
+
+    pages: np.ndarray
+    cells: np.ndarray
+    rowids: tuple[int, int]
+
+    @property
+    def rows(self) -> int:
+        return int(self.cells.sum())
+
+
+class PageFile:
+    """An SQLite database file, memory-mapped, read page by page (read-only)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        with open(Path(path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 512:
+                raise Unsupported("smaller than one page")
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        b = self._mm
+        if b[:16] != _MAGIC:
+            raise Unsupported("not an SQLite 3 file")
+        psz = int.from_bytes(b[16:18], "big")
+        self.page_size = 65536 if psz == 1 else psz
+        if self.page_size < 512 or self.page_size & (self.page_size - 1):
+            raise Unsupported(f"page size {psz}")
+        if b[18] != 1 or b[19] != 1:  # 2 = WAL: committed rows may still sit in the -wal file
+            raise Unsupported("not a rollback-journal database (WAL)")
+        self.usable = self.page_size - b[20]
+        if size % self.page_size:
+            raise Unsupported("size not a whole number of pages")
+        self.n_pages = size // self.page_size
+        self.size = size
+        self.u8 = np.frombuffer(b, np.uint8)
+        # byte-offset views: element i is the big-endian number starting at byte i
+        self.be16 = np.ndarray((size - 1,), ">u2", buffer=b, strides=(1,))
+        self.be32 = np.ndarray((size - 3,), ">u4", buffer=b, strides=(1,))
+        self.be64 = np.ndarray((size - 7,), ">i8", buffer=b, strides=(1,))
+        self.be16_even = np.frombuffer(b, ">u2")  # element i: the bytes 2i, 2i+1
+
+    def close(self) -> None:
+        for name in ("u8", "be16", "be32", "be64", "be16_even"):
+            self.__dict__.pop(name, None)
+        try:
+            self._mm.close()
+        except BufferError:  # a caller still holds a view: the map goes with the last one
+            pass
+
+    # --- the b-tree --------------------------------------------------------------
+    def _header_at(self, pages: np.ndarray) -> np.ndarray:
+        """Byte offset of each page's b-tree header (page 1 starts with the file header)."""
+        return (pages - 1) * self.page_size + np.where(pages == 1, 100, 0)
+
+    def _check_pages(self, pages: np.ndarray) -> None:
+        if len(pages) and (pages.min() < 1 or pages.max() > self.n_pages):
+            raise Unsupported("page number outside the file")
+
+    def _cell_offsets(self, pages: np.ndarray, hdr: np.ndarray, first: int, header: int) -> np.ndarray:
+        """File offset of every cell of ``pages``, in page order then cell order.
+        ``first``: the fewest bytes a cell has; ``header``: the b-tree header's size (8 for
+        a leaf, 12 for an interior page)."""
+        n = self.be16[hdr + 3].astype(np.int64)
+        total = int(n.sum())
+        if not total:
+            return np.zeros(0, np.int64)
+        base = (pages - 1) * self.page_size
+        lo = hdr - base + header + 2 * n  # where a page's cell area may begin
+        if (lo > self.usable).any():
+            raise Unsupported("more cells than a page holds")
+        # the cell pointer array (2-byte big-endian, at an even offset: page starts and
+        # headers are even) read through the aligned 16-bit view
+        starts = np.cumsum(n) - n
+        seq = np.repeat((hdr + header) // 2 - starts, n)
+        seq += np.arange(total, dtype=np.int64)
+        ptr = self.be16_even[seq].astype(np.int64)
+        has = n > 0
+        if ((np.minimum.reduceat(ptr, starts[has]) < lo[has]).any()
+                or (np.maximum.reduceat(ptr, starts[has]) + first > self.usable).any()):
+            raise Unsupported("a cell outside its page")
+        ptr += np.repeat(base, n)
+        return ptr
+
+    def leaves(self, root: int) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf pages of the table b-tree at ``root``, in key (rowid) order, and the
+        number of rows (cells) on each. Levels are expanded whole: every interior page of
+        a level at once."""
+        level = np.array([root], np.int64)
+        seen = 0
+        while True:
+            self._check_pages(level)
+            seen += len(level)
+            if seen > self.n_pages:
+                raise Unsupported("the b-tree visits more pages than the file has")
+            hdr = self._header_at(level)
+            kind = self.u8[hdr]
+            if (kind == _LEAF).all():
+                return level, self.be16[hdr + 3].astype(np.int64)
+            if not (kind == _INTERIOR).all():  # all leaves of a b-tree lie at one depth
+                raise Unsupported("not a rowid table b-tree")
+            cells = self._cell_offsets(level, hdr, 5, 12)  # left child (4 bytes), key varint
+            n = self.be16[hdr + 3].astype(np.int64)
+            left = self.be32[cells].astype(np.int64)
+            right = self.be32[hdr + 8].astype(np.int64)
+            # children of each page: its cells' left children in order, then its right child
+            at = np.cumsum(n + 1) - 1  # where each page's right child goes
+            child = np.empty(len(left) + len(level), np.int64)
+            mask = np.ones(len(child), bool)
+            mask[at] = False
+            child[mask] = left
+            child[at] = right
+            level = child
+
+    def runs(self, root: int, rows_per_run: int) -> list[LeafRun]:
+        """The table's leaf pages cut into runs of about ``rows_per_run`` rows."""
+        pages, cells = self.leaves(root)
+        keep = cells > 0  # only an empty table's root leaf has no cell
+        pages, cells = pages[keep], cells[keep]
+        if not len(pages):
+            return []
+        ends = np.cumsum(cells)
+        cut = np.searchsorted(ends, np.arange(rows_per_run, int(ends[-1]), rows_per_run), side="left") + 1
+        out = []
+        for a, b in zip(np.r_[0, cut], np.r_[cut, len(pages)]):
+            if a < b:
+                p, c = pages[a:b], cells[a:b]
+                out.append(LeafRun(p, c, (self._rowid(int(p[0]), 0), self._rowid(int(p[-1]), int(c[-1]) - 1))))
+        return out
+
+    def _rowid(self, page: int, cell: int) -> int:
+        """The rowid of one cell (a Python-level read, for the ends of a run)."""
+        hdr = int(self._header_at(np.array([page]))[0])
+        at = (page - 1) * self.page_size + int(self.be16[hdr + 8 + 2 * cell])
+        _, at = _varint(self._mm, at)
+        v, _ = _varint(self._mm, at)
+        return v - (1 << 64) if v >= 1 << 63 else v
+
+    # --- the rows ----------------------------------------------------------------
+    def read(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        """The values of ``columns`` (0-based positions in the table's records) of every
+        row of ``run``, in rowid order: per column an int64 array and a boolean NULL mask
+        (None where no row is NULL; NULL rows hold 0). The run's pages are let go of
+        afterwards (they stay in the page cache, not in this process's memory)."""
+        try:
+            return self._read(run, columns)
+        finally:
+            self._release(run.pages)
+
+    def _release(self, pages: np.ndarray) -> None:
+        """Unmap the span of ``pages`` from this process (``MADV_DONTNEED``; the file is
+        read-only, so a later read maps them again from the page cache): the mapped file
+        would otherwise count in the resident memory of the load, growing with the file."""
+        if not len(pages) or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        lo = (int(pages.min()) - 1) * self.page_size // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = min(int(pages.max()) * self.page_size, self.size)
+        try:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            pass
+
+    def _read(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        pages = run.pages
+        self._check_pages(pages)
+        hdr = self._header_at(pages)
+        if not (self.u8[hdr] == _LEAF).all():
+            raise Unsupported("not a leaf page")
+        off = self._cell_offsets(pages, hdr, 3, 8)
+        if not len(off):
+            return {c: (np.zeros(0, np.int64), None) for c in columns}
+        u8 = self.u8
+        # the cell: payload size (varint), rowid (varint), then the record
+        first = u8[off]
+        if (first < 0x80).all():
+            payload, at = first.astype(np.int64), off + 1
+        else:
+            payload, n = _varints(u8, off)
+            at = off + n
+        if (payload > self.usable - 35).any():  # the rest of such a row is on overflow pages
+            raise Unsupported("a row spills to overflow pages")
+        at = at + self._rowid_sizes(at, run)  # the record: after the rowid
+        end = at + payload
+        # the record header: its size (a varint; one byte for up to 127 bytes), then one
+        # serial type per column
+        hsize = u8[at].astype(np.int64)
+        need = max(columns) + 1
+        if (hsize >= 0x80).any() or (hsize < 1 + need).any():
+            raise Unsupported("a record header this reader does not decode, or a short record")
+        types_at = at + 1
+        last = at + hsize - 8  # 8 bytes before the end of the values read so far
+        out: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        wanted = set(columns)
+        for c0 in range(0, need, 8):  # the serial types 8 at a time: one 8-byte read per row
+            k = min(8, need - c0)
+            words = None
+            if int(at.max()) + 1 + c0 + 8 <= self.size:  # (not past the end of the file)
+                words = self.be64[1 + c0:][at]
+                if k < 8:
+                    words &= np.int64(-1) << (64 - 8 * k)
+                w0 = int(words[0])
+                if (words == w0).all():  # the same k types on every row (the usual case)
+                    for j in range(k):
+                        t = (w0 >> (56 - 8 * j)) & 0xFF
+                        if t >= 0x80:
+                            raise Unsupported("a serial type longer than one byte")
+                        last += _SIZE[t]
+                        if c0 + j in wanted:
+                            out[c0 + j] = self._uniform(t, last)
+                    continue
+            for c in range(c0, c0 + k):
+                if words is not None:
+                    t = (words >> (56 - 8 * (c - c0))).astype(np.uint8)
+                else:
+                    t = u8[c + 1:][at]  # column c's serial type, one byte each (checked below)
+                t0 = int(t[0])
+                if (t == t0).all():  # one type on every row: scalar steps
+                    if t0 >= 0x80:
+                        raise Unsupported("a serial type longer than one byte")
+                    last += _SIZE[t0]
+                    if c in wanted:
+                        out[c] = self._uniform(t0, last)
+                    continue
+                if (t >= 0x80).any():
+                    raise Unsupported("a serial type longer than one byte")
+                ti = t.astype(np.intp)
+                last += _SIZE[ti]
+                if c in wanted:
+                    out[c] = self._mixed(ti, last)
+        end -= 8
+        if (last > end).any():
+            raise Unsupported("a record longer than its cell")
+        return out
+
+    def _uniform(self, t: int, last: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """A column whose values all have serial type ``t``."""
+        if _NOT_INT[t]:
+            raise Unsupported("a value that is not an integer")
+        if _NO_BYTES[t]:
+            n = len(last)
+            return np.full(n, int(t == 9), np.int64), (np.ones(n, bool) if t == 0 else None)
+        v = self.be64[last].astype(np.int64)
+        shift = int(_SHIFT[t])
+        if shift:
+            v <<= shift
+            v >>= shift
+        return v, None
+
+    def _mixed(self, t: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """A column whose values have different serial types (``t``, one per row)."""
+        if _NOT_INT[t].any():
+            raise Unsupported("a value that is not an integer")
+        if not _SIZE[t].any():  # only NULLs and the constants 0 and 1 (flags, enums)
+            nulls = t == 0
+            return (t == 9).astype(np.int64), (nulls if nulls.any() else None)
+        v = self.be64[last].astype(np.int64)
+        shift = _SHIFT[t]
+        np.left_shift(v, shift, out=v)
+        np.right_shift(v, shift, out=v)
+        nulls = None
+        none = _NO_BYTES[t]
+        if none.any():  # NULL (0) and the constants 0 (8) and 1 (9) take no bytes
+            v[none] = t[none] == 9
+            nulls = t == 0
+            if not nulls.any():
+                nulls = None
+        return v, nulls
+
+
+    def _rowid_sizes(self, at: np.ndarray, run: LeafRun) -> np.ndarray:
+        """Bytes of each row's rowid varint. Rows are in rowid order, so where every rowid
+        of the run lies in [0, 2^56) the size (1 byte per 7 bits) only grows along the run:
+        the first row of each size is found by bisection and the sizes filled in ranges,
+        no pass over the bytes. Negative or huge rowids are decoded row by row in numpy."""
+        lo, hi = run.rowids
+        if lo < 0 or hi >= 1 << 56:
+            return _varints(self.u8, at)[1]
+        sizes = np.empty(len(at), np.int64)
+        start = 0
+        for nbytes in range(1, 9):
+            limit = 1 << (7 * nbytes)  # rowids below this take at most nbytes
+            a, b = start, len(at)
+            while a < b:  # first row with a rowid >= limit
+                m = (a + b) // 2
+                if _varint(self._mm, int(at[m]))[0] < limit:
+                    a = m + 1
+                else:
+                    b = m
+            sizes[start:a] = nbytes
+            start = a
+            if start == len(at):
+                break
+        return sizes
+
+
+def _varint(buf: mmap.mmap | bytes, at: int) -> tuple[int, int]:
+    """One SQLite varint at ``at``: (value, offset after it)."""
+    v = 0
+    for i in range(8):
+        b = buf[at + i]
+        v = (v << 7) | (b & 0x7F)
+        if b < 0x80:
+            return v, at + i + 1
+    return (v << 8) | buf[at + 8], at + 9
+
+
+def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The varint at each offset: (values as uint64 bit patterns in int64, sizes)."""
+    b = u8[at].astype(np.int64)
+    val = b & 0x7F
+    size = np.ones(len(at), np.int64)
+    todo = np.flatnonzero(b >= 0x80)
+    v = val[todo]
+    for i in range(1, 9):
+        if not len(todo):
+            break
+        b = u8[at[todo] + i].astype(np.int64)
+        v = (v << 8) | b if i == 8 else (v << 7) | (b & 0x7F)
+        size[todo] += 1
+        more = (b >= 0x80) if i < 8 else np.zeros(len(todo), bool)
+        done = ~more
+        val[todo[done]] = v[done]
+        todo, v = todo[more], v[more]
+    return val, size
