@@ -49,7 +49,8 @@ class _Column:
     def _codes(self, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
         for i, v in enumerate(self.values):  # the same table of values as an earlier chunk
             if v is values:
-                return codes + sum(len(x) for x in self.values[:i]) * (codes >= 0)
+                off = sum(len(x) for x in self.values[:i])
+                return codes + off * (codes >= 0) if off else codes
         off = self.n_values
         self.values.append(values)
         self.n_values += len(values)
