@@ -102,7 +102,7 @@ def _load_file(p: Path, shown: Path, engine: str | None, progress: ProgressHandl
     if engine == "pages":
         try:
             pages = PageFile(p)
-        except (Unsupported, OSError):
+        except (Unsupported, OSError, ValueError):  # not mappable: read through SQLite
             pages = None
     try:
         eng = Engine(uri, "sqlite3" if engine == "sqlite3" or not adbc_available() else "adbc")
