@@ -202,7 +202,8 @@ def test_plain_select_parses_the_loaders_selects_only():
                 "SELECT k.start + 1 AS start FROM T k",
                 "SELECT k.start AS start FROM T k WHERE k.start > 0",
                 "SELECT CASE WHEN typeof(k.a)='text' THEN k.a END AS a FROM T k",
-                "SELECT j.start AS start FROM T k"):
+                "SELECT j.start AS start FROM T k",
+                "SELECT 0 AS a, NULL AS b FROM T k"):
         assert plain_select(sql) is None, sql
 
 

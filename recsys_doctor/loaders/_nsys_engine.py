@@ -137,6 +137,8 @@ def plain_select(sql: str) -> PlainSelect | None:
         if alias is not None and alias != m.group(3):
             return None
         items.append((out_q or out_b, quoted or bare, None if null else (int(const) if const is not None else None)))
+    if all(col is None for _, col, _ in items):  # constants only: no rows to count
+        return None
     return PlainSelect(m.group(2), m.group(3), tuple(items))
 
 
@@ -147,7 +149,7 @@ def page_frame(sel: PlainSelect, position: dict[str, int], read: Any) -> pd.Data
     ``Int64``, all NULL (or a NULL constant) objects holding None, as in
     :func:`arrow_to_pandas`."""
     got = read(sorted({position[c] for _, c, _ in sel.items if c is not None}))
-    n = len(next(iter(got.values()))[0]) if got else None
+    n = len(next(iter(got.values()))[0])
     cols: dict[str, Any] = {}
     for out, col, const in sel.items:
         if col is not None:
@@ -159,8 +161,6 @@ def page_frame(sel: PlainSelect, position: dict[str, int], read: Any) -> pd.Data
             else:
                 cols[out] = pd.Series(pd.arrays.IntegerArray(v, nulls))
         else:
-            if n is None:
-                raise ValueError("a SELECT of constants only")
             cols[out] = (pd.Series(np.full(n, const, np.int64)) if const is not None
                          else pd.Series([None] * n, dtype=object))
     return pd.DataFrame(cols, copy=False)
