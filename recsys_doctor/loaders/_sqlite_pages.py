@@ -239,17 +239,24 @@ class PageFile:
         if (payload > self.usable - 35).any():  # the rest of such a row is on overflow pages
             raise Unsupported("a row spills to overflow pages")
         at = at + self._rowid_sizes(at, run)  # the record: after the rowid
-        end = at + payload
         # the record header: its size (a varint; one byte for up to 127 bytes), then one
         # serial type per column
         hsize = u8[at].astype(np.int64)
         need = max(columns) + 1
         if (hsize >= 0x80).any() or (hsize < 1 + need).any():
             raise Unsupported("a record header this reader does not decode, or a short record")
-        types_at = at + 1
         last = at + hsize - 8  # 8 bytes before the end of the values read so far
         out: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         wanted = set(columns)
+
+        def one_type(c: int, t: int) -> None:  # column c has serial type t on every row
+            nonlocal last
+            if t >= 0x80:
+                raise Unsupported("a serial type longer than one byte")
+            last += _SIZE[t]
+            if c in wanted:
+                out[c] = self._uniform(t, last)
+
         for c0 in range(0, need, 8):  # the serial types 8 at a time: one 8-byte read per row
             k = min(8, need - c0)
             words = None
@@ -260,12 +267,7 @@ class PageFile:
                 w0 = int(words[0])
                 if (words == w0).all():  # the same k types on every row (the usual case)
                     for j in range(k):
-                        t = (w0 >> (56 - 8 * j)) & 0xFF
-                        if t >= 0x80:
-                            raise Unsupported("a serial type longer than one byte")
-                        last += _SIZE[t]
-                        if c0 + j in wanted:
-                            out[c0 + j] = self._uniform(t, last)
+                        one_type(c0 + j, (w0 >> (56 - 8 * j)) & 0xFF)
                     continue
             for c in range(c0, c0 + k):
                 if words is not None:
@@ -274,11 +276,7 @@ class PageFile:
                     t = u8[c + 1:][at]  # column c's serial type, one byte each (checked below)
                 t0 = int(t[0])
                 if (t == t0).all():  # one type on every row: scalar steps
-                    if t0 >= 0x80:
-                        raise Unsupported("a serial type longer than one byte")
-                    last += _SIZE[t0]
-                    if c in wanted:
-                        out[c] = self._uniform(t0, last)
+                    one_type(c, t0)
                     continue
                 if (t >= 0x80).any():
                     raise Unsupported("a serial type longer than one byte")
@@ -286,8 +284,7 @@ class PageFile:
                 last += _SIZE[ti]
                 if c in wanted:
                     out[c] = self._mixed(ti, last)
-        end -= 8
-        if (last > end).any():
+        if (last > at + payload - 8).any():
             raise Unsupported("a record longer than its cell")
         return out
 
@@ -309,22 +306,19 @@ class PageFile:
         """A column whose values have different serial types (``t``, one per row)."""
         if _NOT_INT[t].any():
             raise Unsupported("a value that is not an integer")
-        if not _SIZE[t].any():  # only NULLs and the constants 0 and 1 (flags, enums)
-            nulls = t == 0
-            return (t == 9).astype(np.int64), (nulls if nulls.any() else None)
-        v = self.be64[last].astype(np.int64)
-        shift = _SHIFT[t]
-        np.left_shift(v, shift, out=v)
-        np.right_shift(v, shift, out=v)
-        nulls = None
-        none = _NO_BYTES[t]
-        if none.any():  # NULL (0) and the constants 0 (8) and 1 (9) take no bytes
+        none = _NO_BYTES[t]  # NULL (0) and the constants 0 (8) and 1 (9) take no bytes
+        if none.all():  # flags, enums: no value to read
+            v = (t == 9).astype(np.int64)
+        else:
+            v = self.be64[last].astype(np.int64)
+            shift = _SHIFT[t]
+            np.left_shift(v, shift, out=v)
+            np.right_shift(v, shift, out=v)
+            if not none.any():
+                return v, None
             v[none] = t[none] == 9
-            nulls = t == 0
-            if not nulls.any():
-                nulls = None
-        return v, nulls
-
+        nulls = t == 0
+        return v, (nulls if nulls.any() else None)
 
     def _rowid_sizes(self, at: np.ndarray, run: LeafRun) -> np.ndarray:
         """Bytes of each row's rowid varint. Rows are in rowid order, so where every rowid

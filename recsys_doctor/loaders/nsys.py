@@ -8,8 +8,9 @@ Arrow through the ADBC SQLite driver (no Python object per row; :mod:`._nsys_eng
 The big tables are read in chunks of about :data:`CHUNK_ROWS` rows (runs of leaf pages,
 or rowid ranges), two at a time, and each chunk is decoded into its final compact
 columns in the same worker thread (:mod:`._nsys_tables`, :mod:`._nsys_columns`) before
-more is read: memory stays near the size of the result, not of the raw rows. Strings never travel per row: ``StringIds`` ids and enum codes come
-back as integers and become pandas categoricals once, when the chunks are joined.
+more is read: memory stays near the size of the result, not of the raw rows. Strings
+never travel per row: ``StringIds`` ids and enum codes come back as integers and become
+pandas categoricals once, when the chunks are joined.
 
 The pieces: :mod:`._nsys_file` (gzip, header checks), :mod:`._nsys_schema` (tables,
 columns and version of this export: exports from 2020 to 2026 differ),
@@ -22,6 +23,7 @@ Timestamps are kept exactly as stored (ns since session start; NVTX can be negat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -68,6 +70,9 @@ def load_nsys_sqlite(path: str | os.PathLike[str], *, engine: str | None = None,
     truncated database, a corrupt gzip, or an SQLite file that is not an nsys export.
     ``sqlite3`` errors never escape.
     """
+    engine = engine or "pages"
+    if engine not in ("pages", "adbc", "sqlite3"):
+        raise ValueError(f"engine {engine!r}: expected 'pages', 'adbc' or 'sqlite3'")
     p = Path(path)
     if not p.exists():
         raise BadInputError(f"{p}: no such file")
@@ -86,7 +91,7 @@ def load_nsys_sqlite(path: str | os.PathLike[str], *, engine: str | None = None,
     return _load_file(p, shown=p, engine=engine, progress=progress)
 
 
-def _load_file(p: Path, shown: Path, engine: str | None, progress: ProgressHandle | None) -> Trace:
+def _load_file(p: Path, shown: Path, engine: str, progress: ProgressHandle | None) -> Trace:
     check_header(p, shown)
     # immutable=1: no locks, no journal/-shm files, works on read-only media; the
     # export is never written to.
@@ -95,15 +100,10 @@ def _load_file(p: Path, shown: Path, engine: str | None, progress: ProgressHandl
         con = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as e:
         raise TraceFormatError(f"{shown}: cannot open as SQLite ({one_line(e)})") from None
-    engine = engine or "pages"
-    if engine not in ("pages", "adbc", "sqlite3"):
-        raise ValueError(f"engine {engine!r}: expected 'pages', 'adbc' or 'sqlite3'")
     pages = None
     if engine == "pages":
-        try:
+        with contextlib.suppress(Unsupported, OSError, ValueError):  # not mappable: read through SQLite
             pages = PageFile(p)
-        except (Unsupported, OSError, ValueError):  # not mappable: read through SQLite
-            pages = None
     try:
         eng = Engine(uri, "sqlite3" if engine == "sqlite3" or not adbc_available() else "adbc")
         return _Reader(con, shown, eng, progress or _Quiet(), pages).read()
@@ -225,7 +225,7 @@ class _Reader(TableJobs, Extras):
     def read_rows(self, k: str, sql: str, run: LeafRun | None) -> pd.DataFrame:
         """One chunk's raw columns: from its leaf pages, or through SQL (the same rows)
         where there are none or the page reader refuses them."""
-        if run is not None and self.pages is not None:
+        if run is not None:  # (only made where there is a page reader)
             sel, position = self._selects[k]
             try:
                 return page_frame(sel, position, lambda cols: self.pages.read(run, cols))
