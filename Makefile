@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py recsys_doctor/loaders/_pagecodec.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
@@ -26,4 +26,4 @@ bench: $(STAMP)
 	$(PY) bench/scale_trace.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info recsys_doctor/loaders/*.so

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+import recsys_doctor.loaders._sqlite_pages as sqlite_pages
 import recsys_doctor.loaders.nsys as nsys
 from conftest import shared_files
 from recsys_doctor.loaders.nsys import load_nsys_sqlite
@@ -25,10 +26,12 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.parametrize("path", NSYS, ids=lambda p: p.name)
-def test_engines_equal_sqlite3(path, shared_traces):
+def test_engines_equal_sqlite3(path, shared_traces, monkeypatch):
     ref = load_nsys_sqlite(path, engine="sqlite3")
     _same(load_nsys_sqlite(path, engine="adbc"), ref)
-    _same(load_nsys_sqlite(path, engine="pages"), ref)
+    _same(load_nsys_sqlite(path, engine="pages"), ref)  # the C row loop where built
+    monkeypatch.setattr(sqlite_pages, "_pagecodec", None)
+    _same(load_nsys_sqlite(path, engine="pages"), ref)  # its numpy path
 
 
 @pytest.mark.parametrize("path", NSYS[:3] + [p for p in NSYS if "DLProf" in p.name], ids=lambda p: p.name)

@@ -4,7 +4,10 @@ standard library (page sizes, integers of every stored width, NULLs and the cons
 multi-level b-trees, deleted rows, negative and huge rowids); and it refuses, instead of
 guessing, what it does not decode (overflow pages, text, floats, short records after
 ``ALTER TABLE``, WAL databases, WITHOUT ROWID tables, truncated files). The loader reads
-refused rows through SQLite: the canonical tables equal the sqlite3 engine's."""
+refused rows through SQLite: the canonical tables equal the sqlite3 engine's.
+
+Every test runs twice: with the C row loop (``_pagecodec``, built by ``pip install``) and
+with the numpy path it replaces where no compiler was at hand."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import recsys_doctor.loaders._sqlite_pages as sqlite_pages
 from recsys_doctor.loaders._nsys_engine import page_frame, plain_select
 from recsys_doctor.loaders._sqlite_pages import PageFile, Unsupported
 from recsys_doctor.loaders.nsys import load_nsys_sqlite
@@ -26,6 +30,35 @@ from recsys_doctor.loaders.nsys import load_nsys_sqlite
 EDGES = [0, 1, -1, 2, 127, 128, -128, -129, 32767, 32768, -32768, -32769, 2**23 - 1, 2**23, -(2**23),
          -(2**23) - 1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**47 - 1, 2**47, -(2**47), -(2**47) - 1,
          2**63 - 1, -(2**63), 1_700_000_000_123_456_789]
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def decoder(request, monkeypatch):
+    """Which row loop the page reader uses in this run of the test."""
+    if request.param == "numpy":
+        monkeypatch.setattr(sqlite_pages, "_pagecodec", None)
+    elif not sqlite_pages.compiled_available():
+        pytest.skip("the C page decoder is not built in this install (test_codec_is_built says why)")
+    return request.param
+
+
+def test_codec_is_built(decoder):
+    """Where a C compiler is at hand, ``pip install`` builds the C row loop (the extension
+    is optional only so that an install without a compiler still works)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the numpy path is the page reader")
+    import importlib
+
+    importlib.import_module("recsys_doctor.loaders._pagecodec")  # ImportError: not built
+
+
+def test_the_loop_in_use(decoder, tmp_path):
+    p = _make(tmp_path / "one.sqlite", [(1, 2, 3, 4)])
+    pf = PageFile(p)
+    try:
+        assert pf.compiled is (decoder == "c")
+    finally:
+        pf.close()
 
 
 def _make(path: Path, rows: list[tuple], *, page_size: int = 4096, cols: int = 4, rowids: list[int] | None = None,
@@ -190,6 +223,48 @@ def test_corrupt_child_page_number_is_refused(tmp_path):
     with pytest.raises(Unsupported):
         pf.runs(root, 1000)
     pf.close()
+
+
+def test_corrupt_leaf_pages_are_refused_or_read_alike(decoder, tmp_path):
+    """Random bytes overwritten in the leaf pages (cell pointers, varints, record headers,
+    values): the reader refuses or returns values, it never reads outside the file or
+    crashes; where both row loops read a run they return the same values."""
+    rows = [(i, -i * 1001, None if i % 7 == 0 else i * 2**33, i % 3) for i in range(3000)]
+    p = _make(tmp_path / "f.sqlite", rows, page_size=512)
+    pf = PageFile(p)
+    runs = pf.runs(_root(p), 10**9)
+    pf.close()
+    leaves = runs[0].pages
+    clean = p.read_bytes()
+    rng = random.Random(7)
+    refused = 0
+    for k in range(150):
+        data = bytearray(clean)
+        for _ in range(rng.choice([1, 3, 20])):
+            page = int(rng.choice(leaves))
+            data[(page - 1) * 512 + rng.randrange(512)] = rng.randrange(256)
+        bad = tmp_path / f"bad{k}.sqlite"
+        bad.write_bytes(bytes(data))
+        got = {}
+        for compiled in ([True, False] if sqlite_pages.compiled_available() else [False]):
+            pf = PageFile(bad, compiled=compiled)
+            try:
+                got[compiled] = pf.read(runs[0], [0, 1, 2, 3])
+            except Unsupported:
+                got[compiled] = None
+            except IndexError:  # the numpy path's gathers stop at the file's end
+                assert not compiled
+                got[compiled] = None
+            finally:
+                pf.close()
+            bad.unlink() if compiled is False else None
+        refused += got.get(True, got[False]) is None
+        if len(got) == 2 and got[True] is not None and got[False] is not None:
+            for c in range(4):
+                assert np.array_equal(got[True][c][0], got[False][c][0])
+                a, b = got[True][c][1], got[False][c][1]
+                assert (a is None and b is None) or np.array_equal(a, b)
+    assert refused > 0
 
 
 def test_plain_select_parses_the_loaders_selects_only():

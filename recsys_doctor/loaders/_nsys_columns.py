@@ -142,6 +142,10 @@ def decode_ids(df: pd.DataFrame) -> pd.DataFrame:
         v = df.pop("ig_raw")
         if v.dtype == np.int64:
             df["in_graph"] = v.to_numpy() != 0
+        elif isinstance(v.dtype, pd.Int64Dtype):  # some NULLs (not in a graph)
+            df["in_graph"] = v.fillna(0).to_numpy(np.int64) != 0
+        elif v.dtype == object and v.isna().all():  # all NULL: a column of None, no number to parse
+            df["in_graph"] = np.zeros(len(v), bool)
         else:
             v = pd.to_numeric(v, errors="coerce")
             df["in_graph"] = (v.notna() & (v != 0)).to_numpy(dtype=bool)

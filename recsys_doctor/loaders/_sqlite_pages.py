@@ -9,7 +9,11 @@ types" (how each value is stored) followed by the values, big-endian. This modul
 the b-tree and decodes whole columns at once: one numpy operation per column and step
 over every row of a chunk (gathers through byte-offset views of the memory-mapped file),
 no Python per row or per page, and numpy releases the GIL while it works, so two chunks
-decode on two cores.
+decode on two cores. Where ``pip install`` could build it (a C compiler at hand), the
+rows of a run are decoded instead by ``_pagecodec``, the same loop in C: one pass over
+the rows straight into the output columns (about 3x less time than the numpy steps,
+which allocate and touch every column several times); it decodes and refuses exactly
+what the numpy path does, and checks that every byte it reads lies in its cell.
 
 It decodes only what it can prove it reads right and raises :class:`Unsupported`
 otherwise; the loader then reads those rows through SQLite, which gives the same values.
@@ -29,7 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["PageFile", "Unsupported", "LeafRun"]
+try:  # the row loop in C (built by pip install where a C compiler is at hand)
+    from . import _pagecodec
+except ImportError:  # pragma: no cover - an install without a compiler: numpy only
+    _pagecodec = None
+
+__all__ = ["PageFile", "Unsupported", "LeafRun", "compiled_available"]
 
 _MAGIC = b"SQLite format 3\x00"
 _LEAF, _INTERIOR = 13, 5  # page types of a table b-tree
@@ -48,6 +57,21 @@ _SHIFT = np.zeros(256, np.int64)
 _SHIFT[1:7] = 64 - 8 * _SIZE[1:7]
 _NO_BYTES = np.zeros(256, bool)
 _NO_BYTES[[0, 8, 9]] = True
+
+
+#: what each status of the C decoder means (the numpy path's wording for the same refusals)
+_CODEC_REFUSALS = {
+    1: "page number outside the file", 2: "not a leaf page", 3: "more cells than a page holds",
+    4: "a cell outside its page", 5: "a row spills to overflow pages",
+    6: "a record header this reader does not decode, or a short record",
+    7: "a serial type longer than one byte", 8: "a value that is not an integer",
+    9: "a record longer than its cell", 10: "the pages hold another number of rows than their headers",
+}
+
+
+def compiled_available() -> bool:
+    """Whether the C row loop (``_pagecodec``) was built and imports."""
+    return _pagecodec is not None
 
 
 class Unsupported(Exception):
@@ -72,7 +96,12 @@ class LeafRun:
 class PageFile:
     """An SQLite database file, memory-mapped, read page by page (read-only)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, compiled: bool | None = None) -> None:
+        """``compiled``: decode rows with the C loop (True; an error where it is not
+        built), with numpy (False), or with C where built (None, the default)."""
+        if compiled and _pagecodec is None:
+            raise RuntimeError("the C page decoder (_pagecodec) is not built in this install")
+        self.compiled = _pagecodec is not None if compiled is None else compiled
         with open(Path(path), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 512:
@@ -202,7 +231,7 @@ class PageFile:
         (None where no row is NULL; NULL rows hold 0). The run's pages are let go of
         afterwards (they stay in the page cache, not in this process's memory)."""
         try:
-            return self._read(run, columns)
+            return self._decode(run, columns) if self.compiled else self._read(run, columns)
         finally:
             self._release(run.pages)
 
@@ -218,6 +247,21 @@ class PageFile:
             self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
         except (OSError, ValueError):
             pass
+
+    def _decode(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        """:meth:`read` by the C loop: one pass over the rows, straight into the output."""
+        cols = np.unique(np.asarray(columns, np.int64))
+        if not len(cols) or cols[0] < 0 or cols[-1] > 126:  # (a record header of one byte holds 126 types)
+            raise Unsupported("a record header this reader does not decode, or a short record")
+        n = run.rows
+        values = np.empty((len(cols), n), np.int64)
+        nulls = np.empty((len(cols), n), np.uint8)
+        counts = np.zeros(len(cols), np.int64)
+        status = _pagecodec.decode(self._mm, self.page_size, self.usable,
+                                   np.ascontiguousarray(run.pages, np.int64), cols, values, nulls, counts)
+        if status:
+            raise Unsupported(_CODEC_REFUSALS.get(status, f"status {status}"))
+        return {int(c): (values[i], nulls[i].view(bool) if counts[i] else None) for i, c in enumerate(cols)}
 
     def _read(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
         pages = run.pages
