@@ -92,16 +92,23 @@ def _api_rows_for(trace: Trace, ops: pd.DataFrame) -> np.ndarray:
     if not len(ops) or not len(api):
         return out
     corr = ops["correlation"].to_numpy(np.int64)
-    at = np.flatnonzero(corr != 0)
+    nz = corr != 0
+    every = bool(nz.all())  # (the usual case: no gathers, no boolean indexing below)
+    at = np.arange(len(corr)) if every else np.flatnonzero(nz)
     idx = _api_index(trace)
-    k = _pid_corr_key(ops["pid"].to_numpy(np.int64)[at], corr[at]) if idx is not None else None
+    pid = ops["pid"].to_numpy(np.int64)
+    k = (_pid_corr_key(pid, corr) if every else _pid_corr_key(pid[at], corr[at])) if idx is not None else None
     if k is None:  # a key does not fit in one int64: the hash join
         return _api_rows_merge(api, ops, at, out)
     keys, rows = idx
     if len(keys):
-        pos = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        pos = np.searchsorted(keys, k)
+        np.minimum(pos, len(keys) - 1, out=pos)
         hit = keys[pos] == k
-        out[at[hit]] = pos[hit] if rows is None else rows[pos[hit]]
+        found = pos if rows is None else rows[pos]
+        if every:
+            return np.where(hit, found, out)
+        out[at[hit]] = found[hit]
     return out
 
 
@@ -145,12 +152,14 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray | None] | None:
     ks = key[order]
     first = np.ones(len(ks), dtype=bool)
     first[1:] = ks[1:] != ks[:-1]
-    if not first.all():  # shared keys: the earliest start wins, then table order
-        st = api["start"].to_numpy()[rows]
-        if len(st) > 1 and not (st[1:] >= st[:-1]).all():  # table not in time order
-            order = np.lexsort((st, key))
-        ks = key[order]
-        first[1:] = ks[1:] != ks[:-1]
+    if first.all():  # distinct keys (the usual case): no boolean indexing
+        return ks, (order if len(rows) == len(corr) else rows[order])
+    # shared keys: the earliest start wins, then table order
+    st = api["start"].to_numpy()[rows]
+    if len(st) > 1 and not (st[1:] >= st[:-1]).all():  # table not in time order
+        order = np.lexsort((st, key))
+    ks = key[order]
+    first[1:] = ks[1:] != ks[:-1]
     return ks[first], rows[order[first]]
 
 

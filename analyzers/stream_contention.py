@@ -46,13 +46,13 @@ def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
     tids = calls["tid"].to_numpy(np.int64)
     s = calls["api_start"].to_numpy(np.int64)
     e = calls["api_end"].to_numpy(np.int64)
-    merged = {}
-    for t in np.unique(tids):
-        m = tids == t
-        merged[int(t)] = merge_intervals(s[m], e[m])
+    by_tid = np.argsort(tids, kind="stable")  # each thread's calls in one segment, in order
+    bounds = np.flatnonzero(np.r_[True, tids[by_tid][1:] != tids[by_tid][:-1], True])
+    segs = [by_tid[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    merged = [merge_intervals(s[m], e[m]) for m in segs]  # each thread's launch time
     # sweep over per-thread unions: count of threads inside a call at each instant
-    allS = np.concatenate([v[0] for v in merged.values()])
-    allE = np.concatenate([v[1] for v in merged.values()])
+    allS = np.concatenate([v[0] for v in merged])
+    allE = np.concatenate([v[1] for v in merged])
     times = np.concatenate([allS, allE])
     delta = np.concatenate([np.ones(allS.size, np.int64), -np.ones(allE.size, np.int64)])
     o = np.lexsort((delta, times))  # ends before starts at equal times
@@ -62,16 +62,26 @@ def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
     busy = float((c * seg).sum())
     over = float((c * seg * (c >= 2)).sum())
     share = over / busy if busy > 0 else 0.0
-    # per call: does any other thread's merged launch interval intersect it?
+    # per call: does any other thread's launch time intersect it? A call [s, e) with
+    # s < e meets the union of the other threads' (merged) intervals exactly when it
+    # meets one of them, so each other thread is asked on its own: the last of its
+    # intervals that starts before e, ending after s. A call of no length lying where
+    # one thread's interval ends and another's begins is inside the union but in
+    # neither: those few are asked of the union itself.
     overlapped = np.zeros(s.size, dtype=bool)
-    for t in merged:
-        others = [v for k, v in merged.items() if k != t]
-        os_, oe = merge_intervals(np.concatenate([v[0] for v in others]), np.concatenate([v[1] for v in others]))
-        m = np.flatnonzero(tids == t)
-        i = np.searchsorted(os_, e[m], side="left") - 1
-        ok = i >= 0
+    for t, m in enumerate(segs):
         hit = np.zeros(m.size, dtype=bool)
-        hit[ok] = oe[i[ok]] > s[m][ok]
+        st, en = s[m], e[m]
+        for u, (us, ue) in enumerate(merged):
+            if u != t:
+                i = np.searchsorted(us, en, side="left") - 1
+                hit |= (i >= 0) & (ue[np.maximum(i, 0)] > st)
+        point = np.flatnonzero(~hit & (st == en))
+        if point.size and len(merged) > 1:
+            os_, oe = merge_intervals(np.concatenate([v[0] for u, v in enumerate(merged) if u != t]),
+                                      np.concatenate([v[1] for u, v in enumerate(merged) if u != t]))
+            i = np.searchsorted(os_, en[point], side="left") - 1
+            hit[point] = (i >= 0) & (oe[np.maximum(i, 0)] > st[point])
         overlapped[m] = hit
     return share, overlapped
 

@@ -308,3 +308,39 @@ def test_thread_label_unwraps_kineto_thread_names():
                threads=pd.DataFrame({"pid": [7, 7], "tid": [1313, 9], "name": ["thread 1313 (python3)", "worker"]}))
     assert thread_labels(tr, [7, 7, 7], [1313, 9, 5]) == [
         "pid 7 tid 1313 (python3)", "pid 7 tid 9 (worker)", "pid 7 tid 5"]
+
+
+def _overlapped_by_rule(tids, s, e):
+    """The rule of ``stream_contention._overlap_stats``, one call at a time in plain
+    Python: a call is overlapped when some interval of the union of the other threads'
+    calls (half-open, touching intervals joined) starts before it ends and ends after it
+    starts."""
+    out = []
+    for i in range(len(s)):
+        others = sorted((a, max(a, b)) for t, a, b in zip(tids, s, e) if t != tids[i])
+        merged = []
+        for a, b in others:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out.append(any(a < e[i] and b > s[i] for a, b in merged))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stream_contention_overlap_rule_with_points_and_touching_calls(seed):
+    """Calls of no length, calls that touch, one thread ending where another begins: the
+    per-call flags equal the rule computed call by call."""
+    import pandas as pd
+
+    from recsys_doctor.analyzers.stream_contention import _overlap_stats
+
+    r = np.random.default_rng(seed)
+    n = int(r.integers(2, 60))
+    tids = r.integers(1, int(r.integers(2, 6)), n)
+    s = r.integers(0, 40, n)
+    e = s + r.choice([0, 0, 1, 2, 3, 5], n)  # many calls of no length; a coarse clock makes ties
+    calls = pd.DataFrame({"tid": tids, "api_start": s, "api_end": e})
+    _, flags = _overlap_stats(calls)
+    assert flags.tolist() == _overlapped_by_rule(tids.tolist(), s.tolist(), e.tolist())
