@@ -10,14 +10,14 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from .._fork import run_in_two
+from .._fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from . import (graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity, short_kernels, small_grid,
                stream_contention, sync_api, utilization)
 
-__all__ = ["ANALYZERS", "run_all"]
+__all__ = ["ANALYZERS", "run_all", "summarize_and_run_all"]
 
 Analyzer = Callable[[Trace, Options], AnalysisResult]
 
@@ -46,15 +46,38 @@ def run_all(trace: Trace, options: Options | None = None,
     ``on_done(name)`` is called after each (progress reporting). ``parallel``: a forked
     process takes analyzers too (:func:`~recsys_doctor._fork.run_in_two`; the analyzers
     are pure functions of the trace, so the results are those of one process)."""
+    return summarize_and_run_all(trace, options, on_done, parallel=parallel, summary=False)[1]
+
+
+def summarize_and_run_all(trace: Trace, options: Options | None = None,
+                          on_done: Callable[[str], None] | None = None, *, parallel: bool = False,
+                          summary: bool = True) -> tuple[dict | None, list[AnalysisResult]]:
+    """The trace's summary (:func:`~.summary.summarize`; None unless ``summary``) and
+    every analyzer's result, as :func:`run_all`. In parallel the summary is one more task
+    for the two processes, and the tables most of them share (operations joined to their
+    launch calls, the steady-state window, the idle gaps) are built first, once, so that
+    neither process builds them again after the fork."""
+    from ._ops import launches
+    from ._recoverable import idle_gaps, steady_window
+    from .summary import summarize
+
     options = options or Options()
-    if parallel:
-        names = list(ANALYZERS)
-        tasks = [partial(fn, trace, options) for fn in ANALYZERS.values()]
-        order = [names.index(n) for n in PARALLEL_ORDER] + [i for i, n in enumerate(names) if n not in PARALLEL_ORDER]
-        return run_in_two(tasks, None if on_done is None else (lambda i: on_done(names[i])), order=order)
-    out = []
-    for name, fn in ANALYZERS.items():
-        out.append(fn(trace, options))
-        if on_done is not None:
-            on_done(name)
-    return out
+    names = (["summary"] if summary else []) + list(ANALYZERS)
+    tasks = ([partial(summarize, trace)] if summary else []) + [partial(fn, trace, options)
+                                                                for fn in ANALYZERS.values()]
+    if parallel and second_cpu():
+        launches(trace)
+        steady_window(trace, options)
+        idle_gaps(trace, options)
+        first = [n for n in PARALLEL_ORDER if n in names]
+        first = first[:2] + (["summary"] if summary else []) + first[2:]
+        order = [names.index(n) for n in first] + [i for i, n in enumerate(names) if n not in first]
+        out = run_in_two(tasks, None if on_done is None else (lambda i: on_done(names[i])), order=order)
+    else:
+        out = []
+        for name, task in zip(names, tasks):
+            out.append(task())
+            if on_done is not None:
+                on_done(name)
+    return (out[0] if summary else None), out[1:] if summary else out
+

@@ -105,25 +105,23 @@ def restrict(trace: Trace, *, nvtx: str | None = None, start_ns: int | None = No
 
 def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool = False) -> AdviseResult:
     """Run the summary, every analyzer and the planner over an already loaded trace."""
-    from .analyzers import ANALYZERS, run_all
-    from .analyzers.summary import summarize
+    from .analyzers import ANALYZERS, summarize_and_run_all
     from .loaders._nsys_columns import release_free_memory
     from .planner import make_plan
     from .progress import progress as progress_bar
 
     options = options or Options()
     with progress_bar("analyzing", total=len(ANALYZERS) + 1, enabled=None if progress else False) as bar:
-        summary = summarize(trace)
-        bar.advance()
-
         def done(name: str) -> None:
             bar.update(description=f"analyzing: {name} done")
             bar.advance()
             release_free_memory()  # each analyzer's scratch goes back before the next one
 
-        # a large trace: a second process takes analyzers too (where a second CPU is ours)
+        # a large trace: a second process takes the summary and analyzers too (where a
+        # second CPU is ours)
         parallel = sum(trace.counts().values()) >= PARALLEL_ANALYSIS_ROWS
-        results: list[AnalysisResult] = run_all(trace, options, on_done=done, parallel=parallel)
+        summary, results = summarize_and_run_all(trace, options, on_done=done, parallel=parallel)
+        assert summary is not None
     findings = [f for r in results for f in r.findings]
     findings.sort(key=lambda f: (_SEV_ORDER.get(f.severity, 9), -(f.recoverable_ns or 0)))
     plan = make_plan(trace, findings, results, options)
