@@ -30,7 +30,7 @@ def test_engines_equal_sqlite3(path, shared_traces, monkeypatch):
     ref = load_nsys_sqlite(path, engine="sqlite3")
     _same(load_nsys_sqlite(path, engine="adbc"), ref)
     _same(load_nsys_sqlite(path, engine="pages"), ref)  # the C row loop where built
-    monkeypatch.setattr(sqlite_pages, "_pagecodec", None)
+    monkeypatch.setattr(sqlite_pages, "_c_decode", None)
     _same(load_nsys_sqlite(path, engine="pages"), ref)  # its numpy path
 
 

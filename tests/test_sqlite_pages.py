@@ -36,7 +36,7 @@ EDGES = [0, 1, -1, 2, 127, 128, -128, -129, 32767, 32768, -32768, -32769, 2**23 
 def decoder(request, monkeypatch):
     """Which row loop the page reader uses in this run of the test."""
     if request.param == "numpy":
-        monkeypatch.setattr(sqlite_pages, "_pagecodec", None)
+        monkeypatch.setattr(sqlite_pages, "_c_decode", None)
     elif not sqlite_pages.compiled_available():
         pytest.skip("the C page decoder is not built in this install (test_codec_is_built says why)")
     return request.param

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 try:  # the row loop in C (built by pip install where a C compiler is at hand)
-    from . import _pagecodec
+    from ._pagecodec import decode as _c_decode
 except ImportError:  # pragma: no cover - an install without a compiler: numpy only
-    _pagecodec = None
+    _c_decode = None
 
 __all__ = ["PageFile", "Unsupported", "LeafRun", "compiled_available"]
 
@@ -71,7 +71,7 @@ _CODEC_REFUSALS = {
 
 def compiled_available() -> bool:
     """Whether the C row loop (``_pagecodec``) was built and imports."""
-    return _pagecodec is not None
+    return _c_decode is not None
 
 
 class Unsupported(Exception):
@@ -99,9 +99,9 @@ class PageFile:
     def __init__(self, path: str | os.PathLike[str], *, compiled: bool | None = None) -> None:
         """``compiled``: decode rows with the C loop (True; an error where it is not
         built), with numpy (False), or with C where built (None, the default)."""
-        if compiled and _pagecodec is None:
+        if compiled and _c_decode is None:
             raise RuntimeError("the C page decoder (_pagecodec) is not built in this install")
-        self.compiled = _pagecodec is not None if compiled is None else compiled
+        self.compiled = _c_decode is not None if compiled is None else compiled
         with open(Path(path), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 512:
@@ -257,7 +257,7 @@ class PageFile:
         values = np.empty((len(cols), n), np.int64)
         nulls = np.empty((len(cols), n), np.uint8)
         counts = np.zeros(len(cols), np.int64)
-        status = _pagecodec.decode(self._mm, self.page_size, self.usable,
+        status = _c_decode(self._mm, self.page_size, self.usable,
                                    np.ascontiguousarray(run.pages, np.int64), cols, values, nulls, counts)
         if status:
             raise Unsupported(_CODEC_REFUSALS.get(status, f"status {status}"))
