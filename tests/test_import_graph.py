@@ -34,6 +34,9 @@ def package_modules(dirs: dict[str, Path] = PACKAGE_DIRS) -> dict[str, tuple[Pat
                 parts = parts[:-1]
             name = ".".join([prefix, *parts]) if parts else prefix
             mods.setdefault(name, (path, is_pkg))
+        for path in sorted(base.rglob("*.c")):  # a C extension module: imports nothing of ours
+            rel = path.relative_to(base).with_suffix("")
+            mods.setdefault(".".join([prefix, *rel.parts]), (path, False))
     return mods
 
 
@@ -41,6 +44,8 @@ def import_edges(mods: dict[str, tuple[Path, bool]]) -> dict[str, set[str]]:
     """Module -> the package modules it imports (anywhere in its body)."""
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for name, (path, is_pkg) in mods.items():
+        if path.suffix != ".py":
+            continue
         package = name if is_pkg else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
