@@ -79,5 +79,5 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
             out.append(task())
             if on_done is not None:
                 on_done(name)
-    return (out[0] if summary else None), out[1:] if summary else out
+    return (out[0], out[1:]) if summary else (None, out)
 

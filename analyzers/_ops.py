@@ -94,19 +94,19 @@ def _api_rows_for(trace: Trace, ops: pd.DataFrame) -> np.ndarray:
     corr = ops["correlation"].to_numpy(np.int64)
     nz = corr != 0
     every = bool(nz.all())  # (the usual case: no gathers, no boolean indexing below)
-    at = np.arange(len(corr)) if every else np.flatnonzero(nz)
+    at = None if every else np.flatnonzero(nz)
     idx = _api_index(trace)
     pid = ops["pid"].to_numpy(np.int64)
-    k = (_pid_corr_key(pid, corr) if every else _pid_corr_key(pid[at], corr[at])) if idx is not None else None
+    k = (_pid_corr_key(pid, corr) if at is None else _pid_corr_key(pid[at], corr[at])) if idx is not None else None
     if k is None:  # a key does not fit in one int64: the hash join
-        return _api_rows_merge(api, ops, at, out)
+        return _api_rows_merge(api, ops, np.arange(len(corr)) if at is None else at, out)
     keys, rows = idx
     if len(keys):
         pos = np.searchsorted(keys, k)
         np.minimum(pos, len(keys) - 1, out=pos)
         hit = keys[pos] == k
         found = pos if rows is None else rows[pos]
-        if every:
+        if at is None:
             return np.where(hit, found, out)
         out[at[hit]] = found[hit]
     return out

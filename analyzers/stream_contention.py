@@ -78,8 +78,8 @@ def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
                 hit |= (i >= 0) & (ue[np.maximum(i, 0)] > st)
         point = np.flatnonzero(~hit & (st == en))
         if point.size and len(merged) > 1:
-            os_, oe = merge_intervals(np.concatenate([v[0] for u, v in enumerate(merged) if u != t]),
-                                      np.concatenate([v[1] for u, v in enumerate(merged) if u != t]))
+            others = [v for u, v in enumerate(merged) if u != t]
+            os_, oe = merge_intervals(np.concatenate([v[0] for v in others]), np.concatenate([v[1] for v in others]))
             i = np.searchsorted(os_, en[point], side="left") - 1
             hit[point] = (i >= 0) & (oe[np.maximum(i, 0)] > st[point])
         overlapped[m] = hit

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._files import file_sha256_started
 from .errors import BadInputError
-from .findings import AnalysisResult, Finding
+from .findings import Finding
 from .model import Trace
 from .options import Options
 

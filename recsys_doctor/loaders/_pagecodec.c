@@ -143,7 +143,7 @@ static int decode(const uint8_t *buf, Py_ssize_t size, Py_ssize_t page_size, Py_
     return row == n ? OK : E_ROWS;
 }
 
-static int contiguous(Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t count, const char *what) {
+static int has_size(Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t count, const char *what) {
     if (b->len != itemsize * count) {
         PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd", what, b->len, itemsize * count);
         return 0;
@@ -171,8 +171,8 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     const Py_ssize_t npages = pages.len / 8, ncols = cols.len / 8;
     const Py_ssize_t n = ncols ? nulls.len / ncols : 0;
     if (page_size < 512 || usable < 480 || usable > page_size || file.len % page_size
-        || pages.len % 8 || ncols < 1 || !contiguous(&values, 8, ncols * n, "values")
-        || !contiguous(&nulls, 1, ncols * n, "nulls") || !contiguous(&counts, 8, ncols, "null_counts")) {
+        || pages.len % 8 || ncols < 1 || !has_size(&values, 8, ncols * n, "values")
+        || !has_size(&nulls, 1, ncols * n, "nulls") || !has_size(&counts, 8, ncols, "null_counts")) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad page size, page list or columns");
         goto done;
     }

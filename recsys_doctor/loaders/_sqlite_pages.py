@@ -257,8 +257,8 @@ class PageFile:
         values = np.empty((len(cols), n), np.int64)
         nulls = np.empty((len(cols), n), np.uint8)
         counts = np.zeros(len(cols), np.int64)
-        status = _c_decode(self._mm, self.page_size, self.usable,
-                                   np.ascontiguousarray(run.pages, np.int64), cols, values, nulls, counts)
+        status = _c_decode(self._mm, self.page_size, self.usable, np.ascontiguousarray(run.pages, np.int64),
+                           cols, values, nulls, counts)
         if status:
             raise Unsupported(_CODEC_REFUSALS.get(status, f"status {status}"))
         return {int(c): (values[i], nulls[i].view(bool) if counts[i] else None) for i, c in enumerate(cols)}

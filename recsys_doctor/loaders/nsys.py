@@ -2,8 +2,8 @@
 
 The export is already a database. Its big tables hold only integers: where a table's
 ``SELECT`` only picks columns, its rows are decoded straight from the file's b-tree pages
-with numpy (:mod:`._sqlite_pages`, several times faster than SQLite returning values one
-by one); other queries, and any rows the page reader refuses, are read column-wise into
+(:mod:`._sqlite_pages`: a C loop where the install built it, numpy otherwise; several
+times faster than SQLite returning values one by one); other queries, and any rows the page reader refuses, are read column-wise into
 Arrow through the ADBC SQLite driver (no Python object per row; :mod:`._nsys_engine`).
 The big tables are read in chunks of about :data:`CHUNK_ROWS` rows (runs of leaf pages,
 or rowid ranges), two at a time, and each chunk is decoded into its final compact
