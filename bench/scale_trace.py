@@ -106,7 +106,9 @@ def best_of(runs: list[dict]) -> dict:
     if not ok:
         return {"failed": runs[-1]["stderr_tail"][-500:], "rc": runs[-1]["rc"]}
     b = min(ok, key=lambda r: r["seconds"])
+    secs = sorted(r["seconds"] for r in ok)
     out = {"seconds": b["seconds"], "seconds_all": [r["seconds"] for r in ok],
+           "seconds_median": secs[len(secs) // 2] if len(secs) % 2 else round((secs[len(secs) // 2 - 1] + secs[len(secs) // 2]) / 2, 3),
            "peak_rss_mb": max(r["peak_rss_mb"] for r in ok)}
     if len(ok) < len(runs):
         bad = next(r for r in runs if r["rc"] != 0)
@@ -165,7 +167,26 @@ def _machine() -> dict:
 
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
             "pandas": pandas.__version__, "recsys_doctor": recsys_doctor.__version__, "gpu": None,
-            "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+            "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            **_cpu()}
+
+
+def _cpu() -> dict:
+    """The CPU's model and the vector extensions engines pick code paths by (nsys-ai's DuckDB
+    time moved 2-3x between two VM builds of this machine while ours moved 1.2x)."""
+    model, flags = None, []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if model is None and line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    flags = sorted(x for x in have if x.startswith(("avx", "sse4", "bmi")) or x in ("erms", "fsrm"))
+                    break
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_flags": flags}
 
 
 def main() -> None:
