@@ -173,7 +173,7 @@ def _machine() -> dict:
 
 def _cpu() -> dict:
     """The CPU's model and the vector extensions engines pick code paths by (nsys-ai's DuckDB
-    time moved 2-3x between two VM builds of this machine while ours moved 1.2x)."""
+    times moved 2-3x between two kernel builds of the dev machine)."""
     model, flags = None, []
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
