@@ -35,6 +35,7 @@ import os
 import platform
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,9 +107,8 @@ def best_of(runs: list[dict]) -> dict:
     if not ok:
         return {"failed": runs[-1]["stderr_tail"][-500:], "rc": runs[-1]["rc"]}
     b = min(ok, key=lambda r: r["seconds"])
-    secs = sorted(r["seconds"] for r in ok)
     out = {"seconds": b["seconds"], "seconds_all": [r["seconds"] for r in ok],
-           "seconds_median": secs[len(secs) // 2] if len(secs) % 2 else round((secs[len(secs) // 2 - 1] + secs[len(secs) // 2]) / 2, 3),
+           "seconds_median": round(statistics.median(r["seconds"] for r in ok), 3),
            "peak_rss_mb": max(r["peak_rss_mb"] for r in ok)}
     if len(ok) < len(runs):
         bad = next(r for r in runs if r["rc"] != 0)

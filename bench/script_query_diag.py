@@ -40,6 +40,9 @@ SYNC = bool(int(__import__("os").environ.get("SYNC", "0")))
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import plain_serving_script as pss  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import serve_anchors  # noqa: E402
 from wdl_serving import WideDeep, host_query  # noqa: E402
 
 
@@ -126,61 +129,33 @@ def main() -> None:
         return h.clone()
 
     def floor_query(dense, idx, offs):  # staged copies + a graph per thread whose static inputs are the views
-        if True:
-            if True:
-                args = (dense.to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in idx],
-                        offs.to("cuda", non_blocking=True))
-                flush()
-                gr = getattr(tls, "graph", None)
-                if gr is None:
-                    s = torch.cuda.current_stream()
-                    s.synchronize()
-                    model(*args)
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    if True:
-                        with torch.cuda.graph(g, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
-                            o = model(*args)
-                    tls.graph = gr = (g, o)
-                    ncap[0] += 1
-                gr[0].replay()
-                o = gr[1].clone()
-                if SYNC:
-                    torch.cuda.current_stream().synchronize()
-                return tocpu(o)
+        args = (dense.to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in idx],
+                offs.to("cuda", non_blocking=True))
+        flush()
+        gr = getattr(tls, "graph", None)
+        if gr is None:
+            s = torch.cuda.current_stream()
+            s.synchronize()
+            model(*args)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
+                o = model(*args)
+            tls.graph = gr = (g, o)
+            ncap[0] += 1
+        gr[0].replay()
+        o = gr[1].clone()
+        if SYNC:
+            torch.cuda.current_stream().synchronize()
+        return tocpu(o)
+
     def prepacked_query(q):  # bench/serve_anchors.py graph_prepacked, through the script's loop
-        st = getattr(tls, "pp", None)
-        if st is None:
+        fn = getattr(tls, "pp", None)
+        if fn is None:
             with big2:
-                leaves = [q[0], *q[1], q[2]]
-                nbytes = [t.numel() * t.element_size() for t in leaves]
-                h_in = torch.empty(sum(nbytes), dtype=torch.uint8).pin_memory()
-                d_in = torch.empty_like(h_in, device="cuda")
-                vh, vd, off = [], [], 0
-                for t, nb in zip(leaves, nbytes):
-                    vh.append(h_in[off:off + nb].view(t.dtype).view(t.shape))
-                    vd.append(d_in[off:off + nb].view(t.dtype).view(t.shape))
-                    off += nb
-                for a, t in zip(vh, leaves):
-                    a.copy_(t)
-                d_in.copy_(h_in, non_blocking=True)
-                s = torch.cuda.current_stream()
-                for _ in range(3):
-                    model(vd[0], vd[1:-1], vd[-1])
-                s.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
-                    o = model(vd[0], vd[1:-1], vd[-1])
-                oh = torch.empty(tuple(o.shape), dtype=o.dtype).pin_memory()
-                st = tls.pp = (h_in, d_in, g, o, oh)
+                fn = tls.pp = serve_anchors._graph_client(model, q, "graph_prepacked")
                 ncap[0] += 1
-        h_in, d_in, g, o, oh = st
-        s = torch.cuda.current_stream()
-        d_in.copy_(h_in, non_blocking=True)
-        g.replay()
-        oh.copy_(o, non_blocking=True)
-        s.synchronize()
-        return oh.clone()
+        return fn()
 
     def one_query(q):
         dense, idx, offs = q
