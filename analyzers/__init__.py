@@ -80,4 +80,3 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
             if on_done is not None:
                 on_done(name)
     return (out[0], out[1:]) if summary else (None, out)
-

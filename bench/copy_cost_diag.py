@@ -6,13 +6,14 @@ Ways: ``to`` (the script's ``t.to("cuda", non_blocking=True)``), ``copy_`` into 
 device tensors, ``cu`` (``cuMemcpyHtoDAsync`` through cuda-python into preallocated device
 tensors), ``pack`` (host memcpy of the 28 tensors into one pinned buffer with
 ``torch.cat(out=)``, then one ``copy_``), ``memmove`` (28 ctypes memmoves into one pinned
-buffer, then one ``copy_``), ``sync_only`` (nothing but the synchronize). Each thread uses its own stream; per thread count, the whole loop's
-queries/s (synchronizing the stream once per query, like the script's ``.cpu()``).
+buffer, then one ``copy_``), ``sync_only`` (nothing but the synchronize). Each thread uses
+its own stream; per thread count, the whole loop's queries/s (synchronizing the stream once per query, like the script's ``.cpu()``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -36,7 +37,7 @@ def main() -> None:
 
     memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
         ctypes._memmove_addr)
-    ways = __import__("os").environ.get("WAYS", "to,cu,pack,memmove,sync_only").split(",")
+    ways = os.environ.get("WAYS", "to,cu,pack,memmove,sync_only").split(",")
     for way in ways:
         for n in counts:
             qs = []

@@ -27,16 +27,17 @@ Environment knobs (each 0/1 unless said): ``SYNC`` (synchronize the stream befor
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
 
 import torch
 
-PINOUT = bool(int(__import__("os").environ.get("PINOUT", "0")))
-ONE_THREAD = bool(int(__import__("os").environ.get("ONE_THREAD", "0")))
-SWITCH = float(__import__("os").environ.get("SWITCH", "0"))
-SYNC = bool(int(__import__("os").environ.get("SYNC", "0")))
+PINOUT = bool(int(os.environ.get("PINOUT", "0")))
+ONE_THREAD = bool(int(os.environ.get("ONE_THREAD", "0")))
+SWITCH = float(os.environ.get("SWITCH", "0"))
+SYNC = bool(int(os.environ.get("SYNC", "0")))
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import plain_serving_script as pss  # noqa: E402

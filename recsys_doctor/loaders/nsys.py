@@ -1,16 +1,17 @@
 """Nsight Systems SQLite export -> canonical :class:`~recsys_doctor.model.Trace`.
 
 The export is already a database. Its big tables hold only integers: where a table's
-``SELECT`` only picks columns, its rows are decoded straight from the file's b-tree pages
-(:mod:`._sqlite_pages`: a C loop where the install built it, numpy otherwise; several
-times faster than SQLite returning values one by one); other queries, and any rows the page reader refuses, are read column-wise into
-Arrow through the ADBC SQLite driver (no Python object per row; :mod:`._nsys_engine`).
-The big tables are read in chunks of about :data:`CHUNK_ROWS` rows (runs of leaf pages,
-or rowid ranges), two at a time, and each chunk is decoded into its final compact
-columns in the same worker thread (:mod:`._nsys_tables`, :mod:`._nsys_columns`) before
-more is read: memory stays near the size of the result, not of the raw rows. Strings
-never travel per row: ``StringIds`` ids and enum codes come back as integers and become
-pandas categoricals once, when the chunks are joined.
+``SELECT`` only picks columns, its rows are decoded straight from the file's b-tree
+pages (:mod:`._sqlite_pages`: a C loop where the install built it, numpy otherwise;
+several times faster than SQLite returning values one by one); other queries, and any
+rows the page reader refuses, are read column-wise into Arrow through the ADBC SQLite
+driver (no Python object per row; :mod:`._nsys_engine`). The big tables are read in
+chunks of about :data:`CHUNK_ROWS` rows (runs of leaf pages, or rowid ranges), two at a
+time, and each chunk is decoded into its final compact columns in the same worker thread
+(:mod:`._nsys_tables`, :mod:`._nsys_columns`) before more is read: memory stays near the
+size of the result, not of the raw rows. Strings never travel per row: ``StringIds`` ids
+and enum codes come back as integers and become pandas categoricals once, when the
+chunks are joined.
 
 The pieces: :mod:`._nsys_file` (gzip, header checks), :mod:`._nsys_schema` (tables,
 columns and version of this export: exports from 2020 to 2026 differ),
