@@ -7,6 +7,8 @@ one new module and one line in :data:`ANALYZERS`.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from functools import partial
 from typing import Callable
 
@@ -57,8 +59,6 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
     for the two processes, and the tables most of them share (operations joined to their
     launch calls, the steady-state window, the idle gaps) are built first, once, so that
     neither process builds them again after the fork."""
-    from ._ops import launches
-    from ._recoverable import idle_gaps, steady_window
     from .summary import summarize
 
     options = options or Options()
@@ -66,9 +66,7 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
     tasks = ([partial(summarize, trace)] if summary else []) + [partial(fn, trace, options)
                                                                 for fn in ANALYZERS.values()]
     if parallel and second_cpu():
-        launches(trace)
-        steady_window(trace, options)
-        idle_gaps(trace, options)
+        _shared_tables(trace, options)
         first = [n for n in PARALLEL_ORDER if n in names]
         first = first[:2] + (["summary"] if summary else []) + first[2:]
         order = [names.index(n) for n in first] + [i for i, n in enumerate(names) if n not in first]
@@ -80,3 +78,27 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
             if on_done is not None:
                 on_done(name)
     return (out[0], out[1:]) if summary else (None, out)
+
+
+def _shared_tables(trace: Trace, options: Options) -> None:
+    """Build the tables most analyzers share, once: the launch join here while a thread
+    finds the idle gaps (both are mostly numpy sorts, searches and gathers, which release
+    the GIL, so the two overlap on two CPUs). Whatever the thread fails to build is built
+    again, and its error raised, by the first analyzer that asks."""
+    from ._ops import launches, op_table
+    from ._recoverable import idle_gaps, steady_window
+
+    op_table(trace)
+    steady_window(trace, options)  # (the per-trace caches exist before the thread starts)
+    gaps = threading.Thread(target=_quietly, args=(idle_gaps, trace, options), name="recsys-doctor-gaps",
+                            daemon=True)
+    gaps.start()
+    try:
+        launches(trace)
+    finally:
+        gaps.join()
+
+
+def _quietly(fn: Callable[..., object], *args: object) -> None:
+    with contextlib.suppress(Exception):
+        fn(*args)

@@ -158,7 +158,8 @@ def where_shares(labels: Any, weights: Any = None, *, key: str, top: int = 5,
     else:
         lab = np.asarray(labels, dtype=object)
         n = len(lab)
-    w = pd.Series(np.ones(n) if weights is None else np.asarray(weights, dtype=float))
+    raw = None if weights is None else np.asarray(weights)
+    w = pd.Series(np.ones(n) if raw is None else raw.astype(float))
     total = float(w.sum())
     if total <= 0 or n == 0:
         return []
@@ -166,9 +167,20 @@ def where_shares(labels: Any, weights: Any = None, *, key: str, top: int = 5,
     # groups by label as a groupby on the labels would, before ranking them
     if not isinstance(labels, tuple):
         codes, uniq = pd.factorize(lab)
+    codes = np.asarray(codes)
     ok = codes >= 0
-    g = w[ok].groupby(codes[ok]).sum()
-    g.index = pd.Index(uniq, dtype=object)[g.index.to_numpy()]
+    wv = w.to_numpy()
+    if raw is None or (raw.dtype.kind in "iub" and float(np.abs(wv).sum()) < 2.0**53):
+        # counts, or integer weights whose every partial sum is exact in a float64: a
+        # bincount gives the groupby's sums exactly, in one pass
+        c = codes[ok]
+        count = np.bincount(c, minlength=len(uniq))
+        sums = count.astype(float) if raw is None else np.bincount(c, weights=wv[ok], minlength=len(uniq))
+        present = np.flatnonzero(count)
+        g = pd.Series(sums[present], index=pd.Index(uniq, dtype=object)[present])
+    else:
+        g = w[ok].groupby(codes[ok]).sum()
+        g.index = pd.Index(uniq, dtype=object)[g.index.to_numpy()]
     g = g.sort_index().sort_values(ascending=False)
     out = []
     for name, v in g.head(top).items():

@@ -215,11 +215,13 @@ def api_thread_spans(trace: Trace) -> pd.DataFrame:
     def make() -> pd.DataFrame:
         api = trace.api
         codes, pid, tid = pair_codes(api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64))
-        lo = pd.Series(api["start"].to_numpy(np.int64)).groupby(codes).min()
-        hi = pd.Series(api["end"].to_numpy(np.int64)).groupby(codes).max()
-        c = lo.index.to_numpy()
-        index = pd.MultiIndex.from_arrays([pid[c], tid[c]], names=["pid", "tid"])
-        return pd.DataFrame({"lo": lo.to_numpy(), "hi": hi.to_numpy()}, index=index).sort_index()
+        # every code has a row: one unbuffered pass each (not a groupby)
+        lo = np.full(len(pid), np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full(len(pid), np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(lo, codes, api["start"].to_numpy(np.int64))
+        np.maximum.at(hi, codes, api["end"].to_numpy(np.int64))
+        index = pd.MultiIndex.from_arrays([pid, tid], names=["pid", "tid"])
+        return pd.DataFrame({"lo": lo, "hi": hi}, index=index).sort_index()
     return cached(trace, "api_thread_spans", make)
 
 

@@ -18,7 +18,9 @@ from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
     "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
-    "launches", "op_table", "op_api_rows", "take_str", "per_value", "per_key", "str_contains", "OP_KINDS", "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels", "thread_label_codes", "norm_name", "share", "r",
+    "launches", "op_table", "op_api_rows", "take_str", "str_is", "per_value", "per_key", "str_contains", "OP_KINDS",
+    "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels",
+    "thread_label_codes", "norm_name", "share", "r",
     "SYNC_RE", "BLOCKING_COPY_RE", "GRAPH_LAUNCH_RE",
 ]
 
@@ -71,6 +73,18 @@ def take_str(s: pd.Series, rows: Any = None) -> np.ndarray:
         codes = codes[rows]
     vals = np.append(np.asarray(s.cat.categories, dtype=object), np.nan)
     return vals[codes]
+
+
+def str_is(s: pd.Series, value: str, rows: Any = None) -> np.ndarray:
+    """``take_str(s, rows) == value`` (bool per row): for a categorical, a compare of the
+    integer codes, no Python object per row."""
+    if not isinstance(s.dtype, pd.CategoricalDtype):
+        return np.asarray(take_str(s, rows) == value, dtype=bool)
+    codes = s.cat.codes.to_numpy()
+    if rows is not None:
+        codes = codes[rows]
+    hit = np.flatnonzero(np.asarray(s.cat.categories, dtype=object) == value)
+    return codes == hit[0] if hit.size else np.zeros(codes.shape, dtype=bool)
 
 
 def per_value(s: pd.Series, fn: Callable[[Any], Any], rows: Any = None) -> np.ndarray:
@@ -132,7 +146,18 @@ def thread_labels(trace: Trace, pids: Any, tids: Any) -> list[str]:
 def group_codes(*cols: Any) -> tuple[np.ndarray, list[tuple]]:
     """Rows grouped by several integer columns, as ``groupby(cols, sort=True)`` numbers
     them: (group of each row, the key of each group in sorted order), with one hash pass
-    per column and no tuple per row."""
+    per column and no tuple per row (one pass in all where the columns' ranges pack into
+    one int64: the usual pids, devices, streams and thread ids)."""
+    packed = _packed_key(cols)
+    if packed is not None:
+        key, lows, widths = packed
+        codes, ukeys = pd.factorize(key, sort=True)
+        rest = np.asarray(ukeys, dtype=np.int64)
+        parts = []
+        for lo, w in zip(reversed(lows), reversed(widths)):
+            parts.append(rest % w + lo)
+            rest = rest // w
+        return codes, list(zip(*[p.tolist() for p in reversed(parts)]))
     key = np.zeros(len(cols[0]), dtype=np.int64)
     uniqs = []
     for c in cols:
@@ -146,6 +171,30 @@ def group_codes(*cols: Any) -> tuple[np.ndarray, list[tuple]]:
         parts.append(u[rest % max(len(u), 1)])
         rest = rest // max(len(u), 1)
     return codes, list(zip(*[p.tolist() for p in reversed(parts)]))
+
+
+def _packed_key(cols: tuple[Any, ...]) -> tuple[np.ndarray, list[int], list[int]] | None:
+    """Integer columns packed into one int64 key in mixed radix, whose order is the
+    columns' lexicographic order: (key, each column's minimum, each column's width);
+    None when a column is not integer or the ranges do not fit in 62 bits."""
+    arrs = [np.asarray(c) for c in cols]
+    if not len(arrs[0]) or any(a.dtype.kind not in "iu" for a in arrs):
+        return None
+    lows, widths, span = [], [], 1
+    for a in arrs:
+        lo, hi = int(a.min()), int(a.max())
+        w = hi - lo + 1
+        span *= w
+        if span >= 1 << 62:
+            return None
+        lows.append(lo)
+        widths.append(w)
+    key = np.zeros(len(arrs[0]), dtype=np.int64)
+    for a, lo, w in zip(arrs, lows, widths):
+        key *= w
+        key += a.astype(np.int64, copy=False)
+        key -= lo
+    return key, lows, widths
 
 
 def thread_label_codes(trace: Trace, pids: Any, tids: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -135,10 +135,13 @@ def _round_trips(trace: Trace, hd: pd.DataFrame, options: Options) -> pd.DataFra
     gaps = idle_gaps(trace, options)
     if not len(gaps):
         return gaps.iloc[:0]
-    d2h = hd[hd["kind"] == "d2h"]
-    ends = pd.MultiIndex.from_arrays([d2h["device"].to_numpy(np.int64), d2h["end"].to_numpy(np.int64)])
-    m = pd.MultiIndex.from_arrays([gaps["device"].to_numpy(np.int64),
-                                   gaps["start"].to_numpy(np.int64)]).isin(ends)
+    d2h = (hd["kind"] == "d2h").to_numpy(bool)
+    ddev, dend = hd["device"].to_numpy(np.int64)[d2h], hd["end"].to_numpy(np.int64)[d2h]
+    gdev, gstart = gaps["device"].to_numpy(np.int64), gaps["start"].to_numpy(np.int64)
+    m = np.zeros(len(gaps), dtype=bool)  # (device, gap start) is some (device, D2H end)
+    for d in np.unique(gdev):
+        at = gdev == d
+        m[at] = np.isin(gstart[at], dend[ddev == d])
     return gaps[m & gaps["steady"].to_numpy(bool)]
 
 

@@ -36,7 +36,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._recoverable import examples, finish, idle_gaps, report, steady_window
-from ._util import group_codes, launches, merge_intervals, r, stream_label, thread_label, thread_label_codes
+from ._util import group_codes, launches, merge_intervals, pair_codes, r, stream_label, thread_label, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -53,10 +53,7 @@ def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
     # sweep over per-thread unions: count of threads inside a call at each instant
     allS = np.concatenate([v[0] for v in merged])
     allE = np.concatenate([v[1] for v in merged])
-    times = np.concatenate([allS, allE])
-    delta = np.concatenate([np.ones(allS.size, np.int64), -np.ones(allE.size, np.int64)])
-    o = np.lexsort((delta, times))  # ends before starts at equal times
-    times, delta = times[o], delta[o]
+    times, delta = _sweep_events(allS, allE)
     c = np.cumsum(delta)[:-1]
     seg = np.diff(times)
     busy = float((c * seg).sum())
@@ -84,6 +81,19 @@ def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
             hit[point] = (i >= 0) & (oe[np.maximum(i, 0)] > st[point])
         overlapped[m] = hit
     return share, overlapped
+
+
+def _sweep_events(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every start (+1) and end (-1) in time order, ends before starts at equal times:
+    (times, deltas). One sort of ``2 * time + is_start`` where that fits in an int64."""
+    times = np.concatenate([starts, ends])
+    if times.size and -(1 << 61) <= times.min() and times.max() < 1 << 61:
+        key = np.concatenate([starts * 2 + 1, ends * 2])
+        key.sort(kind="stable")  # sorted runs (each thread's starts, its ends): a merge
+        return key >> 1, (key & 1) * 2 - 1
+    delta = np.concatenate([np.ones(starts.size, np.int64), -np.ones(ends.size, np.int64)])
+    o = np.lexsort((delta, times))
+    return times[o], delta[o]
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
@@ -127,11 +137,13 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
     if not len(j):
         return streams, flagged, calls_of
     code, uniq = group_codes(j["pid"].to_numpy(), j["device"].to_numpy(), j["stream"].to_numpy())
-    nthreads = pd.Series(j["tid"].to_numpy()).groupby(code).nunique()
-    many = nthreads.index[nthreads.to_numpy() >= options.contention_min_threads].to_numpy()
+    _, pair_stream, _ = pair_codes(code, j["tid"].to_numpy())  # distinct (stream, thread) pairs
+    nthreads = np.bincount(pair_stream, minlength=len(uniq))  # threads per stream
+    many = np.flatnonzero(nthreads >= options.contention_min_threads)
     if not many.size:
         return streams, flagged, calls_of
-    order = np.argsort(code, kind="stable")
+    # few streams: a narrow code sorts by counting (numpy's radix sort), stably
+    order = np.argsort(code.astype(np.int16) if len(uniq) < 1 << 15 else code, kind="stable")
     bounds = np.searchsorted(code[order], np.arange(len(uniq) + 1))
     cols = {c: j[c].to_numpy() for c in ("pid", "device", "stream", "tid", "api_start", "api_end")}
     for c in many:
@@ -156,11 +168,15 @@ def _stream_info(trace: Trace, pid: int, dev: int, st: int, nt: int, calls: pd.D
     d = (calls["api_end"] - calls["api_start"]).to_numpy(np.int64)
     med_over = float(np.median(d[overlapped])) if overlapped.any() else None
     med_alone = float(np.median(d[~overlapped])) if (~overlapped).any() else None
-    per_thread = calls.groupby("tid").size().sort_values(ascending=False)
+    tcode, tuniq = pd.factorize(tids, sort=True)
+    per_thread = pd.Series(np.bincount(tcode, minlength=len(tuniq)), index=pd.Index(tuniq, name="tid"))
+    per_thread = per_thread.sort_values(ascending=False)
     # threads whose launch span [first, last] overlaps another thread's span: a
     # warm-up thread that finished before the clients started does not count
-    span = calls.groupby("tid").agg(lo=("api_start", "min"), hi=("api_end", "max"))
-    lo, hi = span["lo"].to_numpy(), span["hi"].to_numpy()
+    lo = np.full(len(tuniq), np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(len(tuniq), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, tcode, calls["api_start"].to_numpy(np.int64))
+    np.maximum.at(hi, tcode, calls["api_end"].to_numpy(np.int64))
     ov = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
     np.fill_diagonal(ov, False)
     concurrent = int(ov.any(axis=1).sum())

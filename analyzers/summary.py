@@ -33,10 +33,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..model import Trace
 from ._ops import device_busy, op_api_rows, op_table, what_is
-from ._util import GRAPH_LAUNCH_RE, group_codes, str_contains
+from ._util import GRAPH_LAUNCH_RE, group_codes, pair_codes, str_contains
 
 __all__ = ["summarize", "SHORT_KERNEL_NS", "device_windows", "direction_switches"]
 
@@ -61,10 +62,8 @@ def launch_threads_per_stream_max(trace: Trace) -> int:
         return 0
     tid = trace.api["tid"].to_numpy(np.int64)[rows[m]]
     stream, _ = group_codes(*(ops[c].to_numpy(np.int64)[m] for c in ("pid", "device", "stream")))
-    pairs, _ = group_codes(stream, tid)
-    per_pair = np.zeros(pairs.max() + 1, dtype=np.int64)
-    per_pair[pairs] = stream
-    return int(np.bincount(per_pair).max())
+    _, stream_of_pair, _ = pair_codes(stream, tid)  # each distinct (stream, thread) once
+    return int(np.bincount(stream_of_pair).max())
 
 
 def direction_switches(memcpys: Any) -> int:
@@ -75,11 +74,24 @@ def direction_switches(memcpys: Any) -> int:
         return 0
     # a stable sort of the three key columns (no copy of the table)
     p, s, e = (memcpys[c].to_numpy()[sel] for c in ("pid", "start", "end"))
-    order = np.lexsort((e, s, p))
-    k = (memcpys["kind"] == "h2d").to_numpy()[sel][order]
-    p = p[order]
+    k = (memcpys["kind"] == "h2d").to_numpy()[sel]
+    order = _pid_start_end_order(p, s, e)
+    if order is not None:
+        k, p = k[order], p[order]
     same_pid = p[1:] == p[:-1]
     return int(((k[1:] != k[:-1]) & same_pid).sum())
+
+
+def _pid_start_end_order(p: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray | None:
+    """``np.lexsort((e, s, p))``, or None where that is the identity. Tables come in
+    start order, so usually only the processes need sorting: a stable sort of their
+    narrow codes (numpy sorts those by counting), none at all for one process."""
+    if s.size > 1 and not bool(((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1]))).all()):
+        return np.lexsort((e, s, p))
+    codes, uniq = pd.factorize(p, sort=True)
+    if len(uniq) <= 1:
+        return None
+    return np.argsort(codes.astype(np.int16) if len(uniq) < 1 << 15 else codes, kind="stable")
 
 
 def summarize(trace: Trace) -> dict[str, Any]:

@@ -32,8 +32,8 @@ from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._ops import api_keys_in, api_thread_spans
 from ._recoverable import examples, finish, gaps_containing, idle_gaps, report, steady_window
-from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_contains, take_str, thread_label,
-                    thread_label_codes)
+from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_contains, str_is,
+                    thread_label, thread_label_codes)
 
 __all__ = ["analyze"]
 
@@ -99,7 +99,7 @@ def _sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
     if pj is None or not len(pj):
         return m, 0
     rows = pj["row"].to_numpy(np.int64)
-    pg = (take_str(mc["kind"], rows) == "d2h") & (take_str(mc["dst_mem"], rows) == "pageable")
+    pg = str_is(mc["kind"], "d2h", rows) & str_is(mc["dst_mem"], "pageable", rows)
     if not pg.any():
         return m, 0
     pm = api_keys_in(trace, pj["pid"].to_numpy(np.int64)[pg], pj["correlation"].to_numpy(np.int64)[pg]) & ~m

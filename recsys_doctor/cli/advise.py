@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from .._process import import_numpy_quietly
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options, parse_set_pairs
 from .._json import json_default
@@ -80,6 +81,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     side, worst ranks first, stragglers, and NCCL communication/compute overlap per rank.
     The ranks are analyzed in parallel by local processes, or on Dask with --dask.
     """
+    import_numpy_quietly()
     if len(traces) == 1 and not demo and not dask_address and traces[0].is_file():
         # a large PyTorch profiler trace: a forked process starts decoding it now, while
         # this one imports the analyzers (the loader takes that work over)

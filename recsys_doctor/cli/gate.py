@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .._process import import_numpy_quietly
 from .._format import fmt
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options
@@ -90,6 +91,7 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
     runs) become --baseline-db baselines, looked up by the workload key: the trace's
     path (relative to its git top level), GPUs, --start/--end/--nvtx and changed options.
     """
+    import_numpy_quietly()
     from .. import gate, history
 
     if baseline_file and baseline_branch:
@@ -154,6 +156,7 @@ def _record(result: Any, db: Path | None, **kw: Any) -> None:
 def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out: Path | None) -> None:
     """Compare run A (before) with run B (after): metric deltas and the findings that
     appeared or disappeared. A and B are traces or saved `advise --json` outputs."""
+    import_numpy_quietly()
     from .. import gate
 
     ra = gate.load_run(a, Options(), progress=sys.stderr.isatty())

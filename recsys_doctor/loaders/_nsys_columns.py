@@ -48,11 +48,13 @@ def categorical(codes: np.ndarray, values: np.ndarray) -> pd.Categorical:
     Categories are the distinct values used, sorted (so sorting the column orders it as
     the plain strings would); work is per row only in numpy (``bincount``, one ``take``)."""
     n_val = len(values)
-    codes = np.asarray(codes, dtype=np.int64)
-    valid = codes >= 0
-    if n_val == 0 or not valid.any():
+    codes = np.asarray(codes)
+    if codes.dtype.kind not in "iu":
+        codes = codes.astype(np.int64)
+    if n_val == 0 or not len(codes) or codes.max() < 0:
         return pd.Categorical.from_codes(np.full(len(codes), -1, dtype=np.int8), categories=[])
-    used = np.flatnonzero(np.bincount(codes[valid], minlength=n_val))
+    # (no mask and no copy when every row has a value: the usual case)
+    used = np.flatnonzero(np.bincount(codes if codes.min() >= 0 else codes[codes >= 0], minlength=n_val))
     vals = [values[i] for i in used]
     distinct = {v for v in vals if v is not None and not (isinstance(v, float) and v != v)}
     try:
@@ -60,9 +62,19 @@ def categorical(codes: np.ndarray, values: np.ndarray) -> pd.Categorical:
     except TypeError:  # mixed types (never in a real export): first-seen order
         cats = list(dict.fromkeys(v for v in vals if v in distinct))
     index = {v: i for i, v in enumerate(cats)}
-    lut = np.full(n_val + 1, -1, dtype=np.int64)  # the extra last slot maps code -1
+    # the codes come out in the narrowest type pandas keeps them in, checked here: the
+    # lookup table holds only -1 and category numbers
+    lut = np.full(n_val + 1, -1, dtype=_code_dtype(len(cats)))  # the extra last slot maps code -1
     lut[used] = [index.get(v, -1) if v in distinct else -1 for v in vals]
-    return pd.Categorical.from_codes(lut[codes], categories=pd.Index(cats, dtype=object))
+    return pd.Categorical.from_codes(lut[codes], categories=pd.Index(cats, dtype=object), validate=False)
+
+
+def _code_dtype(n: int) -> type:
+    """The integer type pandas stores the codes of ``n`` categories in."""
+    for t in (np.int8, np.int16, np.int32):
+        if n < np.iinfo(t).max:
+            return t
+    return np.int64
 
 
 def enum_codes(col: pd.Series | None, names: dict[int, str], default: str | None, n: int) -> Codes:
@@ -154,12 +166,20 @@ def decode_ids(df: pd.DataFrame) -> pd.DataFrame:
 
 def distinct_threads(df: pd.DataFrame) -> pd.DataFrame:
     """The distinct non-null (pid, tid) pairs of a table, as int64 columns."""
-    t = df[["pid", "tid"]].dropna()
-    p = pd.to_numeric(t["pid"]).to_numpy(dtype=np.int64)
-    q = pd.to_numeric(t["tid"]).to_numpy(dtype=np.int64)
+    if all(df[c].dtype.kind in "iu" for c in ("pid", "tid")):  # no nulls to drop: no copy of the table
+        t = df[["pid", "tid"]]
+        p = df["pid"].to_numpy(dtype=np.int64)
+        q = df["tid"].to_numpy(dtype=np.int64)
+    else:
+        t = df[["pid", "tid"]].dropna()
+        p = pd.to_numeric(t["pid"]).to_numpy(dtype=np.int64)
+        q = pd.to_numeric(t["tid"]).to_numpy(dtype=np.int64)
     if len(p) and (p.min() < -(1 << 30) or p.max() >= 1 << 30 or q.min() < -(1 << 31) or q.max() >= 1 << 31):
         return t.astype("int64").drop_duplicates()  # ids beyond 32 bits: the general way
-    k = pd.unique(p * (1 << 32) + (q & 0xFFFFFFFF))  # a hash pass, no sort
+    k = p * (1 << 32) + (q & 0xFFFFFFFF)
+    if len(k) > 1:  # a call's thread is mostly the previous call's: hash only where it changes
+        k = k[np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))]
+    k = pd.unique(k)  # a hash pass, no sort
     lo = k & 0xFFFFFFFF
     return pd.DataFrame({"pid": (k - lo) >> 32, "tid": np.where(lo >= 1 << 31, lo - (1 << 32), lo)})
 
