@@ -147,13 +147,13 @@ def _api_index(trace: Trace) -> tuple[np.ndarray, np.ndarray | None] | None:
         return None
     if len(key) < 2 or bool((key[1:] > key[:-1]).all()):  # distinct and sorted already (one process)
         return key, rows
-    rows = np.arange(len(corr)) if rows is None else rows
     order = np.argsort(key, kind="stable")  # nearly sorted already: correlation ids grow with time
     ks = key[order]
     first = np.ones(len(ks), dtype=bool)
     first[1:] = ks[1:] != ks[:-1]
     if first.all():  # distinct keys (the usual case): no boolean indexing
-        return ks, (order if len(rows) == len(corr) else rows[order])
+        return ks, (order if rows is None else rows[order])
+    rows = np.arange(len(corr)) if rows is None else rows
     # shared keys: the earliest start wins, then table order
     st = api["start"].to_numpy()[rows]
     if len(st) > 1 and not (st[1:] >= st[:-1]).all():  # table not in time order
