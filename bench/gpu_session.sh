@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call of issue-8 work on the GPU machine: set-up, then the named parts, each with
 # its own time limit, logs and results under $OUT.  usage: bash bench/gpu_session.sh PART...
-# parts: tests alltests anchors variants harness apply (wdl + script + mmoe through bench/apply_acceptance.sh)
+# parts: tests alltests applytests threadgraph anchors variants harness apply (wdl + script + mmoe through bench/apply_acceptance.sh)
 #        prof8 (nsys + advise of the hand-roll and the runtime at Q=8) hookdiag (plain script, 4 threads/group);
 # carry .whl and .gpu-libs
 set -u
@@ -62,6 +62,29 @@ for part in "$@"; do
           python3 examples/plain_serving_script.py --threads 8 --duration 2 > "$OUT/hook_g$g.log" 2>&1
         echo "groups=$g rc=$?"; grep -v "^ " "$OUT/hook_g$g.log" | tail -12
       done;;
+    applytests)  # the hook's GPU tests (tests/test_apply_gpu.py) and its CPU ones beside them
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q tests/test_apply_gpu.py tests/test_autoapply_copies.py \
+        tests/test_autoapply_gate.py tests/test_autoapply_key.py -p no:cacheprovider -rs > "$OUT/apply_tests.log" 2>&1
+      echo "applytests rc=$?"; tail -8 "$OUT/apply_tests.log";;
+    threadgraph)  # the plain script, 8 threads, through `apply` with thread graphs off and on, eager beside
+      : > "$OUT/threadgraph.jsonl"
+      for g in 8 4; do echo "{\"runtime\": {\"groups\": $g, \"cuda_graphs\": true}}" > /tmp/plan_g$g.json; done
+      for round in $(seq 1 ${ROUNDS:-3}); do
+        r=$(timeout 60 python3 examples/plain_serving_script.py --threads 8 --duration 2 2>>"$OUT/threadgraph.err" | tail -1)
+        echo "{\"round\": $round, \"config\": \"eager\", \"result\": ${r:-null}}" >> "$OUT/threadgraph.jsonl"
+        for cfg in g8_off g8_on g4_on; do
+          g=${cfg%_*}; g=${g#g}; tg=$([ "${cfg#*_}" = on ] && echo 1 || echo 0)
+          r=$(RECSYS_DOCTOR_THREAD_GRAPHS=$tg RECSYS_DOCTOR_AUTOAPPLY_LOG=1 timeout 90 recsys-doctor apply /tmp/plan_g$g.json -- \
+              python3 examples/plain_serving_script.py --threads 8 --duration 2 2>>"$OUT/threadgraph.err" | tail -1)
+          echo "{\"round\": $round, \"config\": \"$cfg\", \"result\": ${r:-null}}" >> "$OUT/threadgraph.jsonl"
+        done
+      done
+      python3 -c "
+import json,sys
+for l in open(sys.argv[1]):
+    d=json.loads(l); r=d['result'] or {}
+    print(d['round'], d['config'], r.get('qps'), r.get('p99_ms'), r.get('checksum'))" "$OUT/threadgraph.jsonl"
+      grep "recsys-doctor apply: {" "$OUT/threadgraph.err" | tail -4;;
     harness)  # what the workload driver adds on top of the runtime (bench/harness_overhead.py)
       OUT=$OUT timeout ${HARNESS_TIMEOUT:-200} python3 bench/harness_overhead.py > "$OUT/harness.log" 2>&1
       echo "harness rc=$?"; cat "$OUT/harness.log";;

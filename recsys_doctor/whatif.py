@@ -19,8 +19,11 @@ can be checked by hand and held to account next to the measured numbers:
      ``H = graph_host_ns`` (measured on the H100 by ``bench/serve_anchors.py``; the eager
      per-operation cost ``h`` says nothing about it, which is why an older form of this
      model, ``graph_host_ops * h``, predicted the same host-bound number for every group
-     count). A plain script under the start-up hook, which graphs the model call only,
-     keeps its own copies: ``H = graph_host_ns + copies_per_unit * h``. Host work of all
+     count). A plain script under the start-up hook keeps its own ``.to()`` calls, which the
+     thread graphs turn into views (``script_copy_host_ns`` each, measured) while the copies
+     become memcpy nodes of the graph: ``H = graph_host_ns + copies_per_unit *
+     script_copy_host_ns`` and ``copies_per_unit * script_copy_node_ns`` of GPU time instead
+     of the packed transfers. Host work of all
      client threads is serialized (one Python interpreter lock), so the host alone allows
      ``1 / H`` units per second.
    * **GPU time per unit** ``D``. Eager: the measured kernel + copy time. With graphs:
@@ -101,6 +104,18 @@ class WhatIfCosts:
     #: included) for 240 us of kernels and 88 kernels, so well under 1 us each; eager
     #: launches leave far more between them.
     graph_node_gap_ns: float = 200.0
+    #: a plain script under the start-up hook, whose copies the thread graphs take over
+    #: (``recsys_doctor._autoapply``): host time of one such copy (the hook's ``.to()``:
+    #: its checks and the view it hands out, under 8 threads sharing the interpreter lock)
+    #: and GPU time of one memcpy node of the thread's graph (small pinned host-to-device
+    #: copies, one after another). Fit on the H100 to the plain script's measured g4 and g1
+    #: throughput (4,164 and 2,431 q/s with 8 clients, 30.1 copies a query;
+    #: ``bench/results/thread_graphs_h100/``): 4,164 q/s is host-bound, so 60 us + 30.1
+    #: copies x 6 us = 241 us a query; g1 is GPU-bound, so 411 us = 240 us of kernels + 88 x
+    #: 0.2 us + 30.1 x 5 us. None: the older rule, each copy at the trace's eager host time
+    #: per operation and the copies packed into one transfer each way.
+    script_copy_host_ns: float | None = 6_000.0
+    script_copy_node_ns: float | None = 5_000.0
     #: fixed cost of one packed copy (DMA setup) and its bandwidth for small pinned copies.
     copy_fixed_ns: float = 2_000.0
     copy_bytes_per_ns: float = 20.0
@@ -330,9 +345,9 @@ def _overlap(stats: TraceStats, groups: int, clients: int, max_overlap: float | 
 def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
              costs: WhatIfCosts = WhatIfCosts(), script: bool = False) -> Prediction:
     """The predicted throughput/latency (serving) or step time (training) of ``cand``; see
-    the module docstring for the model. ``script``: a plain script under the start-up hook,
-    which graphs the model call only; the script's own copies stay, each costing the
-    trace's host time per operation."""
+    the module docstring for the model. ``script``: a plain script under the start-up hook;
+    its own copies stay calls on the host (``script_copy_host_ns`` each, or the trace's
+    host time per operation) and become graph nodes on the GPU (``script_copy_node_ns``)."""
     q = int(clients if clients is not None else stats.threads)
     if q < 1:
         raise BadInputError(f"clients must be >= 1, got {q}")
@@ -344,9 +359,13 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
         packed_copy_ns = directions * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
     if cand.cuda_graphs:
         host = costs.graph_host_ns if costs.graph_host_ns is not None else costs.graph_host_ops * h
+        copies_ns = packed_copy_ns
         if script:
-            host += stats.copies_per_unit * h
-        gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + packed_copy_ns
+            per_copy = costs.script_copy_host_ns if costs.script_copy_host_ns is not None else h
+            host += stats.copies_per_unit * per_copy
+            if costs.script_copy_node_ns is not None:
+                copies_ns = stats.copies_per_unit * costs.script_copy_node_ns
+        gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + copies_ns
         gpu = max(gpu, costs.min_gpu_share * stats.gpu_ns_per_unit)
     else:
         host = stats.host_ns_per_unit

@@ -209,7 +209,8 @@ def test_a_script_keeps_its_own_copies_on_the_host_by_hand():
     # runtime's graphed query costs graph_host_ns = 100 on the host; a plain script under
     # the hook keeps its own 2 copies: 100 + 2 * 20 = 140 ns, host-bound at 1e9/140 for any
     # group count (the GPU's 88 ns per query, overlapped or not, allows more)
-    costs = WhatIfCosts(graph_host_ns=100, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101)
+    costs = WhatIfCosts(graph_host_ns=100, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101,
+                        script_copy_host_ns=None, script_copy_node_ns=None)
     assert st.copies_per_unit == pytest.approx(2) and st.host_ns_per_op == pytest.approx(20)
     for g in (1, 2, 8):
         p = estimate(st, Candidate(g), clients=8, costs=costs, script=True)
@@ -220,6 +221,25 @@ def test_a_script_keeps_its_own_copies_on_the_host_by_hand():
     assert estimate(st, e, clients=8, costs=costs, script=True).qps == estimate(st, e, clients=8, costs=costs).qps
     ranked = rank(st, [Candidate(8), Candidate(2), Candidate(4)], clients=8, costs=costs, script=True)
     assert [p.candidate.groups for p in ranked] == [2, 4, 8]  # a tie: fewer groups first
+
+
+def test_a_script_whose_copies_the_thread_graphs_take_over_by_hand():
+    st = trace_stats(_trace())
+    # per query: 2 copies, kernels 60 ns, 2 kernels. Host: the runtime's 100 + 2 copies x 7 =
+    # 114. GPU: kernels 60 + 2 x 5 gap + 2 memcpy nodes x 30 (instead of the packed 18) = 130.
+    # Serial share 1/3: overlap 1, 1.5, 2, 2.4 for 1, 2, 4, 8 groups. Limits: host 1e9/114 =
+    # 8.77e6; GPU 1e9 x overlap / 130 = 7.69e6, 11.5e6, ...: g1 GPU-bound, 2+ host-bound
+    costs = WhatIfCosts(graph_host_ns=100, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101,
+                        serial_share=1 / 3, script_copy_host_ns=7, script_copy_node_ns=30)
+    got = {g: estimate(st, Candidate(g), clients=8, costs=costs, script=True) for g in (1, 2, 4, 8)}
+    for g in (1, 2, 4, 8):
+        assert got[g].host_ns == pytest.approx(114) and got[g].gpu_ns == pytest.approx(130)
+    assert got[1].bound == "gpu" and got[1].qps == pytest.approx(1e9 / 130)
+    for g in (2, 4, 8):
+        assert got[g].bound == "host" and got[g].qps == pytest.approx(1e9 / 114)
+    # the same candidates as a workload: no script copies on the host, packed copies on the GPU
+    w = estimate(st, Candidate(1), clients=8, costs=costs)
+    assert w.host_ns == pytest.approx(100) and w.gpu_ns == pytest.approx(88)
 
 
 def test_estimate_training_by_hand():

@@ -76,6 +76,87 @@ def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
             assert torch.equal(o, ref[(k + i) % len(qs)]), (k, i)
 
 
+@pytest.mark.parametrize("groups,threads", [(8, 8), (2, 6)])
+def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, threads):
+    """The plain script's pattern: each client copies its own pinned inputs with
+    ``.to("cuda", non_blocking=True)``, the same tensors every query. Every thread captures
+    a graph of its own (the copies and the model) and replays it. Outputs equal eager's
+    while the inputs' values change in place between queries, when the script reads a
+    copy before the model call (the deferred copies are made first) or changes one in place
+    (the model sees the change), and for copies the script keeps from an earlier query
+    (they keep their values). Groups of 3 threads too."""
+    torch = pytest.importorskip("torch")
+    from recsys_doctor.apply import write_plan
+    from recsys_doctor.script_hook import activate_in_process
+    from recsys_doctor.whatif import Candidate
+
+    model, host_query = _wdl()
+    rounds, keep_at, peek_at, write_at = 10, 6, 7, 8
+    base = []
+    for k in range(threads):
+        torch.manual_seed(70 + k)
+        base.append(host_query(32, 1000))
+    qs = [(d.clone().pin_memory(), [t.clone().pin_memory() for t in i], o.clone().pin_memory()) for d, i, o in base]
+
+    def set_round(k, r):  # new values, in place, in the same pinned tensors
+        (d0, i0, _), (d, i, _) = base[k], qs[k]
+        d.copy_(d0 * (1 + r))
+        for a, b in zip(i, i0):
+            a.copy_((b + r) % 1000)
+
+    def query(k, r):
+        dense, idx, offs = qs[k]
+        with torch.no_grad():
+            d = dense.to("cuda", non_blocking=True)
+            ii = [t.to("cuda", non_blocking=True) for t in idx]
+            o = offs.to("cuda", non_blocking=True)
+            peek = float(d.sum()) if r == peek_at else None  # a use before the model call
+            if r == write_at:
+                d.add_(0.5)  # the script changes its copy before the model call
+            return model(d, ii, o).cpu(), peek, ii
+
+    ref = {}
+    for k in range(threads):
+        for r in range(rounds):
+            set_round(k, r)
+            ref[k, r] = query(k, r)[0]
+    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
+    undo = activate_in_process(plan)
+    import sys
+
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    got: dict = {}
+
+    def client(k: int) -> None:
+        for r in range(rounds):
+            set_round(k, r)
+            out, peek, ii = query(k, r)
+            got[k, r] = out
+            if r == keep_at:
+                got[k, "kept"] = ii
+            if r == peek_at:
+                got[k, "peek"] = (peek, float(qs[k][0].sum()))
+
+    try:
+        errors = run_threads(client, threads)
+        st = hook.stats()
+    finally:
+        undo()
+    assert not errors, errors[0]
+    assert not st["fallbacks"], st["fallbacks"]
+    # replays: every round but the first three (two warm-up calls, the capture) and the two
+    # whose views the script used before the model call (the group's path)
+    assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 5), st
+    assert st["materialized"] >= 2 * threads  # the read and the write before the model call
+    for k in range(threads):
+        for r in range(rounds):
+            assert torch.equal(got[k, r], ref[k, r]), (k, r)
+        peek, want = got[k, "peek"]
+        assert peek == pytest.approx(want, rel=1e-6)
+        kept = [t.cpu() for t in got[k, "kept"]]
+        assert all(torch.equal(a, (b + keep_at) % 1000) for a, b in zip(kept, base[k][1])), k
+
+
 def test_served_workload_equals_default_query():
     torch = pytest.importorskip("torch")
     from recsys_doctor._drive import _default_serve_query

@@ -1,0 +1,156 @@
+"""The script hook's thread graphs, the parts that run without a GPU: which ``.to()`` /
+``.cuda()`` calls it may take over, the deferred-copy view (made on first use, not on a
+look at its shape), a view the script keeps getting its own memory, a copy out of order
+leaving the rest to PyTorch, and matching a model call to the captured arguments.
+
+CPU tensors stand in for the thread's device buffers: the bookkeeping is the same; the
+GPU side (capture, replay, outputs equal to eager) is in ``tests/test_apply_gpu.py``."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from recsys_doctor import _autoapply as hook
+
+torch = pytest.importorskip("torch")
+
+FAKE = SimpleNamespace(device=torch.device, cuda=SimpleNamespace(current_device=lambda: 3))
+
+
+@pytest.mark.parametrize("args,kwargs,want", [
+    (("cuda",), {"non_blocking": True}, 3),
+    (("cuda:1",), {"non_blocking": True}, 1),
+    ((torch.device("cuda", 2),), {"non_blocking": True}, 2),
+    ((torch.device("cuda"),), {"non_blocking": True}, 3),
+    ((), {"device": "cuda:0", "non_blocking": True}, 0),
+    (("cuda",), {}, None),  # blocking: the script may reuse the source right after
+    (("cuda",), {"non_blocking": False}, None),
+    (("cpu",), {"non_blocking": True}, None),
+    ((torch.float16,), {"non_blocking": True}, None),
+    (("cuda", torch.float16), {"non_blocking": True}, None),
+    ((0,), {"non_blocking": True}, None),
+    (("cuda",), {"non_blocking": True, "copy": True}, None),
+    (("cuda:x",), {"non_blocking": True}, None),
+])
+def test_which_to_calls_are_taken_over(args, kwargs, want):
+    assert hook._to_target(FAKE, args, kwargs) == want
+
+
+@pytest.mark.parametrize("args,kwargs,want", [
+    ((), {"non_blocking": True}, 3),
+    ((1, True), {}, 1),
+    ((None, True), {}, 3),
+    ((), {"device": "cuda:2", "non_blocking": True}, 2),
+    ((), {}, None),
+    ((0,), {}, None),
+    ((0,), {"device": 1, "non_blocking": True}, None),
+    ((), {"non_blocking": True, "memory_format": torch.contiguous_format}, None),
+])
+def test_which_cuda_calls_are_taken_over(args, kwargs, want):
+    assert hook._cuda_target(FAKE, args, kwargs) == want
+
+
+@pytest.fixture
+def thread(monkeypatch):
+    """A hooked thread's copy state with a thread graph over two pinned-looking sources;
+    ``tin`` (CPU here) plays the thread's device buffers."""
+    monkeypatch.setitem(hook._state, "lazy_type", hook._make_lazy_type(torch))
+    monkeypatch.setitem(hook._state, "materialized", 0)
+    src = [torch.arange(4.0), torch.arange(10, 16)]
+    tin = [torch.full((4,), -1.0), torch.full((6,), -1, dtype=torch.int64)]
+    tg = hook._ThreadGraph(module="m", graph=None, src=src, tin=tin,
+                           template=hook._template(torch.Tensor, ((tin[0], [tin[1]]), {})), out=torch.zeros(1),
+                           device=0)
+    st = hook._ThreadCopies(stream=None)
+    st.tg = tg
+    calls = []
+
+    def orig(t, *a, **k):
+        calls.append(t)
+        return t.clone()
+
+    return SimpleNamespace(st=st, tg=tg, src=src, tin=tin, orig=orig, calls=calls)
+
+
+def _to(th, t):
+    return hook._copy_in(torch, th.st, t, 0, th.orig, ("cuda",), {"non_blocking": True})
+
+
+def test_expected_copies_are_deferred_until_the_data_is_used(thread):
+    a = _to(thread, thread.src[0])
+    b = _to(thread, thread.src[1])
+    assert thread.calls == [] and thread.st.n == 2 and thread.st.pending
+    # metadata needs no data: nothing copied yet
+    assert a.shape == (4,) and a.dtype == torch.float32 and b.dim() == 1 and len(b) == 6
+    assert thread.tin[0].tolist() == [-1.0] * 4 and hook._state["materialized"] == 0
+    # the first real use makes every deferred copy of the query, then runs as usual
+    c = a * 2
+    assert type(c) is torch.Tensor and c.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert thread.tin[1].tolist() == [10, 11, 12, 13, 14, 15] and not thread.st.pending
+    assert hook._state["materialized"] == 1
+    assert (b + 0).tolist() == list(range(10, 16)) and hook._state["materialized"] == 1
+
+
+def test_a_view_the_script_keeps_gets_its_own_memory(thread):
+    kept = _to(thread, thread.src[0])
+    _to(thread, thread.src[1])
+    hook._materialize(torch, thread.st)  # (as the graph's replay would fill the buffers)
+    thread.st.n, thread.st.pending = 0, False  # the model call ends the query
+    # next query: the buffers will be overwritten, but the script still holds `kept`
+    thread.src[0].add_(100)
+    again = _to(thread, thread.src[0])
+    assert again is not kept
+    with torch._C.DisableTorchFunctionSubclass():
+        assert kept.data_ptr() != thread.tin[0].data_ptr()
+        thread.tin[0].fill_(-5)  # what the next replay does to the buffer
+        assert kept.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_view_the_script_dropped_is_handed_out_again(thread):
+    first = id(_to(thread, thread.src[0]))
+    thread.st.n, thread.st.pending = 0, False
+    assert id(_to(thread, thread.src[0])) == first  # no new object per query
+
+
+def test_a_copy_out_of_order_makes_the_deferred_ones_and_goes_to_pytorch(thread):
+    a = _to(thread, thread.src[0])
+    other = torch.ones(3)
+    out = _to(thread, other)  # not the graph's second copy
+    assert thread.calls == [other] and type(out) is torch.Tensor
+    assert thread.tin[0].tolist() == [0.0, 1.0, 2.0, 3.0] and thread.st.n == -1
+    # the rest of the query too, even the graph's own second source
+    assert type(_to(thread, thread.src[1])) is torch.Tensor and thread.calls[-1] is thread.src[1]
+    with torch._C.DisableTorchFunctionSubclass():
+        assert a.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_changed_source_is_not_taken_over(thread):
+    thread.src[0].resize_(2)
+    out = _to(thread, thread.src[0])
+    assert type(out) is torch.Tensor and thread.calls == [thread.src[0]]
+
+
+def test_a_model_call_matches_its_captured_arguments_only():
+    T = torch.Tensor
+    a, b, c = torch.zeros(1), torch.zeros(2), torch.zeros(3)
+    tmpl = hook._template(T, ((a, [b, c], 7, "x"), {"k": None}))
+    assert hook._matches(T, tmpl, ((a, [b, c], 7, "x"), {"k": None}), iter([a, b, c]))
+    assert not hook._matches(T, tmpl, ((a, [c, b], 7, "x"), {"k": None}), iter([a, b, c]))  # order
+    assert not hook._matches(T, tmpl, ((a, (b, c), 7, "x"), {"k": None}), iter([a, b, c]))  # list vs tuple
+    assert not hook._matches(T, tmpl, ((a, [b, c], 8, "x"), {"k": None}), iter([a, b, c]))  # a constant
+    assert not hook._matches(T, tmpl, ((a, [b, c], 7, "x"), {}), iter([a, b, c]))  # a keyword
+    assert not hook._matches(T, tmpl, ((a, [b, c.clone()], 7, "x"), {"k": None}), iter([a, b, c]))  # another tensor
+    assert not hook._matches(T, tmpl, ((a, [b, c], 7.0, "x"), {"k": None}), iter([a, b, c]))  # 7.0 is not 7
+
+
+def test_refcount_of_a_dropped_view_is_what_copy_in_expects():
+    # _copy_in treats a view as dropped by the script at exactly 3 references (the list,
+    # its local name, getrefcount's argument): check CPython counts so here
+    views = [torch.zeros(1)]
+    view = views[0]
+    assert sys.getrefcount(view) == 3
+    keep = view  # noqa: F841 - the script's reference
+    assert sys.getrefcount(view) == 4
