@@ -110,10 +110,10 @@ class WhatIfCosts:
     #: and GPU time of one memcpy node of the thread's graph (small pinned host-to-device
     #: copies, one after another). Fit on the H100 to the plain script's measured g4 and g1
     #: throughput (4,164 and 2,431 q/s with 8 clients, 30.1 copies a query;
-    #: ``bench/results/thread_graphs_h100/``): 4,164 q/s is host-bound, so 60 us + 30.1
-    #: copies x 6 us = 241 us a query; g1 is GPU-bound, so 411 us = 240 us of kernels + 88 x
-    #: 0.2 us + 30.1 x 5 us. None: the older rule, each copy at the trace's eager host time
-    #: per operation and the copies packed into one transfer each way.
+    #: ``bench/results/thread_graphs_h100/first_run/``): 4,164 q/s is host-bound, so 60 us
+    #: + 30.1 copies x 6 us = 241 us a query; g1 is GPU-bound, so 411 us = 240 us of kernels
+    #: + 88 x 0.2 us + 30.1 x 5 us. None: the older rule, each copy at the trace's eager host
+    #: time per operation and the copies packed into one transfer each way.
     script_copy_host_ns: float | None = 6_000.0
     script_copy_node_ns: float | None = 5_000.0
     #: fixed cost of one packed copy (DMA setup) and its bandwidth for small pinned copies.
