@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["merge_intervals", "pair_codes"]
+__all__ = ["merge_intervals", "pair_codes", "code_order", "code_spans"]
 
 
 def merge_intervals(start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -26,6 +26,23 @@ def merge_intervals(start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
     new[1:] = s[1:] > cm[:-1]
     idx = np.flatnonzero(new)
     return s[idx], np.maximum.reduceat(e, idx)
+
+
+def code_order(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """``np.argsort(codes, kind="stable")`` for group codes ``0..n_codes-1``: with fewer than
+    2**15 groups, of a narrow copy, which numpy sorts by counting (its radix sort)."""
+    return np.argsort(codes.astype(np.int16) if n_codes < 1 << 15 else codes, kind="stable")
+
+
+def code_spans(codes: np.ndarray, n_codes: int, start: Any, end: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per group code ``0..n_codes-1``: the least ``start`` and the greatest ``end`` of its
+    rows (one unbuffered pass each, not a groupby; a code with no row keeps the int64
+    extremes)."""
+    lo = np.full(n_codes, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(n_codes, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, codes, np.asarray(start, dtype=np.int64))
+    np.maximum.at(hi, codes, np.asarray(end, dtype=np.int64))
+    return lo, hi
 
 
 def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
-from ._arrays import merge_intervals, pair_codes
+from ._arrays import code_spans, merge_intervals, pair_codes
 
 __all__ = ["OP_KINDS", "op_table", "op_api_rows", "launches", "cached", "api_thread_spans",
            "api_keys_in", "what_is", "DeviceBusy", "device_busy", "timeline_edges"]
@@ -215,11 +215,7 @@ def api_thread_spans(trace: Trace) -> pd.DataFrame:
     def make() -> pd.DataFrame:
         api = trace.api
         codes, pid, tid = pair_codes(api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64))
-        # every code has a row: one unbuffered pass each (not a groupby)
-        lo = np.full(len(pid), np.iinfo(np.int64).max, dtype=np.int64)
-        hi = np.full(len(pid), np.iinfo(np.int64).min, dtype=np.int64)
-        np.minimum.at(lo, codes, api["start"].to_numpy(np.int64))
-        np.maximum.at(hi, codes, api["end"].to_numpy(np.int64))
+        lo, hi = code_spans(codes, len(pid), api["start"].to_numpy(), api["end"].to_numpy())
         index = pd.MultiIndex.from_arrays([pid, tid], names=["pid", "tid"])
         return pd.DataFrame({"lo": lo, "hi": hi}, index=index).sort_index()
     return cached(trace, "api_thread_spans", make)

@@ -34,6 +34,7 @@ import pandas as pd
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
+from ._arrays import code_order, code_spans
 from ._attribution import any_region, attribute, where_shares
 from ._recoverable import examples, finish, idle_gaps, report, steady_window
 from ._util import group_codes, launches, merge_intervals, pair_codes, r, stream_label, thread_label, thread_label_codes
@@ -142,8 +143,7 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
     many = np.flatnonzero(nthreads >= options.contention_min_threads)
     if not many.size:
         return streams, flagged, calls_of
-    # few streams: a narrow code sorts by counting (numpy's radix sort), stably
-    order = np.argsort(code.astype(np.int16) if len(uniq) < 1 << 15 else code, kind="stable")
+    order = code_order(code, len(uniq))
     bounds = np.searchsorted(code[order], np.arange(len(uniq) + 1))
     cols = {c: j[c].to_numpy() for c in ("pid", "device", "stream", "tid", "api_start", "api_end")}
     for c in many:
@@ -173,10 +173,7 @@ def _stream_info(trace: Trace, pid: int, dev: int, st: int, nt: int, calls: pd.D
     per_thread = per_thread.sort_values(ascending=False)
     # threads whose launch span [first, last] overlaps another thread's span: a
     # warm-up thread that finished before the clients started does not count
-    lo = np.full(len(tuniq), np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.full(len(tuniq), np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(lo, tcode, calls["api_start"].to_numpy(np.int64))
-    np.maximum.at(hi, tcode, calls["api_end"].to_numpy(np.int64))
+    lo, hi = code_spans(tcode, len(tuniq), calls["api_start"].to_numpy(), calls["api_end"].to_numpy())
     ov = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
     np.fill_diagonal(ov, False)
     concurrent = int(ov.any(axis=1).sum())

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
+from ._arrays import code_order
 from ._ops import device_busy, op_api_rows, op_table, what_is
 from ._util import GRAPH_LAUNCH_RE, group_codes, pair_codes, str_contains
 
@@ -91,7 +92,7 @@ def _pid_start_end_order(p: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndar
     codes, uniq = pd.factorize(p, sort=True)
     if len(uniq) <= 1:
         return None
-    return np.argsort(codes.astype(np.int16) if len(uniq) < 1 << 15 else codes, kind="stable")
+    return code_order(codes, len(uniq))
 
 
 def summarize(trace: Trace) -> dict[str, Any]:

@@ -171,14 +171,13 @@ class _Group:
 
 
 class _Entry:
-    __slots__ = ("calls", "graph", "static_in", "static_out", "out_is_tuple", "reason")
+    __slots__ = ("calls", "graph", "static_in", "static_out", "reason")
 
     def __init__(self) -> None:
         self.calls = 0
         self.graph: Any = None
         self.static_in: list[Any] = []
-        self.static_out: Any = None
-        self.out_is_tuple = False
+        self.static_out: Any = None  # a tensor or a tuple of tensors (see _static_out)
         self.reason: str | None = None
 
 
@@ -275,13 +274,25 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     s_args = _rebuild(torch, args, it)
     s_kwargs = _rebuild(torch, kwargs, it)
     g.stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
     # capture on a private stream, never on the group stream: the other threads of the
     # group keep enqueuing their copies on the group stream meanwhile, and work from
     # another thread must not land in (or invalidate) this capture. Replays then run on
     # the group stream (the current stream of the calling thread).
     if g.capture_stream is None:
         g.capture_stream = torch.cuda.Stream()
+    try:
+        graph, out = _graph_of(torch, g.capture_stream, lambda: orig_call(module, *s_args, **s_kwargs))
+    except BaseException:
+        g.capture_stream = None  # (its capture broke: never used again)
+        raise
+    e.static_out = _static_out(torch, out)
+    e.graph = graph
+
+
+def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
+    """(graph, output) of ``run()`` captured on ``stream``, every other model execution of
+    the hooked threads held off meanwhile (the gate)."""
+    graph = torch.cuda.CUDAGraph()
     gate: _Gate = _state["gate"]
     prev = torch.cuda.current_stream()
     gate.acquire_exclusive()
@@ -291,30 +302,39 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
         # creates its handle (cublasCreate allocates, which a capture forbids:
         # CUBLAS_STATUS_NOT_INITIALIZED, then "operation failed due to a previous error
         # during capture" - what failed with more than 2 threads per group)
-        with torch.cuda.stream(g.capture_stream):
-            orig_call(module, *s_args, **s_kwargs)
-        g.capture_stream.synchronize()
-        with torch.cuda.graph(graph, stream=g.capture_stream, capture_error_mode="thread_local"):
-            out = orig_call(module, *s_args, **s_kwargs)
+        with torch.cuda.stream(stream):
+            run()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            out = run()
     except BaseException:
         # torch.cuda.graph's __exit__ skips restoring the current stream when ending the
         # capture fails: without this the thread would stay on a stream whose capture is
         # broken, and every later copy of the thread would fail. End any capture still
-        # open on that stream and never use the stream again.
-        _end_broken_capture(g.capture_stream)
-        g.capture_stream = None
+        # open on that stream (the caller never uses the stream again).
+        _end_broken_capture(stream)
         raise
     finally:
         torch.cuda.set_stream(prev)
         gate.release_exclusive()
-    g.capture_stream.synchronize()
+    stream.synchronize()
+    return graph, out
+
+
+def _static_out(torch: Any, out: Any) -> Any:
+    """A captured model's output as replays hand it out: a tensor, or a tuple of tensors."""
     if isinstance(out, torch.Tensor):
-        e.static_out, e.out_is_tuple = out, False
-    elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        e.static_out, e.out_is_tuple = tuple(out), True
-    else:
-        raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
-    e.graph = graph
+        return out
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return tuple(out)
+    raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
+
+
+def _clone_out(static_out: Any) -> Any:
+    """What a replay returns: a clone of the static output (the next replay overwrites it)."""
+    if isinstance(static_out, tuple):
+        return tuple(o.clone() for o in static_out)
+    return static_out.clone()
 
 
 def _end_broken_capture(stream: Any) -> None:
@@ -386,9 +406,7 @@ def _replay(e: _Entry, tensors: list[Any]) -> Any:
     torch._foreach_copy_(e.static_in, tensors)
     e.graph.replay()
     _state["replays"] += 1
-    if e.out_is_tuple:
-        return tuple(o.clone() for o in e.static_out)
-    return e.static_out.clone()
+    return _clone_out(e.static_out)
 
 
 def _patch_module(torch: Any) -> None:
@@ -474,7 +492,7 @@ class _ThreadCopies:
 
 class _ThreadGraph:
     __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "tin", "handed", "template", "static_out",
-                 "out_is_tuple", "device")
+                 "device")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int) -> None:
@@ -486,7 +504,6 @@ class _ThreadGraph:
         self.tin = tin  # this thread's device buffers, one per copy
         self.handed: list[Any] = [None] * len(src)  # the view last handed out for each copy
         self.template = template
-        self.out_is_tuple = isinstance(out, tuple)
         self.static_out = out
         self.device = device
 
@@ -630,32 +647,27 @@ def _make_lazy_type(torch: Any) -> type:
 
 def _patch_copies(torch: Any) -> None:
     T = torch.Tensor
-    orig_to, orig_cuda = T.to, T.cuda
-    _state["orig_tensor_methods"] = {"to": orig_to, "cuda": orig_cuda}
+    _state["orig_tensor_methods"] = {"to": T.to, "cuda": T.cuda}
     _state["lazy_type"] = _make_lazy_type(torch)
+    T.to = _copy_method(torch, T.to, _to_target)
+    T.cuda = _copy_method(torch, T.cuda, _cuda_target)
 
-    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+
+def _copy_method(torch: Any, orig: Any, target: Any) -> Any:
+    """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy ``target`` recognizes goes
+    through :func:`_copy_in`, everything else straight to PyTorch's ``orig``."""
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         st = getattr(_tls, "copies", None)
         if st is None or _tls.depth:
-            return orig_to(self, *args, **kwargs)
-        dev = _to_target(torch, args, kwargs)
+            return orig(self, *args, **kwargs)
+        dev = target(torch, args, kwargs)
         if dev is None:
-            return orig_to(self, *args, **kwargs)
-        return _copy_in(torch, st, self, dev, orig_to, args, kwargs)
+            return orig(self, *args, **kwargs)
+        return _copy_in(torch, st, self, dev, orig, args, kwargs)
 
-    def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
-        st = getattr(_tls, "copies", None)
-        if st is None or _tls.depth:
-            return orig_cuda(self, *args, **kwargs)
-        dev = _cuda_target(torch, args, kwargs)
-        if dev is None:
-            return orig_cuda(self, *args, **kwargs)
-        return _copy_in(torch, st, self, dev, orig_cuda, args, kwargs)
-
-    to.__wrapped__ = orig_to  # type: ignore[attr-defined]
-    cuda.__wrapped__ = orig_cuda  # type: ignore[attr-defined]
-    T.to = to
-    T.cuda = cuda
+    method.__name__ = getattr(orig, "__name__", "method")
+    method.__wrapped__ = orig  # type: ignore[attr-defined]
+    return method
 
 
 class _Seq:
@@ -801,40 +813,20 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     template = _template(torch.Tensor, (args, kwargs))
     stream = torch.cuda.Stream()
     g.stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    gate: _Gate = _state["gate"]
-    prev = torch.cuda.current_stream()
-    gate.acquire_exclusive()
-    try:
-        with torch.cuda.stream(stream):
-            for d, s_ in zip(tin, src):
-                _h2d(d, s_, stream)
-            orig_call(module, *s_args, **s_kwargs)
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            for d, s_ in zip(tin, src):
-                _h2d(d, s_, stream)
-            out = orig_call(module, *s_args, **s_kwargs)
-    except BaseException:
-        _end_broken_capture(stream)
-        raise
-    finally:
-        torch.cuda.set_stream(prev)
-        gate.release_exclusive()
-    stream.synchronize()
-    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        out = tuple(out)
-    elif not isinstance(out, torch.Tensor):
-        raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
-    return _ThreadGraph(module, graph, list(src), tin, template, out, tensors[0].get_device())
+
+    def run() -> Any:  # the copies, then the model
+        for d, s_ in zip(tin, src):
+            _h2d(d, s_, stream)
+        return orig_call(module, *s_args, **s_kwargs)
+
+    graph, out = _graph_of(torch, stream, run)
+    return _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device())
 
 
 def _thread_replay(tg: _ThreadGraph) -> Any:
     tg.graph.replay()
     _state["thread_replays"] += 1
-    if tg.out_is_tuple:
-        return tuple(o.clone() for o in tg.static_out)
-    return tg.static_out.clone()
+    return _clone_out(tg.static_out)
 
 
 # --------------------------------------------------------------------------- control

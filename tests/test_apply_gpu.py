@@ -31,16 +31,33 @@ def _wdl(vocab=1000):
     return WideDeep(vocab).cuda().eval(), host_query
 
 
+def _run_hooked(tmp_path, groups: int, threads: int, client) -> dict:
+    """``client(k)`` on ``threads`` threads under the script hook with ``groups`` graphed
+    groups; the hook's stats afterwards (the test fails on any client's error)."""
+    import sys
+
+    from recsys_doctor.apply import write_plan
+    from recsys_doctor.script_hook import activate_in_process
+    from recsys_doctor.whatif import Candidate
+
+    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
+    undo = activate_in_process(plan)
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    try:
+        errors = run_threads(client, threads)
+        st = hook.stats()
+    finally:
+        undo()
+    assert not errors, errors[0]
+    return st
+
+
 @pytest.mark.parametrize("groups,threads", [(3, 6), (2, 8), (1, 8)])
 def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
     """2, 4 and 8 client threads per graphed group: every group captures (no fallback)
     and every output equals eager's (more than 2 threads per group once failed to capture:
     the capturing thread had no cuBLAS handle of its own)."""
     torch = pytest.importorskip("torch")
-    from recsys_doctor.apply import write_plan
-    from recsys_doctor.script_hook import activate_in_process
-    from recsys_doctor.whatif import Candidate
-
     model, host_query = _wdl()
     qs = []
     for k in range(threads):
@@ -54,22 +71,12 @@ def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
                          offs.cuda(non_blocking=True)).cpu()
 
     ref = [query(q) for q in qs]
-    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
-    undo = activate_in_process(plan)
-    import sys
-
-    hook = sys.modules["_recsys_doctor_autoapply"]
     got: dict[int, list] = {}
 
     def client(k: int) -> None:
         got[k] = [query(qs[(k + i) % len(qs)]) for i in range(12)]
 
-    try:
-        errors = run_threads(client, threads)
-        st = hook.stats()
-    finally:
-        undo()
-    assert not errors, errors[0]
+    st = _run_hooked(tmp_path, groups, threads, client)
     assert st["threads"] >= threads and st["captured"] == groups and st["replays"] > 0 and not st["fallbacks"]
     for k, outs in got.items():
         for i, o in enumerate(outs):
@@ -86,10 +93,6 @@ def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, t
     (the model sees the change), and for copies the script keeps from an earlier query
     (they keep their values). Groups of 3 threads too."""
     torch = pytest.importorskip("torch")
-    from recsys_doctor.apply import write_plan
-    from recsys_doctor.script_hook import activate_in_process
-    from recsys_doctor.whatif import Candidate
-
     model, host_query = _wdl()
     rounds, keep_at, peek_at, write_at = 10, 6, 7, 8
     base = []
@@ -120,11 +123,6 @@ def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, t
         for r in range(rounds):
             set_round(k, r)
             ref[k, r] = query(k, r)[0]
-    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
-    undo = activate_in_process(plan)
-    import sys
-
-    hook = sys.modules["_recsys_doctor_autoapply"]
     got: dict = {}
 
     def client(k: int) -> None:
@@ -137,12 +135,7 @@ def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, t
             if r == peek_at:
                 got[k, "peek"] = (peek, float(qs[k][0].sum()))
 
-    try:
-        errors = run_threads(client, threads)
-        st = hook.stats()
-    finally:
-        undo()
-    assert not errors, errors[0]
+    st = _run_hooked(tmp_path, groups, threads, client)
     assert not st["fallbacks"], st["fallbacks"]
     # replays: every round but the first three (two warm-up calls, the capture) and the two
     # whose views the script used before the model call (the group's path)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from recsys_doctor.analyzers._arrays import code_order, code_spans
 from recsys_doctor.analyzers._attribution import where_shares
 from recsys_doctor.analyzers._ops import api_thread_spans
 from recsys_doctor.analyzers._util import group_codes, str_is
@@ -164,3 +165,21 @@ def test_cli_imports_numpy_with_one_blas_thread_and_restores_the_environment():
     env["OPENBLAS_NUM_THREADS"] = "2"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split()[1] == "2"
+
+
+@pytest.mark.parametrize("n_codes", [3, 40_000])
+def test_code_order_is_a_stable_sort_and_code_spans_the_extremes(n_codes):
+    rng = np.random.default_rng(n_codes)
+    codes = rng.integers(0, n_codes, 2000)
+    start = rng.integers(-10**6, 10**6, 2000)
+    end = start + rng.integers(0, 100, 2000)
+    order = code_order(codes, n_codes)
+    assert order.tolist() == sorted(range(len(codes)), key=lambda i: (codes[i], i))
+    lo, hi = code_spans(codes, n_codes, start, end)
+    want: dict = {}
+    for c, a, b in zip(codes.tolist(), start.tolist(), end.tolist()):
+        x, y = want.get(c, (a, b))
+        want[c] = (min(x, a), max(y, b))
+    for c in range(n_codes):
+        got = (int(lo[c]), int(hi[c]))
+        assert got == want.get(c, (np.iinfo(np.int64).max, np.iinfo(np.int64).min))
