@@ -31,7 +31,9 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     change: a generated sitecustomize starts the stream-group runtime in every Python
     started by COMMAND: each client thread gets a group's stream, and top-level model
     calls are replayed as CUDA graphs where the plan says so (eager fallback, reason on
-    stderr). Exit status: COMMAND's.
+    stderr). With graphs on, a thread that copies the same pinned tensors with
+    .to("cuda", non_blocking=True) into each model call gets a graph of its own that makes
+    those copies too (RECSYS_DOCTOR_THREAD_GRAPHS=0: off). Exit status: COMMAND's.
     """
     from ..apply import before_after_rows, read_plan, run_script
     from ..script_hook import hook_env
