@@ -63,7 +63,8 @@ _db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_typ
 @click.option("--max-drop", type=_Fraction(), metavar="D",
               help="Fail when utilization dropped by more than D (absolute: 0.05 or 5%) vs the baseline.")
 @click.option("--fail-on", type=_SEVERITIES,
-              help="Fail when a finding of this severity or worse appears that the baseline did not have.")
+              help="Fail when a finding of this severity or worse appears that the baseline did not have, "
+                   "or rises to it from a milder severity in the baseline.")
 @click.option("--write-baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write this run as a baseline file (for a later --baseline).")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
