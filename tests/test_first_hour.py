@@ -193,3 +193,110 @@ def test_html_plan_is_the_decisions_and_their_reasons():
             assert f"<b>{key.replace('_', ' ')}</b>" in plan
             assert html.escape(val["reason"], quote=True) in plan
     assert "<td>reason</td>" not in plan and "<td>because</td>" not in plan  # no key/value dump
+
+
+# --- plots -----------------------------------------------------------------------------------
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _title(result) -> str:
+    from recsys_doctor.reports.plots._base import _RC
+    from recsys_doctor.reports.plots.breakdown import _draw_kernel_durations
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig = _draw_kernel_durations(result, 10.0)
+    return fig.axes[0].get_title(loc="left")
+
+
+def test_histogram_title_short_kernels_by_sql():
+    """Ping-pong: median kernel 2.4 us against a 6.7 us launch call (SQL): they cannot hide."""
+    with sqlite3.connect(":memory:") as con:
+        con.deserialize(gzip.decompress(PINGPONG.read_bytes()))
+        k = [e - s for s, e in con.execute("SELECT start, [end] FROM CUPTI_ACTIVITY_KIND_KERNEL")]
+        launch = [e - s for s, e in con.execute(
+            "SELECT r.start, r.[end] FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_KERNEL k "
+            "ON k.correlationId = r.correlationId")]
+    med_k, med_l = _median(k) / 1000, _median(launch) / 1000
+    assert med_k < med_l
+    t = _title(advise(PINGPONG))
+    assert f"median {med_k:.1f} us" in t and f"launch call ({med_l:.1f} us)" in t and "cannot hide" in t
+
+
+@pytest.mark.shared
+def test_histogram_title_follows_the_data(shared_traces):
+    """The TorchRec rank (median kernel 57 us): the title said "short kernels cannot hide
+    the launch cost". Median kernel and launch call from a plain JSON parse."""
+    path = next((shared_traces / "kineto").glob("pytorch__torchrec__*54105*.json"), None)
+    if path is None:
+        pytest.skip("the TorchRec rank trace is not in ../shared/traces/kineto")
+    ev = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    kern = [e for e in ev if e.get("cat") == "kernel"]
+    corr = {e["args"]["correlation"] for e in kern}
+    launch = [e["dur"] for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
+              and e.get("args", {}).get("correlation") in corr]
+    med_k, med_l = _median([e["dur"] for e in kern]), _median(launch)
+    assert med_k > med_l  # 57 us against 13 us
+    t = _title(advise(path))
+    assert "cannot hide" not in t
+    assert f"median {med_k:.1f} us" in t and f"launch call ({med_l:.1f} us)" in t and "can hide" in t
+
+
+def _luminance(rgba) -> float:
+    r, g, b = rgba[:3]
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_stream_strip_low_utilization_is_visible():
+    """A stream busy a few % of a bin was drawn nearly white (#fbe3e2 at 0); now any busy
+    share is a saturated colour, and an idle bin a grey of its own."""
+    import matplotlib
+    from matplotlib.image import AxesImage
+
+    from recsys_doctor.reports.plots._base import _RC
+    from recsys_doctor.reports.plots.timeline import _draw_utilization
+
+    res = advise(PINGPONG)
+    with matplotlib.rc_context(_RC):
+        fig = _draw_utilization(res)
+    im = next(a for ax in fig.axes for a in ax.get_children() if isinstance(a, AxesImage))
+    data = im.get_array()
+    low = [float(v) for v in data.ravel() if 0 < v <= 0.1]
+    assert low, "the ping-pong stream has bins busy 10% or less"
+    for v in low:
+        assert _luminance(im.to_rgba(v)) < 0.7, v  # white is 1.0; the old map gave 0.91 at 2%
+    idle = im.to_rgba(0.0)
+    assert _luminance(idle) > 0.85 and abs(_luminance(idle) - _luminance(im.to_rgba(low[0]))) > 0.2
+
+
+def test_compare_png_spans_the_runs_and_the_legend_covers_no_label():
+    """compare --png: each run's utilization over 0-100% of the run (it drew at 85-100%:
+    the clock's zero is not the trace's start), and the legend over no bar label."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from recsys_doctor.reports.plots._base import _RC
+    from recsys_doctor.reports.plots.runs import _draw_before_after
+
+    a, b = advise(DATA / "wdl_graphs_q4" / "wdl_graphs_q4.sqlite.gz"), advise(PINGPONG)
+    with matplotlib.rc_context(_RC):
+        fig = _draw_before_after(a, b, "graphs", "pingpong")
+        FigureCanvasAgg(fig)
+        fig.draw_without_rendering()
+    ax1, ax2 = fig.axes[:2]
+    for line in ax2.get_lines():
+        x = line.get_xdata()
+        assert x.min() < 1.0 and x.max() > 99.0, (x.min(), x.max())
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    assert legends
+    labels = [t.get_window_extent(renderer) for t in ax1.texts]
+    assert len(labels) == 4
+    for lg in legends:
+        box = lg.get_window_extent(renderer)
+        assert not any(box.overlaps(t) for t in labels)
