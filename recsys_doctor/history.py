@@ -14,7 +14,8 @@ locked`` is retried with backoff, so no row is lost or half-written. Tables, col
 indexes and queries go through sqlite-utils; the row itself is built in
 :mod:`recsys_doctor._history_row`.
 
-Table ``runs`` (one row per run; summary metrics as columns for SQL, plus JSON):
+Table ``runs`` (one row per run, one per rank of an ``advise DIR`` run; summary metrics as columns
+for SQL, plus JSON):
 
 =============================  ====================================================
 ``id``                         row id (integer primary key)

@@ -300,3 +300,33 @@ def test_compare_png_spans_the_runs_and_the_legend_covers_no_label():
     for lg in legends:
         box = lg.get_window_extent(renderer)
         assert not any(box.overlaps(t) for t in labels)
+
+
+# --- make test and Chromium ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_chromium_install_can_be_opted_out(tmp_path):
+    """``make test`` ran apt-get as root without a word; now README says so, and
+    ``make test NO_CHROMIUM=1`` / ``RECSYS_DOCTOR_NO_CHROMIUM=1`` installs nothing."""
+    import subprocess
+
+    make = subprocess.run(["make", "-n", "test", "NO_CHROMIUM=1"], cwd=ROOT, capture_output=True, text=True)
+    assert 'RECSYS_DOCTOR_NO_CHROMIUM="1" sh tests/ensure_chromium.sh' in make.stdout, make.stdout
+    # the script with the opt-out, as root, with an apt-get that records being called
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "calls"
+    for name, body in (("apt-get", f'echo apt-get "$@" >> {log}'), ("id", "echo 0")):
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    r = subprocess.run(["sh", str(ROOT / "tests" / "ensure_chromium.sh")], capture_output=True, text=True,
+                       env={"PATH": f"{bin_}:/usr/bin:/bin", "RECSYS_DOCTOR_NO_CHROMIUM": "1"})
+    assert r.returncode == 0 and not log.exists()
+    assert "not installing Chromium" in r.stderr and "tests/test_chromium.py" in r.stderr
+    readme = (ROOT / "README.md").read_text()
+    make_test = readme[readme.index("make test    #"):readme.index("## Diagnose a trace")]
+    for words in ("apt-get", "root", "chromium", "NO_CHROMIUM=1", "RECSYS_DOCTOR_NO_CHROMIUM=1",
+                  "tests/test_chromium.py"):
+        assert words in make_test, words
