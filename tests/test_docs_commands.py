@@ -116,6 +116,21 @@ def test_readme_apply_line_runs_as_written(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "--bogus" in r.output
 
 
+def test_readme_inline_command_lines_run(tmp_path, monkeypatch):
+    """The complete command lines README.md quotes inline (`recsys-doctor ...` with
+    arguments, not a bare section title), run with plan.json and script.py made here."""
+    lines = [m for m in re.findall(r"`(recsys-doctor [^`]+)`", README.read_text(encoding="utf-8"))
+             if len(m.split()) > 2 or m.split()[1].startswith("-")]
+    assert "recsys-doctor --help" in lines and "recsys-doctor apply plan.json -- python script.py" in lines
+    monkeypatch.chdir(tmp_path)
+    Path("plan.json").write_text(json.dumps({"kind": "serving", "stream_groups": {"count": 2, "reason": "r"}}))
+    Path("script.py").write_text("print('ran')\n")
+    for line in lines:
+        argv = [sys.executable if w == "python" else w for w in shlex.split(line)[1:]]
+        r = CliRunner().invoke(main, argv)  # apply: the script's own exit status
+        assert r.exit_code == 0, (line, r.output)
+
+
 def test_apply_without_dashes_keeps_the_command_options(tmp_path):
     """Without ``--`` the command starts at the first word after PLAN (as before)."""
     ctx = main.commands["apply"].make_context("apply", ["p.json", "--compare", "python", "x.py", "--json"])

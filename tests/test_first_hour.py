@@ -145,6 +145,16 @@ def test_many_rank_html_has_a_section_per_rank(rank_dir, tmp_path):
     assert "<script" not in page and page.count("<html") == 1
 
 
+def test_many_rank_html_and_history_on_dask(rank_dir, tmp_path):
+    """The same through Dask workers: the sections and rows travel back from them."""
+    out, db = tmp_path / "ranks.html", tmp_path / "h.db"
+    r = _cli("advise", rank_dir, "--html", out, "--db", db, "--dask", "local", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert len(re.findall(r'<section id="rank-\d+">', out.read_text())) == 2
+    assert _sql(db, "SELECT workload, kernels FROM runs ORDER BY workload") == [
+        ("rank0", _kernels(PINGPONG)), ("rank1", _kernels(LARGE))]
+
+
 # --- piped output is not cut -------------------------------------------------------------------
 
 
