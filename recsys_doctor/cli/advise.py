@@ -51,7 +51,8 @@ def demo_trace_path() -> Path:
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
               help="Override any analyzer threshold (see docs/options.md), e.g. --set short_gap_us=3.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-              help="Also write a self-contained HTML report (plots embedded) to FILE.")
+              help="Also write a self-contained HTML report (plots embedded) to FILE; with a DIR or GLOB, "
+                   "one report with a section per rank.")
 @click.option("--md", "md_out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="Also write a Markdown report to FILE, its plots as PNGs in FILE_STEM_files/.")
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), envvar="RECSYS_DOCTOR_DB",
@@ -80,6 +81,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     traces gives a combined report instead: per-rank utilization and findings side by
     side, worst ranks first, stragglers, and NCCL communication/compute overlap per rank.
     The ranks are analyzed in parallel by local processes, or on Dask with --dask.
+    Each rank is recorded in the run history (one row per rank).
     """
     import_numpy_quietly()
     if len(traces) == 1 and not demo and not dask_address and traces[0].is_file():
