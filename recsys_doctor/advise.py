@@ -79,6 +79,9 @@ def restrict(trace: Trace, *, nvtx: str | None = None, start_ns: int | None = No
     that, containing it as a substring). A window that does not overlap the trace's span
     is an error that names the span (a window read off another clock must not quietly
     give an empty trace)."""
+    if start_ns is not None and end_ns is not None and end_ns <= start_ns:
+        raise BadInputError(f"--end {_s(end_ns)} is {'before' if end_ns < start_ns else 'at'} --start "
+                            f"{_s(start_ns)}: the window must end after it starts")
     if start_ns is not None or end_ns is not None:
         span = trace_span(trace)
         if span is not None:

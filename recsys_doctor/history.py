@@ -14,7 +14,8 @@ locked`` is retried with backoff, so no row is lost or half-written. Tables, col
 indexes and queries go through sqlite-utils; the row itself is built in
 :mod:`recsys_doctor._history_row`.
 
-Table ``runs`` (one row per run; summary metrics as columns for SQL, plus JSON):
+Table ``runs`` (one row per run, one per rank of an ``advise DIR`` run; summary metrics as columns
+for SQL, plus JSON):
 
 =============================  ====================================================
 ``id``                         row id (integer primary key)
@@ -69,8 +70,10 @@ __all__ = [
     "default_db_path",
     "resolve_db_path",
     "record_run",
+    "record_row",
     "list_runs",
     "latest_run",
+    "run_counts",
     "flatten_summary",
     "git_info",
     "workload_name",
@@ -213,8 +216,14 @@ def record_run(result: "AdviseResult", db_path: str | os.PathLike[str] | None = 
     ``db_path`` None means :func:`default_db_path`. ``passed``/``reasons`` are for
     ``check`` runs. Safe to call from several processes at once.
     """
-    path = resolve_db_path(db_path)
     row = build_row(result, command, passed=passed, reasons=reasons, cwd=cwd, options=options, key=key)
+    return record_row(row, db_path)
+
+
+def record_row(row: dict[str, Any], db_path: str | os.PathLike[str] | None = None) -> int:
+    """Append a row made by :func:`build_row` (made earlier, or elsewhere: a rank's
+    worker) and return its id."""
+    path = resolve_db_path(db_path)
     db = _open_for_writing(path)
 
     def write() -> int:
@@ -268,6 +277,26 @@ def list_runs(db_path: str | os.PathLike[str] | None = None, *, limit: int | Non
         rows = _retry(lambda: list(runs.rows_where(" AND ".join(where) or None, filters,
                                                    order_by="when_utc DESC, id DESC", limit=limit)))
         return [_decode(r) for r in rows]
+    except sqlite3.Error as e:
+        raise BadInputError(f"cannot read history {path}: {e}") from None
+    finally:
+        db.close()
+
+
+def run_counts(db_path: str | os.PathLike[str] | None = None, column: str = "git_branch") -> list[tuple[Any, int]]:
+    """``[(value, runs)]`` of one column (``git_branch``, ``workload``...), most runs
+    first: what a filter that matched nothing could have matched. Empty when there is no
+    database or no such column."""
+    path = resolve_db_path(db_path)
+    if not path.exists():
+        return []
+    db = _open_for_reading(path)
+    try:
+        runs = db.table("runs")
+        if not runs.exists() or column not in runs.columns_dict:
+            return []
+        rows = db.execute(f"SELECT [{column}], count(*) AS n FROM runs GROUP BY 1 ORDER BY n DESC, 1").fetchall()
+        return [(v, int(n)) for v, n in rows]
     except sqlite3.Error as e:
         raise BadInputError(f"cannot read history {path}: {e}") from None
     finally:

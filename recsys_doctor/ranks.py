@@ -97,6 +97,9 @@ class RankSummary:
     overlap_ns: int
     nccl_kernels: int
     seconds: float = 0.0
+    #: what ``analyze_rank``'s ``finish`` made of the rank's full result on the worker
+    #: (its HTML section, its history row); not part of the JSON
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def overlap_share(self) -> float | None:
@@ -124,7 +127,7 @@ class MultiRankResult:
             "schema": 1, "kind": "multi-rank", "engine": self.engine, "totals": self.totals,
             "straggler_share": self.straggler_share, "stragglers": self.stragglers,
             "finding_ids": self.finding_ids,
-            "ranks": [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in self.ranks],
+            "ranks": [{k: v for k, v in r.to_dict().items() if k not in ("seconds", "extras")} for r in self.ranks],
         }
 
 
@@ -138,8 +141,10 @@ def _rank_of(meta: dict[str, Any], path: Path, index: int) -> int:
     return int(nums[-1]) if nums and len(nums[-1]) < 7 else index
 
 
-def analyze_rank(path: str, options: Options | None = None, index: int = 0) -> RankSummary:
-    """Diagnose one rank's trace and keep only the small summary (runs on a worker)."""
+def analyze_rank(path: str, options: Options | None = None, index: int = 0,
+                 finish: Callable[[Any], dict[str, Any]] | None = None) -> RankSummary:
+    """Diagnose one rank's trace and keep only the small summary (runs on a worker);
+    ``finish(result)``, when given, keeps a little more of the full result in ``extras``."""
     import time
 
     from .advise import advise
@@ -168,7 +173,7 @@ def analyze_rank(path: str, options: Options | None = None, index: int = 0) -> R
         devices={d: {"utilization": v.get("utilization"), "steady_utilization": v.get("steady_utilization")}
                  for d, v in util.items()},
         compute_ns=c_ns, comm_ns=m_ns, overlap_ns=int(overlap), nccl_kernels=int(nccl.sum()),
-        seconds=round(time.perf_counter() - t0, 3),
+        seconds=round(time.perf_counter() - t0, 3), extras=finish(res) if finish else {},
     )
 
 
@@ -212,16 +217,16 @@ def combine(ranks: list[RankSummary], engine: str, straggler_share: float = STRA
 
 
 def _run_local(paths: list[Path], options: Options, workers: int | None,
-               on_done: Callable[[RankSummary], None]) -> list[RankSummary]:
+               on_done: Callable[[RankSummary], None], finish: Any = None) -> list[RankSummary]:
     n = max(1, min(workers or os.cpu_count() or 1, len(paths)))
     if n == 1:
         out = []
         for i, p in enumerate(paths):
-            out.append(analyze_rank(str(p), options, i))
+            out.append(analyze_rank(str(p), options, i, finish))
             on_done(out[-1])
         return out
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futs = [pool.submit(analyze_rank, str(p), options, i) for i, p in enumerate(paths)]
+        futs = [pool.submit(analyze_rank, str(p), options, i, finish) for i, p in enumerate(paths)]
         out = []
         for f in futs:
             out.append(f.result())
@@ -230,7 +235,7 @@ def _run_local(paths: list[Path], options: Options, workers: int | None,
 
 
 def _run_dask(paths: list[Path], options: Options, address: str, workers: int | None,
-              on_done: Callable[[RankSummary], None]) -> list[RankSummary]:
+              on_done: Callable[[RankSummary], None], finish: Any = None) -> list[RankSummary]:
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:  # pragma: no cover - a dependency of the package
@@ -248,7 +253,7 @@ def _run_dask(paths: list[Path], options: Options, address: str, workers: int | 
                 raise BadInputError(f"--dask {address}: cannot reach the Dask scheduler ({e})") from None
         with client:
             futs = client.map(analyze_rank, [str(p) for p in paths], [options] * len(paths),
-                              list(range(len(paths))), pure=False)
+                              list(range(len(paths))), [finish] * len(paths), pure=False)
             out = []
             for f in as_completed(futs):
                 out.append(f.result())
@@ -261,12 +266,14 @@ def _run_dask(paths: list[Path], options: Options, address: str, workers: int | 
 
 def advise_ranks(paths: list[Path], options: Options | None = None, *, dask: str | None = None,
                  workers: int | None = None, progress: bool = False,
-                 straggler_share: float = STRAGGLER_SHARE) -> MultiRankResult:
+                 straggler_share: float = STRAGGLER_SHARE, finish: Any = None) -> MultiRankResult:
     """Diagnose every rank trace in ``paths`` in parallel and combine the results.
 
     ``dask``: None for local processes (``workers`` of them, default one per CPU), ``"local"``
     for a Dask ``LocalCluster`` of ``workers`` processes, or a scheduler address
-    (``tcp://host:8786``) whose workers can read the same paths.
+    (``tcp://host:8786``) whose workers can read the same paths. ``finish``: see
+    :func:`analyze_rank` (a module-level function or a ``partial`` of one: it travels to
+    the workers).
     """
     from .progress import progress as progress_bar
 
@@ -278,9 +285,9 @@ def advise_ranks(paths: list[Path], options: Options | None = None, *, dask: str
             bar.advance()
 
         if dask is None:
-            ranks = _run_local(paths, options, workers, done)
+            ranks = _run_local(paths, options, workers, done, finish)
             engine = "local processes"
         else:
-            ranks = _run_dask(paths, options, dask, workers, done)
+            ranks = _run_dask(paths, options, dask, workers, done, finish)
             engine = "dask " + ("LocalCluster" if dask == "local" else dask)
     return combine(ranks, engine, straggler_share)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
 __all__ = ["SEV_ORDER", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label",
-           "evidence_label", "clock_s"]
+           "evidence_label", "clock_s", "plan_rows", "shown_plan"]
 
 SEV_ORDER = ("high", "medium", "low", "note")
 
@@ -152,3 +152,45 @@ def summary_rows(summary: Mapping[str, Any], analyses: Mapping[str, Any] | None 
         if k not in seen and not isinstance(v, (dict, list)):
             rows.append((k, fmt(v)))
     return rows
+
+
+def _plan_value(val: Mapping[str, Any]) -> str:
+    from .._format import fmt_value
+
+    if "count" in val:
+        out = str(val["count"])
+    elif "enabled" in val:
+        out = "yes" if val["enabled"] else "no"
+    else:
+        out = ""
+    extra = [f"{k.replace('_', ' ')} {fmt_value(k, v)}" for k, v in val.items()
+             if k not in ("count", "enabled", "because", "reason", "assignments", "family")
+             and not isinstance(v, (dict, list)) and v is not None]
+    return out + (f" ({', '.join(extra)})" if extra else "")
+
+
+def plan_rows(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan's decisions, as every report shows them: ``{"choice", "value",
+    "because", "assignments"}`` per choice of the plan JSON (``recsys_doctor/planner.py``):
+    the choice, its value (a count, yes/no and its numbers), the findings it answers and
+    why, and the range assignments as ``key=value`` lines."""
+    rows = []
+    for key, val in plan.items():
+        if not isinstance(val, Mapping) or "reason" not in val:
+            continue
+        because = ", ".join(str(b) for b in val.get("because") or [])
+        reason = str(val.get("reason") or "")
+        rows.append({"choice": key.replace("_", " "), "value": _plan_value(val),
+                     "because": f"{because}: {reason}" if because else reason,
+                     "assignments": [", ".join(f"{k}={v}" for k, v in a.items())
+                                     for a in val.get("assignments") or [] if isinstance(a, Mapping)]})
+    return rows
+
+
+def shown_plan(result: "AdviseResult") -> dict[str, Any]:
+    """The plan the reports show: none for a trace without GPU work (no kernel, no graph
+    execution: ``gpu_utilization`` is None), where a plan would have nothing to change.
+    The JSON keeps the planner's document as it is."""
+    if (result.summary or {}).get("gpu_utilization") is None:
+        return {}
+    return dict(result.plan or {})

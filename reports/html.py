@@ -27,13 +27,14 @@ from markupsafe import Markup
 
 from ..errors import BadInputError
 from .._format import fixed, fmt, pct
-from ._common import by_severity, clock_s, headline, kernel_label, summary_rows, trace_name
+from ._common import by_severity, clock_s, headline, kernel_label, plan_rows, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
-__all__ = ["render_html", "write_html", "render_compare_html", "write_compare_html"]
+__all__ = ["render_html", "write_html", "render_section", "render_ranks_html", "write_ranks_html",
+           "render_compare_html", "write_compare_html"]
 
 
 def _escaped(v: Any) -> Markup:
@@ -75,7 +76,7 @@ def _environment() -> jinja2.Environment:
                              finalize=_escaped, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters.update(fmt=fmt, pct=pct, clock_s=clock_s, kernel_label=kernel_label, img=_img, shape=_shape,
-                       evidence_parts=_evidence_parts, fixed=lambda v: fixed(v, digits=3),
+                       evidence_parts=_evidence_parts, fixed=lambda v: fixed(v, digits=3), plan_rows=plan_rows,
                        record_keys=lambda v: list(dict.fromkeys(k for x in v for k in x)),
                        other_fields=lambda o, skip: ", ".join(f"{k}={fmt(x)}" for k, x in o.items() if k != skip),
                        example_place=lambda e: ", ".join(str(e[k]) for k in ("thread", "stream") if e.get(k)))
@@ -85,25 +86,56 @@ def _environment() -> jinja2.Environment:
 _ENV = _environment()
 
 
-def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]] | None = None, *,
-                options: Any = None) -> str:
-    """The whole report as one HTML string (see the module docstring)."""
-    from .. import __version__
+def _trace_context(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]] | None,
+                   options: Any) -> dict[str, Any]:
+    """What ``_trace.html.j2`` shows of one trace."""
     from .terminal import window_text
 
     big, why = headline(result)
     v = result.verdict or {}
     if v.get("first_action"):
-        why = f"{v.get('problem')}." + (f" Plan: {v['plan']}." if v.get("plan") else "")
+        why = f"{v.get('problem')}." + (f" Plan: {v['plan']}." if v.get("plan") and shown_plan(result) else "")
     info = result.trace_info or {}
     history = sorted(history_rows or [], key=lambda r: str(r.get("when_utc")), reverse=True)[:10]
-    return _ENV.get_template("report.html.j2").render(
-        name=trace_name(result), info=info, window=window_text(info), big=big, why=why,
-        hero_class={"high": "bad", "medium": "warn"}.get(v.get("severity") or "", ""),
-        summary=summary_rows(result.summary or {}, result.analyses), findings=by_severity(result),
-        plots=plots.report_plots(result, options=options), plan=result.plan,
-        history=history, trend_png=plots.plot_history_trend(history_rows) if history_rows else None,
-        version=__version__, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return dict(name=trace_name(result), info=info, window=window_text(info), big=big, why=why,
+                hero_class={"high": "bad", "medium": "warn"}.get(v.get("severity") or "", ""),
+                summary=summary_rows(result.summary or {}, result.analyses), findings=by_severity(result),
+                plots=plots.report_plots(result, options=options), plan=shown_plan(result), history=history,
+                trend_png=plots.plot_history_trend(history_rows) if history_rows else None)
+
+
+def _stamp() -> dict[str, str]:
+    from .. import __version__
+
+    return {"version": __version__, "generated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]] | None = None, *,
+                options: Any = None) -> str:
+    """The whole report as one HTML string (see the module docstring)."""
+    return _ENV.get_template("report.html.j2").render(t=_trace_context(result, history_rows, options), **_stamp())
+
+
+def render_section(result: "AdviseResult", *, options: Any = None) -> str:
+    """One trace's report body (plots, findings, plan, summary) without the page around
+    it: a rank's section of :func:`render_ranks_html`. Made where the rank was analyzed
+    (a worker keeps only this string, never the trace)."""
+    tpl = _ENV.from_string('{% from "_trace.html.j2" import trace_body %}{{ trace_body(t, 3) }}')
+    return tpl.render(t=_trace_context(result, None, options))
+
+
+def render_ranks_html(res: Any, sections: Mapping[str, str]) -> str:
+    """One page for a many-rank run: the combined table (worst rank first), the
+    stragglers, then one section per rank (``sections``: the rank's trace path ->
+    :func:`render_section`)."""
+    from .ranks import rank_rows
+
+    return _ENV.get_template("ranks.html.j2").render(
+        res=res, rows=rank_rows(res), sections={k: Markup(v) for k, v in sections.items()}, **_stamp())
+
+
+def write_ranks_html(res: Any, sections: Mapping[str, str], path: str | os.PathLike[str]) -> None:
+    _write(render_ranks_html(res, sections), path)
 
 
 def _write(text: str, path: str | os.PathLike[str]) -> None:

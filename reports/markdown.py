@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
 from .._format import fmt, pct
-from ._common import by_severity, clock_s, headline, summary_rows, trace_name
+from ._common import by_severity, clock_s, headline, plan_rows, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,10 +100,23 @@ def render_markdown(result: "AdviseResult", image_links: Sequence[tuple[str, str
                 lines.append("**Evidence:**")
                 lines += _kv_lines(f.evidence)
                 lines.append("")
-    lines += ["## Plan", ""]
-    lines += _kv_lines(result.plan) if result.plan else ["No plan: nothing to change."]
+    lines += ["## Plan", ""] + _plan_lines(shown_plan(result))
     lines.append("")
     return "\n".join(lines)
+
+
+def _plan_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The plan's decisions and their reasons, as the terminal and HTML show them."""
+    if not plan:
+        return ["No plan: nothing to change."]
+    out = [f"Proposed multi-stream plan ({md_escape(plan.get('kind', '?'))}):", "",
+           "| choice | value | because |", "|---|---|---|"]
+    for r in plan_rows(plan):
+        out.append(f"| {md_escape(r['choice'])} | {md_escape(r['value'])} | {md_escape(r['because'])} |")
+        out += [f"|  | {md_escape(a)} |  |" for a in r["assignments"][:20]]
+    notes = plan.get("notes") or []
+    out += [""] + [f"- {md_escape(n)}" for n in notes] if notes else []
+    return out
 
 
 def write_markdown(result: "AdviseResult", path: str | os.PathLike[str], *, options: Any = None) -> list[Path]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
@@ -16,7 +17,7 @@ from .._format import fmt, pct
 if TYPE_CHECKING:  # pragma: no cover
     from ..gate import CompareResult
 
-__all__ = ["compare_view", "history_table", "print_wide"]
+__all__ = ["compare_view", "history_table", "print_wide", "wide_console"]
 
 
 def _signed(d: float | None) -> str:
@@ -60,11 +61,31 @@ def history_table(runs: Sequence[Mapping[str, Any]]) -> Table:
 
 
 
-def print_wide(renderable: RenderableType) -> None:
-    """Print to stdout: fitted to a terminal, and in a pipe or CI log as wide as the
-    table needs (rich would otherwise cut every line at 80 columns)."""
-    console = Console()
-    if not console.is_terminal:
-        need = console.measure(renderable, options=console.options.update_width(1000)).maximum
+def wide_console(*renderables: RenderableType, console: Console | None = None, wrap: bool = False) -> Console:
+    """A console for ``renderables``: fitted to a terminal, and in a pipe, a file or a CI
+    log as wide as they need, so that nothing is cut or folded at rich's default of 80
+    columns (``advise DIR | less`` showed the header "launch-bound" as "laun / ch-b /
+    ound"). ``wrap``: text may wrap, only what cannot wrap (a long kernel name in a table
+    cell) sets the width; else every table gets its full width."""
+    console = console or Console()
+    if not console.is_terminal and renderables:
+        opts = console.options.update_width(1000)
+        need = max(_least_width(console, r, opts) if wrap else console.measure(r, options=opts).maximum
+                   for r in renderables)
         console.width = max(console.width, need)
-    console.print(renderable)
+    return console
+
+
+def _least_width(console: Console, r: RenderableType, opts: Any) -> int:
+    """The narrowest width at which ``r`` wraps but crops nothing. A panel measures as
+    wide as its widest line, so its body is measured instead (plus border and padding)."""
+    if isinstance(r, Panel):
+        return _least_width(console, r.renderable, opts) + 4
+    if isinstance(r, Group):
+        return max((_least_width(console, x, opts) for x in r.renderables), default=0)
+    return console.measure(r, options=opts).minimum
+
+
+def print_wide(renderable: RenderableType) -> None:
+    """Print to stdout through :func:`wide_console`."""
+    wide_console(renderable).print(renderable)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._format import NAME_WIDTH, duration_ns, fmt_value, shorten
-from ._common import clock_s, evidence_label, kernel_label
+from ._common import clock_s, evidence_label, kernel_label, plan_rows, shown_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
@@ -153,40 +153,32 @@ def window_text(info: dict[str, Any]) -> str:
     return out
 
 
-def _plan_value(val: dict[str, Any]) -> str:
-    if "count" in val:
-        out = str(val["count"])
-    elif "enabled" in val:
-        out = "yes" if val["enabled"] else "no"
-    else:
-        out = ""
-    extra = [f"{k.replace('_', ' ')} {fmt_value(k, v)}" for k, v in val.items()
-             if k not in ("count", "enabled", "because", "reason", "assignments", "family")
-             and not isinstance(v, (dict, list)) and v is not None]
-    return out + (f" ({', '.join(extra)})" if extra else "")
-
-
 def _plan_table(plan: dict[str, Any]) -> Table:
-    """One row per choice of the plan (see ``recsys_doctor/planner.py`` for the JSON)."""
+    """One row per choice of the plan (:func:`~recsys_doctor.reports._common.plan_rows`)."""
     tab = Table(title=f"Proposed multi-stream plan ({plan.get('kind', '?')})", title_justify="left", expand=True)
     tab.add_column("choice", style="bold", no_wrap=True)
     tab.add_column("value", ratio=1)
     tab.add_column("because", ratio=3)
-    for key, val in plan.items():
-        if not isinstance(val, dict) or "reason" not in val:
-            continue
-        because = ", ".join(val.get("because") or [])
-        reason = val.get("reason") or ""
-        tab.add_row(key.replace("_", " "), Text(_plan_value(val)),
-                    Text(f"{because}: {reason}" if because else reason))
-        for a in (val.get("assignments") or [])[:8]:
-            tab.add_row("", Text(", ".join(f"{k}={v}" for k, v in a.items()), style="dim"), "")
+    for row in plan_rows(plan):
+        tab.add_row(row["choice"], Text(row["value"]), Text(row["because"]))
+        for a in row["assignments"][:8]:
+            tab.add_row("", Text(a, style="dim"), "")
     return tab
 
 
 def render_terminal(res: "AdviseResult", console: Console | None = None) -> None:
-    """Print the report of one trace."""
-    console = console or Console()
+    """Print the report of one trace: fitted to a terminal; in a pipe or a file, text
+    wraps but nothing is cut (see :func:`~recsys_doctor.reports.tables.wide_console`)."""
+    from .tables import wide_console
+
+    parts = _report_parts(res)
+    console = wide_console(*parts, console=console, wrap=True)
+    for part in parts:
+        console.print(part)
+
+
+def _report_parts(res: "AdviseResult") -> list[Any]:
+    """The report's blocks in reading order."""
     info = res.trace_info
     meta = info.get("meta", {})
     head = Text.assemble(("recsys-doctor advise  ", "bold"), str(info.get("path", "")))
@@ -194,26 +186,26 @@ def render_terminal(res: "AdviseResult", console: Console | None = None) -> None
     for k in ("nsys_version", "export_schema_version", "device_names"):
         if meta.get(k):
             sub.append(f"{k.replace('_', ' ')} {meta[k]}")
-    console.print(head)
+    out: list[Any] = [head]
     v = res.verdict or {}
     if v.get("line"):
-        console.print(Text(v["line"], style=_SEV_STYLE.get(v.get("severity") or "", "bold") or "bold"))
-        if v.get("plan"):
-            console.print(Text(f"Plan: {v['plan']} (details below)", style="bold"))
-    console.print(Text(" | ".join(str(x) for x in sub if x), style="dim"))
-    console.print(Text(window_text(info), style="dim"))
+        out.append(Text(v["line"], style=_SEV_STYLE.get(v.get("severity") or "", "bold") or "bold"))
+        if v.get("plan") and shown_plan(res):
+            out.append(Text(f"Plan: {v['plan']} (details below)", style="bold"))
+    out.append(Text(" | ".join(str(x) for x in sub if x), style="dim"))
+    out.append(Text(window_text(info), style="dim"))
     if info.get("attribution"):
-        console.print(Text(info["attribution"], style="dim"))
-    console.print(_summary_table(res))
-    console.print()
+        out.append(Text(info["attribution"], style="dim"))
+    out += [_summary_table(res), Text("")]
     if not res.findings:
-        console.print("[green]No problems found.[/green]")
+        out.append(Text("No problems found.", style="green"))
     else:
         counts = {s: sum(1 for f in res.findings if f.severity == s) for s in ("high", "medium", "low", "note")}
-        console.print(Text("Findings: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), style="bold"))
-        console.print(Group(*[_finding_panel(f) for f in res.findings]))
-    if res.plan:
-        console.print(_plan_table(res.plan))
-        for note in res.plan.get("notes", []) or []:
-            console.print(Text(f"  - {note}", style="dim"))
-    console.print()
+        out.append(Text("Findings: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), style="bold"))
+        out.append(Group(*[_finding_panel(f) for f in res.findings]))
+    plan = shown_plan(res)
+    if plan:
+        out.append(_plan_table(plan))
+        out += [Text(f"  - {note}", style="dim") for note in plan.get("notes", []) or []]
+    out.append(Text(""))
+    return out

@@ -454,10 +454,14 @@ def test_gzip_detected_by_magic_not_extension(tmp_path: Path) -> None:
     assert load(p).counts() == t.counts()
 
 
-@pytest.mark.parametrize("doc", [{"traceEvents": []}, []])
-def test_empty_trace_is_valid(tmp_path: Path, doc: Any) -> None:
-    t = load_kineto_json(_write(tmp_path, doc))
+def test_empty_trace_is_valid(tmp_path: Path) -> None:
+    t = load_kineto_json(_write(tmp_path, {"traceEvents": []}))
     assert all(n == 0 for n in t.counts().values())
+
+
+def test_empty_bare_array_is_not_a_trace(tmp_path: Path) -> None:
+    """Issue 26: ``[]`` was read as an empty trace (exit 0); nothing in it is a trace."""
+    _assert_format_error(_write(tmp_path, []), "empty JSON array")
 
 
 # --- bad input ----------------------------------------------------------------------------------

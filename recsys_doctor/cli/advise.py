@@ -51,7 +51,8 @@ def demo_trace_path() -> Path:
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
               help="Override any analyzer threshold (see docs/options.md), e.g. --set short_gap_us=3.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-              help="Also write a self-contained HTML report (plots embedded) to FILE.")
+              help="Also write a self-contained HTML report (plots embedded) to FILE; with a DIR or GLOB, "
+                   "one report with a section per rank.")
 @click.option("--md", "md_out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="Also write a Markdown report to FILE, its plots as PNGs in FILE_STEM_files/.")
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), envvar="RECSYS_DOCTOR_DB",
@@ -80,6 +81,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     traces gives a combined report instead: per-rank utilization and findings side by
     side, worst ranks first, stragglers, and NCCL communication/compute overlap per rank.
     The ranks are analyzed in parallel by local processes, or on Dask with --dask.
+    Each rank is recorded in the run history (one row per rank).
     """
     import_numpy_quietly()
     if len(traces) == 1 and not demo and not dask_address and traces[0].is_file():
@@ -92,11 +94,11 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     from ..ranks import is_multi_target
 
     if len(traces) == 1 and not demo and is_multi_target(traces[0]):
-        db_given = click.get_current_context().get_parameter_source("db") == click.core.ParameterSource.COMMANDLINE
-        if nvtx or start or end or html_out or db_given:
-            raise BadInputError("--nvtx, --start, --end, --html and --db apply to single traces, not to a DIR or GLOB "
-                                "(a many-rank run is not recorded in the history)")
-        _advise_ranks(traces[0], as_json, short_kernel_us, sets, md_out, dask_address, workers)
+        if nvtx or start or end:
+            raise BadInputError("--nvtx, --start and --end apply to single traces, not to a DIR or GLOB")
+        options = Options().with_overrides(parse_set_pairs(sets), short_kernel_us=short_kernel_us)
+        _advise_ranks(traces[0], options, as_json=as_json, md_out=md_out, html_out=html_out, db=db,
+                      history_on=not no_history, dask_address=dask_address, workers=workers)
         return
     if dask_address or workers:
         raise BadInputError("--dask and --workers need one DIR or GLOB of rank traces")
@@ -124,28 +126,28 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
 
 def _record_and_write(results: list[Any], options: Options, *, db: Path | None, history_on: bool,
                       html_out: Path | None, md_out: Path | None) -> None:
-    """Per trace: the history record, the HTML report (with the workload's history trend)
-    and the Markdown report. Each is imported only when asked for (an ``advise --json
-    --no-history`` run pays for none of them)."""
+    """Per trace: the HTML report (with the workload's history trend, this run included)
+    and the Markdown report, then, once every report is written, the history records: a
+    run whose report cannot be written (exit 2) is not recorded. Each is imported only
+    when asked for (an ``advise --json --no-history`` run pays for none of them)."""
     if not (history_on or html_out or md_out):
         return
     from .. import history
 
     html_paths = _per_trace_paths(html_out, results)
     md_paths = _per_trace_paths(md_out, results)
+    rows = []
     for i, r in enumerate(results):
-        key = None
-        if history_on or html_out:
-            key = _quiet(lambda: history.workload_key(r, options), None)
-        if history_on:
-            _quiet(lambda: history.record_run(r, db, command="advise", options=options, key=key), None,
-                   "run not recorded in the history")
+        key = _quiet(lambda: history.workload_key(r, options), None) if history_on or html_out else None
+        row = (_quiet(lambda: history.build_row(r, "advise", options=options, key=key), None,
+                      "run not recorded in the history") if history_on else None)
+        rows.append(row)
         if html_out:
             from ..reports.html import write_html
 
-            rows = _quiet(lambda: history.list_runs(db, limit=50, key=key), [],
-                          "history trend left out of the report") if key else []
-            write_html(r, html_paths[i], history_rows=rows, options=options)
+            trend = _quiet(lambda: history.list_runs(db, limit=50, key=key), [],
+                           "history trend left out of the report") if key else []
+            write_html(r, html_paths[i], history_rows=[*trend, row] if row else trend, options=options)
             click.echo(f"wrote {html_paths[i]}", err=True)
         if md_out:
             from ..reports.markdown import write_markdown
@@ -153,18 +155,49 @@ def _record_and_write(results: list[Any], options: Options, *, db: Path | None, 
             written = write_markdown(r, md_paths[i], options=options)
             for w in written or [md_paths[i]]:
                 click.echo(f"wrote {w}", err=True)
+    _record_rows([row for row in rows if row], db)
 
 
-def _advise_ranks(target: Path, as_json: bool, short_kernel_us: float | None, sets: tuple[str, ...],
-                  md_out: Path | None, dask_address: str | None, workers: int | None) -> None:
+def _record_rows(rows: list[dict[str, Any]], db: Path | None) -> None:
+    from .. import history
+
+    for row in rows:
+        if _quiet(lambda: history.record_row(row, db), None, "run not recorded in the history") is None:
+            return  # one warning is enough: the next rows would fail the same way
+
+
+def _advise_ranks(target: Path, options: Options, *, as_json: bool, md_out: Path | None, html_out: Path | None,
+                  db: Path | None, history_on: bool, dask_address: str | None, workers: int | None) -> None:
+    """The combined many-rank view; ``--html``: one report with a section per rank;
+    the history: one row per rank, as ``advise TRACE`` of that rank would record."""
+    from functools import partial
+
+    from .._history_row import git_info
+    from .._rank_extras import rank_extras
     from ..ranks import advise_ranks, expand_traces
-    from ..reports.ranks import render_ranks_markdown, render_ranks_terminal
+    from ..reports.ranks import render_ranks_terminal, write_ranks_markdown
 
     paths = expand_traces(target)
-    options = Options().with_overrides(parse_set_pairs(sets), short_kernel_us=short_kernel_us)
-    res = advise_ranks(paths, options, dask=dask_address, workers=workers, progress=sys.stderr.isatty())
+    finish = (partial(rank_extras, html=html_out is not None, history=history_on, options=options)
+              if html_out or history_on else None)
+    res = advise_ranks(paths, options, dask=dask_address, workers=workers, progress=sys.stderr.isatty(),
+                       finish=finish)
     if md_out:
-        md_out.write_text(render_ranks_markdown(res))
+        write_ranks_markdown(res, md_out)
+        click.echo(f"wrote {md_out}", err=True)
+    if html_out:
+        from ..reports.html import write_ranks_html
+
+        write_ranks_html(res, {r.path: r.extras.get("html", "") for r in res.ranks}, html_out)
+        click.echo(f"wrote {html_out}", err=True)
+    if history_on:
+        errors = [r.extras["row_error"] for r in res.ranks if "row_error" in r.extras]
+        if errors:
+            click.echo(f"recsys-doctor: warning: run not recorded in the history: {errors[0]}", err=True)
+        here = git_info()  # the commit and branch of this run, wherever the worker ran
+        rows = [{**r.extras["row"], "git_commit": None, "git_branch": None, **here}
+                for r in sorted(res.ranks, key=lambda r: (r.rank, r.path)) if "row" in r.extras]
+        _record_rows(rows, db)
     if as_json:
         click.echo(json.dumps(res.to_dict(), indent=1, default=json_default))
         return

@@ -13,7 +13,27 @@ from ..errors import BadInputError
 __all__ = ["apply_cmd"]
 
 
-@click.command("apply", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class _ApplyCommand(click.Command):
+    """``apply``'s own options (all flags) go anywhere before the command:
+    ``apply plan.json --compare -- python x.py`` as well as ``apply --compare plan.json --
+    python x.py``. COMMAND is everything after ``--`` or, without one, from the first word
+    after PLAN that is not one of apply's flags; its own options (``--json``...) stay its own."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        flags = {o for p in self.get_params(ctx) for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+        if "--" not in args:
+            words = [i for i, a in enumerate(args) if a not in flags]
+            if len(words) > 1:  # PLAN, then the command
+                args = [*args[:words[1]], "--", *args[words[1]:]]
+        head = args[:args.index("--")] if "--" in args else args
+        for a in head:
+            if a.startswith("-") and a not in flags:
+                raise click.NoSuchOption(a, ctx=ctx)
+        ctx.allow_interspersed_args = True
+        return super().parse_args(ctx, args)
+
+
+@click.command("apply", cls=_ApplyCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("plan", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--compare", is_flag=True,
@@ -25,7 +45,9 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
 
     \b
         recsys-doctor apply plan.json -- python serve.py --threads 8
-        recsys-doctor apply --compare plan.json -- python serve.py
+        recsys-doctor apply plan.json --compare -- python serve.py
+
+    Options go before the --; what follows it is COMMAND, passed on as it is.
 
     PLAN is the plan.json of `profile --apply` (or an `advise --json` output). No code
     change: a generated sitecustomize starts the stream-group runtime in every Python

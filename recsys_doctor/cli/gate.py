@@ -63,7 +63,8 @@ _db_option = click.option("--db", "db", type=click.Path(dir_okay=False, path_typ
 @click.option("--max-drop", type=_Fraction(), metavar="D",
               help="Fail when utilization dropped by more than D (absolute: 0.05 or 5%) vs the baseline.")
 @click.option("--fail-on", type=_SEVERITIES,
-              help="Fail when a finding of this severity or worse appears that the baseline did not have.")
+              help="Fail when a finding of this severity or worse appears that the baseline did not have, "
+                   "or rises to it from a milder severity in the baseline.")
 @click.option("--write-baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write this run as a baseline file (for a later --baseline).")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -198,8 +199,27 @@ def history_cmd(limit: int, branch: str | None, workload: str | None, as_json: b
         click.echo(json.dumps(runs, indent=1, default=json_default))
         return
     if not runs:
-        click.echo(f"no runs recorded in {history.resolve_db_path(db)}")
+        click.echo(_no_runs_line(db, branch, workload))
         return
     from ..reports.tables import history_table, print_wide
 
     print_wide(history_table(runs))
+
+
+def _no_runs_line(db: Path | None, branch: str | None, workload: str | None) -> str:
+    """Why ``history`` lists nothing: no runs at all, or none that match the filters
+    (then which branches / workloads the database does hold)."""
+    from .. import history
+
+    path = history.resolve_db_path(db)
+    total = sum(n for _, n in history.run_counts(db, "git_branch"))
+    if not total:
+        return f"no runs recorded in {path}"
+    asked = " and ".join(x for x in (f"on branch {branch!r}" if branch else "",
+                                     f"of workload {workload!r}" if workload else "") if x)
+    out = f"no runs {asked} in {path}, which holds {total} run{'s' if total != 1 else ''}"
+    for col, what in (("git_branch", "branches"), ("workload", "workloads")):
+        if (col == "git_branch" and branch) or (col == "workload" and workload):
+            counts = history.run_counts(db, col)
+            out += f"; {what}: " + ", ".join(f"{v if v is not None else '(none)'} ({n})" for v, n in counts[:20])
+    return out

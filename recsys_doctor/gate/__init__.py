@@ -17,7 +17,8 @@ Rules (each failed rule gives one line of reason):
 * ``max_drop D``: fail when ``baseline - current`` utilization > D (absolute, so 0.05 is
   five percentage points);
 * ``fail_on SEV``: fail when a finding of severity SEV or worse appears whose id the
-  baseline did not have (with no baseline every such finding is new).
+  baseline did not have, or whose severity rose to SEV or worse from a milder one in the
+  baseline (with no baseline every such finding is new).
 
 When a baseline is given and neither ``max_drop`` nor ``fail_on`` is, the defaults
 :data:`DEFAULT_MAX_DROP` and :data:`DEFAULT_FAIL_ON` apply: a baseline alone must still

@@ -101,14 +101,29 @@ def _max_drop(util: float, baseline: Baseline, max_drop: float) -> RuleResult:
 
 
 def _fail_on(current: Mapping[str, Any], baseline: Baseline | None, fail_on: str) -> RuleResult:
+    """Fail on a finding of severity ``fail_on`` or worse that the baseline did not have
+    at that severity: a new finding, or one that rose to it (a ``note`` in the baseline
+    that is ``high`` now is as much a regression as a new ``high``)."""
     limit = SEVERITY_RANK[fail_on]
-    known = baseline.finding_ids if baseline is not None else set()
-    new = [f for f in findings_of(current) if SEVERITY_RANK.get(f["severity"], 9) <= limit and f["id"] not in known]
-    against = "the baseline" if baseline is not None else "no baseline"
-    reasons = [f"new {f['severity']} finding {f['id']!r} (not in {against}): {f['title']}" for f in new]
-    msg = (f"{len(new)} new finding(s) of severity {fail_on} or worse" if new
-           else f"no new finding of severity {fail_on} or worse")
-    return RuleResult(f"fail-on-{fail_on}", not new, msg, reasons)
+    before: dict[str, str] = {}
+    for f in baseline.findings if baseline is not None else []:
+        sev, fid = str(f.get("severity", "note")), str(f.get("id"))
+        if fid not in before or SEVERITY_RANK.get(sev, 9) < SEVERITY_RANK.get(before[fid], 9):
+            before[fid] = sev  # the worst severity the baseline had for this id
+    reasons = []
+    for f in findings_of(current):
+        rank = SEVERITY_RANK.get(f["severity"], 9)
+        if rank > limit:
+            continue
+        was = before.get(f["id"])
+        if was is None:
+            against = "the baseline" if baseline is not None else "no baseline"
+            reasons.append(f"new {f['severity']} finding {f['id']!r} (not in {against}): {f['title']}")
+        elif SEVERITY_RANK.get(was, 9) > limit:
+            reasons.append(f"finding {f['id']!r} rose from {was} in the baseline to {f['severity']}: {f['title']}")
+    msg = (f"{len(reasons)} new or risen finding(s) of severity {fail_on} or worse" if reasons
+           else f"no new or risen finding of severity {fail_on} or worse")
+    return RuleResult(f"fail-on-{fail_on}", not reasons, msg, reasons)
 
 
 def check(current: "AdviseResult | Mapping[str, Any]", baseline: Baseline | None = None, *,

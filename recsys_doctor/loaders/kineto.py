@@ -72,7 +72,8 @@ def load_kineto_json(path: str | os.PathLike[str], *, progress: ProgressHandle |
 
     Raises :class:`~recsys_doctor.errors.TraceFormatError` (one line naming the file and
     the problem) for corrupt gzip, invalid or truncated JSON, and JSON that is not a
-    trace. A trace with an empty ``traceEvents`` list loads as a trace with no events.
+    trace. A trace with an empty ``traceEvents`` list loads as a trace with no events; a
+    bare empty array (``[]``) is refused: nothing in it says it is a trace.
     """
     p = os.fspath(path)
     # the decoded structs are left out of the cyclic GC, but pandas and numpy allocate
@@ -97,6 +98,9 @@ def _load(path: str, progress: ProgressHandle | None) -> Trace:
     else:
         cols = EventColumns()
         top, is_array = decode.decode_whole(path, cols)
+    if is_array and cols.n_events == 0:  # nothing says it is a trace at all
+        raise TraceFormatError(f"{path}: an empty JSON array, no trace events: a PyTorch profiler trace is "
+                               "an object with 'traceEvents' or (torch 1.8) an array of events")
     tables = Tables(cols)
     tasks = [partial(_ranges_part, tables), partial(_calls_and_gpu_part, tables)]
     if cols.n_events >= PARALLEL_EVENTS:  # a forked process builds one of the two parts

@@ -36,18 +36,32 @@ def _draw_kernel_durations(result: "AdviseResult", short_kernel_us: float) -> "F
     from matplotlib.ticker import FuncFormatter
 
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} us"))
+    if hi / lo < 100:  # two decades or less: the minor ticks are labelled, plainly (not 2x10^0)
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.axvline(short_kernel_us, color="black", ls="--", lw=1.2)
     frac = float(short.mean())
     ax.text(short_kernel_us, ax.get_ylim()[1] * 0.97, f"  \u2190 {frac * 100:.0f}% of {len(d_us):,} kernels "
             f"are shorter than {short_kernel_us:g} us", va="top", ha="left", fontsize=10, fontweight="bold")
-    med = float(np.median(d_us))
-    ax.set_title(f"Kernel durations (median {med:.1f} us): short kernels cannot hide the launch cost",
+    ax.set_title(_durations_title(float(np.median(d_us)), (result.analyses or {}).get("short-kernels") or {}),
                  loc="left")
     ax.set_xlabel("kernel duration (us, log scale)")
     ax.set_ylabel("kernels")
     ax.legend(loc="upper left", fontsize=8)
     return fig
+
+
+def _durations_title(med_us: float, sk: dict) -> str:
+    """What the histogram says, from the data: the median kernel against the measured
+    launch cost (the ``short-kernels`` analysis' median launch call). Only a median kernel
+    shorter than its launch call means the launches cannot hide behind the kernels."""
+    head = f"Kernel durations (median {med_us:.1f} us)"
+    launch = sk.get("median_launch_us")
+    if launch is None:
+        return head
+    if med_us < launch:
+        return f"{head}: shorter than a launch call ({launch:.1f} us), so launches cannot hide behind them"
+    return f"{head}: longer than a launch call ({launch:.1f} us), so launches can hide behind them"
 
 
 def plot_kernel_durations(result: "AdviseResult", short_kernel_us: float | None = None) -> bytes | None:

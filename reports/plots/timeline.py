@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ...advise import AdviseResult
 
-__all__ = ['plot_utilization_timeline', 'plot_copy_traffic']
+__all__ = ['plot_utilization_timeline', 'plot_copy_traffic', 'stream_cmap']
 
 
 # --- utilization timeline -----------------------------------------------------------------
@@ -61,21 +61,33 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
             ax.legend(loc="upper right", fontsize=8, ncols=2, framealpha=0.9)
     axh = fig.add_subplot(gs[n_dev, 0], sharex=ax0)
     if len(labels):
-        from matplotlib.colors import LinearSegmentedColormap
-
-        cmap = LinearSegmentedColormap.from_list("idlebusy", ["#fbe3e2", "#f2c14e", BUSY])
-        im = axh.imshow(rows, aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest",
+        im = axh.imshow(rows, aspect="auto", cmap=stream_cmap(), vmin=_BUSY_MIN, vmax=1, interpolation="nearest",
                         extent=(edges[0], edges[-1], len(labels) - 0.5, -0.5))
         axh.set_yticks(range(len(labels)), [_short(s, 40) for s in labels])
-        cb = fig.colorbar(im, ax=axh, fraction=0.03, pad=0.01)
+        cb = fig.colorbar(im, ax=axh, fraction=0.03, pad=0.01, extend="min")  # the grey triangle: idle
         cb.set_label("busy")
         cb.set_ticks([0, 0.5, 1], labels=["0%", "50%", "100%"])
     else:
         axh.text(0.5, 0.5, "no kernels", ha="center", va="center", transform=axh.transAxes)
         axh.set_yticks([])
-    axh.set_title("Per stream (each row: one CUDA stream, darker green = busier)", loc="left")
+    axh.set_title("Per stream (each row: one CUDA stream; grey idle, orange barely busy, darker green busier)",
+                  loc="left")
     axh.set_xlabel(CLOCK_LABEL)
     return fig
+
+
+#: a time bin busier than this is drawn in the colour map; below it, grey (idle)
+_BUSY_MIN = 1e-6
+
+
+def stream_cmap() -> Any:
+    """The per-stream strip's colours: idle bins grey, any busy share in colour from a
+    saturated orange (a stream busy 2% of a bin must stand out from an idle one and from
+    the white page) through yellow-green to the report's busy green and darker."""
+    from matplotlib.colors import LinearSegmentedColormap
+
+    cmap = LinearSegmentedColormap.from_list("busy", ["#e8872a", "#e3b23c", "#8fbf4d", BUSY, "#17613a"])
+    return cmap.with_extremes(under="#e6e6e6")
 
 
 def plot_utilization_timeline(result: "AdviseResult") -> bytes | None:
