@@ -22,7 +22,12 @@ def test_serving_plan_groups_per_contending_thread():
     res = advise_trace(_contended(3), Options())
     p = res.plan
     assert p["schema"] == 1 and p["kind"] == "serving"
-    assert p["stream_groups"]["count"] == 3 and p["stream_groups"]["because"] == ["stream-contention"]
+    # the contention finding is a note here: the 3 groups come from the 3 threads launching
+    # concurrently (every bin of the timeline has all three), justified by the launch findings
+    sev = {f.id: f.severity for f in res.findings}
+    assert sev["stream-contention"] == "note"
+    assert p["stream_groups"]["count"] == 3 and "stream-contention" not in p["stream_groups"]["because"]
+    assert "3 CPU threads launch concurrently" in p["stream_groups"]["reason"]
     assert p["per_stream_allocators"]["enabled"] is True
     assert p["merge_copy_compute"]["enabled"] is True  # 3 small copies, 2 direction switches
     assert p["cuda_graphs"]["enabled"] is True and "short-kernels" in p["cuda_graphs"]["because"]
@@ -48,6 +53,20 @@ def test_training_plan_assigns_sibling_ranges_round_robin():
     assert ra["enabled"] and ra["family"] == "expert_"
     assert ra["assignments"] == [{"nvtx": "expert_0", "group": 0}, {"nvtx": "expert_1", "group": 1},
                                  {"nvtx": "expert_2", "group": 0}, {"nvtx": "expert_3", "group": 1}]
+
+
+def test_id_numbered_ranges_are_not_sibling_branches():
+    """``aten::copy_, op_id = N`` ranges number a chain of calls, not branches: no family
+    (the nsys-ai export's 1,149 dependent casts once became 4 'independent' groups)."""
+    ks = [kern(i * 1000, i * 1000 + 800, corr=i + 1) for i in range(8)]
+    calls = [api(i * 1000 - 300, i * 1000 - 100, i + 1, tid=5) for i in range(8)]
+    ranges = [rng(-1000, 9000, 5, "Optimizer.step#Adam.step", source="user_annotation", depth=0)]
+    ranges += [rng(i * 1000 - 400, i * 1000 + 900, 5, f"aten::copy_, op_id = {314298 + 7 * i}", depth=1)
+               for i in range(8)]
+    ranges += [rng(i * 1000 - 400, i * 1000 + 900, 5, f"layer{100 + 9 * i}", depth=1) for i in range(8)]
+    p = advise_trace(T(kernels=ks, api=calls, ranges=ranges), Options()).plan
+    assert p["kind"] == "training" and p["stream_groups"]["count"] == 1
+    assert p["range_assignment"]["enabled"] is False
 
 
 def test_graphed_trace_does_not_ask_for_graphs():
