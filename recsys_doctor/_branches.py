@@ -6,9 +6,9 @@ its reasons say what the trace shows:
 
 * **launching threads** of a device: threads that issue at least
   ``Options.report_min_share`` of the device's launches (kernels, copies, memsets, graph
-  launches); **concurrent** ones: the median, over the time bins (``Options.timeline_bins``
-  over the launches' span, each at least 4x a thread's median time between launches) in
-  which any of them launches, of how many launch in the bin. A forward thread and an autograd thread that take turns count as one; four client
+  launches); **concurrent** ones: those that issue at least half of their launches while
+  another of them is busy launching (between two of its launches less than 4x its median
+  gap apart). A forward thread and an autograd thread that take turns count as one; four client
   threads launching all the time count as four. ``own_streams``: each of them launches
   mostly into a stream none of the others uses (the groups exist already).
 * **sibling streams** of a device: streams with no communication kernels that run the
@@ -55,32 +55,42 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
         u, inv, cnt = np.unique(thread[on], return_inverse=True, return_counts=True)
         heavy = np.flatnonzero(cnt >= options.report_min_share * on.size)
         hk = np.isin(inv, heavy)
-        conc = _concurrency(t[on][hk], inv[hk], len(u), options.timeline_bins)
+        conc = _concurrency(t[on][hk], inv[hk])
         if conc > best["concurrent"]:
             best = {"threads": int(heavy.size), "concurrent": conc,
                     "own_streams": _own_streams(inv[hk], stream[on][hk]), "device": int(d)}
     return best
 
 
-def _concurrency(t: np.ndarray, thread: np.ndarray, n_threads: int, bins: int) -> int:
-    """The median, over the time bins in which any thread launches, of how many threads
-    launch in the bin: ``bins`` bins over the launches' span, each at least 4x the longest
-    of the threads' median time between two of their launches (so that a thread busy
-    launching is seen in every bin it is busy in)."""
+def _concurrency(t: np.ndarray, thread: np.ndarray) -> int:
+    """How many of the threads launch concurrently: those that issue at least half of
+    their launches while another of the threads is busy launching. A thread is busy
+    launching from a launch until its next one, unless that gap is over 4x its median gap
+    (then it is idle: a forward thread waiting while the autograd thread runs backward)."""
     if t.size == 0:
         return 0
     o = np.lexsort((t, thread))
     ts, th = t[o], thread[o]
-    gap = np.diff(ts)
-    same = th[1:] == th[:-1]
-    med = pd.Series(gap[same]).groupby(th[1:][same]).median()
-    lo, hi = int(ts.min()), int(ts.max()) + 1
-    width = max((hi - lo) / max(1, bins), 4.0 * float(med.max()) if len(med) else 0.0, 1.0)
-    b = ((t - lo) / width).astype(np.int64)
-    pairs = np.unique(b * n_threads + thread)
-    per_bin = np.bincount(pairs // n_threads)
-    active = per_bin[per_bin > 0]
-    return int(np.median(active)) if active.size else 0
+    new = np.ones(ts.size, dtype=bool)
+    new[1:] = th[1:] != th[:-1]
+    gap = np.diff(ts, prepend=ts[0])
+    gap[new] = 0
+    med = pd.Series(gap[~new]).groupby(th[~new]).median()
+    limit = 4 * med.reindex(th, fill_value=0).to_numpy() + 1
+    cut = new | (gap > limit)  # starts a busy window
+    starts = np.flatnonzero(cut)
+    ends = np.append(starts[1:], ts.size) - 1
+    ws, we, wt = ts[starts], ts[ends] + 1, th[starts]
+    n = 0
+    for x in np.unique(th):
+        mine = th == x
+        os_, oe = merge_intervals(ws[wt != x], we[wt != x])
+        if os_.size == 0:
+            continue
+        i = np.searchsorted(os_, ts[mine], side="right") - 1
+        inside = (i >= 0) & (ts[mine] < oe[np.maximum(i, 0)])
+        n += bool(inside.mean() >= 0.5)
+    return n if n >= 2 else 1
 
 
 def _own_streams(thread: np.ndarray, stream: np.ndarray) -> bool:

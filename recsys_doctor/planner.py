@@ -171,21 +171,27 @@ def _stream_groups(trace: Trace, options: Options, data: dict[str, Any], byid: d
         return {"count": n, "because": _ids(findings, "small-grid", "launch-bound", "short-kernels"),
                 "reason": f"{len(f0['members'])} independent sibling branches ({f0['prefix']}N) can run "
                           f"concurrently on {n} groups"}
-    if sib["streams"] >= 2:
+    if sib["streams"] >= 2 and launchy:
         n = min(cap, sib["streams"])
         ran = ("never run at the same time" if sib["overlap_ns"] == 0
                else f"run at the same time for only {sib['overlap_ns'] / 1e6:.3f} ms")
         return {"count": n, "because": launchy,
-                "reason": f"{sib['streams']} streams run the same {sib['kernels_each']} kernels each (sibling "
-                          f"branches of one module, forked and joined by {sib['wait_events']} cudaStreamWaitEvent "
-                          f"calls) but {ran}: keep {n} groups and launch them without waiting on one thread "
+                "reason": f"{sib['streams']} streams run the same {sib['kernels_each']} kernels each (replicas of "
+                          "one module: sibling branches" + (f", forked and joined by {sib['wait_events']} "
+                                                            "cudaStreamWaitEvent calls" if sib["wait_events"] else "")
+                          + f") but {ran}: keep {n} groups and launch them without waiting on one thread "
                           "(CUDA graphs) so they overlap"}
     n_thr = threads["threads"]
     why = ("one CPU thread launches at a time" if n_thr <= 1 else
            f"the {n_thr} launching threads take turns (one launches at a time)")
     if contended:
         why += "; the stream-contention note is too small to act on"
-    return {"count": 1, "because": [], "reason": f"{why} and no independent sibling branches were found"}
+    if sib["streams"] >= 2:
+        why += (f"; {sib['streams']} streams run sibling branches already and no finding says the GPU waits "
+                "for launches")
+    else:
+        why += " and no independent sibling branches were found"
+    return {"count": 1, "because": [], "reason": why}
 
 
 def _merge_copy_compute(mp: dict[str, Any], byid: dict[str, Finding], findings: list[Finding],
