@@ -41,7 +41,8 @@ __all__ = ["launching_threads", "sibling_streams"]
 
 def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
     """``{"threads", "concurrent", "own_streams", "device"}`` for the device with the most
-    concurrent launching threads (zeros when nothing is launched)."""
+    concurrent launching threads, then the most launching threads (zeros when nothing is
+    launched)."""
     j = launches(trace)
     best = {"threads": 0, "concurrent": 0, "own_streams": False, "device": None}
     if not len(j):
@@ -56,7 +57,7 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
         heavy = np.flatnonzero(cnt >= options.report_min_share * on.size)
         hk = np.isin(inv, heavy)
         conc = _concurrency(t[on][hk], inv[hk])
-        if conc > best["concurrent"]:
+        if (conc, heavy.size) > (best["concurrent"], best["threads"]):
             best = {"threads": int(heavy.size), "concurrent": conc,
                     "own_streams": _own_streams(inv[hk], stream[on][hk]), "device": int(d)}
     return best
