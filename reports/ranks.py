@@ -53,7 +53,7 @@ def _straggler_lines(res: "MultiRankResult") -> list[str]:
     how = (f"{c['matched']} collectives matched across ranks, aligned on their ends (a rank's extra time in a "
            "collective is its wait for the last rank to arrive)")
     if c.get("end_spread_ns"):
-        how += f"; on the traces' clocks the ranks finish them within {c['end_spread_ns']['max'] / 1e3:,.1f} us"
+        how += f"; on the traces' own clocks their ends are at most {c['end_spread_ns']['max'] / 1e3:,.1f} us apart"
     out = []
     if res.stragglers:
         out.append(f"Stragglers (the other ranks wait for them; {how}):")
