@@ -8,7 +8,7 @@ its reasons say what the trace shows:
   ``Options.report_min_share`` of the device's launches (kernels, copies, memsets, graph
   launches); **concurrent** ones: those that issue at least half of their launches while
   another of them is busy launching (between two of its launches less than 4x its median
-  gap apart). A forward thread and an autograd thread that take turns count as one; four client
+  gap apart), measured on the middle :data:`CONCURRENCY_SAMPLE` launches of the device. A forward thread and an autograd thread that take turns count as one; four client
   threads launching all the time count as four. ``own_streams``: each of them launches
   mostly into a stream none of the others uses (the groups exist already).
 * **sibling streams** of a device: streams with no communication kernels that run the
@@ -29,14 +29,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .analyzers._arrays import merge_intervals
+from .analyzers._arrays import code_order, merge_intervals, pair_codes
 from .analyzers._comm import comm_mask
 from .analyzers._ops import launches
 from .analyzers._util import str_contains
 from .model import Trace
 from .options import Options
 
-__all__ = ["launching_threads", "sibling_streams"]
+__all__ = ["launching_threads", "sibling_streams", "CONCURRENCY_SAMPLE"]
+
+#: launches (per device) the concurrency of the threads is measured on: the middle ones of
+#: the trace in operation order, a stretch of time long enough to hold many steps or
+#: queries (a 10M-row export has millions of launches; the share of launches made while
+#: another thread is busy is the same on a long stretch of them)
+CONCURRENCY_SAMPLE = 200_000
 
 
 def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
@@ -48,48 +54,57 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
     if not len(j):
         return best
     dev = j["device"].to_numpy(np.int64)
-    thread = j["pid"].to_numpy(np.int64) * (1 << 32) + j["tid"].to_numpy(np.int64)
+    thread, _, _ = pair_codes(j["pid"].to_numpy(np.int64), j["tid"].to_numpy(np.int64))
     t = j["api_start"].to_numpy(np.int64)
-    stream = j["stream"].to_numpy(np.int64)
-    for d in np.unique(dev):
-        on = np.flatnonzero(dev == d)
-        u, inv, cnt = np.unique(thread[on], return_inverse=True, return_counts=True)
+    stream, _ = pd.factorize(j["stream"].to_numpy(np.int64))
+    devs, dev_code = np.unique(dev, return_inverse=True)
+    for di, d in enumerate(devs):
+        on = np.flatnonzero(dev_code == di) if len(devs) > 1 else np.arange(len(j))
+        cnt = np.bincount(thread[on])
         heavy = np.flatnonzero(cnt >= options.report_min_share * on.size)
-        hk = np.isin(inv, heavy)
-        conc = _concurrency(t[on][hk], inv[hk])
+        if heavy.size == 0:
+            continue
+        is_heavy = np.zeros(cnt.size, dtype=bool)
+        is_heavy[heavy] = True
+        hk = on[is_heavy[thread[on]]]
+        mid = hk[max(0, hk.size // 2 - CONCURRENCY_SAMPLE // 2):][:CONCURRENCY_SAMPLE]
+        conc = _concurrency(t[mid], thread[mid], heavy)
         if (conc, heavy.size) > (best["concurrent"], best["threads"]):
             best = {"threads": int(heavy.size), "concurrent": conc,
-                    "own_streams": _own_streams(inv[hk], stream[on][hk]), "device": int(d)}
+                    "own_streams": _own_streams(thread[hk], stream[hk]), "device": int(d)}
     return best
 
 
-def _concurrency(t: np.ndarray, thread: np.ndarray) -> int:
+def _concurrency(t: np.ndarray, thread: np.ndarray, threads: np.ndarray) -> int:
     """How many of the threads launch concurrently: those that issue at least half of
     their launches while another of the threads is busy launching. A thread is busy
     launching from a launch until its next one, unless that gap is over 4x its median gap
     (then it is idle: a forward thread waiting while the autograd thread runs backward)."""
     if t.size == 0:
         return 0
-    o = np.lexsort((t, thread))
+    o = np.argsort(t, kind="stable")
+    o = o[code_order(thread[o], int(thread.max()) + 1)]  # by thread, then time
     ts, th = t[o], thread[o]
-    new = np.ones(ts.size, dtype=bool)
-    new[1:] = th[1:] != th[:-1]
-    gap = np.diff(ts, prepend=ts[0])
-    gap[new] = 0
-    med = pd.Series(gap[~new]).groupby(th[~new]).median()
-    limit = 4 * med.reindex(th, fill_value=0).to_numpy() + 1
-    cut = new | (gap > limit)  # starts a busy window
-    starts = np.flatnonzero(cut)
-    ends = np.append(starts[1:], ts.size) - 1
-    ws, we, wt = ts[starts], ts[ends] + 1, th[starts]
+    first = np.flatnonzero(np.r_[True, th[1:] != th[:-1]])
+    last = np.r_[first[1:], ts.size]
+    windows, mine = [], []
+    for a, b in zip(first, last):
+        x = ts[a:b]
+        gap = np.diff(x)
+        limit = 4 * (float(np.median(gap)) if gap.size else 0.0) + 1
+        cut = np.flatnonzero(gap > limit) + 1  # a new busy window starts after a long gap
+        ws = np.r_[0, cut]
+        we = np.r_[cut, x.size] - 1
+        windows.append((x[ws], x[we] + 1))
+        mine.append(x)
     n = 0
-    for x in np.unique(th):
-        mine = th == x
-        os_, oe = merge_intervals(ws[wt != x], we[wt != x])
-        if os_.size == 0:
+    for i, x in enumerate(mine):
+        others = [w for k, w in enumerate(windows) if k != i]
+        if not others:
             continue
-        i = np.searchsorted(os_, ts[mine], side="right") - 1
-        inside = (i >= 0) & (ts[mine] < oe[np.maximum(i, 0)])
+        os_, oe = merge_intervals(np.concatenate([w[0] for w in others]), np.concatenate([w[1] for w in others]))
+        k = np.searchsorted(os_, x, side="right") - 1
+        inside = (k >= 0) & (x < oe[np.maximum(k, 0)])
         n += bool(inside.mean() >= 0.5)
     return n if n >= 2 else 1
 
@@ -97,16 +112,14 @@ def _concurrency(t: np.ndarray, thread: np.ndarray) -> int:
 def _own_streams(thread: np.ndarray, stream: np.ndarray) -> bool:
     """Each thread's most used stream is used by no other of these threads (for most of
     that thread's launches)."""
-    df = pd.DataFrame({"t": thread, "s": stream})
-    counts = df.value_counts()
-    main = counts.groupby(level="t").idxmax().map(lambda ts: ts[1])
-    if main.nunique() < len(main):
+    nt, ns = int(thread.max()) + 1, int(stream.max()) + 1
+    m = np.bincount(thread * ns + stream, minlength=nt * ns).reshape(nt, ns)
+    m = m[m.sum(axis=1) > 0]
+    main = m.argmax(axis=1)
+    if len(set(main.tolist())) < len(main):
         return False
-    users = df.drop_duplicates().groupby("s")["t"].nunique()
-    total = df.groupby("t").size()
-    shared = users[users > 1].index
-    return bool((df[df["s"].isin(shared)].groupby("t").size().reindex(total.index, fill_value=0)
-                 <= 0.5 * total).all())
+    shared = (m > 0).sum(axis=0) > 1
+    return bool((m[:, shared].sum(axis=1) <= 0.5 * m.sum(axis=1)).all())
 
 
 def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
@@ -132,17 +145,19 @@ def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
         if len(per) < 2:
             continue
         side = per[per >= options.report_min_share / 2 * per.sum()]
-        sig = g[g["stream"].isin(side.index)].groupby("stream")["code"].apply(lambda c: tuple(np.sort(c.to_numpy())))
-        if not len(sig):
-            continue
+        # each stream's kernels as (name, count) pairs: one row per distinct name, not per kernel
+        pc = g.loc[g["stream"].isin(side.index), ["stream", "code"]].value_counts().sort_index()
         sets: dict[tuple, list[int]] = {}
-        for stream, names in sig.items():
-            sets.setdefault(names, []).append(int(stream))
+        for stream, names in pc.groupby(level="stream"):
+            key = tuple(zip(names.index.get_level_values("code").tolist(), names.tolist()))
+            sets.setdefault(key, []).append(int(stream))
+        if not sets:
+            continue
         spans = g.assign(end=g["start"] + g["dur"]).groupby("stream").agg(lo=("start", "min"), hi=("end", "max"))
         together = [m for m in sets.values() if spans.loc[m, "lo"].max() < spans.loc[m, "hi"].min()]
         members = max(together, key=len) if together else []
         if len(members) >= 2 and len(members) > best["streams"]:
-            best = {"streams": len(members), "kernels_each": len(sig[members[0]]),
+            best = {"streams": len(members), "kernels_each": int((g["stream"] == members[0]).sum()),
                     "overlap_ns": _overlap(k, int(d), members), "wait_events": waits, "device": int(d)}
     return best
 
