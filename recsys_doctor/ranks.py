@@ -23,7 +23,8 @@ those of the ``comm-exposed`` analyzer, :mod:`recsys_doctor.analyzers._comm`):
     ``|compute ∩ comm| / comm_ns``: the share of communication hidden under compute
     (None without NCCL kernels); ``exposed_ns = comm_ns - overlap_ns``.
 rank
-    the trace's own (Kineto ``distributedInfo.rank``; ``rank_source`` "trace"), else
+    the trace's own (Kineto ``distributedInfo.rank``, the ``MPI Rank N`` thread name of an
+    nsys MPI trace; ``rank_source`` "trace"), else
     ``rank<N>`` in the file name ("file name"), else the file's position ("order").
     ``warnings`` says when the files do not look like the ranks of one job.
 straggler
@@ -157,14 +158,20 @@ class MultiRankResult:
 
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+#: the thread name Nsight Systems gives an MPI process's threads when it traces MPI
+_MPI_RANK_THREAD = re.compile(r"^MPI Rank (\d+)$")
 
 
-def _rank_of(meta: dict[str, Any], path: Path) -> tuple[int | None, str]:
-    """The rank a trace says it is (Kineto ``distributedInfo.rank``), else ``rank<N>`` in
-    its file name; ``(None, "order")`` when neither says (:func:`combine` numbers those)."""
+def _rank_of(meta: dict[str, Any], threads: Any, path: Path) -> tuple[int | None, str]:
+    """The rank a trace says it is - Kineto ``distributedInfo.rank``, or the ``MPI Rank N``
+    thread name of an nsys MPI trace (one N) - else ``rank<N>`` in its file name;
+    ``(None, "order")`` when none says (:func:`combine` numbers those)."""
     r = meta.get("rank")
     if isinstance(r, int) or (isinstance(r, str) and r.isdigit()):
         return int(r), "trace"
+    names = {m.group(1) for n in threads["name"].dropna().astype(str).unique() if (m := _MPI_RANK_THREAD.match(n))}
+    if len(names) == 1:
+        return int(names.pop()), "trace"
     m = _RANK_IN_NAME.findall(path.name)
     return (int(m[-1]), "file name") if m else (None, "order")
 
@@ -193,7 +200,7 @@ def analyze_rank(path: str, options: Options | None = None, index: int = 0) -> R
     rows = np.flatnonzero(comm)
     streams = k["device"].to_numpy(np.int64)[rows] * (1 << 32) + k["stream"].to_numpy(np.int64)[rows]
     util = res.analyses.get("utilization", {}).get("devices", {})
-    rank, source = _rank_of(tr.meta, Path(path))
+    rank, source = _rank_of(tr.meta, tr.threads, Path(path))
     names = k["name"].value_counts().head(20).index if len(k) else []
     return RankSummary(
         rank=index if rank is None else rank, path=str(path), format=tr.format,

@@ -215,3 +215,20 @@ def test_markdown_report(rank_dir, tmp_path):
     assert r.exit_code == 0, r.output
     text = md.read_text()
     assert text.startswith("# 4 ranks") and text.count("worker") >= 4
+
+
+def test_rank_of_an_nsys_mpi_trace(tmp_path):
+    """nsys names an MPI process's main thread ``MPI Rank N`` (an NVTX thread-name event);
+    the rank comes from there, not from the '0' at the end of the file name."""
+    import sqlite3
+
+    src = SHARED_TRACES / "nsys" / "hpcgroup__pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
+    if not src.exists():
+        pytest.skip("the MPI export of ../shared is not present")
+    con = sqlite3.connect(src)
+    (name,) = con.execute("SELECT text FROM NVTX_EVENTS WHERE text LIKE 'MPI Rank %'").fetchone()
+    con.close()
+    (tmp_path / "job_a.sqlite").symlink_to(src)
+    res = advise_ranks(expand_traces(tmp_path), workers=1)
+    (r,) = res.ranks
+    assert (r.rank, r.rank_source) == (int(name.split()[-1]), "trace")
