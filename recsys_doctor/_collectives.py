@@ -65,8 +65,8 @@ def match_collectives(ranks: list[dict[str, Any]], window_ns: float, straggler_s
     the ranks were aligned (see the module docstring). ``ranks``: ``{"rank",
     "collectives" (from :func:`collective_records`), "origin_ns_epoch"}`` each."""
     t = _table(ranks)
-    empty = {"matched": 0, "unmatched": 0, "alignment": "end", "end_spread_ns": None, "per_rank": {},
-             "stragglers": []}
+    empty = {"matched": 0, "unmatched": 0, "alignment": "end", "end_spread_ns": None, "largest_skews": [],
+             "per_rank": {}, "stragglers": []}
     if not len(t) or t["rank"].nunique() < 2:
         return empty
     key = ["stream", "kind", "n"]
@@ -87,8 +87,20 @@ def match_collectives(ranks: list[dict[str, Any]], window_ns: float, straggler_s
         es = g["abs_end"].agg(lambda s: s.max() - s.min())
         spread = {"median": int(es.median()), "max": int(es.max())}
     return {"matched": int(t["cid"].nunique()), "unmatched": unmatched, "alignment": "end",
-            "end_spread_ns": spread, "per_rank": per_rank,
+            "end_spread_ns": spread, "largest_skews": _largest_skews(t), "per_rank": per_rank,
             "stragglers": _stragglers(t, window_ns, straggler_share)}
+
+
+def _largest_skews(t: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
+    """The ``n`` collectives with the largest arrival skew (the longest wait of a rank for
+    the late one): which rank came late and how long the others waited."""
+    g = t.groupby("cid").agg(skew=("wait", "max"), total=("wait", "sum"), late=("late", "first"))
+    out = []
+    for cid, row in g.sort_values("skew", ascending=False, kind="stable").head(n).iterrows():
+        first = t[t["cid"] == cid].iloc[0]
+        out.append({"collective": _name(first), "late_rank": int(row["late"]), "skew_ns": int(row["skew"]),
+                    "others_waited_ns": int(row["total"])})
+    return out
 
 
 def _per_rank(t: pd.DataFrame) -> dict[int, dict[str, int]]:

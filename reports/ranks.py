@@ -65,6 +65,9 @@ def _straggler_lines(res: "MultiRankResult") -> list[str]:
     else:
         out.append(f"No straggler: no rank makes the others wait {res.straggler_share:.0%} of the median window "
                    f"({how}).")
+    if c.get("largest_skews"):
+        out.append("  Largest arrival skews: " + "; ".join(
+            f"{x['collective']} rank {x['late_rank']} late by {_ms(x['skew_ns'])} ms" for x in c["largest_skews"][:3]))
     if c.get("note"):
         out.append(f"  {c['note']}")
     return out

@@ -134,6 +134,8 @@ def test_stragglers_are_the_ranks_the_others_wait_for(rank_dir):
     assert res.collectives["end_spread_ns"]["max"] == spread <= 10_000
     assert res.collectives["matched"] == len(ends[0]) and res.collectives["alignment"] == "end"
     assert "4 of the job's 8 ranks" in res.collectives["note"]
+    top = res.collectives["largest_skews"][0]
+    assert (top["collective"], top["late_rank"], top["skew_ns"]) == ("SendRecv #1", 2, max(exp[2]["first"].values()))
     per_rank = {int(json.loads(p.read_text())["distributedInfo"]["rank"]): _nccl_durations(p) for p in paths}
     for r in res.ranks:  # each rank's own wait: its duration minus the shortest, summed
         own = sum(v[i][1] - min(w[i][1] for w in per_rank.values()) for i, v in [(i, per_rank[r.rank])
