@@ -16,7 +16,7 @@ from .._fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from . import (graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity, short_kernels, small_grid,
+from . import (comm_exposed, graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity, short_kernels, small_grid,
                stream_contention, sync_api, utilization)
 
 __all__ = ["ANALYZERS", "run_all", "summarize_and_run_all"]
@@ -34,12 +34,13 @@ ANALYZERS: dict[str, Analyzer] = {
     "sync-api": sync_api.analyze,
     "small-grid": small_grid.analyze,
     "graph-candidate": graph_candidate.analyze,
+    "comm-exposed": comm_exposed.analyze,
 }
 
 
 #: the order in which two processes take the analyzers: the usually longest first
 PARALLEL_ORDER = ("graph-candidate", "stream-contention", "short-kernels", "sync-api", "launch-bound",
-                  "memcpy-ping-pong", "small-grid", "utilization", "no-gpu-activity")
+                  "memcpy-ping-pong", "small-grid", "comm-exposed", "utilization", "no-gpu-activity")
 
 
 def run_all(trace: Trace, options: Options | None = None,

@@ -4,7 +4,8 @@ The rank traces are made from one real PyTorch profiler trace of a 4-rank NCCL j
 (torchrec's golden training trace, rank 0): rank r is a copy with ``distributedInfo.rank =
 r`` (``world_size`` 64), its timeline shifted by r x 1.5 ms and slowed down as a whole
 (every timestamp and duration) by (r mod 5) x 1% so that the ranks differ a little; rank 17
-is made a straggler, 30% slower. Each configuration runs the whole
+is made a straggler: 30% slower, and arriving late at every collective (each NCCL kernel
+starts later and ends where it ended, 30% of its length: the others wait for it). Each configuration runs the whole
 command (``recsys-doctor advise DIR --json --workers 2 [--dask local]``) in a fresh
 subprocess; the two JSON outputs must be equal apart from their ``engine`` field.
 
@@ -48,6 +49,8 @@ def make_ranks(src: Path, out: Path, n: int) -> list[Path]:
                 e["ts"] = t0 + (e["ts"] - t0) * stretch + r * 1500
             if isinstance(e.get("dur"), (int, float)):
                 e["dur"] = e["dur"] * stretch
+                if r == STRAGGLER and e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower():
+                    e["ts"], e["dur"] = e["ts"] + 0.7 * e["dur"], 0.3 * e["dur"]
             evs.append(e)
         d["traceEvents"] = evs
         f = out / f"rank{r:03d}.pt.trace.json"

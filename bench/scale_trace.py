@@ -5,9 +5,12 @@ same file in the same run when it is installed; then the same for a PyTorch prof
 (Kineto) JSON trace tiled to ~450 MB.
 
 For a tiling factor K the activity tables (kernels, copies, memsets, runtime API, syncs,
-graph executions, NVTX) are copied K times, each copy shifted by K x the trace duration
-and with correlation ids offset so they stay unique per process; everything else (strings,
-threads, devices, metadata) is kept once. Every command runs in a fresh subprocess; its
+graph executions, NVTX) are copied K times, copy i shifted by i x the span of the GPU
+activity (last GPU operation end - first start, plus a 1 us gap: the copies' GPU work
+follows on without dead time, so the tiled trace's window is K times the original's and
+its utilization and findings' shares are the original's; a copy's CPU calls before its
+first GPU operation - start-up - overlap the previous copy's end) and with correlation ids offset so they stay unique per
+process; everything else (strings, threads, devices, metadata) is kept once. Every command runs in a fresh subprocess; its
 peak resident memory is the child's own ``ru_maxrss`` (``os.wait4``). The generated files
 go to a temporary directory (``--tmp``, default /tmp) and are deleted after use: only the
 results JSON is kept.
@@ -53,6 +56,26 @@ ACTIVITY = [
 ]
 
 
+#: the gap between two tiled copies (ns): small against any step, so no dead time is added
+TILE_GAP_NS = 1_000
+
+
+def activity_span(con: sqlite3.Connection, tables: list[str]) -> int:
+    """Last activity end - first activity start over ``tables`` (ns); an NVTX mark (no
+    end) counts at its start."""
+    lo, hi = None, None
+    for t in tables:
+        a, b = con.execute(f"SELECT min(start), max(coalesce(end, start)) FROM {t}").fetchone()
+        if a is not None:
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+    return 0 if lo is None else int(hi) - int(lo)
+
+#: the tables of GPU work: their span is what a tiled copy is shifted by
+GPU_ACTIVITY = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+                "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"]
+
+
 def tile(src: Path, dst: Path, k: int) -> int:
     """Write a K-times tiled copy of ``src`` to ``dst``; return the number of activity rows."""
     if src.suffix == ".gz":
@@ -62,8 +85,7 @@ def tile(src: Path, dst: Path, k: int) -> int:
         shutil.copyfile(src, dst)
     con = sqlite3.connect(dst)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    (t0, t1) = con.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
-    span = int(t1) + 1_000_000
+    span = activity_span(con, [t for t in GPU_ACTIVITY if t in tables]) + TILE_GAP_NS
     corr = con.execute("SELECT max(correlationId) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] + 1
     rows = 0
     for t in ACTIVITY:

@@ -46,6 +46,7 @@ from typing import Any
 
 import pandas as pd
 
+from ._branches import launching_threads, sibling_streams
 from .findings import AnalysisResult, Finding
 from .model import Trace
 from .options import Options
@@ -57,6 +58,7 @@ PLAN_SCHEMA = 1
 _TRAINING_RANGE_RE = re.compile(r"ProfilerStep|optimizer|backward|autograd|zero_grad", re.IGNORECASE)
 _TRAINING_THREAD_RE = re.compile(r"autograd", re.IGNORECASE)
 _SIBLING_RE = re.compile(r"^(.*?[^\d])(\d+)$")
+_ID_PREFIX_RE = re.compile(r"(?:\bid|seq|#|=|:)\s*$", re.IGNORECASE)
 
 
 def detect_kind(trace: Trace) -> str:
@@ -78,7 +80,8 @@ def detect_kind(trace: Trace) -> str:
 def sibling_families(trace: Trace) -> list[dict[str, Any]]:
     """Families of sibling code regions: annotation (non-aten) ranges at the same depth
     whose names differ only by a trailing index (``expert_0`` .. ``expert_7``), with at
-    least two distinct indices. Largest family first."""
+    least two distinct indices numbered from 0 or 1 without large holes, the prefix not
+    an id or sequence label (``op_id = N``, ``seq N``). Largest family first."""
     r = trace.ranges
     if len(r) == 0:
         return []
@@ -98,7 +101,11 @@ def sibling_families(trace: Trace) -> list[dict[str, Any]]:
     out = []
     for (prefix, depth), g in df.groupby(["prefix", "depth"]):
         members = g.drop_duplicates("idx").sort_values("idx")
-        if len(members) >= 2:
+        idx = members["idx"]
+        # branches are numbered 0..N-1 or 1..N (expert_0..7); ids and sequence numbers
+        # (``aten::copy_, op_id = 314298``) number a chain of dependent calls, not branches
+        dense = idx.min() <= 1 and idx.max() - idx.min() < 2 * len(idx)
+        if len(members) >= 2 and dense and not _ID_PREFIX_RE.search(prefix):
             out.append({"prefix": prefix, "depth": depth, "members": members["name"].tolist()})
     out.sort(key=lambda x: -len(x["members"]))
     return out
@@ -116,7 +123,7 @@ def make_plan(trace: Trace, findings: list[Finding], results: list[AnalysisResul
     byid = {f.id: f for f in findings}
     kind = detect_kind(trace)
     families = sibling_families(trace) if kind == "training" else []
-    groups = _stream_groups(data, byid, findings, families, max(1, int(options.max_stream_groups)))
+    groups = _stream_groups(trace, options, data, byid, findings, families, max(1, int(options.max_stream_groups)))
     n_groups = groups["count"]
     alloc = {"enabled": n_groups > 1, "because": list(groups["because"]) if n_groups > 1 else [],
              "reason": ("each group frees and reuses its own blocks without cross-stream waits"
@@ -133,23 +140,58 @@ def make_plan(trace: Trace, findings: list[Finding], results: list[AnalysisResul
     }
 
 
-def _stream_groups(data: dict[str, Any], byid: dict[str, Finding], findings: list[Finding],
-                   families: list[dict[str, Any]], cap: int) -> dict[str, Any]:
-    """One group per thread launching concurrently into one stream; else (training) one
-    per independent sibling branch; both capped at ``max_stream_groups``."""
+def _stream_groups(trace: Trace, options: Options, data: dict[str, Any], byid: dict[str, Finding],
+                   findings: list[Finding], families: list[dict[str, Any]], cap: int) -> dict[str, Any]:
+    """How many stream groups, from what the trace shows (:mod:`._branches`): one per
+    thread launching concurrently into one stream (a stream-contention finding above note),
+    or one per concurrent launching thread that has its own stream already, or (training)
+    one per independent sibling branch (NVTX family, or sibling streams running replicas
+    of one module); all capped at ``max_stream_groups``. A note-severity finding never
+    makes groups."""
     contended = [s for s in data.get("stream-contention", {}).get("streams", []) if s.get("contended")]
-    if "stream-contention" in byid and contended:
+    real = _ids(findings, "stream-contention")
+    cap_note = (lambda want: f" (capped at {cap})" if want > cap else "")
+    if real and contended:
         want = max(s["concurrent_threads"] for s in contended)
-        return {"count": min(cap, want), "because": ["stream-contention"],
+        return {"count": min(cap, want), "because": real,
                 "reason": f"{want} CPU threads launch concurrently into one stream: one group per thread"
-                          + (f" (capped at {cap})" if want > cap else "")}
+                          + cap_note(want)}
+    threads = launching_threads(trace, options)
+    launchy = _ids(findings, "launch-bound", "short-kernels", "graph-candidate", "small-grid")
+    if threads["concurrent"] >= 2:
+        want = threads["concurrent"]
+        where = ("each into its own stream already" if threads["own_streams"] else "into shared streams")
+        return {"count": min(cap, want), "because": launchy or real,
+                "reason": f"{want} CPU threads launch concurrently on device {threads['device']}, {where}: "
+                          f"one group per thread{cap_note(want)}"}
+    sib = sibling_streams(trace, options)
     if families:
         f0 = families[0]
         n = min(cap, len(f0["members"]))
         return {"count": n, "because": _ids(findings, "small-grid", "launch-bound", "short-kernels"),
                 "reason": f"{len(f0['members'])} independent sibling branches ({f0['prefix']}N) can run "
                           f"concurrently on {n} groups"}
-    return {"count": 1, "because": [], "reason": "no concurrent launching threads or independent branches found"}
+    if sib["streams"] >= 2 and launchy:
+        n = min(cap, sib["streams"])
+        ran = ("never run at the same time" if sib["overlap_ns"] == 0
+               else f"run at the same time for only {sib['overlap_ns'] / 1e6:.3f} ms")
+        return {"count": n, "because": launchy,
+                "reason": f"{sib['streams']} streams run the same {sib['kernels_each']} kernels each (replicas of "
+                          "one module: sibling branches" + (f", forked and joined by {sib['wait_events']} "
+                                                            "cudaStreamWaitEvent calls" if sib["wait_events"] else "")
+                          + f") but {ran}: keep {n} groups and launch them without waiting on one thread "
+                          "(CUDA graphs) so they overlap"}
+    n_thr = threads["threads"]
+    why = ("one CPU thread launches at a time" if n_thr <= 1 else
+           f"the {n_thr} launching threads take turns (one launches at a time)")
+    if contended:
+        why += "; the stream-contention note is too small to act on"
+    if sib["streams"] >= 2:
+        why += (f"; {sib['streams']} streams run sibling branches already and no finding says the GPU waits "
+                "for launches")
+    else:
+        why += " and no independent sibling branches were found"
+    return {"count": 1, "because": [], "reason": why}
 
 
 def _merge_copy_compute(mp: dict[str, Any], byid: dict[str, Finding], findings: list[Finding],

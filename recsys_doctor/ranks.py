@@ -9,22 +9,29 @@ fits in the memory of the machine that asked.
 
 The combined :class:`MultiRankResult` lists the ranks worst first (lowest GPU
 utilization), the findings side by side, the stragglers and, where the traces hold NCCL
-kernels, each rank's communication/compute overlap.
+kernels, each rank's communication/compute overlap and exposed communication.
 
-Definitions (per rank, over all its devices):
+Definitions (per rank, over all its devices; the communication kernels and the overlap are
+those of the ``comm-exposed`` analyzer, :mod:`recsys_doctor.analyzers._comm`):
 
 ``compute_ns``
-    union length of the kernels that are not NCCL kernels (name contains ``nccl``,
-    any case) plus CUDA-graph executions.
+    union length of the kernels that are not communication kernels plus CUDA-graph
+    executions.
 ``comm_ns``
-    union length of the NCCL kernels.
+    union length of the communication (NCCL) kernels.
 ``overlap_share``
     ``|compute ∩ comm| / comm_ns``: the share of communication hidden under compute
-    (None without NCCL kernels).
+    (None without NCCL kernels); ``exposed_ns = comm_ns - overlap_ns``.
+rank
+    the trace's own (Kineto ``distributedInfo.rank``, the ``MPI Rank N`` thread name of an
+    nsys MPI trace; ``rank_source`` "trace"), else
+    ``rank<N>`` in the file name ("file name"), else the file's position ("order").
+    ``warnings`` says when the files do not look like the ranks of one job.
 straggler
-    a rank whose ``compute_ns`` exceeds the median over ranks by more than
-    ``straggler_share`` (default :data:`STRAGGLER_SHARE`) of the median: the others wait
-    for it at every collective.
+    a rank the others wait for at the collectives (:mod:`recsys_doctor._collectives`:
+    collectives matched across ranks, aligned on their ends): the other ranks' mean wait
+    for it, summed over the collectives it arrives at last, reaches ``straggler_share``
+    (default :data:`STRAGGLER_SHARE`) of the median rank's window.
 """
 
 from __future__ import annotations
@@ -39,22 +46,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .analyzers._arrays import merge_intervals
+from ._collectives import collective_records, match_collectives
 from .errors import BadInputError
 from .options import Options
 
 __all__ = ["RankSummary", "MultiRankResult", "expand_traces", "is_multi_target", "analyze_rank",
            "advise_ranks", "combine", "STRAGGLER_SHARE"]
 
-#: A rank is a straggler when its compute time exceeds the median rank's by more than this
-#: share (10%: well above the run-to-run noise of identical ranks, which is a few percent,
-#: and small enough that the wait it causes on every collective is worth a look).
+#: A rank is a straggler when the other ranks' mean wait for it at the collectives reaches
+#: this share of the median rank's window (10%: well above the run-to-run jitter of the
+#: collectives' arrival on identical ranks, and a wait worth rebalancing the work for).
 STRAGGLER_SHARE = 0.10
 
 #: file names ``advise DIR`` picks up in a directory (content is still checked on load)
 TRACE_SUFFIXES = (".sqlite", ".sqlite.gz", ".json", ".json.gz", ".nsys-rep", ".qdrep")
 
-_NCCL = re.compile("nccl", re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -100,14 +106,32 @@ class RankSummary:
     #: what ``analyze_rank``'s ``finish`` made of the rank's full result on the worker
     #: (its HTML section, its history row); not part of the JSON
     extras: dict[str, Any] = field(default_factory=dict)
+    #: where ``rank`` comes from: "trace", "file name" or "order"
+    rank_source: str = "order"
+    world_size: int | None = None
+    #: this rank's collectives (``_collectives.collective_records``), for matching across ranks
+    collectives: dict[str, list] = field(default_factory=dict)
+    origin_ns_epoch: int | None = None
+    #: the most frequent kernel names (telling the ranks of one job from unrelated traces)
+    top_kernels: list[str] = field(default_factory=list)
+    #: filled by :func:`combine`: this rank's wait at the collectives, how often it arrived
+    #: last and how long the others waited for it there
+    waits: dict[str, int] = field(default_factory=dict)
 
     @property
     def overlap_share(self) -> float | None:
         return self.overlap_ns / self.comm_ns if self.comm_ns else None
 
+    @property
+    def exposed_ns(self) -> int:
+        return self.comm_ns - self.overlap_ns
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for k in ("collectives", "origin_ns_epoch", "top_kernels"):
+            d.pop(k)
         d["overlap_share"] = self.overlap_share
+        d["exposed_ns"] = self.exposed_ns
         return d
 
 
@@ -121,24 +145,42 @@ class MultiRankResult:
     engine: str
     straggler_share: float = STRAGGLER_SHARE
     totals: dict[str, Any] = field(default_factory=dict)
+    #: how the ranks' collectives were matched and aligned (:func:`~._collectives.match_collectives`)
+    collectives: dict[str, Any] = field(default_factory=dict)
+    #: why these files may not be the ranks of one job (one line each)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": 1, "kind": "multi-rank", "engine": self.engine, "totals": self.totals,
             "straggler_share": self.straggler_share, "stragglers": self.stragglers,
+            "collectives": self.collectives, "warnings": self.warnings,
             "finding_ids": self.finding_ids,
             "ranks": [{k: v for k, v in r.to_dict().items() if k not in ("seconds", "extras")} for r in self.ranks],
         }
 
 
-def _rank_of(meta: dict[str, Any], path: Path, index: int) -> int:
-    """The rank a trace says it is (Kineto ``distributedInfo.rank``), else the last number
-    in its file name (``rank-3.json``, ``worker3_...``), else its position."""
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+#: the thread name Nsight Systems gives an MPI process's threads when it traces MPI
+_MPI_RANK_THREAD = re.compile(r"^MPI Rank (\d+)$")
+
+
+def _rank_of(meta: dict[str, Any], threads: Any, path: Path) -> tuple[int | None, str]:
+    """The rank a trace says it is - Kineto ``distributedInfo.rank``, or the ``MPI Rank N``
+    thread name of an nsys MPI trace (one N) - else ``rank<N>`` in its file name;
+    ``(None, "order")`` when none says (:func:`combine` numbers those)."""
     r = meta.get("rank")
     if isinstance(r, int) or (isinstance(r, str) and r.isdigit()):
-        return int(r)
-    nums = re.findall(r"(?:rank|worker)[-_]?(\d+)", path.name, re.IGNORECASE) or re.findall(r"(\d+)", path.name)
-    return int(nums[-1]) if nums and len(nums[-1]) < 7 else index
+        return int(r), "trace"
+    names = {m.group(1) for n in threads["name"].dropna().astype(str).unique() if (m := _MPI_RANK_THREAD.match(n))}
+    if len(names) == 1:
+        return int(names.pop()), "trace"
+    m = _RANK_IN_NAME.findall(path.name)
+    return (int(m[-1]), "file name") if m else (None, "order")
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) or (isinstance(v, str) and v.isdigit()) else None
 
 
 def analyze_rank(path: str, options: Options | None = None, index: int = 0,
@@ -148,32 +190,36 @@ def analyze_rank(path: str, options: Options | None = None, index: int = 0,
     import time
 
     from .advise import advise
-    from .analyzers._util import str_contains
+    from .analyzers._comm import collective_kinds, comm_mask, overlap
 
     t0 = time.perf_counter()
     res = advise(path, options)
     tr = res.trace
     assert tr is not None
     k = tr.kernels
-    nccl = str_contains(k["name"], _NCCL).to_numpy() if len(k) else np.zeros(0, dtype=bool)
+    comm = comm_mask(tr)
     ks, ke = k["start"].to_numpy(np.int64), k["end"].to_numpy(np.int64)
     g = tr.graphs
-    cs = np.concatenate([ks[~nccl], g["start"].to_numpy(np.int64)])
-    ce = np.concatenate([ke[~nccl], g["end"].to_numpy(np.int64)])
-    comp = merge_intervals(cs, ce)
-    comm = merge_intervals(ks[nccl], ke[nccl])
-    both = merge_intervals(np.concatenate([comp[0], comm[0]]), np.concatenate([comp[1], comm[1]]))
-    c_ns, m_ns = int((comp[1] - comp[0]).sum()), int((comm[1] - comm[0]).sum())
-    overlap = c_ns + m_ns - int((both[1] - both[0]).sum())
+    o = overlap(np.concatenate([ks[~comm], g["start"].to_numpy(np.int64)]),
+                np.concatenate([ke[~comm], g["end"].to_numpy(np.int64)]), ks[comm], ke[comm])
+    rows = np.flatnonzero(comm)
+    streams = k["device"].to_numpy(np.int64)[rows] * (1 << 32) + k["stream"].to_numpy(np.int64)[rows]
     util = res.analyses.get("utilization", {}).get("devices", {})
+    rank, source = _rank_of(tr.meta, tr.threads, Path(path))
+    names = k["name"].value_counts().head(20).index if len(k) else []
     return RankSummary(
-        rank=_rank_of(tr.meta, Path(path), index), path=str(path), format=tr.format,
+        rank=index if rank is None else rank, path=str(path), format=tr.format,
         summary=res.summary,
         findings=[{"id": f.id, "severity": f.severity, "title": f.title} for f in res.findings],
         devices={d: {"utilization": v.get("utilization"), "steady_utilization": v.get("steady_utilization")}
                  for d, v in util.items()},
-        compute_ns=c_ns, comm_ns=m_ns, overlap_ns=int(overlap), nccl_kernels=int(nccl.sum()),
-        seconds=round(time.perf_counter() - t0, 3), extras=finish(res) if finish else {},
+        compute_ns=o.compute_ns, comm_ns=o.comm_ns, overlap_ns=o.hidden_ns, nccl_kernels=int(comm.sum()),
+        seconds=round(time.perf_counter() - t0, 3), rank_source=source,
+        extras=finish(res) if finish else {},
+        world_size=_int_or_none(tr.meta.get("world_size")),
+        collectives=collective_records(streams, collective_kinds(tr, rows), ks[rows], ke[rows]),
+        origin_ns_epoch=_int_or_none(tr.meta.get("origin_ns_epoch")),
+        top_kernels=[str(n) for n in names],
     )
 
 
@@ -183,19 +229,23 @@ def _sort_key(r: RankSummary) -> tuple[int, float, int]:
 
 
 def combine(ranks: list[RankSummary], engine: str, straggler_share: float = STRAGGLER_SHARE) -> MultiRankResult:
-    """The combined view: ranks worst first, stragglers, finding ids in first-seen order
-    over the ranks sorted by rank (so the result does not depend on who finished first)."""
+    """The combined view: ranks worst first, stragglers (from the collectives matched
+    across ranks), warnings when the files are not the ranks of one job, finding ids in
+    first-seen order over the ranks sorted by rank (so the result does not depend on who
+    finished first)."""
+    warnings = _job_warnings(ranks)
     by_rank = sorted(ranks, key=lambda r: (r.rank, r.path))
-    comp = np.array([r.compute_ns for r in by_rank], dtype=float)
-    med = float(np.median(comp)) if len(comp) else 0.0
-    stragglers = []
-    if med > 0:
-        for r in by_rank:
-            excess = (r.compute_ns - med) / med
-            if excess > straggler_share:
-                stragglers.append({"rank": r.rank, "compute_ns": r.compute_ns, "median_compute_ns": int(med),
-                                   "excess_share": round(excess, 4)})
-        stragglers.sort(key=lambda s: -s["excess_share"])
+    windows = [r.summary.get("window_ns") or 0 for r in by_rank]
+    coll = match_collectives([{"rank": r.rank, "collectives": r.collectives, "origin_ns_epoch": r.origin_ns_epoch}
+                              for r in by_rank], float(np.median(windows)) if windows else 0.0, straggler_share)
+    for r in by_rank:
+        r.waits = coll["per_rank"].get(r.rank, {})
+    stragglers = coll.pop("stragglers")
+    coll.pop("per_rank")
+    world = {r.world_size for r in by_rank if r.world_size}
+    if coll["matched"] and len(world) == 1 and (w := next(iter(world))) > len(by_rank):
+        coll["note"] = (f"{len(by_rank)} of the job's {w} ranks are here: the rank the others wait for may be "
+                        "one not given (waits are counted from the latest rank present)")
     ids: list[str] = []
     for r in by_rank:
         for f in r.findings:
@@ -205,15 +255,41 @@ def combine(ranks: list[RankSummary], engine: str, straggler_share: float = STRA
     comm = sum(r.comm_ns for r in by_rank)
     totals = {
         "ranks": len(by_rank),
+        "world_size": world.pop() if len(world) == 1 else None,
         "utilization_min": min(utils) if utils else None,
         "utilization_median": float(np.median(utils)) if utils else None,
         "utilization_max": max(utils) if utils else None,
         "kernels": int(sum(r.summary.get("kernels", 0) for r in by_rank)),
         "comm_ns": int(comm),
+        "exposed_ns": int(sum(r.exposed_ns for r in by_rank)),
         "overlap_share": (sum(r.overlap_ns for r in by_rank) / comm) if comm else None,
     }
     return MultiRankResult(ranks=sorted(by_rank, key=_sort_key), stragglers=stragglers, finding_ids=ids,
-                           engine=engine, straggler_share=straggler_share, totals=totals)
+                           engine=engine, straggler_share=straggler_share, totals=totals, collectives=coll,
+                           warnings=warnings)
+
+
+def _job_warnings(ranks: list[RankSummary]) -> list[str]:
+    """Why the files may not be the ranks of one job: no rank in them (numbered by their
+    order instead), the same rank twice, different world sizes, or different workloads
+    (fewer than half of the most frequent kernel names shared with the first rank)."""
+    out = []
+    none = [r for r in ranks if r.rank_source == "order"]
+    if none:
+        out.append(f"{len(none)} of {len(ranks)} traces say no rank (no distributedInfo, no rank<N> in the name): "
+                   "numbered by their order")
+    seen = [r.rank for r in ranks]
+    if len(set(seen)) < len(seen):
+        out.append("several traces claim the same rank (" + ", ".join(
+            str(x) for x in sorted({x for x in seen if seen.count(x) > 1})) + "): not the ranks of one job")
+    world = sorted({r.world_size for r in ranks if r.world_size})
+    if len(world) > 1:
+        out.append(f"the traces have different world sizes ({', '.join(map(str, world))}): not the ranks of one job")
+    ref = set(ranks[0].top_kernels) if ranks else set()
+    odd = [r for r in ranks[1:] if ref and len(ref & set(r.top_kernels)) < 0.5 * min(len(ref), len(r.top_kernels))]
+    if odd or len({r.format for r in ranks}) > 1:
+        out.append("the traces run different kernels (different workloads?): compare them as ranks with care")
+    return out
 
 
 def _run_local(paths: list[Path], options: Options, workers: int | None,

@@ -128,10 +128,10 @@ def render_ranks_html(res: Any, sections: Mapping[str, str]) -> str:
     """One page for a many-rank run: the combined table (worst rank first), the
     stragglers, then one section per rank (``sections``: the rank's trace path ->
     :func:`render_section`)."""
-    from .ranks import rank_rows
+    from .ranks import rank_rows, straggler_lines
 
     return _ENV.get_template("ranks.html.j2").render(
-        res=res, rows=rank_rows(res), sections={k: Markup(v) for k, v in sections.items()}, **_stamp())
+        res=res, rows=rank_rows(res), straggler_lines=straggler_lines(res), sections={k: Markup(v) for k, v in sections.items()}, **_stamp())
 
 
 def write_ranks_html(res: Any, sections: Mapping[str, str], path: str | os.PathLike[str]) -> None:

@@ -73,13 +73,15 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
     (.sqlite, .sqlite.gz) and PyTorch profiler JSON (.json, .json.gz).
 
     Finds short kernels, launch-bound gaps, CPU threads contending for one stream,
-    H2D/D2H ping-pong, synchronizing calls, small grids and CUDA-graph candidates, says
+    H2D/D2H ping-pong, synchronizing calls, small grids, CUDA-graph candidates and
+    communication not hidden under compute, says
     where in the model (NVTX range, thread, stream) each happens, and proposes a
     multi-stream plan.
 
     One DIR or GLOB (quoted, e.g. 'traces/rank*.json') of a multi-GPU job's per-rank
     traces gives a combined report instead: per-rank utilization and findings side by
-    side, worst ranks first, stragglers, and NCCL communication/compute overlap per rank.
+    side, worst ranks first, stragglers (the ranks the others wait for at the collectives),
+    and per rank the NCCL communication hidden under compute, the exposed part and its wait.
     The ranks are analyzed in parallel by local processes, or on Dask with --dask.
     Each rank is recorded in the run history (one row per rank).
     """
