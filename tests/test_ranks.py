@@ -234,3 +234,18 @@ def test_rank_of_an_nsys_mpi_trace(tmp_path):
     res = advise_ranks(expand_traces(tmp_path), workers=1)
     (r,) = res.ranks
     assert (r.rank, r.rank_source) == (int(name.split()[-1]), "trace")
+
+
+def test_html_and_markdown_name_the_straggler_by_the_waits(rank_dir, tmp_path):
+    """The many-rank HTML and Markdown reports say what the terminal says: rank 2 is the
+    straggler, with the others' total wait from the JSON (not the old compute-excess rule)."""
+    paths = expand_traces(rank_dir)
+    exp = _expected_waits(paths)
+    out_html, out_md = tmp_path / "r.html", tmp_path / "r.md"
+    r = CliRunner().invoke(main, ["advise", str(rank_dir), "--no-history", "--workers", "1",
+                                  "--html", str(out_html), "--md", str(out_md)])
+    assert r.exit_code == 0, r.output
+    waited = f"the others waited {exp[2]['total'] / 1e6:.1f} ms in total"
+    for page in (out_html.read_text(), out_md.read_text()):
+        assert "rank 2: arrives last at" in page and waited in page
+        assert "above the median rank" not in page
