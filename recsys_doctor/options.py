@@ -7,6 +7,7 @@ The CLI overrides fields with dedicated flags (``--short-kernel-us``) or generic
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -102,6 +103,16 @@ class Options:
     #: How many example moments (start, duration, thread, stream) a finding lists.
     examples_per_finding: int = 3
 
+    #: Communication kernels (a regular expression searched in the kernel name): NCCL/RCCL
+    #: collectives and point-to-point (``ncclDevKernel_*``, ``ncclKernel_*``: SendRecv,
+    #: AllReduce, AllGather, ReduceScatter, AllToAll), custom all-reduce kernels, and the
+    #: expert-parallel dispatch/combine kernels of MoE training (DeepEP and the like).
+    #: They use few blocks by design (8-12 per channel on the DLRM and TorchRec ranks) and
+    #: run beside compute on other streams, so small-grid does not judge them.
+    comm_kernel_pattern: str = (
+        r"(?i)nccl|rccl|msccl|SendRecv|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|alltoall"
+        r"|cross_device_reduce|deep_?ep::|(?:^|[\s:_])(?:moe_?)?(?:dispatch|combine)(?:_?kernel)?\s*[<(]")
+
     def __post_init__(self) -> None:
         """Reject values no analysis can use (one clear line, exit 2 at the CLI)."""
         for f in fields(self):
@@ -119,6 +130,10 @@ class Options:
                 raise BadInputError(f"option {name} must be >= 1, got {getattr(self, name)!r}")
         if self.short_kernel_us <= 0:
             raise BadInputError(f"option short_kernel_us must be > 0, got {self.short_kernel_us!r}")
+        try:
+            re.compile(self.comm_kernel_pattern)
+        except re.error as e:
+            raise BadInputError(f"option comm_kernel_pattern is not a regular expression: {e}") from None
         if not (self.recoverable_low <= self.recoverable_medium <= self.recoverable_high):
             raise BadInputError("options recoverable_low <= recoverable_medium <= recoverable_high must hold")
 
