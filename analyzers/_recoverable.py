@@ -15,6 +15,7 @@ that ended it (``what``/``row`` in :func:`~._util.op_table`).
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any, NamedTuple
 
@@ -24,11 +25,13 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding, severity_for_recoverable
 from ..model import Trace
 from ..options import Options
+from ._arrays import pair_codes
 from ._ops import device_busy, timeline_edges
-from ._util import covered_in_bins, merge_intervals, op_table, stream_label, take_str, thread_labels
+from ._util import (_coverage_at, covered_in_bins, merge_intervals, op_table, str_contains, stream_label, take_str,
+                    thread_labels)
 
-__all__ = ["steady_starts", "idle_gaps", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
-           "gaps_containing", "report"]
+__all__ = ["steady_starts", "idle_gaps", "allocator_cover", "allocator_gap", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
+           "gaps_containing", "report", "settle_shared_causes", "ROOT_CAUSE_ORDER"]
 
 
 #: per live trace (by id, dropped when the trace is collected): results of the functions
@@ -167,6 +170,41 @@ def _idle_gaps(trace: Trace, options: Options) -> pd.DataFrame:
         "stream": ops["stream"].to_numpy(np.int64)[at], "steady": gap_start >= steady_at})
 
 
+def allocator_cover(trace: Trace, options: Options) -> np.ndarray:
+    """Per row of :func:`idle_gaps`, the ns of the gap during which a thread of the gap's
+    process was inside an allocator call (``Options.allocator_api_pattern``: cudaMalloc,
+    cudaFree, ...); a gap covered at least ``Options.allocator_gap_share`` is the
+    allocator's, not a launch wait."""
+    return _cached(trace, ("alloc_cover", options.allocator_api_pattern, options),
+                   lambda: _allocator_cover(trace, options))
+
+
+def allocator_gap(trace: Trace, options: Options) -> np.ndarray:
+    """Per row of :func:`idle_gaps`: whether it is an allocator gap (see
+    :func:`allocator_cover`); launch findings (launch-bound, short-kernels,
+    graph-candidate) leave these to ``allocator-churn``."""
+    gaps = idle_gaps(trace, options)
+    return allocator_cover(trace, options) >= options.allocator_gap_share * gaps["ns"].to_numpy(np.int64)
+
+
+def _allocator_cover(trace: Trace, options: Options) -> np.ndarray:
+    gaps = idle_gaps(trace, options)
+    out = np.zeros(len(gaps), dtype=np.int64)
+    api = trace.api
+    if not len(gaps) or not len(api):
+        return out
+    m = str_contains(api["name"], re.compile(options.allocator_api_pattern)).to_numpy(bool)
+    if not m.any():
+        return out
+    apid, ast, aen = (api[c].to_numpy(np.int64)[m] for c in ("pid", "start", "end"))
+    gpid, gs, ge = (gaps[c].to_numpy(np.int64) for c in ("pid", "start", "end"))
+    for pid in np.unique(apid):
+        ms, me = merge_intervals(ast[apid == pid], aen[apid == pid])
+        at = np.flatnonzero(gpid == pid)
+        out[at] = _coverage_at(ms, me, ge[at]) - _coverage_at(ms, me, gs[at])
+    return out
+
+
 def gaps_containing(gaps: pd.DataFrame, t: Any, device: Any = None) -> np.ndarray:
     """Index (into ``gaps``) of the gap that contains each time ``t`` (``start <= t <
     end``), -1 where none; with ``device`` only that device's gaps, else the first device
@@ -201,16 +239,89 @@ def report(res: AnalysisResult, fid: str, *, title: str, evidence: dict[str, Any
     return f
 
 
-def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options) -> Finding:
+def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
+           claims: pd.DataFrame | None = None) -> Finding:
     """Set the finding's recoverable time (capped at the window) and the severity that
-    follows from its share of the window."""
+    follows from its share of the window. ``claims``: the idle gaps (rows of
+    :func:`idle_gaps`) the recoverable time was counted from; findings that claim the same
+    gaps share a cause, and :func:`settle_shared_causes` counts each gap once."""
     rec = int(max(0, min(float(recoverable_ns), float(window_ns))))
     share = rec / window_ns if window_ns > 0 else None
     f.recoverable_ns = rec
     f.recoverable_share = None if share is None else round(share, 4)
     f.severity = severity_for_recoverable(share, options.recoverable_high, options.recoverable_medium,
                                           options.recoverable_low)
+    if claims is not None:
+        setattr(f, "_claims", (claims["device"].to_numpy(np.int64), claims["start"].to_numpy(np.int64),
+                               claims["ns"].to_numpy(np.int64)))
     return f
+
+
+#: Which finding names the root cause when several count the same idle gaps: the first
+#: in this order keeps the shared time, the others keep only what is theirs alone. The
+#: specific causes come first (memory management, host round trips, syncs, threads on one
+#: stream, one slow step), the general symptom (the GPU waits for launches) after them,
+#: and the remedies that address that symptom (graphs, fewer short kernels) last.
+ROOT_CAUSE_ORDER = ("allocator-churn", "memcpy-ping-pong", "sync-api", "stream-contention", "step-variance",
+                    "launch-bound", "graph-candidate", "short-kernels")
+
+
+def settle_shared_causes(findings: list[Finding], window_ns: int, options: Options) -> None:
+    """Count every idle gap once. Findings whose recoverable time comes from the same idle
+    gaps share a cause: each says so (``evidence["shared_cause_with"]``, the shared idle
+    ns, a sentence in its recommendation), and a gap counted by several goes to the one
+    first in :data:`ROOT_CAUSE_ORDER`; the others keep the part of their recoverable time
+    not from those gaps, and their severity follows again. Their recoverable times then
+    add up to at most the idle time they claim together (plus what is not idle time,
+    e.g. copy time saved by merging copies)."""
+    claimers = [f for f in findings if getattr(f, "_claims", None) is not None]
+    if len(claimers) >= 2:
+        rank = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
+        claimers.sort(key=lambda f: rank.get(f.id, len(rank)))
+        dev = np.concatenate([f._claims[0] for f in claimers])
+        start = np.concatenate([f._claims[1] for f in claimers])
+        ns = np.concatenate([f._claims[2] for f in claimers])
+        code, _, _ = pair_codes(dev, start)
+        gap_ns = np.zeros(int(code.max()) + 1, np.int64)
+        gap_ns[code] = ns
+        owner = np.full(gap_ns.size, -1, np.int64)
+        at = 0
+        for i, f in enumerate(claimers):
+            n = f._claims[0].size
+            mine = np.unique(code[at: at + n])
+            at += n
+            prior = mine[owner[mine] >= 0]
+            if prior.size:
+                _share_cause(f, claimers, owner[prior], gap_ns[prior], gap_ns[mine], window_ns, options)
+            owner[mine[owner[mine] < 0]] = i
+    for f in findings:
+        if hasattr(f, "_claims"):
+            delattr(f, "_claims")
+
+
+def _share_cause(f: Finding, claimers: list[Finding], owners: np.ndarray, shared_ns: np.ndarray,
+                 mine_ns: np.ndarray, window_ns: int, options: Options) -> None:
+    """``f`` claims gaps that ``claimers[owners]`` counted first: say so on both sides and
+    take the shared gaps out of ``f``'s recoverable time."""
+    claimed = int(mine_ns.sum())
+    rec = int(f.recoverable_ns or 0)
+    other = max(0, rec - claimed)  # the part that is not these gaps (e.g. copy time)
+    left = min(rec - other, claimed - int(shared_ns.sum()))
+    firsts = [claimers[int(o)] for o in np.unique(owners)]
+    for o in firsts:
+        ns = int(shared_ns[owners == claimers.index(o)].sum())
+        _note(o, f.id, ns, f"{ns / 1e6:.2f} ms of this idle time is also counted by {f.id} "
+                           f"(the same gaps; counted once, here)")
+        _note(f, o.id, ns, f"{ns / 1e6:.2f} ms of this idle time has the same cause as {o.id} "
+                           f"and is counted there, not here")
+    finish(f, other + max(0, left), window_ns, options)
+
+
+def _note(f: Finding, other: str, ns: int, sentence: str) -> None:
+    ev = f.evidence
+    ev["shared_cause_with"] = sorted(set(ev.get("shared_cause_with", [])) | {other})
+    ev.setdefault("shared_idle_ns", {})[other] = int(ns)
+    f.recommendation = f"{f.recommendation.rstrip()} Shared cause: {sentence}."
 
 
 def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None, tid: Any = None,

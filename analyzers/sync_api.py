@@ -85,7 +85,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     else:
         f.examples = examples(trace, start=sy["start"], end=sy["end"], pid=sy["pid"], tid=sy["tid"],
                               what=[str(x) for x in sy["name"]], n=options.examples_per_finding)
-    finish(f, gpu_idle, window, options)
+    finish(f, gpu_idle, window, options, claims=gaps.iloc[used])
     return res
 
 

@@ -42,8 +42,13 @@ def _draw_kernel_durations(result: "AdviseResult", short_kernel_us: float) -> "F
     ax.text(short_kernel_us, ax.get_ylim()[1] * 0.97, f"  \u2190 {frac * 100:.0f}% of {len(d_us):,} kernels "
             f"are shorter than {short_kernel_us:g} us", va="top", ha="left", fontsize=10, fontweight="bold")
     med = float(np.median(d_us))
-    ax.set_title(f"Kernel durations (median {med:.1f} us): short kernels cannot hide the launch cost",
-                 loc="left")
+    launch = ((result.analyses or {}).get("short-kernels") or {}).get("median_launch_us")
+    if launch and med >= 2 * float(launch):  # most kernels outlast their launch call
+        title = (f"Kernel durations (median {med:.1f} us against a {float(launch):.1f} us launch call): "
+                 "most kernels hide the launch cost")
+    else:
+        title = f"Kernel durations (median {med:.1f} us): short kernels cannot hide the launch cost"
+    ax.set_title(title, loc="left")
     ax.set_xlabel("kernel duration (us, log scale)")
     ax.set_ylabel("kernels")
     ax.legend(loc="upper left", fontsize=8)
@@ -88,7 +93,8 @@ def _time_split(result: "AdviseResult") -> dict[str, dict[str, float]] | None:
             "copy_only": max(win - idle - compute, 0.0),
             "host_wait": float(d.get("host_wait_ns") or 0),
             "short_gap": float(d.get("short_gap_ns") or 0),
-            "other": float(d.get("other_ns") or 0),
+            # (allocator gaps - cudaMalloc/cudaFree - are not a launch wait: shown as other)
+            "other": float(d.get("other_ns") or 0) + float(d.get("allocator_ns") or 0),
         }
     return out or None
 

@@ -1,0 +1,145 @@
+"""Step variance: one training step or serving iteration far slower than the others.
+
+Steps are the ``ProfilerStep#N`` annotations of a PyTorch profiler trace or, where there
+are none, the most repeated top-level NVTX range of one thread (``depth`` 0, at least
+three instances, one after another). A step at least ``Options.step_variance_ratio``
+times the median step (the first step excepted: a slow first step is warm-up) is an
+outlier; the finding says which, how long against the median, and what it has that the
+other steps lack: the CUDA API calls whose time in it exceeds their median time in the
+steps that are not outliers (``cudaMalloc``/``cudaFree`` on TorchRec rank 54105).
+
+Recoverable time: per outlier, the steady-state GPU idle inside it, at most its excess
+over the median (the GPU time a step like the others would not have lost). Where the
+extra time is allocator gaps, ``allocator-churn`` names the cause and takes that time
+(see ``_recoverable.settle_shared_causes``). Severity follows from it (docs/findings.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..findings import AnalysisResult
+from ..model import Trace
+from ..options import Options
+from ._recoverable import examples, finish, idle_gaps, report, steady_window
+from ._util import norm_name, per_value, r, take_str
+
+__all__ = ["analyze", "steps"]
+
+_NVTX = ("nvtx", "nvtx_pushpop", "nvtx_startend")
+
+
+def steps(trace: Trace) -> pd.DataFrame:
+    """The steps: ``name, start, end, pid, tid`` in time order (empty when the trace has
+    no ``ProfilerStep#N`` and no repeated top-level NVTX range)."""
+    rg = trace.ranges
+    cols = ["name", "start", "end", "pid", "tid"]
+    if not len(rg):
+        return pd.DataFrame({c: [] for c in cols})
+    norm = per_value(rg["name"], norm_name)
+    ps = norm == "ProfilerStep#*"
+    if not ps.any():
+        src = rg["source"].astype(object).to_numpy()
+        top = np.isin(src, _NVTX) & (rg["depth"].fillna(-1).to_numpy(np.int64) == 0)
+        if not top.any():
+            return pd.DataFrame({c: [] for c in cols})
+        key = pd.Series(norm[top].astype(str)) + "|" + pd.Series(rg["tid"].to_numpy(np.int64)[top]).astype(str)
+        best = key.value_counts()
+        if best.iloc[0] < 3:
+            return pd.DataFrame({c: [] for c in cols})
+        ps = np.zeros(len(rg), bool)
+        ps[np.flatnonzero(top)[(key == best.index[0]).to_numpy()]] = True
+    out = pd.DataFrame({"name": take_str(rg["name"], np.flatnonzero(ps)),
+                        **{c: rg[c].to_numpy(np.int64)[ps] for c in cols[1:]}})
+    return out.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    res = AnalysisResult(name="step-variance")
+    st = steps(trace)
+    if len(st) < 3:
+        res.data = {"steps": int(len(st))}
+        return res
+    dur = (st["end"] - st["start"]).to_numpy(np.int64)
+    med = float(np.median(dur))
+    slow = dur >= options.step_variance_ratio * med
+    slow[0] = False  # the first step is warm-up
+    res.data = data = {"steps": int(len(st)), "median_step_ms": r(med / 1e6, 3),
+                       "step_ms": {str(n): r(d / 1e6, 3) for n, d in zip(st["name"], dur)},
+                       "ratio": options.step_variance_ratio}
+    if not slow.any():
+        return res
+    gaps = idle_gaps(trace, options)
+    inside, idle_in = _gaps_inside(gaps, st, slow)
+    rec = int(sum(min(i, max(0.0, d - med)) for i, d in zip(idle_in, dur[slow])))
+    extra = _extra_calls(trace, st, slow)
+    data["outliers"] = [{"step": str(n), "ms": r(d / 1e6, 3), "x_median": r(d / med, 2),
+                         "idle_inside_ms": r(i / 1e6, 3), "extra_api": e}
+                        for n, d, i, e in zip(st["name"][slow], dur[slow], idle_in, extra)]
+    worst = int(np.flatnonzero(slow)[np.argmax(dur[slow])])
+    lack = data["outliers"][int(np.argmax(dur[slow]))]["extra_api"]
+    lack_txt = "; in it and not the others: " + ", ".join(
+        f"{e['api']} {e['extra_ms']:.1f} ms" for e in lack[:3]) if lack else ""
+    f = report(
+        res, "step-variance",
+        title=(f"{st['name'][worst]} takes {dur[worst] / 1e6:.1f} ms against a median step of {med / 1e6:.1f} ms "
+               f"({dur[worst] / med:.1f}x; {int(slow.sum())} of {len(st)} steps at least "
+               f"{options.step_variance_ratio:g}x){lack_txt}"),
+        evidence=data, where=[{"nvtx": norm_name(str(st['name'][worst])), "share": 1.0}],
+        recommendation=(
+            "Find what the slow step does that the others do not (the calls listed; often cudaMalloc/"
+            "cudaFree after a cache miss or empty_cache, a checkpoint, a data-loader stall, a recompile) "
+            "and move it out of the loop or warm it up before the steady state."),
+        action=f"remove what makes {st['name'][worst]} slow ({lack[0]['api'] if lack else 'see the trace'})")
+    gi = gaps[inside]
+    if len(gi):
+        f.examples = examples(trace, start=gi["start"], end=gi["end"], pid=gi["pid"], device=gi["device"],
+                              stream=gi["stream"], what="GPU idle inside a slow step", n=options.examples_per_finding)
+    finish(f, rec, steady_window(trace, options), options, claims=gi)
+    return res
+
+
+def _gaps_inside(gaps: pd.DataFrame, st: pd.DataFrame, slow: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """Steady-state idle gaps that lie inside a slow step of the same process (bool per
+    gap), and the idle ns inside each slow step."""
+    inside = np.zeros(len(gaps), bool)
+    idle: list[float] = []
+    if not len(gaps):
+        return inside, [0.0] * int(slow.sum())
+    gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
+    ok = gaps["steady"].to_numpy(bool) & np.isin(gaps["pid"].to_numpy(np.int64), st["pid"].to_numpy(np.int64))
+    for a, b in zip(st["start"].to_numpy(np.int64)[slow], st["end"].to_numpy(np.int64)[slow]):
+        m = ok & (gs >= a) & (ge <= b)
+        inside |= m
+        idle.append(float((ge[m] - gs[m]).sum()))
+    return inside, idle
+
+
+def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray) -> list[list[dict[str, Any]]]:
+    """Per slow step, the API calls (of the steps' processes) whose time in it exceeds
+    their median time over the other steps, the largest excess first (top 3)."""
+    api = trace.api
+    if not len(api):
+        return [[] for _ in range(int(slow.sum()))]
+    a = api[np.isin(api["pid"].to_numpy(np.int64), st["pid"].to_numpy(np.int64))]
+    s = a["start"].to_numpy(np.int64)
+    i = np.searchsorted(st["start"].to_numpy(np.int64), s, side="right") - 1
+    ok = (i >= 0) & (s < st["end"].to_numpy(np.int64)[np.maximum(i, 0)])
+    names = a["name"].cat  # (categorical: one code per distinct name)
+    code = names.codes.to_numpy(np.int64)
+    ok &= code >= 0
+    ns = len(st)
+    cells = np.bincount(code[ok] * ns + i[ok], weights=(a["end"] - a["start"]).to_numpy(np.int64)[ok],
+                        minlength=len(names.categories) * ns)
+    t = pd.DataFrame(cells.reshape(len(names.categories), ns), index=names.categories)
+    normal = np.flatnonzero(~slow)
+    base = np.median(t.to_numpy()[:, normal], axis=1) if normal.size else np.zeros(len(t))
+    out = []
+    for k in np.flatnonzero(slow):
+        ex = t.to_numpy()[:, k] - base
+        top = np.argsort(-ex, kind="stable")[:3]
+        out.append([{"api": str(t.index[j]), "extra_ms": r(float(ex[j]) / 1e6, 3)} for j in top if ex[j] > 0])
+    return out
