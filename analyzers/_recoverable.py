@@ -27,7 +27,7 @@ from ..model import Trace
 from ..options import Options
 from ._arrays import pair_codes
 from ._ops import device_busy, timeline_edges
-from ._util import (_coverage_at, covered_in_bins, merge_intervals, op_table, str_contains, stream_label, take_str,
+from ._util import (coverage_at, covered_in_bins, merge_intervals, op_table, str_contains, stream_label, take_str,
                     thread_labels)
 
 __all__ = ["steady_starts", "idle_gaps", "allocator_cover", "allocator_gap", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
@@ -201,7 +201,7 @@ def _allocator_cover(trace: Trace, options: Options) -> np.ndarray:
     for pid in np.unique(apid):
         ms, me = merge_intervals(ast[apid == pid], aen[apid == pid])
         at = np.flatnonzero(gpid == pid)
-        out[at] = _coverage_at(ms, me, ge[at]) - _coverage_at(ms, me, gs[at])
+        out[at] = coverage_at(ms, me, ge[at]) - coverage_at(ms, me, gs[at])
     return out
 
 
@@ -243,7 +243,8 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
            claims: pd.DataFrame | None = None) -> Finding:
     """Set the finding's recoverable time (capped at the window) and the severity that
     follows from its share of the window. ``claims``: the idle gaps (rows of
-    :func:`idle_gaps`) the recoverable time was counted from; findings that claim the same
+    :func:`idle_gaps`: ``device, start, ns``, and ``claim_ns`` where the finding counts
+    only part of a gap) the recoverable time was counted from; findings that claim the same
     gaps share a cause, and :func:`settle_shared_causes` counts each gap once."""
     rec = int(max(0, min(float(recoverable_ns), float(window_ns))))
     share = rec / window_ns if window_ns > 0 else None
@@ -252,8 +253,10 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
     f.severity = severity_for_recoverable(share, options.recoverable_high, options.recoverable_medium,
                                           options.recoverable_low)
     if claims is not None:
-        setattr(f, "_claims", (claims["device"].to_numpy(np.int64), claims["start"].to_numpy(np.int64),
-                               claims["ns"].to_numpy(np.int64)))
+        ns = claims["ns"].to_numpy(np.int64)
+        want = claims["claim_ns"].to_numpy(np.int64) if "claim_ns" in claims.columns else ns
+        setattr(f, "_claims", (claims["device"].to_numpy(np.int64), claims["start"].to_numpy(np.int64), ns,
+                               np.minimum(want, ns)))
     return f
 
 
@@ -267,61 +270,74 @@ ROOT_CAUSE_ORDER = ("allocator-churn", "memcpy-ping-pong", "sync-api", "stream-c
 
 
 def settle_shared_causes(findings: list[Finding], window_ns: int, options: Options) -> None:
-    """Count every idle gap once. Findings whose recoverable time comes from the same idle
-    gaps share a cause: each says so (``evidence["shared_cause_with"]``, the shared idle
-    ns, a sentence in its recommendation), and a gap counted by several goes to the one
-    first in :data:`ROOT_CAUSE_ORDER`; the others keep the part of their recoverable time
-    not from those gaps, and their severity follows again. Their recoverable times then
-    add up to at most the idle time they claim together (plus what is not idle time,
-    e.g. copy time saved by merging copies)."""
+    """Count every idle gap once. Each gap's idle time is handed out in
+    :data:`ROOT_CAUSE_ORDER`, each finding taking what it claims of the gap up to what is
+    left of it. A finding that gets less than it claimed shares a cause with those that
+    took the gap first: both say so (``evidence["shared_cause_with"]``, the shared idle
+    ns per finding, a sentence in the recommendation), and its recoverable time keeps
+    only what it got (plus its part that is not idle time, e.g. the copy time saved by
+    merging copies); its severity follows again. The recoverable times of findings that
+    share a cause then add up to at most the idle time of the gaps they claim."""
     claimers = [f for f in findings if getattr(f, "_claims", None) is not None]
     if len(claimers) >= 2:
         rank = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
         claimers.sort(key=lambda f: rank.get(f.id, len(rank)))
-        dev = np.concatenate([f._claims[0] for f in claimers])
-        start = np.concatenate([f._claims[1] for f in claimers])
-        ns = np.concatenate([f._claims[2] for f in claimers])
-        code, _, _ = pair_codes(dev, start)
-        gap_ns = np.zeros(int(code.max()) + 1, np.int64)
-        gap_ns[code] = ns
-        owner = np.full(gap_ns.size, -1, np.int64)
+        code, _, _ = pair_codes(np.concatenate([f._claims[0] for f in claimers]),
+                                np.concatenate([f._claims[1] for f in claimers]))
+        full = np.zeros(int(code.max()) + 1, np.int64)
+        full[code] = np.concatenate([f._claims[2] for f in claimers])
+        left = full.copy()
+        owner = np.full(left.size, -1, np.int64)
         at = 0
         for i, f in enumerate(claimers):
             n = f._claims[0].size
-            mine = np.unique(code[at: at + n])
+            mine, inv = np.unique(code[at: at + n], return_inverse=True)
+            want = np.minimum(np.bincount(inv, weights=f._claims[3], minlength=mine.size).astype(np.int64),
+                              full[mine])  # (a gap claimed twice by one finding: at most the gap)
             at += n
-            prior = mine[owner[mine] >= 0]
-            if prior.size:
-                _share_cause(f, claimers, owner[prior], gap_ns[prior], gap_ns[mine], window_ns, options)
+            got = np.minimum(want, left[mine])
+            left[mine] -= got
+            lost = want - got
+            if lost.any():
+                _share_cause(f, claimers, owner[mine], lost, int(want.sum()), int(got.sum()), window_ns, options)
             owner[mine[owner[mine] < 0]] = i
     for f in findings:
         if hasattr(f, "_claims"):
             delattr(f, "_claims")
+        _say_shared(f)
 
 
-def _share_cause(f: Finding, claimers: list[Finding], owners: np.ndarray, shared_ns: np.ndarray,
-                 mine_ns: np.ndarray, window_ns: int, options: Options) -> None:
-    """``f`` claims gaps that ``claimers[owners]`` counted first: say so on both sides and
-    take the shared gaps out of ``f``'s recoverable time."""
-    claimed = int(mine_ns.sum())
+def _share_cause(f: Finding, claimers: list[Finding], owners: np.ndarray, lost: np.ndarray, wanted: int,
+                 got: int, window_ns: int, options: Options) -> None:
+    """``f`` claimed idle time that ``claimers[owners]`` counted first: record it on both
+    sides (:func:`_say_shared` words it) and take that time out of ``f``'s recoverable time."""
     rec = int(f.recoverable_ns or 0)
-    other = max(0, rec - claimed)  # the part that is not these gaps (e.g. copy time)
-    left = min(rec - other, claimed - int(shared_ns.sum()))
-    firsts = [claimers[int(o)] for o in np.unique(owners)]
-    for o in firsts:
-        ns = int(shared_ns[owners == claimers.index(o)].sum())
-        _note(o, f.id, ns, f"{ns / 1e6:.2f} ms of this idle time is also counted by {f.id} "
-                           f"(the same gaps; counted once, here)")
-        _note(f, o.id, ns, f"{ns / 1e6:.2f} ms of this idle time has the same cause as {o.id} "
-                           f"and is counted there, not here")
-    finish(f, other + max(0, left), window_ns, options)
+    other = max(0, rec - wanted)  # the part that is not these gaps (e.g. copy time)
+    for o in np.unique(owners[lost > 0]):
+        first = claimers[int(o)]
+        ns = int(lost[owners == o].sum())
+        for a, b, key in ((first, f, "also_counted_by"), (f, first, "counted_under")):
+            ev = a.evidence
+            ev["shared_cause_with"] = sorted(set(ev.get("shared_cause_with", [])) | {b.id})
+            d = ev.setdefault("shared_idle_ns", {}).setdefault(key, {})
+            d[b.id] = int(d.get(b.id, 0)) + ns
+    finish(f, other + min(rec - other, got), window_ns, options)
 
 
-def _note(f: Finding, other: str, ns: int, sentence: str) -> None:
-    ev = f.evidence
-    ev["shared_cause_with"] = sorted(set(ev.get("shared_cause_with", [])) | {other})
-    ev.setdefault("shared_idle_ns", {})[other] = int(ns)
-    f.recommendation = f"{f.recommendation.rstrip()} Shared cause: {sentence}."
+def _say_shared(f: Finding) -> None:
+    """One sentence on the finding's shared cause, at the end of its recommendation."""
+    sh = f.evidence.get("shared_idle_ns") or {}
+    parts = []
+    under = sh.get("counted_under") or {}
+    if under:
+        parts.append(f"{sum(under.values()) / 1e6:.2f} ms of what it claimed is counted under " + ", ".join(sorted(under)))
+    also = sh.get("also_counted_by") or {}
+    if also:  # (each of those claims part of the same time: their largest, not their sum)
+        parts.append(f"up to {max(also.values()) / 1e6:.2f} ms of its own is also claimed by " + ", ".join(sorted(also)))
+    if parts:
+        f.recommendation = (f"{f.recommendation.rstrip()} Shared cause with {', '.join(f.evidence['shared_cause_with'])}: "
+                            f"the same idle gaps, each counted once, under the finding that names the root cause ("
+                            + "; ".join(parts) + ").")
 
 
 def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None, tid: Any = None,
