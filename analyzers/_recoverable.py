@@ -278,7 +278,7 @@ def settle_shared_causes(findings: list[Finding], window_ns: int, options: Optio
     only what it got (plus its part that is not idle time, e.g. the copy time saved by
     merging copies); its severity follows again. The recoverable times of findings that
     share a cause then add up to at most the idle time of the gaps they claim."""
-    claimers = [f for f in findings if getattr(f, "_claims", None) is not None]
+    claimers = [f for f in findings if getattr(f, "_claims", None) is not None and f._claims[0].size]
     if len(claimers) >= 2:
         rank = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
         claimers.sort(key=lambda f: rank.get(f.id, len(rank)))
