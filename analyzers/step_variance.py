@@ -8,7 +8,8 @@ outlier; the finding says which, how long against the median, and what it has th
 other steps lack: the CUDA API calls whose time in it exceeds their median time in the
 steps that are not outliers (``cudaMalloc``/``cudaFree`` on TorchRec rank 54105).
 
-Recoverable time: per outlier, the steady-state GPU idle inside it, at most its excess
+Recoverable time: per outlier, the steady-state GPU idle inside it (the parts of idle
+gaps that lie in it), at most its excess
 over the median (the GPU time a step like the others would not have lost). Where the
 extra time is allocator gaps, ``allocator-churn`` names the cause and takes that time
 (see ``_recoverable.settle_shared_causes``). Severity follows from it (docs/findings.md).
@@ -94,7 +95,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "cudaFree after a cache miss or empty_cache, a checkpoint, a data-loader stall, a recompile) "
             "and move it out of the loop or warm it up before the steady state."),
         action=f"remove what makes {st['name'][worst]} slow ({lack[0]['api'] if lack else 'see the trace'})")
-    gi = gaps[inside]
+    gi = gaps[inside > 0].assign(claim_ns=inside[inside > 0])
     if len(gi):
         f.examples = examples(trace, start=gi["start"], end=gi["end"], pid=gi["pid"], device=gi["device"],
                               stream=gi["stream"], what="GPU idle inside a slow step", n=options.examples_per_finding)
@@ -103,19 +104,19 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
 
 
 def _gaps_inside(gaps: pd.DataFrame, st: pd.DataFrame, slow: np.ndarray) -> tuple[np.ndarray, list[float]]:
-    """Steady-state idle gaps that lie inside a slow step of the same process (bool per
-    gap), and the idle ns inside each slow step."""
-    inside = np.zeros(len(gaps), bool)
+    """The steady-state idle time (of the steps' processes) inside each slow step: per
+    gap, the ns of it inside a slow step (0: none), and per slow step its idle ns."""
+    inside = np.zeros(len(gaps), np.int64)
     idle: list[float] = []
     if not len(gaps):
         return inside, [0.0] * int(slow.sum())
     gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
     ok = gaps["steady"].to_numpy(bool) & np.isin(gaps["pid"].to_numpy(np.int64), st["pid"].to_numpy(np.int64))
     for a, b in zip(st["start"].to_numpy(np.int64)[slow], st["end"].to_numpy(np.int64)[slow]):
-        m = ok & (gs >= a) & (ge <= b)
-        inside |= m
-        idle.append(float((ge[m] - gs[m]).sum()))
-    return inside, idle
+        part = np.where(ok, np.clip(np.minimum(ge, b) - np.maximum(gs, a), 0, None), 0)
+        inside += part
+        idle.append(float(part.sum()))
+    return np.minimum(inside, ge - gs), idle
 
 
 def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray) -> list[list[dict[str, Any]]]:
