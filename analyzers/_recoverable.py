@@ -243,9 +243,10 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
            claims: pd.DataFrame | None = None) -> Finding:
     """Set the finding's recoverable time (capped at the window) and the severity that
     follows from its share of the window. ``claims``: the idle gaps (rows of
-    :func:`idle_gaps`: ``device, start, ns``, and ``claim_ns`` where the finding counts
-    only part of a gap) the recoverable time was counted from; findings that claim the same
-    gaps share a cause, and :func:`settle_shared_causes` counts each gap once."""
+    :func:`idle_gaps`: ``device, start, ns``; ``claim_ns`` where the finding counts only
+    part of a gap; ``root``, a finding id, where that finding names the gap's cause
+    better) the recoverable time was counted from: :func:`settle_shared_causes` counts
+    each gap once."""
     rec = int(max(0, min(float(recoverable_ns), float(window_ns))))
     share = rec / window_ns if window_ns > 0 else None
     f.recoverable_ns = rec
@@ -255,56 +256,69 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
     if claims is not None:
         ns = claims["ns"].to_numpy(np.int64)
         want = claims["claim_ns"].to_numpy(np.int64) if "claim_ns" in claims.columns else ns
-        setattr(f, "_claims", (claims["device"].to_numpy(np.int64), claims["start"].to_numpy(np.int64), ns,
-                               np.minimum(want, ns)))
+        root = claims["root"].to_numpy(object) if "root" in claims.columns else np.full(len(claims), None, object)
+        setattr(f, "_claims", pd.DataFrame({"device": claims["device"].to_numpy(np.int64),
+                                            "start": claims["start"].to_numpy(np.int64), "full": ns,
+                                            "want": np.minimum(want, ns), "root": root}))
     return f
 
 
-#: Which finding names the root cause when several count the same idle gaps: the first
-#: in this order keeps the shared time, the others keep only what is theirs alone. The
-#: specific causes come first (memory management, host round trips, syncs, threads on one
-#: stream, one slow step), the general symptom (the GPU waits for launches) after them,
-#: and the remedies that address that symptom (graphs, fewer short kernels) last.
-ROOT_CAUSE_ORDER = ("allocator-churn", "memcpy-ping-pong", "sync-api", "stream-contention", "step-variance",
+#: Which finding names the root cause when several count the same idle gap: the first in
+#: this order keeps the shared time, the others only what is left. The specific causes come
+#: first (memory management, syncs and copies that make the host wait for the GPU, threads
+#: on one stream, one slow step), the general symptom (the GPU waits for launches) after
+#: them, and the remedies for that symptom (graphs, fewer short kernels) last. A gap that
+#: only a blocking copy's return leaves idle goes to ``memcpy-ping-pong`` before
+#: ``sync-api`` (the copy is the cause; see ``sync_api._claims``).
+ROOT_CAUSE_ORDER = ("allocator-churn", "sync-api", "memcpy-ping-pong", "stream-contention", "step-variance",
                     "launch-bound", "graph-candidate", "short-kernels")
 
 
 def settle_shared_causes(findings: list[Finding], window_ns: int, options: Options) -> None:
     """Count every idle gap once. Each gap's idle time is handed out in
-    :data:`ROOT_CAUSE_ORDER`, each finding taking what it claims of the gap up to what is
-    left of it. A finding that gets less than it claimed shares a cause with those that
-    took the gap first: both say so (``evidence["shared_cause_with"]``, the shared idle
-    ns per finding, a sentence in the recommendation), and its recoverable time keeps
-    only what it got (plus its part that is not idle time, e.g. the copy time saved by
-    merging copies); its severity follows again. The recoverable times of findings that
-    share a cause then add up to at most the idle time of the gaps they claim."""
-    claimers = [f for f in findings if getattr(f, "_claims", None) is not None and f._claims[0].size]
+    :data:`ROOT_CAUSE_ORDER` (a claim with a ``root`` ranks just after that finding), each
+    finding taking what it claims of the gap up to what is left of it. A finding that gets
+    less than it claimed shares a cause with the one that took the gap first: both say so
+    (``evidence["shared_cause_with"]``, the shared idle ns, a sentence in the
+    recommendation), and its recoverable time keeps only what it got (plus its part that is
+    not idle time, e.g. the copy time saved by merging copies); its severity follows again.
+    The recoverable times of the idle findings then add up to at most the idle time."""
+    claimers = [f for f in findings if getattr(f, "_claims", None) is not None and len(f._claims)]
     if len(claimers) >= 2:
-        rank = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
-        claimers.sort(key=lambda f: rank.get(f.id, len(rank)))
-        code, _, _ = pair_codes(np.concatenate([f._claims[0] for f in claimers]),
-                                np.concatenate([f._claims[1] for f in claimers]))
-        full = np.zeros(int(code.max()) + 1, np.int64)
-        full[code] = np.concatenate([f._claims[2] for f in claimers])
-        left = full.copy()
-        owner = np.full(left.size, -1, np.int64)
-        at = 0
+        rows = _claim_rows(claimers)
         for i, f in enumerate(claimers):
-            n = f._claims[0].size
-            mine, inv = np.unique(code[at: at + n], return_inverse=True)
-            want = np.minimum(np.bincount(inv, weights=f._claims[3], minlength=mine.size).astype(np.int64),
-                              full[mine])  # (a gap claimed twice by one finding: at most the gap)
-            at += n
-            got = np.minimum(want, left[mine])
-            left[mine] -= got
-            lost = want - got
+            mine = rows[rows["who"].to_numpy() == i]
+            lost = mine["want"].to_numpy(np.int64) - mine["got"].to_numpy(np.int64)
             if lost.any():
-                _share_cause(f, claimers, owner[mine], lost, int(want.sum()), int(got.sum()), window_ns, options)
-            owner[mine[owner[mine] < 0]] = i
+                _share_cause(f, claimers, mine["first"].to_numpy(np.int64), lost, int(mine["want"].sum()),
+                             int(mine["got"].sum()), window_ns, options)
     for f in findings:
         if hasattr(f, "_claims"):
             delattr(f, "_claims")
         _say_shared(f)
+
+
+def _claim_rows(claimers: list[Finding]) -> pd.DataFrame:
+    """Every (finding, gap) claim with what it gets: rows in the order the gap is handed
+    out (``rank``), each taking its ``want`` up to what the rows before it left of the gap
+    (``got``); ``first``: the finding that took the gap first."""
+    order = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
+    parts = []
+    for i, f in enumerate(claimers):
+        c = f._claims
+        own = order.get(f.id, len(order))
+        rank = np.array([own if r is None else order.get(r, own - 1) + 0.5 for r in c["root"].tolist()], float)
+        parts.append(c.assign(who=i, rank=rank))
+    rows = pd.concat(parts, ignore_index=True)
+    rows["gap"] = pair_codes(rows["device"].to_numpy(np.int64), rows["start"].to_numpy(np.int64))[0]
+    rows = rows.groupby(["gap", "who"], as_index=False, sort=False).agg(
+        full=("full", "max"), want=("want", "sum"), rank=("rank", "min"))
+    rows["want"] = np.minimum(rows["want"], rows["full"])  # (a gap claimed twice by one finding: once)
+    rows = rows.sort_values(["gap", "rank", "who"], kind="stable").reset_index(drop=True)
+    before = rows.groupby("gap")["want"].cumsum().to_numpy(np.int64) - rows["want"].to_numpy(np.int64)
+    rows["got"] = np.clip(rows["full"].to_numpy(np.int64) - before, 0, rows["want"].to_numpy(np.int64))
+    rows["first"] = rows.groupby("gap")["who"].transform("first")
+    return rows
 
 
 def _share_cause(f: Finding, claimers: list[Finding], owners: np.ndarray, lost: np.ndarray, wanted: int,
