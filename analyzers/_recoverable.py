@@ -285,56 +285,72 @@ def settle_shared_causes(findings: list[Finding], window_ns: int, options: Optio
     The recoverable times of the idle findings then add up to at most the idle time."""
     claimers = [f for f in findings if getattr(f, "_claims", None) is not None and len(f._claims)]
     if len(claimers) >= 2:
-        rows = _claim_rows(claimers)
+        wanted, got, lost = _hand_out(claimers)
         for i, f in enumerate(claimers):
-            mine = rows[rows["who"].to_numpy() == i]
-            lost = mine["want"].to_numpy(np.int64) - mine["got"].to_numpy(np.int64)
-            if lost.any():
-                _share_cause(f, claimers, mine["first"].to_numpy(np.int64), lost, int(mine["want"].sum()),
-                             int(mine["got"].sum()), window_ns, options)
+            if lost[i]:
+                _share_cause(f, claimers, lost[i], int(wanted[i]), int(got[i]), window_ns, options)
     for f in findings:
         if hasattr(f, "_claims"):
             delattr(f, "_claims")
         _say_shared(f)
 
 
-def _claim_rows(claimers: list[Finding]) -> pd.DataFrame:
-    """Every (finding, gap) claim with what it gets: rows in the order the gap is handed
-    out (``rank``), each taking its ``want`` up to what the rows before it left of the gap
-    (``got``); ``first``: the finding that took the gap first."""
+def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dict[int, int]]]:
+    """Hand every claimed gap out in root-cause order: per claimer, the idle ns it claimed,
+    the ns it got, and the ns it lost to each claimer that took a gap first. Dense arrays
+    over the distinct gaps, one pass per (finding, root) group: no sort, no loop per gap."""
     order = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
-    parts = []
+    allc = pd.concat([f._claims for f in claimers], ignore_index=True)
+    code = pair_codes(allc["device"].to_numpy(np.int64), allc["start"].to_numpy(np.int64))[0]
+    full = np.zeros(int(code.max()) + 1, np.int64)
+    full[code] = allc["full"].to_numpy(np.int64)
+    want_all = allc["want"].to_numpy(np.int64)
+    groups, at = [], 0
     for i, f in enumerate(claimers):
-        c = f._claims
+        n = len(f._claims)
         own = order.get(f.id, len(order))
-        rank = np.array([own if r is None else order.get(r, own - 1) + 0.5 for r in c["root"].tolist()], float)
-        parts.append(c.assign(who=i, rank=rank))
-    rows = pd.concat(parts, ignore_index=True)
-    rows["gap"] = pair_codes(rows["device"].to_numpy(np.int64), rows["start"].to_numpy(np.int64))[0]
-    rows = rows.groupby(["gap", "who"], as_index=False, sort=False).agg(
-        full=("full", "max"), want=("want", "sum"), rank=("rank", "min"))
-    rows["want"] = np.minimum(rows["want"], rows["full"])  # (a gap claimed twice by one finding: once)
-    rows = rows.sort_values(["gap", "rank", "who"], kind="stable").reset_index(drop=True)
-    before = rows.groupby("gap")["want"].cumsum().to_numpy(np.int64) - rows["want"].to_numpy(np.int64)
-    rows["got"] = np.clip(rows["full"].to_numpy(np.int64) - before, 0, rows["want"].to_numpy(np.int64))
-    rows["first"] = rows.groupby("gap")["who"].transform("first")
-    return rows
+        rc, roots = pd.factorize(f._claims["root"].to_numpy(object))  # -1: the finding's own rank
+        for k in np.unique(rc):
+            rank = own if k < 0 else order.get(str(roots[k]), own - 1) + 0.5
+            groups.append((rank, i, at + np.flatnonzero(rc == k)))
+        at += n
+    left, first = full.copy(), np.full(full.size, -1, np.int64)
+    wanted, got = np.zeros(len(claimers), np.int64), np.zeros(len(claimers), np.int64)
+    lost: list[dict[int, int]] = [{} for _ in claimers]
+    for _, i, rows in sorted(groups, key=lambda g: (g[0], g[1])):
+        gid, inv = np.unique(code[rows], return_inverse=True)  # (a gap claimed twice by one finding: once)
+        w = np.minimum(np.bincount(inv, weights=want_all[rows]).astype(np.int64), full[gid])
+        g = np.minimum(w, left[gid])
+        left[gid] -= g
+        short = w > g
+        for o, ns in zip(*_sums(first[gid][short], (w - g)[short])):
+            lost[i][o] = lost[i].get(o, 0) + ns
+        first[gid[(first[gid] < 0) & (g > 0)]] = i
+        wanted[i] += int(w.sum())
+        got[i] += int(g.sum())
+    return wanted, got, lost
 
 
-def _share_cause(f: Finding, claimers: list[Finding], owners: np.ndarray, lost: np.ndarray, wanted: int,
-                 got: int, window_ns: int, options: Options) -> None:
-    """``f`` claimed idle time that ``claimers[owners]`` counted first: record it on both
-    sides (:func:`_say_shared` words it) and take that time out of ``f``'s recoverable time."""
+def _sums(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:
+    """Sum of ``values`` per distinct ``key``."""
+    u, inv = np.unique(keys, return_inverse=True)
+    return u.tolist(), np.bincount(inv, weights=values, minlength=u.size).astype(np.int64).tolist()
+
+
+def _share_cause(f: Finding, claimers: list[Finding], lost: dict[int, int], wanted: int, got: int,
+                 window_ns: int, options: Options) -> None:
+    """``f`` claimed idle time that other claimers counted first (``lost``: claimer index
+    -> ns): record it on both sides (:func:`_say_shared` words it) and take that time out of
+    ``f``'s recoverable time."""
     rec = int(f.recoverable_ns or 0)
     other = max(0, rec - wanted)  # the part that is not these gaps (e.g. copy time)
-    for o in np.unique(owners[lost > 0]):
-        first = claimers[int(o)]
-        ns = int(lost[owners == o].sum())
+    for o, ns in lost.items():
+        first = claimers[o]
         for a, b, key in ((first, f, "also_counted_by"), (f, first, "counted_under")):
             ev = a.evidence
             ev["shared_cause_with"] = sorted(set(ev.get("shared_cause_with", [])) | {b.id})
             d = ev.setdefault("shared_idle_ns", {}).setdefault(key, {})
-            d[b.id] = int(d.get(b.id, 0)) + ns
+            d[b.id] = int(d.get(b.id, 0)) + int(ns)
     finish(f, other + min(rec - other, got), window_ns, options)
 
 
