@@ -125,15 +125,15 @@ def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray) -> list[list[
     api = trace.api
     if not len(api):
         return [[] for _ in range(int(slow.sum()))]
-    a = api[np.isin(api["pid"].to_numpy(np.int64), st["pid"].to_numpy(np.int64))]
-    s = a["start"].to_numpy(np.int64)
+    s = api["start"].to_numpy(np.int64)  # (arrays, not a filtered copy of a large table)
     i = np.searchsorted(st["start"].to_numpy(np.int64), s, side="right") - 1
     ok = (i >= 0) & (s < st["end"].to_numpy(np.int64)[np.maximum(i, 0)])
-    names = a["name"].cat  # (categorical: one code per distinct name)
+    ok &= np.isin(api["pid"].to_numpy(np.int64), st["pid"].to_numpy(np.int64))
+    names = api["name"].cat  # (categorical: one code per distinct name)
     code = names.codes.to_numpy(np.int64)
     ok &= code >= 0
     ns = len(st)
-    cells = np.bincount(code[ok] * ns + i[ok], weights=(a["end"] - a["start"]).to_numpy(np.int64)[ok],
+    cells = np.bincount(code[ok] * ns + i[ok], weights=(api["end"].to_numpy(np.int64) - s)[ok],
                         minlength=len(names.categories) * ns)
     t = pd.DataFrame(cells.reshape(len(names.categories), ns), index=names.categories)
     normal = np.flatnonzero(~slow)
