@@ -121,7 +121,7 @@ class Options:
     #: and are left out.
     allocator_api_pattern: str = (
         r"^(?:cuda|hip)(?:Malloc|Free)(?:Host|Managed|Pitch|Array|3D|3DArray|MipmappedArray)?$"
-        r"|^(?:cuda|hip)HostAlloc$|^cuMem(?:Alloc|Free)(?:Host|Managed|Pitch)?$|^cuMemHostAlloc$")
+        r"|^(?:cuda|hip)HostAlloc$|^cuMem(?:Alloc|Free)(?:Host|Managed|Pitch)?(?:_v\d+)?$|^cuMemHostAlloc$")
     #: An idle gap is an allocator gap (not launch-bound) when allocator calls of the
     #: process cover at least this share of it: the GPU waited for cudaMalloc/cudaFree, not
     #: for a launch (on TorchRec rank 54105 three such gaps are 99.6-99.9% covered).

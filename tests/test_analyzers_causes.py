@@ -105,3 +105,21 @@ def test_memcpy_round_trip_and_sync_share_a_cause():
     assert mp.recoverable_ns - mp.evidence["merge_copies_saving_ns"] == 3 * 8900
     assert sy.recoverable_ns == 0 and sy.evidence["shared_idle_ns"]["counted_under"]["memcpy-ping-pong"] == 3 * 8900
     assert "launch-bound" not in found or found["launch-bound"].recoverable_ns == 0
+
+
+@pytest.mark.parametrize("name, comm", [
+    ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", True),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", True),
+    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", True),
+    ("void deep_ep::internode_ll::combine<false>(void*, int*)", True),
+    ("void moe_dispatch_kernel(float const*, int*)", True),
+    ("void at::native::all_to_all_single_kernel(float*)", True),
+    ("void cross_device_reduce_1stage<float, 8>(RankData*, RankSignals)", True),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 64, 64>(float*)", False),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>(float*)", False),
+    ("void fbgemm_gpu::split_embedding_codegen_forward_unweighted_kernel<float>(float*)", False),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8", False),
+])
+def test_comm_kernel_pattern_names(name, comm):
+    import re
+    assert bool(re.search(O.comm_kernel_pattern, name)) is comm
