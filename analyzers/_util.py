@@ -16,8 +16,8 @@ from ..model import Trace
 from ._arrays import merge_intervals, pair_codes
 from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
-__all__ = ["coverage_at", 
-    "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
+__all__ = [
+    "merge_intervals", "union_length", "coverage_at", "covered_in_bins", "intersect_length",
     "launches", "op_table", "op_api_rows", "take_str", "str_is", "per_value", "per_key", "str_contains", "OP_KINDS",
     "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels",
     "thread_label_codes", "norm_name", "share", "r",
