@@ -221,5 +221,6 @@ def options_markdown() -> str:
     ]
     for name, default, doc in Options.documented():
         cell = doc.replace("|", "\\|")
-        out.append(f"| `{name}` | `{default}` | {cell} |")
+        value = str(default).replace("|", "\\|")  # (the patterns' alternations are no cell borders)
+        out.append(f"| `{name}` | `{value}` | {cell} |")
     return "\n".join(out) + "\n"
