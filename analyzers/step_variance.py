@@ -76,17 +76,17 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     gaps = idle_gaps(trace, options)
     inside, idle_in = _gaps_inside(gaps, st, slow)
     rec = int(sum(min(i, max(0.0, d - med)) for i, d in zip(idle_in, dur[slow])))
-    extra = _extra_calls(trace, st, slow)
+    extra = _extra_calls(trace, st, slow, dur - med)
     data["outliers"] = [{"step": str(n), "ms": r(d / 1e6, 3), "x_median": r(d / med, 2),
                          "idle_inside_ms": r(i / 1e6, 3), "extra_api": e}
                         for n, d, i, e in zip(st["name"][slow], dur[slow], idle_in, extra)]
     worst = int(np.flatnonzero(slow)[np.argmax(dur[slow])])
     lack = data["outliers"][int(np.argmax(dur[slow]))]["extra_api"]
     lack_txt = "; in it and not the others: " + ", ".join(
-        f"{e['api']} {e['extra_ms']:.1f} ms" for e in lack[:3]) if lack else ""
+        f"{e['api']} {_ms(e['extra_ms'])}" for e in lack[:3]) if lack else ""
     f = report(
         res, "step-variance",
-        title=(f"{st['name'][worst]} takes {dur[worst] / 1e6:.1f} ms against a median step of {med / 1e6:.1f} ms "
+        title=(f"{st['name'][worst]} takes {_ms(dur[worst] / 1e6)} against a median step of {_ms(med / 1e6)} "
                f"({dur[worst] / med:.1f}x; {int(slow.sum())} of {len(st)} steps at least "
                f"{options.step_variance_ratio:g}x){lack_txt}"),
         evidence=data, where=[{"nvtx": norm_name(str(st['name'][worst])), "share": 1.0}],
@@ -101,6 +101,10 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                               stream=gi["stream"], what="GPU idle inside a slow step", n=options.examples_per_finding)
     finish(f, rec, steady_window(trace, options), options, claims=gi)
     return res
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.1f} ms" if ms >= 1 else f"{ms * 1000:.0f} us"
 
 
 def _gaps_inside(gaps: pd.DataFrame, st: pd.DataFrame, slow: np.ndarray) -> tuple[np.ndarray, list[float]]:
@@ -119,9 +123,10 @@ def _gaps_inside(gaps: pd.DataFrame, st: pd.DataFrame, slow: np.ndarray) -> tupl
     return np.minimum(inside, ge - gs), idle
 
 
-def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray) -> list[list[dict[str, Any]]]:
+def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray, excess: np.ndarray) -> list[list[dict[str, Any]]]:
     """Per slow step, the API calls (of the steps' processes) whose time in it exceeds
-    their median time over the other steps, the largest excess first (top 3)."""
+    their median time over the other steps by at least 5% of the step's excess over the
+    median step (``excess``, per step), the largest first (top 3)."""
     api = trace.api
     if not len(api):
         return [[] for _ in range(int(slow.sum()))]
@@ -142,5 +147,7 @@ def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray) -> list[list[
     for k in np.flatnonzero(slow):
         ex = t.to_numpy()[:, k] - base
         top = np.argsort(-ex, kind="stable")[:3]
-        out.append([{"api": str(t.index[j]), "extra_ms": r(float(ex[j]) / 1e6, 3)} for j in top if ex[j] > 0])
+        floor = 0.05 * max(0.0, float(excess[k]))  # (what explains less than 5% of the excess is noise)
+        out.append([{"api": str(t.index[j]), "extra_ms": r(float(ex[j]) / 1e6, 3)} for j in top
+                    if ex[j] > 0 and ex[j] >= floor])
     return out
