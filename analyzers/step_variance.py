@@ -2,7 +2,8 @@
 
 Steps are the ``ProfilerStep#N`` annotations of a PyTorch profiler trace or, where there
 are none, the most repeated top-level NVTX range of one thread (``depth`` 0, at least
-three instances, one after another). A step at least ``Options.step_variance_ratio``
+three instances) whose name is that of a step, iteration, batch, query or request
+(``Options.step_range_pattern``). A step at least ``Options.step_variance_ratio``
 times the median step (the first step excepted: a slow first step is warm-up) is an
 outlier; the finding says which, how long against the median, and what it has that the
 other steps lack: the CUDA API calls whose time in it exceeds their median time in the
@@ -17,6 +18,7 @@ extra time is allocator gaps, ``allocator-churn`` names the cause and takes that
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -26,16 +28,17 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._recoverable import examples, finish, idle_gaps, report, steady_window
-from ._util import norm_name, per_value, r, take_str
+from ._util import norm_name, per_value, r, str_contains, take_str
 
 __all__ = ["analyze", "steps"]
 
 _NVTX = ("nvtx", "nvtx_pushpop", "nvtx_startend")
 
 
-def steps(trace: Trace) -> pd.DataFrame:
+def steps(trace: Trace, options: Options) -> pd.DataFrame:
     """The steps: ``name, start, end, pid, tid`` in time order (empty when the trace has
-    no ``ProfilerStep#N`` and no repeated top-level NVTX range)."""
+    no ``ProfilerStep#N`` and no repeated top-level NVTX range named like a step,
+    ``Options.step_range_pattern``)."""
     rg = trace.ranges
     cols = ["name", "start", "end", "pid", "tid"]
     if not len(rg):
@@ -44,7 +47,8 @@ def steps(trace: Trace) -> pd.DataFrame:
     ps = norm == "ProfilerStep#*"
     if not ps.any():
         src = rg["source"].astype(object).to_numpy()
-        top = np.isin(src, _NVTX) & (rg["depth"].fillna(-1).to_numpy(np.int64) == 0)
+        top = (np.isin(src, _NVTX) & (rg["depth"].fillna(-1).to_numpy(np.int64) == 0)
+               & str_contains(rg["name"], re.compile(options.step_range_pattern)).to_numpy(bool))
         if not top.any():
             return pd.DataFrame({c: [] for c in cols})
         key = pd.Series(norm[top].astype(str)) + "|" + pd.Series(rg["tid"].to_numpy(np.int64)[top]).astype(str)
@@ -60,7 +64,7 @@ def steps(trace: Trace) -> pd.DataFrame:
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="step-variance")
-    st = steps(trace)
+    st = steps(trace, options)
     if len(st) < 3:
         res.data = {"steps": int(len(st))}
         return res

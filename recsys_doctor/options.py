@@ -130,6 +130,11 @@ class Options:
     #: times the median step is reported by ``step-variance`` (1.5x: well outside the few
     #: percent a steady training or serving loop varies by).
     step_variance_ratio: float = 1.5
+    #: Where a trace has no ``ProfilerStep#N``, the top-level NVTX ranges that can be steps
+    #: (a regular expression searched in the name): names of iterations, batches, queries
+    #: or requests. Operator ranges (``aten::mul, op_id = ...`` from ``emit_nvtx``, names with
+    #: ``::``), MPI calls and call-site markers repeat too but are no steps.
+    step_range_pattern: str = r"(?i)^(?!.*::).*(?:step|iter|batch|query|request|epoch)"
 
     def __post_init__(self) -> None:
         """Reject values no analysis can use (one clear line, exit 2 at the CLI)."""
@@ -148,7 +153,7 @@ class Options:
                 raise BadInputError(f"option {name} must be >= 1, got {getattr(self, name)!r}")
         if self.short_kernel_us <= 0:
             raise BadInputError(f"option short_kernel_us must be > 0, got {self.short_kernel_us!r}")
-        for name in ("comm_kernel_pattern", "allocator_api_pattern"):
+        for name in ("comm_kernel_pattern", "allocator_api_pattern", "step_range_pattern"):
             try:
                 re.compile(getattr(self, name))
             except re.error as e:

@@ -123,3 +123,15 @@ def test_memcpy_round_trip_and_sync_share_a_cause():
 def test_comm_kernel_pattern_names(name, comm):
     import re
     assert bool(re.search(O.comm_kernel_pattern, name)) is comm
+
+
+def test_repeated_operator_ranges_are_no_steps():
+    # a repeated top-level NVTX range is a step only when it is named like one
+    ks = [kern(i * 1000, i * 1000 + 100, corr=i + 1) for i in range(6)]
+    ops = [rng(i * 1000, i * 1000 + (5000 if i == 3 else 500), 5, f"aten::mul, op_id = {i}", depth=0)
+           for i in range(6)]
+    assert step_variance.analyze(T(kernels=ks, ranges=ops), O).data == {"steps": 0}
+    its = [rng(i * 1000, i * 1000 + (900 if i == 3 else 400), 5, "train_step", depth=0) for i in range(6)]
+    (f,) = step_variance.analyze(T(kernels=ks, ranges=its), O).findings
+    # steps of 400 ns and one of 900 ns: 2.25x the median
+    assert f.evidence["outliers"][0]["step"] == "train_step" and f.evidence["outliers"][0]["x_median"] == 2.25
