@@ -28,11 +28,13 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._recoverable import examples, finish, idle_gaps, report, steady_window
-from ._util import norm_name, per_value, r, str_contains, take_str
+from ._util import coverage_at, merge_intervals, norm_name, per_value, r, str_contains, take_str
 
 __all__ = ["analyze", "steps"]
 
 _NVTX = ("nvtx", "nvtx_pushpop", "nvtx_startend")
+#: up to this many steps, the evidence lists each step's time
+_LIST_STEPS = 50
 
 
 def steps(trace: Trace, options: Options) -> pd.DataFrame:
@@ -73,8 +75,10 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     slow = dur >= options.step_variance_ratio * med
     slow[0] = False  # the first step is warm-up
     res.data = data = {"steps": int(len(st)), "median_step_ms": r(med / 1e6, 3),
-                       "step_ms": {str(n): r(d / 1e6, 3) for n, d in zip(st["name"], dur)},
+                       "p90_step_ms": r(float(np.percentile(dur, 90)) / 1e6, 3), "max_step_ms": r(dur.max() / 1e6, 3),
                        "ratio": options.step_variance_ratio}
+    if len(st) <= _LIST_STEPS:
+        data["step_ms"] = {str(n): r(d / 1e6, 3) for n, d in zip(st["name"], dur)}
     if not slow.any():
         return res
     gaps = idle_gaps(trace, options)
@@ -84,8 +88,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     data["outliers"] = [{"step": str(n), "ms": r(d / 1e6, 3), "x_median": r(d / med, 2),
                          "idle_inside_ms": r(i / 1e6, 3), "extra_api": e}
                         for n, d, i, e in zip(st["name"][slow], dur[slow], idle_in, extra)]
+    data["outliers"] = sorted(data["outliers"], key=lambda o: -o["ms"])[:_LIST_STEPS]  # the slowest
     worst = int(np.flatnonzero(slow)[np.argmax(dur[slow])])
-    lack = data["outliers"][int(np.argmax(dur[slow]))]["extra_api"]
+    lack = extra[int(np.argmax(dur[slow]))]
     lack_txt = "; in it and not the others: " + ", ".join(
         f"{e['api']} {_ms(e['extra_ms'])}" for e in lack[:3]) if lack else ""
     f = report(
@@ -112,19 +117,25 @@ def _ms(ms: float) -> str:
 
 
 def _gaps_inside(gaps: pd.DataFrame, st: pd.DataFrame, slow: np.ndarray) -> tuple[np.ndarray, list[float]]:
-    """The steady-state idle time (of the steps' processes) inside each slow step: per
-    gap, the ns of it inside a slow step (0: none), and per slow step its idle ns."""
+    """The steady-state idle time (of the steps' processes) inside the slow steps: per gap,
+    the ns of it inside a slow step (0: none), and per slow step its idle ns (one interval
+    sweep per device, no loop over steps or gaps)."""
     inside = np.zeros(len(gaps), np.int64)
-    idle: list[float] = []
+    idle = np.zeros(int(slow.sum()), np.int64)
     if not len(gaps):
-        return inside, [0.0] * int(slow.sum())
+        return inside, idle.astype(float).tolist()
+    a, b = st["start"].to_numpy(np.int64)[slow], st["end"].to_numpy(np.int64)[slow]
+    us, ue = merge_intervals(a, b)
     gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
     ok = gaps["steady"].to_numpy(bool) & np.isin(gaps["pid"].to_numpy(np.int64), st["pid"].to_numpy(np.int64))
-    for a, b in zip(st["start"].to_numpy(np.int64)[slow], st["end"].to_numpy(np.int64)[slow]):
-        part = np.where(ok, np.clip(np.minimum(ge, b) - np.maximum(gs, a), 0, None), 0)
-        inside += part
-        idle.append(float(part.sum()))
-    return np.minimum(inside, ge - gs), idle
+    inside[ok] = coverage_at(us, ue, ge[ok]) - coverage_at(us, ue, gs[ok])
+    dev = gaps["device"].to_numpy(np.int64)
+    for d in np.unique(dev[ok]):
+        m = ok & (dev == d)  # (one device's gaps are disjoint and sorted)
+        o = np.argsort(gs[m], kind="stable")
+        ds, de = gs[m][o], ge[m][o]
+        idle += coverage_at(ds, de, b) - coverage_at(ds, de, a)
+    return inside, idle.astype(float).tolist()
 
 
 def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray, excess: np.ndarray) -> list[list[dict[str, Any]]]:
@@ -146,10 +157,11 @@ def _extra_calls(trace: Trace, st: pd.DataFrame, slow: np.ndarray, excess: np.nd
                         minlength=len(names.categories) * ns)
     t = pd.DataFrame(cells.reshape(len(names.categories), ns), index=names.categories)
     normal = np.flatnonzero(~slow)
-    base = np.median(t.to_numpy()[:, normal], axis=1) if normal.size else np.zeros(len(t))
+    cell = t.to_numpy()
+    base = np.median(cell[:, normal], axis=1) if normal.size else np.zeros(len(t))
     out = []
     for k in np.flatnonzero(slow):
-        ex = t.to_numpy()[:, k] - base
+        ex = cell[:, k] - base
         top = np.argsort(-ex, kind="stable")[:3]
         floor = 0.05 * max(0.0, float(excess[k]))  # (what explains less than 5% of the excess is noise)
         out.append([{"api": str(t.index[j]), "extra_ms": r(float(ex[j]) / 1e6, 3)} for j in top
