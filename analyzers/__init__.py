@@ -16,8 +16,8 @@ from .._fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from . import (comm_exposed, graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity, short_kernels, small_grid,
-               stream_contention, sync_api, utilization)
+from . import (allocator_churn, comm_exposed, graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity,
+               short_kernels, small_grid, step_variance, stream_contention, sync_api, utilization)
 
 __all__ = ["ANALYZERS", "run_all", "summarize_and_run_all"]
 
@@ -35,12 +35,15 @@ ANALYZERS: dict[str, Analyzer] = {
     "small-grid": small_grid.analyze,
     "graph-candidate": graph_candidate.analyze,
     "comm-exposed": comm_exposed.analyze,
+    "allocator-churn": allocator_churn.analyze,
+    "step-variance": step_variance.analyze,
 }
 
 
 #: the order in which two processes take the analyzers: the usually longest first
 PARALLEL_ORDER = ("graph-candidate", "stream-contention", "short-kernels", "sync-api", "launch-bound",
-                  "memcpy-ping-pong", "small-grid", "comm-exposed", "utilization", "no-gpu-activity")
+                  "memcpy-ping-pong", "small-grid", "comm-exposed", "allocator-churn", "step-variance", "utilization",
+                  "no-gpu-activity")
 
 
 def run_all(trace: Trace, options: Options | None = None,
@@ -78,7 +81,19 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
             out.append(task())
             if on_done is not None:
                 on_done(name)
-    return (out[0], out[1:]) if summary else (None, out)
+    results = out[1:] if summary else out
+    _settle(trace, options, results)
+    return (out[0], results) if summary else (None, results)
+
+
+def _settle(trace: Trace, options: Options, results: list[AnalysisResult]) -> None:
+    """Findings that count the same idle gaps share a cause: count each gap once
+    (:func:`~._recoverable.settle_shared_causes`), after every analyzer has run."""
+    from ._recoverable import settle_shared_causes, steady_window
+
+    findings = [f for r in results for f in r.findings]
+    if findings:
+        settle_shared_causes(findings, steady_window(trace, options), options)
 
 
 def _shared_tables(trace: Trace, options: Options) -> None:

@@ -19,20 +19,24 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..model import Trace
+from ..options import Options
 from ._arrays import merge_intervals
 from ._util import per_value, str_contains
 
 __all__ = ["COMM_RE", "comm_mask", "collective_kinds", "Overlap", "overlap", "comm_overlap_by_device"]
 
-#: kernel names of inter-GPU communication
-COMM_RE = re.compile(r"nccl|rccl|nvshmem|deep_?ep", re.IGNORECASE)
+#: kernel names of inter-GPU communication: the default of ``Options.comm_kernel_pattern``
+#: (small-grid and comm-exposed take the options' pattern; ranks and the planner this one)
+COMM_RE = re.compile(Options.comm_kernel_pattern)
 _KIND_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+?)(?:_|\(|$)", re.IGNORECASE)
 
 
-def comm_mask(trace: Trace) -> np.ndarray:
-    """True for the kernels (rows of ``trace.kernels``) that are communication."""
+def comm_mask(trace: Trace, pattern: str | None = None) -> np.ndarray:
+    """True for the kernels (rows of ``trace.kernels``) that are communication (names
+    matching ``pattern``, default :data:`COMM_RE`)."""
     k = trace.kernels
-    return str_contains(k["name"], COMM_RE).to_numpy(bool) if len(k) else np.zeros(0, dtype=bool)
+    rx = COMM_RE if pattern is None else re.compile(pattern)
+    return str_contains(k["name"], rx).to_numpy(bool) if len(k) else np.zeros(0, dtype=bool)
 
 
 def _kind(name: Any) -> str:

@@ -15,6 +15,7 @@ that ended it (``what``/``row`` in :func:`~._util.op_table`).
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any, NamedTuple
 
@@ -24,11 +25,13 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding, severity_for_recoverable
 from ..model import Trace
 from ..options import Options
+from ._arrays import pair_codes
 from ._ops import device_busy, timeline_edges
-from ._util import covered_in_bins, merge_intervals, op_table, stream_label, take_str, thread_labels
+from ._util import (coverage_at, covered_in_bins, merge_intervals, op_table, str_contains, stream_label, take_str,
+                    thread_labels)
 
-__all__ = ["steady_starts", "idle_gaps", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
-           "gaps_containing", "report"]
+__all__ = ["steady_starts", "idle_gaps", "allocator_cover", "allocator_gap", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
+           "gaps_containing", "report", "settle_shared_causes", "ROOT_CAUSE_ORDER"]
 
 
 #: per live trace (by id, dropped when the trace is collected): results of the functions
@@ -167,6 +170,41 @@ def _idle_gaps(trace: Trace, options: Options) -> pd.DataFrame:
         "stream": ops["stream"].to_numpy(np.int64)[at], "steady": gap_start >= steady_at})
 
 
+def allocator_cover(trace: Trace, options: Options) -> np.ndarray:
+    """Per row of :func:`idle_gaps`, the ns of the gap during which a thread of the gap's
+    process was inside an allocator call (``Options.allocator_api_pattern``: cudaMalloc,
+    cudaFree, ...); a gap covered at least ``Options.allocator_gap_share`` is the
+    allocator's, not a launch wait."""
+    return _cached(trace, ("alloc_cover", options.allocator_api_pattern, options),
+                   lambda: _allocator_cover(trace, options))
+
+
+def allocator_gap(trace: Trace, options: Options) -> np.ndarray:
+    """Per row of :func:`idle_gaps`: whether it is an allocator gap (see
+    :func:`allocator_cover`); launch findings (launch-bound, short-kernels,
+    graph-candidate) leave these to ``allocator-churn``."""
+    gaps = idle_gaps(trace, options)
+    return allocator_cover(trace, options) >= options.allocator_gap_share * gaps["ns"].to_numpy(np.int64)
+
+
+def _allocator_cover(trace: Trace, options: Options) -> np.ndarray:
+    gaps = idle_gaps(trace, options)
+    out = np.zeros(len(gaps), dtype=np.int64)
+    api = trace.api
+    if not len(gaps) or not len(api):
+        return out
+    m = str_contains(api["name"], re.compile(options.allocator_api_pattern)).to_numpy(bool)
+    if not m.any():
+        return out
+    apid, ast, aen = (api[c].to_numpy(np.int64)[m] for c in ("pid", "start", "end"))
+    gpid, gs, ge = (gaps[c].to_numpy(np.int64) for c in ("pid", "start", "end"))
+    for pid in np.unique(apid):
+        ms, me = merge_intervals(ast[apid == pid], aen[apid == pid])
+        at = np.flatnonzero(gpid == pid)
+        out[at] = coverage_at(ms, me, ge[at]) - coverage_at(ms, me, gs[at])
+    return out
+
+
 def gaps_containing(gaps: pd.DataFrame, t: Any, device: Any = None) -> np.ndarray:
     """Index (into ``gaps``) of the gap that contains each time ``t`` (``start <= t <
     end``), -1 where none; with ``device`` only that device's gaps, else the first device
@@ -201,16 +239,135 @@ def report(res: AnalysisResult, fid: str, *, title: str, evidence: dict[str, Any
     return f
 
 
-def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options) -> Finding:
+def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
+           claims: pd.DataFrame | None = None) -> Finding:
     """Set the finding's recoverable time (capped at the window) and the severity that
-    follows from its share of the window."""
+    follows from its share of the window. ``claims``: the idle gaps (rows of
+    :func:`idle_gaps`: ``device, start, ns``; ``claim_ns`` where the finding counts only
+    part of a gap; ``root``, a finding id, where that finding names the gap's cause
+    better) the recoverable time was counted from: :func:`settle_shared_causes` counts
+    each gap once."""
     rec = int(max(0, min(float(recoverable_ns), float(window_ns))))
     share = rec / window_ns if window_ns > 0 else None
     f.recoverable_ns = rec
     f.recoverable_share = None if share is None else round(share, 4)
     f.severity = severity_for_recoverable(share, options.recoverable_high, options.recoverable_medium,
                                           options.recoverable_low)
+    if claims is not None:
+        ns = claims["ns"].to_numpy(np.int64)
+        want = claims["claim_ns"].to_numpy(np.int64) if "claim_ns" in claims.columns else ns
+        root = claims["root"].to_numpy(object) if "root" in claims.columns else np.full(len(claims), None, object)
+        setattr(f, "_claims", pd.DataFrame({"device": claims["device"].to_numpy(np.int64),
+                                            "start": claims["start"].to_numpy(np.int64), "full": ns,
+                                            "want": np.minimum(want, ns), "root": root}))
     return f
+
+
+#: Which finding names the root cause when several count the same idle gap: the first in
+#: this order keeps the shared time, the others only what is left. The specific causes come
+#: first (memory management, syncs and copies that make the host wait for the GPU, threads
+#: on one stream, one slow step), the general symptom (the GPU waits for launches) after
+#: them, and the remedies for that symptom (graphs, fewer short kernels) last. A gap that
+#: only a blocking copy's return leaves idle goes to ``memcpy-ping-pong`` before
+#: ``sync-api`` (the copy is the cause; see ``sync_api._claims``).
+ROOT_CAUSE_ORDER = ("allocator-churn", "sync-api", "memcpy-ping-pong", "stream-contention", "step-variance",
+                    "launch-bound", "graph-candidate", "short-kernels")
+
+
+def settle_shared_causes(findings: list[Finding], window_ns: int, options: Options) -> None:
+    """Count every idle gap once. Each gap's idle time is handed out in
+    :data:`ROOT_CAUSE_ORDER` (a claim with a ``root`` ranks just after that finding), each
+    finding taking what it claims of the gap up to what is left of it. A finding that gets
+    less than it claimed shares a cause with the one that took the gap first: both say so
+    (``evidence["shared_cause_with"]``, the shared idle ns, a sentence in the
+    recommendation), and its recoverable time keeps only what it got (plus its part that is
+    not idle time, e.g. the copy time saved by merging copies); its severity follows again.
+    The recoverable times of the idle findings then add up to at most the idle time."""
+    claimers = [f for f in findings if getattr(f, "_claims", None) is not None and len(f._claims)]
+    if len(claimers) >= 2:
+        wanted, got, lost = _hand_out(claimers)
+        for i, f in enumerate(claimers):
+            if lost[i]:
+                _share_cause(f, claimers, lost[i], int(wanted[i]), int(got[i]), window_ns, options)
+    for f in findings:
+        if hasattr(f, "_claims"):
+            delattr(f, "_claims")
+        _say_shared(f)
+
+
+def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dict[int, int]]]:
+    """Hand every claimed gap out in root-cause order: per claimer, the idle ns it claimed,
+    the ns it got, and the ns it lost to each claimer that took a gap first. Dense arrays
+    over the distinct gaps, one pass per (finding, root) group: no sort, no loop per gap."""
+    order = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
+    allc = pd.concat([f._claims for f in claimers], ignore_index=True)
+    code = pair_codes(allc["device"].to_numpy(np.int64), allc["start"].to_numpy(np.int64))[0]
+    full = np.zeros(int(code.max()) + 1, np.int64)
+    full[code] = allc["full"].to_numpy(np.int64)
+    want_all = allc["want"].to_numpy(np.int64)
+    groups, at = [], 0
+    for i, f in enumerate(claimers):
+        n = len(f._claims)
+        own = order.get(f.id, len(order))
+        rc, roots = pd.factorize(f._claims["root"].to_numpy(object))  # -1: the finding's own rank
+        for k in np.unique(rc):
+            rank = own if k < 0 else order.get(str(roots[k]), own - 1) + 0.5
+            groups.append((rank, i, at + np.flatnonzero(rc == k)))
+        at += n
+    left, first = full.copy(), np.full(full.size, -1, np.int64)
+    wanted, got = np.zeros(len(claimers), np.int64), np.zeros(len(claimers), np.int64)
+    lost: list[dict[int, int]] = [{} for _ in claimers]
+    for _, i, rows in sorted(groups, key=lambda g: (g[0], g[1])):
+        gid, inv = np.unique(code[rows], return_inverse=True)  # (a gap claimed twice by one finding: once)
+        w = np.minimum(np.bincount(inv, weights=want_all[rows]).astype(np.int64), full[gid])
+        g = np.minimum(w, left[gid])
+        left[gid] -= g
+        short = w > g
+        for o, ns in zip(*_sums(first[gid][short], (w - g)[short])):
+            lost[i][o] = lost[i].get(o, 0) + ns
+        first[gid[(first[gid] < 0) & (g > 0)]] = i
+        wanted[i] += int(w.sum())
+        got[i] += int(g.sum())
+    return wanted, got, lost
+
+
+def _sums(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:
+    """Sum of ``values`` per distinct ``key``."""
+    u, inv = np.unique(keys, return_inverse=True)
+    return u.tolist(), np.bincount(inv, weights=values, minlength=u.size).astype(np.int64).tolist()
+
+
+def _share_cause(f: Finding, claimers: list[Finding], lost: dict[int, int], wanted: int, got: int,
+                 window_ns: int, options: Options) -> None:
+    """``f`` claimed idle time that other claimers counted first (``lost``: claimer index
+    -> ns): record it on both sides (:func:`_say_shared` words it) and take that time out of
+    ``f``'s recoverable time."""
+    rec = int(f.recoverable_ns or 0)
+    other = max(0, rec - wanted)  # the part that is not these gaps (e.g. copy time)
+    for o, ns in lost.items():
+        first = claimers[o]
+        for a, b, key in ((first, f, "also_counted_by"), (f, first, "counted_under")):
+            ev = a.evidence
+            ev["shared_cause_with"] = sorted(set(ev.get("shared_cause_with", [])) | {b.id})
+            d = ev.setdefault("shared_idle_ns", {}).setdefault(key, {})
+            d[b.id] = int(d.get(b.id, 0)) + int(ns)
+    finish(f, other + min(rec - other, got), window_ns, options)
+
+
+def _say_shared(f: Finding) -> None:
+    """One sentence on the finding's shared cause, at the end of its recommendation."""
+    sh = f.evidence.get("shared_idle_ns") or {}
+    parts = []
+    under = sh.get("counted_under") or {}
+    if under:
+        parts.append(f"{sum(under.values()) / 1e6:.2f} ms of what it claimed is counted under " + ", ".join(sorted(under)))
+    also = sh.get("also_counted_by") or {}
+    if also:  # (each of those claims part of the same time: their largest, not their sum)
+        parts.append(f"up to {max(also.values()) / 1e6:.2f} ms of its own is also claimed by " + ", ".join(sorted(also)))
+    if parts:
+        f.recommendation = (f"{f.recommendation.rstrip()} Shared cause with {', '.join(f.evidence['shared_cause_with'])}: "
+                            f"the same idle gaps, each counted once, under the finding that names the root cause ("
+                            + "; ".join(parts) + ").")
 
 
 def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None, tid: Any = None,

@@ -17,7 +17,7 @@ from ._arrays import merge_intervals, pair_codes
 from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
-    "merge_intervals", "union_length", "covered_in_bins", "intersect_length",
+    "merge_intervals", "union_length", "coverage_at", "covered_in_bins", "intersect_length",
     "launches", "op_table", "op_api_rows", "take_str", "str_is", "per_value", "per_key", "str_contains", "OP_KINDS",
     "group_codes", "pair_codes", "stream_label", "stream_labels", "stream_label_codes", "thread_label", "thread_labels",
     "thread_label_codes", "norm_name", "share", "r",
@@ -38,8 +38,9 @@ def union_length(start: Any, end: Any) -> int:
     return int((me - ms).sum())
 
 
-def _coverage_at(ms: np.ndarray, me: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Covered length of disjoint sorted intervals up to each time ``t``."""
+def coverage_at(ms: np.ndarray, me: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Covered length of disjoint sorted intervals up to each time ``t`` (the covered
+    length inside ``[a, b)`` is ``coverage_at(b) - coverage_at(a)``)."""
     if ms.size == 0:
         return np.zeros(t.shape, dtype=np.int64)
     cum = np.concatenate(([0], np.cumsum(me - ms)))
@@ -53,12 +54,12 @@ def _coverage_at(ms: np.ndarray, me: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 def covered_in_bins(ms: np.ndarray, me: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Covered length (ns) of disjoint sorted intervals inside each bin of ``edges``."""
-    return np.diff(_coverage_at(ms, me, np.asarray(edges, dtype=np.int64)))
+    return np.diff(coverage_at(ms, me, np.asarray(edges, dtype=np.int64)))
 
 
 def intersect_length(ms: np.ndarray, me: np.ndarray, lo: int, hi: int) -> int:
     """Covered length of disjoint sorted intervals inside ``[lo, hi)``."""
-    c = _coverage_at(ms, me, np.array([lo, hi], dtype=np.int64))
+    c = coverage_at(ms, me, np.array([lo, hi], dtype=np.int64))
     return int(c[1] - c[0])
 
 

@@ -47,7 +47,7 @@ _REMEDY = (
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="comm-exposed")
-    comm = comm_mask(trace)
+    comm = comm_mask(trace, options.comm_kernel_pattern)
     per_dev = comm_overlap_by_device(trace, comm)
     if not per_dev:
         res.data = {"comm_kernels": 0}

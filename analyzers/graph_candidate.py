@@ -32,7 +32,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
-from ._recoverable import examples, finish, idle_gaps, report, steady_window
+from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_window
 from ._util import (GRAPH_LAUNCH_RE, group_codes, launches, merge_intervals, r, str_contains, take_str,
                     thread_label)
 
@@ -208,7 +208,8 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
     gaps = idle_gaps(trace, options)
     is_cand = np.zeros(len(k), bool)
     is_cand[rows] = True
-    gc = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool)] if len(gaps) else gaps
+    gc = (gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool) & ~allocator_gap(trace, options)]
+          if len(gaps) else gaps)
     gc = gc[is_cand[gc["row"].to_numpy(np.int64)]] if len(gc) else gc
     rec = int(gc["ns"].sum()) if len(gc) else 0
     data["idle_before_candidates_ns"] = rec
@@ -227,7 +228,7 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
         f.examples = examples(trace, start=gc["start"], end=gc["end"], pid=gc["pid"], device=gc["device"],
                               stream=gc["stream"], what="GPU idle before a kernel of the repeated sequence",
                               n=options.examples_per_finding)
-    finish(f, rec, steady_window(trace, options), options)
+    finish(f, rec, steady_window(trace, options), options, claims=gc)
 
 
 def _where(trace: Trace, k: pd.DataFrame, seq: pd.DataFrame, found: dict, options: Options) -> list[dict]:

@@ -8,6 +8,10 @@ execution, copy or memset. Each idle gap ends with a GPU operation; the gap is
   nothing queued, it waited for the CPU;
 * a **short gap** when it is shorter than ``Options.short_gap_us`` and not host wait
   (back-to-back launch latency of the driver and GPU front end);
+* **allocator** when allocator calls (``cudaMalloc``/``cudaFree``/..., see
+  ``Options.allocator_api_pattern``) of the process cover at least
+  ``Options.allocator_gap_share`` of it: the GPU waited for memory management, which a
+  CUDA graph does not remove (the ``allocator-churn`` finding takes these gaps);
 * **other** otherwise (dependencies, syncs, work queued on the CPU side already, or an
   operation whose launch call is not in the trace).
 
@@ -30,12 +34,12 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._ops import what_is
-from ._recoverable import device_gaps, examples, finish, report, steady_starts, steady_window
+from ._recoverable import allocator_cover, device_gaps, examples, finish, report, steady_starts, steady_window
 from ._util import merge_intervals, op_api_rows, op_table, per_key, r, take_str, thread_label_codes
 
 __all__ = ["analyze"]
 
-_KINDS = ("host_wait", "short_gap", "other")
+_KINDS = ("host_wait", "short_gap", "allocator", "other")
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
@@ -65,7 +69,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         f.examples = examples(trace, start=ex["start"], end=ex["end"], pid=ex["pid"], tid=ex["tid"],
                               device=ex["device"], stream=ex["stream"], what="GPU idle, waiting for a launch",
                               n=options.examples_per_finding)
-    finish(f, data["steady_launch_wait_ns"], steady_window(trace, options), options)
+    claim = gaps[((gaps["host_wait"] | gaps["short_gap"]) & gaps["steady"]).to_numpy()]
+    finish(f, data["steady_launch_wait_ns"], steady_window(trace, options), options,
+           claims=claim.rename(columns={"gap": "ns"}))
     return res
 
 
@@ -83,14 +89,15 @@ def _classified_gaps(trace: Trace, options: Options) -> pd.DataFrame:
     row = op_api_rows(trace)[at]
     has = row >= 0
     api_start = np.where(has, api["start"].to_numpy(np.int64)[np.maximum(row, 0)] if len(api) else 0, np.nan)
-    host = has & (api_start >= prev_end)
-    short = ~host & (gap < int(round(options.short_gap_us * 1000)))
+    alloc = allocator_cover(trace, options) >= options.allocator_gap_share * gap
+    host = has & (api_start >= prev_end) & ~alloc
+    short = ~host & ~alloc & (gap < int(round(options.short_gap_us * 1000)))
     out = pd.DataFrame({
         "device": dev, "start": prev_end, "end": ops["start"].to_numpy(np.int64)[at], "gap": gap,
         "pid": ops["pid"].to_numpy(np.int64)[at], "stream": ops["stream"].to_numpy(np.int64)[at],
         "api_row": row, "api_start": api_start,
         "tid": np.where(has, api["tid"].to_numpy(np.int64)[np.maximum(row, 0)] if len(api) else 0, np.nan),
-        "host_wait": host, "short_gap": short, "other": ~host & ~short,
+        "host_wait": host, "short_gap": short, "allocator": alloc, "other": ~host & ~short & ~alloc,
         "steady": prev_end >= per_key(dev, steady, 0)})
     out.attrs["windows"] = {g.device: int(g.reach[-1] - g.start[0]) for g in parts}
     return out
@@ -104,7 +111,7 @@ def _evidence(gaps: pd.DataFrame, options: Options) -> dict[str, Any]:
         g = gaps[gaps["device"].to_numpy() == dev]
         gl = g["gap"].to_numpy()
         d = {"window_ns": win, "idle_ns": int(gl.sum()), "gaps": int(len(g))}
-        for k, name in zip(_KINDS, ("host_wait", "short", "other")):
+        for k, name in zip(_KINDS, ("host_wait", "short", "allocator", "other")):
             m = g[k].to_numpy()
             d[f"{k}_ns"] = int(gl[m].sum())
             d[f"{name}_gaps"] = int(m.sum())
@@ -120,7 +127,7 @@ def _evidence(gaps: pd.DataFrame, options: Options) -> dict[str, Any]:
     return {
         "devices": devices,
         "window_ns": W, "idle_ns": tot["idle"], "host_wait_ns": tot["host_wait"],
-        "short_gap_ns": tot["short_gap"], "other_idle_ns": tot["other"],
+        "short_gap_ns": tot["short_gap"], "allocator_idle_ns": tot["allocator"], "other_idle_ns": tot["other"],
         "idle_share": r(tot["idle"] / W) if W else None,
         "host_wait_share_of_idle": r(tot["host_wait"] / tot["idle"]) if tot["idle"] else None,
         "host_wait_share_of_window": r(tot["host_wait"] / W) if W else None,

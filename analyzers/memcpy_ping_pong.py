@@ -97,7 +97,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         f.examples = examples(trace, start=hd["start"], end=hd["end"], pid=hd["pid"], device=hd["device"],
                               stream=hd["stream"], what=[f"{k.upper()} copy" for k in hd["kind"]],
                               n=options.examples_per_finding)
-    finish(f, data["round_trip_idle_ns"] + merge, steady_window(trace, options), options)
+    finish(f, data["round_trip_idle_ns"] + merge, steady_window(trace, options), options, claims=rt)
     return res
 
 

@@ -21,7 +21,7 @@ from ..findings import AnalysisResult, Finding
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
-from ._recoverable import examples, finish, idle_gaps, report, steady_window
+from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_window
 from ._util import launches, r, stream_label_codes, take_str
 
 __all__ = ["analyze"]
@@ -40,7 +40,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if not data["short"] or short.sum() / len(k) < options.report_min_share:
         return res
     gaps = idle_gaps(trace, options)
-    gk = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool)]
+    gk = gaps[(gaps["what"] == "kernel") & gaps["steady"].astype(bool) & ~allocator_gap(trace, options)]
     gk = gk[short[gk["row"].to_numpy(np.int64)]] if len(gk) else gk
     rec = int(gk["ns"].sum()) if len(gk) else 0
     data["idle_before_short_kernels_ns"] = rec
@@ -48,11 +48,16 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     kern_med = float(np.median(dur))
     launch_txt = "" if launch_med is None else (f"; a launch call takes {launch_med / 1000:.1f} us (median) "
                                                 f"against {kern_med / 1000:.1f} us of kernel")
+    hides = launch_med is not None and kern_med >= 2 * launch_med  # the median kernel outlasts its launch
+    if hides:
+        launch_txt += ": most kernels hide their launch cost, only the short ones do not"
     f = report(
         res, "short-kernels",
         title=f"{short.sum() / len(k):.0%} of kernels run under {options.short_kernel_us:g} us{launch_txt}",
         evidence=data, where=_where(trace, k, short, j, options),
         recommendation=(
+            ("Most kernels are long enough to hide their launch; the short ones still cost a launch "
+             "each. " if hides else "") +
             "Amortize the launch cost: capture the repeated per-query/per-step sequence in a CUDA graph "
             "(one cudaGraphLaunch replaces dozens of cudaLaunchKernel), fuse elementwise tails "
             "(torch.compile), and batch several requests per launch; launching from several threads "
@@ -62,7 +67,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         f.examples = examples(trace, start=gk["start"], end=gk["end"], pid=gk["pid"],
                               device=gk["device"], stream=gk["stream"],
                               what="GPU idle before a short kernel", n=options.examples_per_finding)
-    finish(f, rec, steady_window(trace, options), options)
+    finish(f, rec, steady_window(trace, options), options, claims=gk)
     return res
 
 

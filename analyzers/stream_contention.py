@@ -36,8 +36,10 @@ from ..model import Trace
 from ..options import Options
 from ._arrays import code_order, code_spans
 from ._attribution import any_region, attribute, where_shares
-from ._recoverable import examples, finish, idle_gaps, report, steady_window
-from ._util import group_codes, launches, merge_intervals, pair_codes, r, stream_label, thread_label, thread_label_codes
+from ._recoverable import examples, finish, idle_gaps, report, steady_starts, steady_window
+from ._ops import api_thread_spans, what_is
+from ._util import (coverage_at, group_codes, launches, merge_intervals, pair_codes, r, stream_label, thread_label,
+                    thread_label_codes, union_length)
 
 __all__ = ["analyze"]
 
@@ -117,15 +119,75 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "with a per-stream caching allocator) so launches stop serializing on one stream and "
             "requests overlap on the GPU; use CUDA graphs per group to cut the launch calls."),
         action="give every client thread its own stream group instead of one shared stream")
-    ov = fc[fc["_ov"].to_numpy(bool)]
-    if len(ov):
+    ov = fc[fc["_ov"].to_numpy(bool) & fc["_steady"].to_numpy(bool) & ~fc["_first"].to_numpy(bool)]
+    if len(ov):  # (steady-state calls; a first launch loads a module, it is not contention)
         f.examples = examples(trace, start=ov["api_start"], end=ov["api_end"], pid=ov["pid"], tid=ov["tid"],
                               device=ov["device"], stream=ov["stream"],
                               what="launch call while another thread launches into the stream",
                               n=options.examples_per_finding)
-    lost = sum(x["launch_time_lost_ns"] for x in flagged)
-    finish(f, min(lost, _idle_cap(trace, flagged, options)), steady_window(trace, options), options)
+    lost_s, lost_e = _lost_intervals(trace, fc, options)
+    waits = _lock_waits(trace, fc)
+    cover_s, cover_e = merge_intervals(np.concatenate([lost_s, waits[0]]), np.concatenate([lost_e, waits[1]]))
+    claims = _idle_on(trace, flagged, cover_s, cover_e, options)
+    f.evidence["launch_time_lost_ns"] = int((lost_e - lost_s).sum())
+    if waits[2]:
+        f.evidence["lock_waits"] = waits[2]
+        f.evidence["idle_while_threads_wait_ns"] = int(claims["claim_ns"].sum())
+        f.title += _lock_title(waits[2])
+    finish(f, int(claims["claim_ns"].sum()), steady_window(trace, options), options, claims=claims)
     return res
+
+
+def _lost_intervals(trace: Trace, fc: pd.DataFrame, options: Options) -> tuple[np.ndarray, np.ndarray]:
+    """The launch-call time lost to contention, as a union of intervals: the part of each
+    overlapped call beyond the median call made alone, for steady-state calls that are not
+    a thread's first launch of a kernel (which loads the module: milliseconds that are no
+    contention)."""
+    keep = fc["_ov"].to_numpy(bool) & fc["_steady"].to_numpy(bool) & ~fc["_first"].to_numpy(bool)
+    med = fc["_alone_med"].to_numpy(float)
+    keep &= ~np.isnan(med)
+    s = fc["api_start"].to_numpy(np.int64)[keep] + np.nan_to_num(med[keep]).astype(np.int64)
+    e = fc["api_end"].to_numpy(np.int64)[keep]
+    return merge_intervals(s[s < e], e[s < e])
+
+
+def _lock_waits(trace: Trace, fc: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """OS lock waits (``trace.os_waits``) of the threads launching concurrently into the
+    contended streams, inside each thread's span of CUDA calls: their intervals and, per thread, the
+    lock-wait ms, the ms in CUDA calls and the span (wall)."""
+    ow = trace.os_waits
+    none = (np.zeros(0, np.int64), np.zeros(0, np.int64), [])
+    if not len(ow):
+        return none
+    conc = fc[fc["_conc"].to_numpy(bool)]  # (not a warm-up thread that launched before the clients)
+    threads = sorted(set(zip(conc["pid"].to_numpy(np.int64).tolist(), conc["tid"].to_numpy(np.int64).tolist())))
+    spans = api_thread_spans(trace)
+    opid, otid = ow["pid"].to_numpy(np.int64), ow["tid"].to_numpy(np.int64)
+    apid, atid = trace.api["pid"].to_numpy(np.int64), trace.api["tid"].to_numpy(np.int64)
+    ss, es, per = [], [], []
+    for pid, tid in threads:
+        lo, hi = (int(v) for v in spans.loc[(pid, tid)])
+        m = (opid == pid) & (otid == tid)
+        ws, we = merge_intervals(np.clip(ow["start"].to_numpy(np.int64)[m], lo, hi),
+                                 np.clip(ow["end"].to_numpy(np.int64)[m], lo, hi))
+        a = (apid == pid) & (atid == tid)
+        cuda = union_length(trace.api["start"].to_numpy(np.int64)[a], trace.api["end"].to_numpy(np.int64)[a])
+        ss.append(ws)
+        es.append(we)
+        per.append({"thread": thread_label(trace, pid, tid), "lock_wait_ms": r(int((we - ws).sum()) / 1e6, 3),
+                    "cuda_call_ms": r(cuda / 1e6, 3), "wall_ms": r((hi - lo) / 1e6, 3)})
+    if not any(p["lock_wait_ms"] for p in per):
+        return none
+    return np.concatenate(ss), np.concatenate(es), per
+
+
+def _lock_title(per: list[dict]) -> str:
+    w = [p["lock_wait_ms"] for p in per]
+    c = [p["cuda_call_ms"] for p in per]
+    wall = [p["wall_ms"] for p in per]
+    rng = (lambda v: f"{min(v):.0f}" if round(min(v)) == round(max(v)) else f"{min(v):.0f}-{max(v):.0f}")
+    return (f"; each launching thread waits on locks (the GIL, mutexes) {rng(w)} ms of its {rng(wall)} ms "
+            f"against {rng(c)} ms in CUDA calls")
 
 
 def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], list[pd.DataFrame]]:
@@ -145,7 +207,13 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
         return streams, flagged, calls_of
     order = code_order(code, len(uniq))
     bounds = np.searchsorted(code[order], np.arange(len(uniq) + 1))
-    cols = {c: j[c].to_numpy() for c in ("pid", "device", "stream", "tid", "api_start", "api_end")}
+    cols = {c: j[c].to_numpy() for c in ("pid", "device", "stream", "tid", "api_start", "api_end", "row")}
+    cols["kernel"] = np.where(what_is(j, "kernel"), 0, -1)  # the kernel's name code below, -1: not a kernel
+    if len(trace.kernels):
+        kc = trace.kernels["name"].cat.codes.to_numpy(np.int64)
+        isk = cols["kernel"] == 0
+        cols["kernel"][isk] = kc[cols["row"][isk]]
+    steady = steady_starts(trace, options)
     for c in many:
         pid, dev, st = uniq[c]
         rows = order[bounds[c]: bounds[c + 1]]
@@ -154,8 +222,13 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
         info, overlapped, d = _stream_info(trace, pid, dev, st, int(nthreads[c]), calls, options)
         streams.append(info)
         if info["contended"]:
+            med = info["median_launch_us_alone"]
+            c = calls.assign(_ov=overlapped, _dur=d, _steady=calls["api_start"].to_numpy(np.int64) >= steady.get(int(dev), 0),
+                             _first=_first_launch(calls), _alone_med=np.nan if med is None else _alone_ns(d, overlapped))
+            ls, le = _lost_intervals(trace, c, options)
+            info["launch_time_lost_ns"] = int((le - ls).sum())
             flagged.append(info)
-            calls_of.append(calls.assign(_ov=overlapped, _dur=d))
+            calls_of.append(c)
     return streams, flagged, calls_of
 
 
@@ -177,6 +250,7 @@ def _stream_info(trace: Trace, pid: int, dev: int, st: int, nt: int, calls: pd.D
     ov = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
     np.fill_diagonal(ov, False)
     concurrent = int(ov.any(axis=1).sum())
+    calls["_conc"] = np.isin(tids, tuniq[ov.any(axis=1)])  # the thread launches beside another
     info = {
         "stream": stream_label(pid, dev, st), "pid": int(pid), "device": int(dev), "stream_id": int(st),
         "threads": nt, "concurrent_threads": concurrent, "launches": int(len(calls)),
@@ -189,11 +263,20 @@ def _stream_info(trace: Trace, pid: int, dev: int, st: int, nt: int, calls: pd.D
     info["contended"] = bool(concurrent >= options.contention_min_threads and (
         share >= options.contention_min_overlap or switch_rate >= options.contention_min_switch_rate))
     info["score"] = r(max(share, switch_rate))
-    if info["contended"]:
-        lost = float(np.clip(d[overlapped] - med_alone, 0, None).sum()) if (med_alone is not None
-                                                                            and overlapped.any()) else 0.0
-        info["launch_time_lost_ns"] = int(lost)
     return info, overlapped, d
+
+
+def _alone_ns(d: np.ndarray, overlapped: np.ndarray) -> float:
+    """The median duration of the launch calls made while no other thread launched."""
+    return float(np.median(d[~overlapped]))
+
+
+def _first_launch(calls: pd.DataFrame) -> np.ndarray:
+    """Each thread's first launch of each kernel (by name): it loads the kernel's module
+    (lazy loading), milliseconds that are start-up, not contention."""
+    k = calls["kernel"].to_numpy(np.int64)
+    key = pd.DataFrame({"tid": calls["tid"].to_numpy(np.int64), "k": k})
+    return (~key.duplicated().to_numpy()) & (k >= 0)
 
 
 def _where(trace: Trace, flagged: list[dict], fc: pd.DataFrame, options: Options) -> list[dict]:
@@ -206,13 +289,19 @@ def _where(trace: Trace, flagged: list[dict], fc: pd.DataFrame, options: Options
     return where
 
 
-def _idle_cap(trace: Trace, flagged: list[dict], options: Options) -> int:
-    """Steady-state GPU idle that ends with work on a contended stream (ns)."""
+def _idle_on(trace: Trace, flagged: list[dict], cover_s: np.ndarray, cover_e: np.ndarray,
+             options: Options) -> pd.DataFrame:
+    """Steady-state GPU idle gaps that end with work on a contended stream, with the ns of
+    each during which a launching thread lost time to contention (``claim_ns``: the gap
+    covered by the lost launch time or the threads' lock waits); the GPU can only win back
+    time it spent idle."""
     gaps = idle_gaps(trace, options)
     if not len(gaps):
-        return 0
+        return gaps.assign(claim_ns=np.zeros(0, np.int64))
     gs = gaps[gaps["steady"].astype(bool)]
     keys = pd.MultiIndex.from_tuples([(x["pid"], x["device"], x["stream_id"]) for x in flagged])
     on = pd.MultiIndex.from_arrays([gs["pid"].to_numpy(np.int64), gs["device"].to_numpy(np.int64),
                                     gs["stream"].to_numpy(np.int64)]).isin(keys)
-    return int(gs["ns"].to_numpy()[np.asarray(on, bool)].sum()) if len(gs) else 0
+    gs = gs[np.asarray(on, bool)]
+    a, b = gs["start"].to_numpy(np.int64), gs["end"].to_numpy(np.int64)
+    return gs.assign(claim_ns=coverage_at(cover_s, cover_e, b) - coverage_at(cover_s, cover_e, a))

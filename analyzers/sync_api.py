@@ -21,6 +21,7 @@ it (docs/findings.md).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_conta
                     thread_label, thread_label_codes)
 
 __all__ = ["analyze"]
+
+#: syncs a program makes on purpose, not as the tail of a copy
+_EXPLICIT_SYNC = re.compile(r"(?:Device|Ctx|Context|Event)Synchronize")
 
 
 def _kind(name: str) -> str:
@@ -56,7 +60,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         res.data = {"calls": 0, "blocked_us": 0.0}
         return res
     dur = (sy["end"] - sy["start"]).to_numpy(np.int64)
-    gaps, used = _gaps_after(trace, sy, options)
+    gaps, used, hit = _gaps_after(trace, sy, options)
     gpu_idle = int(gaps["ns"].to_numpy(np.int64)[used].sum()) if used.size else 0
     window = steady_window(trace, options)
     data = res.data = _evidence(trace, sy, dur, pageable_d2h, gpu_idle, window, options)
@@ -85,7 +89,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     else:
         f.examples = examples(trace, start=sy["start"], end=sy["end"], pid=sy["pid"], tid=sy["tid"],
                               what=[str(x) for x in sy["name"]], n=options.examples_per_finding)
-    finish(f, gpu_idle, window, options)
+    finish(f, gpu_idle, window, options, claims=_claims(sy, gaps, used, hit))
     return res
 
 
@@ -120,7 +124,20 @@ def _gaps_after(trace: Trace, sy: pd.DataFrame, options: Options) -> tuple[pd.Da
         if gp.size:
             h = gaps_containing(gaps.iloc[gp].reset_index(drop=True), sy["end"].to_numpy(np.int64)[mp])
             hit[mp] = np.where(h >= 0, gp[np.maximum(h, 0)], -1)
-    return gaps, np.unique(hit[hit >= 0])
+    return gaps, np.unique(hit[hit >= 0]), hit
+
+
+def _claims(sy: pd.DataFrame, gaps: pd.DataFrame, used: np.ndarray, hit: np.ndarray) -> pd.DataFrame:
+    """The gaps the syncs leave idle. Where no device-, context- or event-wide sync (an
+    explicit ``torch.cuda.synchronize()``, an event wait) returned into a gap, only a
+    copy's own sync did (``.cpu()``/``.item()``: a D2H copy and a ``cudaStreamSynchronize``,
+    or a blocking copy): the copy is the root cause, and ``memcpy-ping-pong`` counts the gap
+    first (``root``) where it is a host round trip."""
+    explicit = str_contains(sy["name"], _EXPLICIT_SYNC).to_numpy(bool)
+    by_sync = np.zeros(len(gaps), bool)
+    by_sync[hit[(hit >= 0) & explicit]] = True
+    g = gaps.iloc[used]
+    return g.assign(root=np.where(by_sync[used], None, "memcpy-ping-pong"))
 
 
 def _evidence(trace: Trace, sy: pd.DataFrame, dur: np.ndarray, pageable_d2h: int, gpu_idle: int,

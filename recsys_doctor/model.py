@@ -40,6 +40,10 @@ Tables
                 (aten ops); ``source`` tells which. ``depth`` is the nesting level on its
                 thread when known (0 = outermost).
 ``threads``     names of CPU threads.
+``os_waits``    (optional, not counted in :meth:`Trace.counts`) CPU threads blocked in an
+                OS lock or condition wait (nsys ``OSRT_API``: ``pthread_mutex_lock``,
+                ``pthread_cond_wait``/``timedwait`` - the Python GIL -, ``pthread_rwlock_*lock``,
+                ``pthread_spin_lock``); empty where the trace has no OS runtime trace.
 ``devices``     GPUs that appear in the trace, with name and SM count when known.
 """
 
@@ -96,6 +100,7 @@ SCHEMA: dict[str, dict[str, str]] = {
         "source": "category", "depth": "Int64",
     },
     "threads": {"pid": "int64", "tid": "int64", "name": "object"},
+    "os_waits": {"start": "int64", "end": "int64", "pid": "int64", "tid": "int64", "name": "category"},
     "devices": {"device": "int64", "name": "object", "sm_count": "Int64"},
 }
 
@@ -181,14 +186,17 @@ class Trace:
     ranges: pd.DataFrame = field(default_factory=lambda: empty_table("ranges"))
     threads: pd.DataFrame = field(default_factory=lambda: empty_table("threads"))
     devices: pd.DataFrame = field(default_factory=lambda: empty_table("devices"))
+    os_waits: pd.DataFrame = field(default_factory=lambda: empty_table("os_waits"))
     #: free-form facts about the source: tool version, schema version, notes on what
     #: was missing or repaired while loading (JSON-serializable values only)
     meta: dict[str, Any] = field(default_factory=dict)
 
     TABLES = ("kernels", "memcpys", "memsets", "api", "syncs", "graphs", "ranges", "threads", "devices")
+    #: tables that only some traces have, left out of :meth:`counts` (and so of the JSON)
+    OPTIONAL_TABLES = ("os_waits",)
 
     def __post_init__(self) -> None:
-        for t in self.TABLES:
+        for t in self.TABLES + self.OPTIONAL_TABLES:
             setattr(self, t, make_table(t, getattr(self, t)))
 
     # --- small conveniences shared by analyzers -------------------------------------
@@ -217,7 +225,7 @@ class Trace:
         lo = -(2**62) if start is None else int(start)
         hi = 2**62 if end is None else int(end)
         kw = {}
-        for t in self.TABLES:
+        for t in self.TABLES + self.OPTIONAL_TABLES:
             df = getattr(self, t)
             if "start" in df.columns:
                 m = (df["end"] > lo) & (df["start"] < hi)

@@ -7,6 +7,7 @@ The CLI overrides fields with dedicated flags (``--short-kernel-us``) or generic
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -102,6 +103,39 @@ class Options:
     #: How many example moments (start, duration, thread, stream) a finding lists.
     examples_per_finding: int = 3
 
+    #: Communication kernels (a regular expression searched in the kernel name): NCCL/RCCL
+    #: collectives and point-to-point (``ncclDevKernel_*``, ``ncclKernel_*``: SendRecv,
+    #: AllReduce, AllGather, ReduceScatter, AllToAll), NVSHMEM, custom all-reduce kernels, and the
+    #: expert-parallel dispatch/combine kernels of MoE training (DeepEP and the like).
+    #: They use few blocks by design (8-12 per channel on the DLRM and TorchRec ranks) and
+    #: run beside compute on other streams, so small-grid does not judge them.
+    comm_kernel_pattern: str = (
+        r"(?i)nccl|rccl|msccl|nvshmem|SendRecv|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|alltoall"
+        r"|cross_device_reduce|deep_?ep::|(?:^|[\s:_])(?:moe_?)?(?:dispatch|combine)(?:_?kernel)?\s*[<(]")
+
+    #: Allocator calls (a regular expression matched against the CUDA API name): the
+    #: synchronous device and pinned-host allocations and frees of the runtime and the
+    #: driver (``cudaMalloc``, ``cudaFree``, ``cudaMallocHost``, ``cudaFreeHost``,
+    #: ``cudaHostAlloc``, ``cuMemAlloc*``, ``cuMemFree*``; Kineto records the same names).
+    #: ``cudaFree`` synchronizes the device; the stream-ordered ``*Async`` forms do not
+    #: and are left out.
+    allocator_api_pattern: str = (
+        r"^(?:cuda|hip)(?:Malloc|Free)(?:Host|Managed|Pitch|Array|3D|3DArray|MipmappedArray)?$"
+        r"|^(?:cuda|hip)HostAlloc$|^cuMem(?:Alloc|Free)(?:Host|Managed|Pitch)?(?:_v\d+)?$|^cuMemHostAlloc$")
+    #: An idle gap is an allocator gap (not launch-bound) when allocator calls of the
+    #: process cover at least this share of it: the GPU waited for cudaMalloc/cudaFree, not
+    #: for a launch (on TorchRec rank 54105 three such gaps are 99.6-99.9% covered).
+    allocator_gap_share: float = 0.5
+    #: A step (``ProfilerStep#N``, or a repeating top-level NVTX range) at least this many
+    #: times the median step is reported by ``step-variance`` (1.5x: well outside the few
+    #: percent a steady training or serving loop varies by).
+    step_variance_ratio: float = 1.5
+    #: Where a trace has no ``ProfilerStep#N``, the top-level NVTX ranges that can be steps
+    #: (a regular expression searched in the name): names of iterations, batches, queries
+    #: or requests. Operator ranges (``aten::mul, op_id = ...`` from ``emit_nvtx``, names with
+    #: ``::``), MPI calls and call-site markers repeat too but are no steps.
+    step_range_pattern: str = r"(?i)^(?!.*::).*(?:step|iter|batch|query|request|epoch)"
+
     def __post_init__(self) -> None:
         """Reject values no analysis can use (one clear line, exit 2 at the CLI)."""
         for f in fields(self):
@@ -119,6 +153,11 @@ class Options:
                 raise BadInputError(f"option {name} must be >= 1, got {getattr(self, name)!r}")
         if self.short_kernel_us <= 0:
             raise BadInputError(f"option short_kernel_us must be > 0, got {self.short_kernel_us!r}")
+        for name in ("comm_kernel_pattern", "allocator_api_pattern", "step_range_pattern"):
+            try:
+                re.compile(getattr(self, name))
+            except re.error as e:
+                raise BadInputError(f"option {name} is not a regular expression: {e}") from None
         if not (self.recoverable_low <= self.recoverable_medium <= self.recoverable_high):
             raise BadInputError("options recoverable_low <= recoverable_medium <= recoverable_high must hold")
 
@@ -187,5 +226,6 @@ def options_markdown() -> str:
     ]
     for name, default, doc in Options.documented():
         cell = doc.replace("|", "\\|")
-        out.append(f"| `{name}` | `{default}` | {cell} |")
+        value = str(default).replace("|", "\\|")  # (the patterns' alternations are no cell borders)
+        out.append(f"| `{name}` | `{value}` | {cell} |")
     return "\n".join(out) + "\n"

@@ -19,7 +19,7 @@ from _tracebuild import T, api, copy, kern, rng
 
 O = Options()
 IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api", "small-grid",
-       "graph-candidate", "no-gpu-activity"}
+       "graph-candidate", "no-gpu-activity", "allocator-churn", "step-variance"}
 
 
 def ids(res):
@@ -134,14 +134,31 @@ def test_stream_contention_by_hand():
 
 
 def test_stream_contention_recoverable_is_the_slowdown():
-    # thread 1 alone: 100 ns calls; overlapped calls take 300 ns (200 lost each)
-    ks = [kern(10_000 + i * 10_000, 10_005 + i * 10_000, corr=i + 1) for i in range(6)]
-    calls = [api(0, 100, 1, 1), api(1000, 1100, 2, 1),
-             api(5000, 5300, 3, 1), api(5100, 5400, 4, 2), api(5200, 5500, 5, 1), api(9000, 9100, 6, 2)]
+    # one kernel every 10 us, each launched in the idle gap before it; thread 1 alone and
+    # thread 2 alone take 100 ns a call, the two overlapped pairs 300 ns a call
+    ks = [kern(i * 10_000, i * 10_000 + 5, corr=i) for i in range(1, 9)]
+    calls = [api(9_000, 9_100, 1, 1), api(19_000, 19_100, 2, 2),
+             api(29_000, 29_300, 3, 1), api(29_100, 29_400, 4, 2),
+             api(39_000, 39_100, 5, 1), api(49_000, 49_100, 6, 2),
+             api(59_000, 59_300, 7, 1), api(59_100, 59_400, 8, 2)]
     (f,) = stream_contention.analyze(T(kernels=ks, api=calls), O).findings
-    # overlapped: calls 3, 4, 5 (300 ns each); median alone 100 -> lost 3 x 200 = 600 ns,
-    # below the steady idle (5 gaps of 9995 ns) that caps it
+    # median alone 100 ns: lost = each overlapped call beyond its first 100 ns, as a union:
+    # [29_100, 29_300] u [29_200, 29_400] = 300 ns, and the same at 59_100: 600 ns, all of it
+    # while the GPU idles before the next kernel (steady state from 10_000 + 10% of 70_005)
+    assert f.evidence["launch_time_lost_ns"] == 600
     assert f.recoverable_ns == 600
+
+
+def test_stream_contention_lost_time_only_where_the_gpu_idles():
+    # the same calls, but a long kernel keeps the GPU busy over the first overlapped pair:
+    # only the second pair's 300 ns is GPU idle that contention cost
+    ks = [kern(i * 10_000, i * 10_000 + 5, corr=i) for i in range(1, 9)] + [kern(20_000, 30_000, corr=99)]
+    calls = [api(9_000, 9_100, 1, 1), api(19_000, 19_100, 2, 2),
+             api(29_000, 29_300, 3, 1), api(29_100, 29_400, 4, 2),
+             api(39_000, 39_100, 5, 1), api(49_000, 49_100, 6, 2),
+             api(59_000, 59_300, 7, 1), api(59_100, 59_400, 8, 2)]
+    (f,) = stream_contention.analyze(T(kernels=ks, api=calls), O).findings
+    assert f.evidence["launch_time_lost_ns"] == 600 and f.recoverable_ns == 300
 
 
 def test_warmup_then_one_thread_is_not_contention():

@@ -55,8 +55,10 @@ def test_demo_is_launch_bound_short_and_contended():
     # severity follows recoverable time: launch-bound is the main problem of 4 eager
     # threads on one stream; contention is present (how much it alone wins may be less)
     assert sev.get("launch-bound") == "high", sev
-    for fid in ("short-kernels", "stream-contention"):
-        assert sev.get(fid) in ("low", "medium", "high"), (fid, sev)
+    assert sev.get("stream-contention") in ("low", "medium", "high"), sev
+    # the idle before the short kernels is the launch waits: present, counted once under those
+    sk = next(f for f in res.findings if f.id == "short-kernels")
+    assert set(sk.evidence["shared_cause_with"]) & {"launch-bound", "stream-contention"}, sk.evidence
     worst = max(next(f for f in res.findings if f.id == "stream-contention").evidence["streams"],
                 key=lambda s: s["concurrent_threads"])
     assert worst["concurrent_threads"] == 4  # the 4 client threads of examples/wdl_serving.py

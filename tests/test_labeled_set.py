@@ -26,8 +26,9 @@ def _path(key: str, shared: Path | None) -> Path:
 
 @pytest.fixture(scope="module")
 def shared_dir():
-    p = ROOT.parent / "shared" / "traces"
-    return p if p.is_dir() else None
+    from conftest import SHARED_TRACES  # (../shared/traces, or $RECSYS_DOCTOR_SHARED/traces)
+
+    return SHARED_TRACES if SHARED_TRACES.is_dir() else None
 
 
 @pytest.fixture(scope="module")

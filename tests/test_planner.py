@@ -32,7 +32,10 @@ def test_serving_plan_groups_per_contending_thread():
     assert "3 CPU threads launch concurrently" in p["stream_groups"]["reason"]
     assert p["per_stream_allocators"]["enabled"] is True
     assert p["merge_copy_compute"]["enabled"] is True  # 3 small copies, 2 direction switches
-    assert p["cuda_graphs"]["enabled"] is True and "short-kernels" in p["cuda_graphs"]["because"]
+    assert p["cuda_graphs"]["enabled"] is True and "launch-bound" in p["cuda_graphs"]["because"]
+    # the idle before the short kernels is the launch waits: counted once, under launch-bound
+    sk = next(f for f in res.findings if f.id == "short-kernels")
+    assert "launch-bound" in sk.evidence["shared_cause_with"] and sk.recoverable_ns == 0
     assert p["range_assignment"]["enabled"] is False
     json.dumps(res.to_dict())
 

@@ -11,7 +11,14 @@ import pandas as pd
 from ._nsys_columns import as_int, as_str, distinct_threads
 from ._nsys_schema import K, PID_SQL, TID_SQL, Schema
 
-__all__ = ["Extras"]
+__all__ = ["Extras", "OS_WAIT_CALLS"]
+
+#: OS runtime calls in which a thread waits for a lock held by another thread: a mutex,
+#: a condition variable (CPython's GIL is a mutex plus a condition waited on with
+#: ``pthread_cond_timedwait``), a reader/writer lock or a spin lock
+OS_WAIT_CALLS = ("pthread_mutex_lock", "pthread_cond_wait", "pthread_cond_timedwait", "pthread_rwlock_rdlock",
+                 "pthread_rwlock_wrlock", "pthread_rwlock_timedrdlock", "pthread_rwlock_timedwrlock",
+                 "pthread_spin_lock")
 
 #: libraries whose frames are not the program's own call site
 _RUNTIME_LIB = re.compile(r"^(lib(cuda|cudart|cupti|nvidia|nvToolsExt|c10_cuda|torch_cuda|cublas|cudnn)|libc[-.])")
@@ -90,6 +97,20 @@ class Extras(Schema):
                 self.repairs.append(f"{len(missing)} active threads missing from ThreadNames: added with no name")
                 df = pd.concat([df, missing.assign(name=None)], ignore_index=True)
         return df.sort_values(["pid", "tid"], ignore_index=True)
+
+    # --- OS lock waits --------------------------------------------------------------------
+    def os_waits(self) -> pd.DataFrame | None:
+        """Calls in which a thread blocks on a lock or condition (``OSRT_API`` rows of
+        :data:`OS_WAIT_CALLS`, with ``--trace osrt``); None where the export has none."""
+        t = "OSRT_API"
+        if t not in self.tables or not self.has_strings or not {"globalTid", "nameId"} <= self.cols(t):
+            return None
+        names = ", ".join(f"'{n}'" for n in OS_WAIT_CALLS)
+        df = self.query(
+            f"SELECT o.start AS start, o.end AS end, {PID_SQL.format(col='o.globalTid')} AS pid, "
+            f"{TID_SQL.format(col='o.globalTid')} AS tid, s.value AS name FROM {t} o "
+            f"JOIN StringIds s ON s.id = o.nameId WHERE s.value IN ({names})")
+        return df if len(df) else None
 
     # --- devices ------------------------------------------------------------------------
     def devices(self, tables: dict[str, pd.DataFrame | None]) -> pd.DataFrame | None:

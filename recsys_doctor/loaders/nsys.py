@@ -145,6 +145,7 @@ class _Reader(TableJobs, Extras):
             tables["api"] = self.attach_callsites(tables["api"])
         tables["threads"] = self.threads(tables.get("api"), tables.get("ranges"))
         tables["devices"] = self.devices(tables)
+        tables["os_waits"] = self.os_waits()
         self.meta["tables_missing"] = [t for t in READ_TABLES if t not in self.tables]
         if self.repairs:
             self.meta["repairs"] = self.repairs

@@ -102,7 +102,8 @@ def _time_split(result: "AdviseResult") -> dict[str, dict[str, float]] | None:
             "copy_only": max(win - idle - compute, 0.0),
             "host_wait": float(d.get("host_wait_ns") or 0),
             "short_gap": float(d.get("short_gap_ns") or 0),
-            "other": float(d.get("other_ns") or 0),
+            # (allocator gaps - cudaMalloc/cudaFree - are not a launch wait: shown as other)
+            "other": float(d.get("other_ns") or 0) + float(d.get("allocator_ns") or 0),
         }
     return out or None
 
