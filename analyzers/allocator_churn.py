@@ -7,6 +7,9 @@ out-of-memory retry, a non-caching allocator). Each is a slow driver call (milli
 for large blocks), and ``cudaFree`` synchronizes the device: the GPU drains and then waits,
 idle, until the calls return and the host launches again. CUDA graphs do not remove this.
 
+Calls whose innermost code region is a warm-up range (``Options.warmup_range_pattern``)
+fill the cache once: they are start-up, not churn, and their gaps are not counted.
+
 Evidence: the allocator calls (``Options.allocator_api_pattern``) in the whole trace and in
 the steady state, count and time per API name, how many synchronize (the frees), the idle
 gaps they cover (a gap is the allocator's when allocator calls of its process cover at
@@ -30,7 +33,8 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_starts, steady_window
-from ._util import r, str_contains, take_str, thread_label_codes
+from ._arrays import merge_intervals
+from ._util import coverage_at, r, str_contains, take_str, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -49,13 +53,15 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     al = api[m]
     st = steady_starts(trace, options)
     cut = min(st.values()) if st else int(al["start"].min())
-    steady = al["start"].to_numpy(np.int64) >= cut
+    warm = _in_warmup(trace, al, options)
+    steady = (al["start"].to_numpy(np.int64) >= cut) & ~warm
     gaps = idle_gaps(trace, options)
     ag = allocator_gap(trace, options) if len(gaps) else np.zeros(0, bool)
-    sg = ag & gaps["steady"].to_numpy(bool) if len(gaps) else ag
+    sg = ag & gaps["steady"].to_numpy(bool) & ~_warmup_gaps(al[warm], gaps, options) if len(gaps) else ag
     rec = int(gaps["ns"].to_numpy(np.int64)[sg].sum()) if len(gaps) else 0
     window = steady_window(trace, options)
     data = res.data = _evidence(al, steady, gaps, ag, rec, window)
+    data["warmup_calls"] = int(warm.sum())
     if not steady.any() or not window or rec / window < options.report_min_share:
         return res
     s = data["steady"]
@@ -80,6 +86,30 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                           n=options.examples_per_finding)
     finish(f, rec, window, options, claims=gs)
     return res
+
+
+def _in_warmup(trace: Trace, al: pd.DataFrame, options: Options) -> np.ndarray:
+    """Per allocator call: whether its innermost code region is a warm-up range
+    (``Options.warmup_range_pattern``): start-up, not churn."""
+    reg = attribute(trace, al["pid"].to_numpy(np.int64), al["tid"].to_numpy(np.int64),
+                    al["start"].to_numpy(np.int64))
+    if not any_region(reg):
+        return np.zeros(len(al), bool)
+    rx = re.compile(options.warmup_range_pattern)
+    return np.fromiter((isinstance(x, str) and rx.search(x) is not None for x in reg), bool, len(reg))
+
+
+def _warmup_gaps(warm: pd.DataFrame, gaps: pd.DataFrame, options: Options) -> np.ndarray:
+    """Per idle gap: whether warm-up allocator calls (of its process) cover enough of it
+    to make it an allocator gap on their own."""
+    out = np.zeros(len(gaps), bool)
+    for pid in np.unique(warm["pid"].to_numpy(np.int64)):
+        w = warm[warm["pid"].to_numpy(np.int64) == pid]
+        ms, me = merge_intervals(w["start"].to_numpy(np.int64), w["end"].to_numpy(np.int64))
+        at = np.flatnonzero(gaps["pid"].to_numpy(np.int64) == pid)
+        gs, ge = gaps["start"].to_numpy(np.int64)[at], gaps["end"].to_numpy(np.int64)[at]
+        out[at] = coverage_at(ms, me, ge) - coverage_at(ms, me, gs) >= options.allocator_gap_share * (ge - gs)
+    return out
 
 
 def _evidence(al: pd.DataFrame, steady: np.ndarray, gaps: pd.DataFrame, ag: np.ndarray, rec: int,

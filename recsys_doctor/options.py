@@ -135,6 +135,11 @@ class Options:
     #: or requests. Operator ranges (``aten::mul, op_id = ...`` from ``emit_nvtx``, names with
     #: ``::``), MPI calls and call-site markers repeat too but are no steps.
     step_range_pattern: str = r"(?i)^(?!.*::).*(?:step|iter|batch|query|request|epoch)"
+    #: Code regions that are warm-up (a regular expression searched in the innermost
+    #: NVTX / annotation range name): allocations there fill the caching allocator once,
+    #: they are start-up, not allocator churn (HTA's alexnet benchmark allocates 1.9 s in
+    #: its ``...|warmup|forward`` range).
+    warmup_range_pattern: str = r"(?i)warm[-_ ]?up"
 
     def __post_init__(self) -> None:
         """Reject values no analysis can use (one clear line, exit 2 at the CLI)."""
@@ -153,7 +158,7 @@ class Options:
                 raise BadInputError(f"option {name} must be >= 1, got {getattr(self, name)!r}")
         if self.short_kernel_us <= 0:
             raise BadInputError(f"option short_kernel_us must be > 0, got {self.short_kernel_us!r}")
-        for name in ("comm_kernel_pattern", "allocator_api_pattern", "step_range_pattern"):
+        for name in ("comm_kernel_pattern", "allocator_api_pattern", "step_range_pattern", "warmup_range_pattern"):
             try:
                 re.compile(getattr(self, name))
             except re.error as e:
