@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from ..errors import RuntimeCudaError
 from ._cuda import ensure_context
 from ._cuda import torch_module as _torch
-from ._policy import RuntimeConfig, flatten, unflatten
+from ._policy import RuntimeConfig, flatten, out_flatten, out_unflatten
 from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED
@@ -173,7 +173,7 @@ class ServedModel:
             raw = self._execute(g, slot, entry)
             if raw is not _STAGED:
                 return raw
-            return unflatten([v.clone() for v in entry.host_out_views], entry.out_spec)
+            return out_unflatten([v.clone() for v in entry.host_out_views], entry.out_spec)
         finally:
             g._last_done = slot.done_i
             pool.release(i, slot)
@@ -266,7 +266,7 @@ class ServedModel:
         torch = self.torch
         with torch.cuda.stream(self._ext[g.index]), torch.no_grad(), self._activations(g, slot):
             raw = self.model(*entry.dev_args)
-            outs, _ = flatten(raw, self._is_tensor)
+            outs, _ = out_flatten(raw)
             if [(o.dtype, tuple(o.shape)) for o in outs] != entry.out_shapes:
                 return raw
             for dv, o in zip(entry.dev_out_views, outs):
@@ -275,10 +275,10 @@ class ServedModel:
 
     def _eager_unstaged(self, g: StreamGroup, raw: Any) -> Any:
         torch = self.torch
-        leaves, spec = flatten(raw, self._is_tensor)
+        leaves, spec = out_flatten(raw)
         with torch.cuda.stream(self._ext[g.index]):
             host = [x.to("cpu") if isinstance(x, torch.Tensor) else x for x in leaves]  # synchronous
-        return unflatten(host, spec)
+        return out_unflatten(host, spec)
 
     # -- preparing a slot for a signature --------------------------------------------------
     # -- bookkeeping -----------------------------------------------------------------------
