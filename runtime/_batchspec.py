@@ -192,14 +192,17 @@ def check_spec(model: Any, rebuild: Any, tensors: Sequence[Any], plan: BatchPlan
 
 
 def perturbed(tensors: Sequence[Any], kinds: Sequence[str], seed: int = 7) -> list[Any]:
-    """A second query unlike the example, valid wherever the example is: rows reversed,
+    """A second query unlike the example, valid wherever the example is: rows reversed
+    (floating-point ones also halved and moved by 1/8, so batch statistics differ),
     index values permuted (each stays an index the example used), offsets kept."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     out = []
     for t, k in zip(tensors, kinds):
-        if k == "rows":
+        if k == "rows" and t.dtype.is_floating_point:
+            out.append((t.flip(0) * 0.5 + 0.125).contiguous())
+        elif k == "rows":
             out.append(t.flip(0).contiguous())
         elif k == "indices":
             out.append(t[torch.randperm(t.numel(), generator=g).to(t.device)].contiguous())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import asdict
 from operator import attrgetter
 from typing import Any, Sequence
@@ -28,6 +29,7 @@ from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED
 from ._serve_entry import graph_copies_inside, has_mem_pool, prepare
+from ._serve_batching import BatchingOptions, batching_stats, start_batching
 from ._streams import StreamGroup, StreamManager
 
 __all__ = ["serve", "ServedModel", "Request"]
@@ -51,7 +53,7 @@ class ServedModel:
     synchronous = True
 
     def __init__(self, model: Any, example_inputs: Any, config: RuntimeConfig, device: int,
-                 max_signatures: int = 16) -> None:
+                 max_signatures: int = 16, batching: BatchingOptions | None = None) -> None:
         torch = _torch()
         self.torch = torch
         self.model = model
@@ -100,6 +102,10 @@ class ServedModel:
         self._failed_graphs: list[Any] = []
         self._lock = threading.Lock()
         self.closed = False
+        self._batcher: Any = None
+        self._bworkers: list[Any] = []
+        #: why batching was refused (None: on, or not asked for)
+        self.batching_refused: str | None = None
         # prepare (and capture) every slot of every group for the example signature now,
         # so that client threads never pay a capture for the expected shape
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -110,6 +116,11 @@ class ServedModel:
             for g in self.manager.groups:
                 for slot in g.slots:
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
+            if batching is not None:
+                self._batcher, self._bworkers, self.batching_refused = start_batching(self, args, batching)
+                self._bsig = sig
+                self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+                self._ball = len(self._btensors) == len(leaves)
         except BaseException:
             self.close()
             raise
@@ -163,6 +174,9 @@ class ServedModel:
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
         leaves, spec, sig = self._key(args)
+        b = self._batcher
+        if b is not None and sig == self._bsig:
+            return b.call(leaves if self._ball else [leaves[k] for k in self._btensors])
         pool = self._pool
         # a free slot of the least-loaded group, or the oldest waiter's turn (FIFO)
         i, slot = pool.acquire()
@@ -177,6 +191,41 @@ class ServedModel:
         finally:
             g._last_done = slot.done_i
             pool.release(i, slot)
+
+    def submit(self, *args: Any) -> Future:
+        """One query as a :class:`concurrent.futures.Future` of its outputs. Batched
+        queries return at once (keep the input tensors unchanged until the future is
+        done); the others run in the calling thread and return a finished future."""
+        if self.closed:
+            raise RuntimeCudaError("this served model is closed")
+        leaves, _, sig = self._key(args)
+        b = self._batcher
+        if b is not None and sig == self._bsig:
+            return b.submit(leaves if self._ball else [leaves[k] for k in self._btensors])
+        fut: Future = Future()
+        try:
+            fut.set_result(self(*args))
+        except BaseException as e:  # noqa: BLE001 - the future carries it
+            fut.set_exception(e)
+        return fut
+
+    async def infer(self, *args: Any) -> Any:
+        """``await served.infer(*tensors)``: one query from an asyncio coroutine; the event
+        loop keeps running while it is served (batched, or unbatched in a worker thread)."""
+        if self.closed:
+            raise RuntimeCudaError("this served model is closed")
+        leaves, _, sig = self._key(args)
+        b = self._batcher
+        if b is not None and sig == self._bsig:
+            return await b.infer(leaves if self._ball else [leaves[k] for k in self._btensors])
+        import asyncio
+
+        return await asyncio.to_thread(self, *args)
+
+    def bucket_gpu_us(self) -> dict[int, float]:
+        """GPU time of one batch per bucket size on group 0, in microseconds (measured
+        alone; {} without batching)."""
+        return self._bworkers[0].gpu_times_us() if self._bworkers else {}
 
     def request(self, *like: Any) -> "Request":
         """A slot to fill in place (zero copy): ``with served.request() as q:`` then write
@@ -294,7 +343,8 @@ class ServedModel:
         return {"config": asdict(self.config), "groups": groups, "pools": self.manager.pool_stats(),
                 "activation_pool": self.activation_pool, "activation_pool_bytes": self._activation_bytes(),
                 "driver_path": self._fp.source, "copies_in_graph": self.copies_in_graph,
-                "fallbacks": dict(self.fallbacks)}
+                "fallbacks": dict(self.fallbacks),
+                "batching": batching_stats(self._batcher, self._bworkers, self.batching_refused)}
 
     def _activation_bytes(self) -> list[int] | None:
         """Bytes reserved in each group's activation pools (None: pools are shared)."""
@@ -321,6 +371,11 @@ class ServedModel:
         if self.closed:
             return
         self.closed = True
+        if self._batcher is not None:
+            self._batcher.close()  # fails the queued requests, finishes the running batches
+        for w in self._bworkers:
+            w.close()
+        self._bworkers = []
         try:
             self.manager.synchronize()
         finally:
@@ -351,7 +406,10 @@ class ServedModel:
 def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: bool | None = None,
           graphs: bool | None = None, *, plan: dict[str, Any] | None = None, device: int | None = None,
           slots_per_group: int | None = None, per_stream_allocator: bool | None = None,
-          pool_limit_bytes: int | None = None, max_signatures: int = 16) -> ServedModel:
+          pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool = False,
+          max_batch: int = 32, buckets: Sequence[int] | None = None, max_delay_ms: float = 0.0,
+          max_queue: int = 1024, timeout_s: float = 30.0,
+          batch_spec: Sequence[str] | None = None) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
     ``example_inputs`` is the tuple of positional arguments of one query (host tensors,
@@ -360,6 +418,13 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     Settings come from the arguments, else from ``plan`` (``advise``'s plan dict), else the
     :class:`RuntimeConfig` defaults. The model should be in eval mode: a replayed graph does
     not advance PyTorch's RNG.
+
+    ``batching=True``: concurrent queries of the example's signature coalesce into batches
+    of up to ``max_batch`` (a CUDA graph per bucket size per group, ``buckets``), waiting
+    at most ``max_delay_ms`` for company (0: never); at most ``max_queue`` wait, each caller
+    at most ``timeout_s``. How inputs combine is inferred (rows, EmbeddingBag indices and
+    offsets) or given by ``batch_spec``, and checked against the eager model; when it does
+    not hold, a warning says why and queries are served unbatched (``batching_refused``).
     """
     torch = _torch()
     cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
@@ -368,5 +433,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     if device is None:
         p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
         device = p.device.index if p is not None and p.is_cuda else torch.cuda.current_device()
-    return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures)
+    opts = (BatchingOptions(max_batch=max_batch, buckets=tuple(buckets) if buckets else None, max_delay_ms=max_delay_ms,
+                            max_queue=max_queue, timeout_s=timeout_s,
+                            batch_spec=tuple(batch_spec) if batch_spec is not None else None) if batching else None)
+    return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts)
 
