@@ -11,7 +11,7 @@ from ..errors import BadInputError
 from ._batchspec import BatchPlan, check_spec, infer_spec
 from ._policy import flatten, out_unflatten, unflatten
 
-__all__ = ["BatchSetup", "buckets_for", "CpuWorker", "DEFAULT_BUCKETS"]
+__all__ = ["BatchSetup", "buckets_for", "CpuWorker", "Arena", "DEFAULT_BUCKETS"]
 
 #: batch sizes a CUDA graph is captured for (a batch of n runs in the smallest >= n)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -64,6 +64,9 @@ class BatchSetup:
         self.out_spec, self.out_rows = check_spec(model, rebuild, self.tensors, self.plan, device)
         self.model = model
 
+    def unflatten(self, leaves: Sequence[Any]) -> Any:
+        return out_unflatten(leaves, self.out_spec)
+
     def split(self, outs: Sequence[Any], n: int) -> list[Any]:
         """Per-request outputs of a batch of ``n``: each output leaf split by its rows."""
         parts = [o.split(r)[:n] for o, r in zip(outs, self.out_rows)]
@@ -72,29 +75,56 @@ class BatchSetup:
         return [out_unflatten([p[j] for p in parts], self.out_spec) for j in range(n)]
 
 
+class Arena:
+    """Where queued requests wait: ``slots`` query blocks of one (pinned, for CUDA)
+    staging buffer. A caller copies its query into a free slot itself, with one
+    ``torch._foreach_copy_`` that runs without the GIL (so many callers copy in
+    parallel, and a batch costs its worker no host copy at all); the worker copies the
+    batch's slots to the device. The free list is the batcher's (its queue bound)."""
+
+    def __init__(self, plan: Any, slots: int, pin: bool) -> None:
+        import torch
+
+        self.torch = torch
+        self.block = plan.block
+        self.buf = torch.zeros(slots * plan.block, dtype=torch.uint8, pin_memory=pin)
+        self.ptr = self.buf.data_ptr()
+        m = len(plan.leaves)
+        flat = plan.slot_views(self.buf, slots)
+        self.views = [flat[j * m:(j + 1) * m] for j in range(slots)]
+        self.slots = slots
+
+    def stage(self, slot: int, leaves: Sequence[Any]) -> None:
+        self.torch._foreach_copy_(self.views[slot], leaves)
+
+    def rows(self) -> Any:
+        """The buffer as ``[slots, block]`` bytes."""
+        return self.buf.view(self.slots, self.block)
+
+
 class CpuWorker:
-    """Runs batches of a CPU model: one ``_foreach_copy_`` packs the batch's queries into
-    the staging buffer, :meth:`BatchPlan.regroup` concatenates them, the model runs once,
+    """Runs batches of a CPU model: the batch's arena slots gathered into one buffer (one
+    ``index_select``), :meth:`BatchPlan.regroup` concatenates them, the model runs once,
     the outputs are split per request. A real runner (CPU serving, the batcher's tests)."""
 
-    def __init__(self, setup: BatchSetup, max_batch: int) -> None:
+    def __init__(self, setup: BatchSetup, max_batch: int, arena: Arena) -> None:
         import torch
 
         self.torch = torch
         self.setup = setup
+        self.arena = arena
         p = setup.plan
         self.buf = torch.zeros(max_batch * p.block, dtype=torch.uint8)
-        self.views = p.slot_views(self.buf, max_batch)
+        self.rows = self.buf.view(max_batch, p.block)
         self.shifts = torch.arange(max_batch) * p.shift
-        self.m = len(p.leaves)
 
     def __call__(self, reqs: Sequence[Any]) -> list[Any]:
         from torch.utils._pytree import tree_flatten
 
         torch = self.torch
         n = len(reqs)
-        src = [t for r in reqs for t in r.leaves]
-        torch._foreach_copy_(self.views[:n * self.m], src)
+        idx = torch.tensor([r.slot for r in reqs])
+        torch.index_select(self.arena.rows(), 0, idx, out=self.rows[:n])
         s = self.setup
         with torch.no_grad():
             outs, _ = tree_flatten(s.model(*s.rebuild(s.plan.regroup(self.buf, n, self.shifts))))

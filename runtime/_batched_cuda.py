@@ -1,10 +1,11 @@
-"""The CUDA batch worker of one stream group: a batch of ``n`` queries is packed into the
-group's pinned staging (one ``_foreach_copy_``, which runs without the GIL), copied to the
-device in ONE host-to-device copy of the first ``k`` query blocks (``k``: the smallest
-bucket >= ``n``; the blocks past ``n`` hold earlier, valid queries), run as ONE CUDA graph
-captured for bucket ``k`` (regroup on the GPU, forward, outputs into one device buffer),
-copied back in ONE device-to-host copy and waited for on ONE event (the wait releases the
-GIL). The host outputs are one fresh copy per batch, split by rows per request.
+"""The CUDA batch worker of one stream group: the ``n`` queries of a batch wait in slots
+of the pinned arena (each caller copied its own, :class:`~._batched.Arena`); they are
+copied to the group's device staging with one host-to-device copy per run of consecutive
+slots (no host copy), run as ONE CUDA graph captured for bucket ``k`` (the smallest bucket
+>= ``n``; the device blocks past ``n`` hold earlier, valid queries): regroup on the GPU,
+forward, outputs into one device buffer; copied back in ONE device-to-host copy and
+waited for on ONE event (the wait releases the GIL). The host outputs are one fresh copy
+per output and batch, split per request with one ``unbind``.
 
 Graphs are captured largest bucket first into one private pool per group (the group's
 graphs run one after another on its stream, so they share it). Out of memory while
@@ -18,7 +19,7 @@ import warnings
 from typing import Any, Sequence
 
 from ..errors import first_line
-from ._batched import BatchSetup, bucket_table
+from ._batched import Arena, BatchSetup, bucket_table
 from ._cuda import ensure_context
 from ._policy import out_flatten, pack_layout
 
@@ -29,20 +30,18 @@ class CudaWorker:
     """Batches of one stream group ``g`` of served model ``sm`` (see the module docstring).
     ``buckets``: sizes to capture, ascending; :attr:`buckets` keeps the usable ones."""
 
-    def __init__(self, sm: Any, g: Any, setup: BatchSetup, buckets: Sequence[int]) -> None:
+    def __init__(self, sm: Any, g: Any, setup: BatchSetup, buckets: Sequence[int], arena: Arena) -> None:
         torch = sm.torch
-        self.torch, self.sm, self.g, self.setup = torch, sm, g, setup
+        self.torch, self.sm, self.g, self.setup, self.arena = torch, sm, g, setup, arena
         p = setup.plan
         self.max_k = kmax = max(buckets)
-        self.m = len(p.leaves)
+        self.block = p.block
         self.stream = sm._ext[g.index]
-        self.pinned_in = torch.empty(kmax * p.block, dtype=torch.uint8, pin_memory=True)
-        self.dev_in = torch.empty(kmax * p.block, dtype=torch.uint8, device=sm.device)
-        self.views = p.slot_views(self.pinned_in, kmax)
-        # every block holds a valid query from the start: padded blocks run real inputs
-        for j in range(kmax):
-            torch._foreach_copy_(self.views[j * self.m:(j + 1) * self.m], setup.tensors)
-        self.dev_in.copy_(self.pinned_in)
+        # every device block holds a valid query from the start: padded blocks run real inputs
+        host = torch.zeros(kmax * p.block, dtype=torch.uint8)
+        torch._foreach_copy_(p.slot_views(host, kmax), list(setup.tensors) * kmax)
+        self.dev_in = host.to(sm.device)
+        self.dev_in_ptr = self.dev_in.data_ptr()
         self.shifts = torch.arange(kmax, device=sm.device) * p.shift
         self._event = g._new_event()
         self.event_i = int(self._event.handle)
@@ -72,6 +71,10 @@ class CudaWorker:
         nb = max(lay.nbytes for lay in self.out_lay.values())
         self.dev_out = torch.empty(nb, dtype=torch.uint8, device=self.sm.device)
         self.pinned_out = torch.empty(nb, dtype=torch.uint8, pin_memory=True)
+        #: per bucket, each output's pinned rows as ``[k, rows, ...]`` (one clone and one
+        #: unbind per output and batch give every request its own)
+        self.host_k = {k: [v.view(k, r, *rest) for v, (_, rest, r, _) in
+                           zip(self._out_views(self.pinned_out, k), self.out_meta)] for k in buckets}
 
     def _out_views(self, buf: Any, k: int) -> list[Any]:
         lay = self.out_lay[k]
@@ -129,26 +132,33 @@ class CudaWorker:
 
     # -- the hot path ----------------------------------------------------------------
     def __call__(self, reqs: Sequence[Any]) -> list[Any]:
-        torch = self.torch
         n = len(reqs)
         k = self.table[n]
-        src = [t for r in reqs for t in r.leaves]
-        torch._foreach_copy_(self.views[:n * self.m], src)
         sm, fp, s = self.sm, self.sm._fp, self.g.compute_i
         ensure_context(sm.manager.context)
-        fp.htod(self.dev_in.data_ptr(), self.pinned_in.data_ptr(), k * self.setup.plan.block, s)
+        blk, src, dst = self.block, self.arena.ptr, self.dev_in_ptr
+        j = 0
+        while j < n:  # one copy per run of consecutive arena slots
+            first = reqs[j].slot
+            m = 1
+            while j + m < n and reqs[j + m].slot == first + m:
+                m += 1
+            fp.htod(dst + j * blk, src + first * blk, m * blk, s)
+            j += m
         ex = self.execs.get(k)
         if ex:
             fp.launch(ex, s)
         else:
-            with torch.cuda.stream(self.stream), torch.no_grad():
+            with self.torch.cuda.stream(self.stream), self.torch.no_grad():
                 self._forward(k)
-        nb = self.out_lay[k].nbytes
-        fp.dtoh(self.pinned_out.data_ptr(), self.dev_out.data_ptr(), nb, s)
+        fp.dtoh(self.pinned_out.data_ptr(), self.dev_out.data_ptr(), self.out_lay[k].nbytes, s)
         fp.record(self.event_i, s)
         fp.wait(self.event_i)
-        host = self.pinned_out[:nb].clone()
-        return self.setup.split(self._out_views(host, k), n)
+        parts = [v.clone().unbind(0) for v in self.host_k[k]]
+        setup = self.setup
+        if len(parts) == 1 and setup.out_spec.is_leaf():
+            return list(parts[0][:n])
+        return [setup.unflatten([p[j] for p in parts]) for j in range(n)]
 
     def gpu_times_us(self, reps: int = 20) -> dict[int, float]:
         """GPU time of one batch per bucket (H2D, graph, D2H; alone on the device), in us."""
@@ -161,7 +171,7 @@ class CudaWorker:
             with torch.cuda.stream(self.stream):
                 start.record()
                 for _ in range(reps):
-                    fp.htod(self.dev_in.data_ptr(), self.pinned_in.data_ptr(), k * self.setup.plan.block, s)
+                    fp.htod(self.dev_in_ptr, self.arena.ptr, k * self.block, s)
                     if self.execs.get(k):
                         fp.launch(self.execs[k], s)
                     else:

@@ -4,11 +4,14 @@ worker is any callable ``run(requests) -> one result per request`` (the CUDA one
 :mod:`._batched_cuda`; the CPU one, for tests and CPU models, is :class:`CpuWorker`).
 
 The per-request host path is kept small because the host, not the GPU, bounds many
-clients (issue 24): a caller appends its request to one deque under one lock and sleeps on
-a lock of its own (the cheapest wake-up Python has); a worker takes whatever is queued
-when it becomes free ("natural batching": a lone caller never waits for company; with
-``max_delay_s`` a worker that finds fewer than ``max_batch`` waits that long for more),
-runs the batch and wakes each caller of it. ``submit`` gives a
+clients (issue 24): a caller copies its query into a free staging slot itself (one call
+that runs without the GIL, so callers copy in parallel), appends it to one deque under one
+lock and sleeps on a lock of its own (the cheapest wake-up Python has); a worker takes
+whatever is queued when it becomes free ("natural batching": a lone caller never waits
+for company; with ``max_delay_s`` a worker that finds fewer than ``max_batch`` waits that
+long for more), runs the batch and wakes each caller of it. A synchronous caller that
+finds a worker asleep and nobody queued runs its own request on that worker's group (no
+thread hand-off at all). ``submit`` gives a
 :class:`concurrent.futures.Future`; ``infer`` is awaitable, and the results of one batch
 reach an event loop with one ``call_soon_threadsafe``.
 
@@ -46,7 +49,7 @@ class Pending:
     """One request: its tensor leaves, and how its caller is woken (a held lock, a
     ``Future``, or an asyncio future with its loop)."""
 
-    __slots__ = ("leaves", "lock", "future", "loop", "out", "err")
+    __slots__ = ("leaves", "lock", "future", "loop", "out", "err", "slot")
 
     def __init__(self, leaves: Sequence[Any], future: Any = None, loop: Any = None) -> None:
         self.leaves = leaves
@@ -55,6 +58,7 @@ class Pending:
         self.out: Any = None
         self.err: BaseException | None = None
         self.lock: Any = None
+        self.slot = -1
         if future is None:
             self.lock = _thread.allocate_lock()
             self.lock.acquire()
@@ -79,11 +83,14 @@ class BatchStats:
 
 
 class Batcher:
-    """Requests in, batches out to ``workers`` (one thread each). See the module docstring."""
+    """Requests in, batches out to ``workers`` (one thread each). See the module docstring.
+
+    ``stage(slot, leaves)`` copies a request into staging slot ``slot`` (of ``max_queue``
+    slots: the queue's bound); a worker reads each request's ``slot``."""
 
     def __init__(self, workers: Sequence[Callable[[list[Pending]], list[Any]]], *, max_batch: int,
-                 max_queue: int = 1024, timeout_s: float = 30.0, max_delay_s: float = 0.0,
-                 name: str = "batcher") -> None:
+                 stage: Callable[[int, Sequence[Any]], None], max_queue: int = 256, timeout_s: float = 30.0,
+                 max_delay_s: float = 0.0, name: str = "batcher") -> None:
         if max_batch < 1 or max_queue < 1 or timeout_s <= 0 or max_delay_s < 0:
             raise RuntimeCudaError(f"bad batcher settings: max_batch={max_batch} max_queue={max_queue} "
                                    f"timeout_s={timeout_s} max_delay_s={max_delay_s}")
@@ -91,36 +98,72 @@ class Batcher:
         self.max_queue = max_queue
         self.timeout_s = timeout_s
         self.max_delay_s = max_delay_s
+        self._stage = stage
+        self._workers = list(workers)
+        self._free = list(range(max_queue - 1, -1, -1))  # free staging slots (a stack: warm ones first)
         self._q: deque[Pending] = deque()
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
+        self._cv = [threading.Condition(self._lock) for _ in workers]
         self._room = threading.Condition(self._lock)
-        self._idle = 0
+        #: workers asleep with nothing to do, and workers lent to a caller (see :meth:`call`)
+        self._waiting: list[int] = []
+        self._borrowed = [False] * len(workers)
+        self._delaying: list[int] = []
         self._room_waiters = 0
         self.closed = False
         self.stats = BatchStats(len(workers))
-        self._threads = [threading.Thread(target=self._loop, args=(i, w), name=f"{name}-{i}", daemon=True)
-                         for i, w in enumerate(workers)]
+        self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
+                         for i in range(len(workers))]
         for t in self._threads:
             t.start()
 
+    @property
+    def queued(self) -> int:
+        return len(self._q)
+
     # -- callers ---------------------------------------------------------------------
-    def put(self, r: Pending) -> None:
-        """Queue ``r``; waits up to ``timeout_s`` for room when ``max_queue`` are queued."""
+    def _staged(self, r: Pending) -> None:
+        """Take a free slot (waiting up to ``timeout_s`` for one) and copy ``r`` into it."""
         with self._lock:
             if self.closed:
                 raise RuntimeCudaError("this served model is closed")
-            if len(self._q) >= self.max_queue:
+            if not self._free:
                 self._wait_for_room()
+            r.slot = self._free.pop()
+        try:
+            self._stage(r.slot, r.leaves)
+        except BaseException:
+            with self._lock:
+                self._free.append(r.slot)
+            raise
+
+    def put(self, r: Pending) -> None:
+        """Stage ``r`` and queue it."""
+        self._staged(r)
+        with self._lock:
+            if self.closed:
+                self._free.append(r.slot)
+                raise RuntimeCudaError("this served model is closed")
             self._q.append(r)
-            if self._idle:
-                self._work.notify()
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """Wake one sleeping worker that is not lent out, and a worker waiting out
+        ``max_delay_s`` once a full batch is queued (under the lock)."""
+        if self._delaying and len(self._q) >= self.max_batch:
+            for d in self._delaying:
+                self._cv[d].notify()
+        for w in self._waiting:
+            if not self._borrowed[w]:
+                self._waiting.remove(w)
+                self._cv[w].notify()
+                return
 
     def _wait_for_room(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         self._room_waiters += 1
         try:
-            while len(self._q) >= self.max_queue and not self.closed:
+            while not self._free and not self.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise QueueFullError(
@@ -133,15 +176,48 @@ class Batcher:
             self._room_waiters -= 1
 
     def call(self, leaves: Sequence[Any]) -> Any:
-        """Run one request and wait for its result (the caller's thread sleeps on a lock)."""
+        """Run one request and wait for its result. When a worker is asleep and nobody is
+        queued, the caller runs its request on that worker's group itself (no hand-off to
+        a thread and back: a lone client costs what a hand-written loop does); otherwise
+        it queues and sleeps on a lock of its own."""
         r = Pending(leaves)
-        self.put(r)
+        self._staged(r)
+        with self._lock:
+            if self.closed:
+                self._free.append(r.slot)
+                raise RuntimeCudaError("this served model is closed")
+            w = -1
+            if not self._q and not self.max_delay_s:
+                for i in self._waiting:
+                    if not self._borrowed[i]:
+                        w = i
+                        self._borrowed[i] = True
+                        break
+            if w < 0:
+                self._q.append(r)
+                self._wake_one()
+        if w >= 0:
+            return self._run_borrowed(w, r)
         if not r.lock.acquire(timeout=self.timeout_s):
             r.err = RequestTimeoutError(f"no result within timeout_s={self.timeout_s:g} s "
                                         f"({len(self._q)} requests queued): raise timeout_s or add groups")
         if r.err is not None:
             raise r.err
         return r.out
+
+    def _run_borrowed(self, w: int, r: Pending) -> Any:
+        try:
+            out = self._workers[w]([r])[0]
+        finally:
+            self.stats.add(w, 1)
+            with self._lock:
+                self._free.append(r.slot)
+                self._borrowed[w] = False
+                if self._room_waiters:
+                    self._room.notify()
+                if self._q:
+                    self._wake_one()
+        return out
 
     def submit(self, leaves: Sequence[Any]) -> Future:
         fut: Future = Future()
@@ -157,50 +233,56 @@ class Batcher:
         return await asyncio.wait_for(fut, self.timeout_s)
 
     # -- workers ---------------------------------------------------------------------
-    def _take(self) -> list[Pending] | None:
-        """The next batch (None: closed and drained). Waits while nothing is queued."""
+    def _take(self, w: int) -> list[Pending] | None:
+        """Worker ``w``'s next batch (None: closed). Sleeps while nothing is queued or
+        while its group is lent to a caller."""
+        cv = self._cv[w]
         with self._lock:
-            while not self._q:
+            while not self._q or self._borrowed[w]:
                 if self.closed:
                     return None
-                self._idle += 1
-                self._work.wait()
-                self._idle -= 1
+                if w not in self._waiting:
+                    self._waiting.append(w)
+                cv.wait()
+            if w in self._waiting:
+                self._waiting.remove(w)
             if self.max_delay_s and len(self._q) < self.max_batch and not self.closed:
                 deadline = time.monotonic() + self.max_delay_s
+                self._delaying.append(w)
                 while len(self._q) < self.max_batch and not self.closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    self._idle += 1
-                    self._work.wait(left)
-                    self._idle -= 1
-                if not self._q:
-                    return []
+                    cv.wait(left)
+                self._delaying.remove(w)
             n = min(len(self._q), self.max_batch)
             pop = self._q.popleft
             batch = [pop() for _ in range(n)]
-            if self._room_waiters:
-                self._room.notify(n)
+            if self._q:
+                self._wake_one()
             return batch
 
-    def _loop(self, w: int, run: Callable[[list[Pending]], list[Any]]) -> None:
+    def _loop(self, w: int) -> None:
+        run = self._workers[w]
         while True:
-            batch = self._take()
+            batch = self._take(w)
             if batch is None:
                 return
             # a Future cancelled before it ran is dropped (its caller left)
-            batch = [r for r in batch if r.future is None or r.loop is not None
-                     or r.future.set_running_or_notify_cancel()]
-            if not batch:
-                continue
-            try:
-                outs = run(batch)
-                err = None
-            except BaseException as e:  # noqa: BLE001 - reaches every request of the batch
-                outs, err = None, e
-            self.stats.add(w, len(batch))
-            _complete(batch, outs, err)
+            live = [r for r in batch if r.future is None or r.loop is not None
+                    or r.future.set_running_or_notify_cancel()]
+            outs, err = None, None
+            if live:
+                try:
+                    outs = run(live)
+                except BaseException as e:  # noqa: BLE001 - reaches every request of the batch
+                    err = e
+                self.stats.add(w, len(live))
+            with self._lock:
+                self._free.extend(r.slot for r in batch)
+                if self._room_waiters:
+                    self._room.notify(len(batch))
+            _complete(live, outs, err)
 
     def close(self, join_s: float = 60.0) -> None:
         """Fail the queued requests, let running batches finish, join the workers."""
@@ -210,7 +292,8 @@ class Batcher:
             self.closed = True
             left = list(self._q)
             self._q.clear()
-            self._work.notify_all()
+            for cv in self._cv:
+                cv.notify_all()
             self._room.notify_all()
         _complete(left, None, RuntimeCudaError("this served model was closed before the request ran"))
         for t in self._threads:
@@ -228,6 +311,8 @@ def _complete(batch: Sequence[Pending], outs: Sequence[Any] | None, err: BaseExc
             r.lock.release()
         elif r.loop is not None:
             loops.setdefault(r.loop, []).append((r.future, out, err))
+        elif r.future.done():  # cancelled while queued (close() fails the queue)
+            continue
         elif err is None:
             r.future.set_result(out)
         else:

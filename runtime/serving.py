@@ -408,7 +408,7 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
           slots_per_group: int | None = None, per_stream_allocator: bool | None = None,
           pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool = False,
           max_batch: int = 32, buckets: Sequence[int] | None = None, max_delay_ms: float = 0.0,
-          max_queue: int = 1024, timeout_s: float = 30.0,
+          max_queue: int = 256, timeout_s: float = 30.0,
           batch_spec: Sequence[str] | None = None) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from recsys_doctor.runtime._batched import BatchSetup, CpuWorker, bucket_table, buckets_for  # noqa: E402
+from recsys_doctor.runtime._batched import Arena, BatchSetup, CpuWorker, bucket_table, buckets_for  # noqa: E402
 from recsys_doctor.runtime._batcher import Batcher, QueueFullError, RequestTimeoutError  # noqa: E402
 from recsys_doctor.runtime._batchspec import BatchPlan, SpecRefused, infer_spec  # noqa: E402
 from recsys_doctor.runtime._policy import flatten, out_flatten, out_unflatten  # noqa: E402
@@ -44,8 +44,12 @@ def wdl():
     return WideDeep(VOCAB, n_sparse=NS, hidden=32).eval()
 
 
-def batcher(setup, workers=1, max_batch=8, **kw):
-    return Batcher([CpuWorker(setup, max_batch) for _ in range(workers)], max_batch=max_batch, **kw)
+def batcher(setup, workers=1, max_batch=8, max_queue=64, wrap=None, **kw):
+    """A batcher over ``workers`` real CPU workers sharing one arena (``wrap``: a gate around each)."""
+    arena = Arena(setup.plan, max_queue, pin=False)
+    ws = [CpuWorker(setup, max_batch, arena) for _ in range(workers)]
+    return Batcher([wrap(w) if wrap else w for w in ws], max_batch=max_batch, stage=arena.stage,
+                   max_queue=max_queue, **kw)
 
 
 # ---------------------------------------------------------------------- spec inference
@@ -174,10 +178,11 @@ class Gate:
 
 def test_backpressure_and_timeouts_name_the_setting(wdl):
     s = BatchSetup(wdl, query(0), "cpu")
-    gate = Gate(CpuWorker(s, 2))
-    b = Batcher([gate], max_batch=2, max_queue=2, timeout_s=0.3)
+    gates = []
+    b = batcher(s, max_batch=2, max_queue=3, timeout_s=0.3, wrap=lambda w: gates.append(Gate(w)) or gates[-1])
+    gate = gates[0]
     first = b.submit(tensors(query(1)))
-    assert gate.entered.wait(5)  # the worker holds the first batch
+    assert gate.entered.wait(5)  # the worker holds the first batch (its slot stays taken)
     queued = [b.submit(tensors(query(k))) for k in (2, 3)]  # fills max_queue
     t0 = time.monotonic()
     with pytest.raises(QueueFullError, match=r"max_queue=\.\.\.\) or timeout_s"):
@@ -190,8 +195,9 @@ def test_backpressure_and_timeouts_name_the_setting(wdl):
 
 def test_result_timeout(wdl):
     s = BatchSetup(wdl, query(0), "cpu")
-    gate = Gate(CpuWorker(s, 2))
-    b = Batcher([gate], max_batch=2, timeout_s=0.3)
+    gates = []
+    b = batcher(s, max_batch=2, timeout_s=0.3, max_delay_s=0.01, wrap=lambda w: gates.append(Gate(w)) or gates[-1])
+    gate = gates[0]
     with pytest.raises(RequestTimeoutError, match="no result within timeout_s=0.3"):
         b.call(tensors(query(5)))
     gate.open.set()
@@ -219,8 +225,9 @@ def test_exception_reaches_the_whole_batch_and_serving_goes_on():
 
 def test_cancelled_future_is_dropped_others_served(wdl):
     s = BatchSetup(wdl, query(0), "cpu")
-    gate = Gate(CpuWorker(s, 4))
-    b = Batcher([gate], max_batch=4)
+    gates = []
+    b = batcher(s, max_batch=4, wrap=lambda w: gates.append(Gate(w)) or gates[-1])
+    gate = gates[0]
     b.submit(tensors(query(1)))
     assert gate.entered.wait(5)
     gone = b.submit(tensors(query(2)))
@@ -235,8 +242,9 @@ def test_cancelled_future_is_dropped_others_served(wdl):
 
 def test_close_fails_queued_and_finishes_running(wdl):
     s = BatchSetup(wdl, query(0), "cpu")
-    gate = Gate(CpuWorker(s, 1))
-    b = Batcher([gate], max_batch=1)
+    gates = []
+    b = batcher(s, max_batch=1, wrap=lambda w: gates.append(Gate(w)) or gates[-1])
+    gate = gates[0]
     running = b.submit(tensors(query(1)))
     assert gate.entered.wait(5)
     queued = [b.submit(tensors(query(k))) for k in range(2, 6)]
@@ -290,3 +298,23 @@ def test_out_flatten_round_trip_keeps_namedtuple_and_dict_order():
     leaves, spec = out_flatten(tree)
     back = out_unflatten(leaves, spec)
     assert list(back) == ["b", "a", 3] and type(back["b"]) is Pair and len(leaves) == 4
+
+
+def test_lone_caller_runs_its_own_request_on_an_idle_group(wdl):
+    s = BatchSetup(wdl, query(0), "cpu")
+    seen = []
+
+    def spy(w):
+        def run(reqs):
+            seen.append((threading.current_thread(), len(reqs)))
+            return w(reqs)
+        return run
+
+    b = batcher(s, workers=2, wrap=spy)
+    time.sleep(0.05)  # both workers asleep
+    with torch.no_grad():
+        assert torch.allclose(b.call(tensors(query(3))), wdl(*query(3)), atol=1e-6)
+        assert torch.allclose(b.submit(tensors(query(4))).result(5), wdl(*query(4)), atol=1e-6)
+    b.close()
+    assert seen[0] == (threading.current_thread(), 1)  # call(): no hand-off
+    assert seen[1][0] is not threading.current_thread()  # submit(): a worker thread
