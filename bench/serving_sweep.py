@@ -187,7 +187,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
     for q in qs:
         before = dict(served.stats()["batching"].get("batch_sizes", {})) if served is not None else {}
         if nv:
-            nv.nvmlDeviceGetUtilization(h)  # start a fresh sampling period
+            nv.nvmlDeviceGetUtilizationRates(h)  # start a fresh sampling period
         if config == "runtime_batched_async":
             lat, outs, errors, wall = _async_loop(q, dur, served, queries[:q])
         else:

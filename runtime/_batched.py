@@ -87,7 +87,9 @@ class Arena:
 
         self.torch = torch
         self.block = plan.block
-        self.buf = torch.zeros(slots * plan.block, dtype=torch.uint8, pin_memory=pin)
+        self.buf = torch.empty(slots * plan.block, dtype=torch.uint8, pin_memory=pin).zero_()
+        if pin and not self.buf.is_pinned():
+            raise RuntimeError("the batching arena did not get pinned host memory")
         self.ptr = self.buf.data_ptr()
         m = len(plan.leaves)
         flat = plan.slot_views(self.buf, slots)
@@ -103,7 +105,7 @@ class Arena:
 
 
 class CpuWorker:
-    """Runs batches of a CPU model: the batch's arena slots gathered into one buffer (one
+    """Runs batches of a CPU model: the batch's arena slots gathered into a new buffer (one
     ``index_select``), :meth:`BatchPlan.regroup` concatenates them, the model runs once,
     the outputs are split per request. A real runner (CPU serving, the batcher's tests)."""
 
@@ -113,19 +115,16 @@ class CpuWorker:
         self.torch = torch
         self.setup = setup
         self.arena = arena
-        p = setup.plan
-        self.buf = torch.zeros(max_batch * p.block, dtype=torch.uint8)
-        self.rows = self.buf.view(max_batch, p.block)
-        self.shifts = torch.arange(max_batch) * p.shift
+        self.shifts = torch.arange(max_batch) * setup.plan.shift
 
     def __call__(self, reqs: Sequence[Any]) -> list[Any]:
         from torch.utils._pytree import tree_flatten
 
         torch = self.torch
         n = len(reqs)
-        idx = torch.tensor([r.slot for r in reqs])
-        torch.index_select(self.arena.rows(), 0, idx, out=self.rows[:n])
+        # a fresh buffer per batch: an output may be a view of its inputs
+        buf = torch.index_select(self.arena.rows(), 0, torch.tensor([r.slot for r in reqs])).view(-1)
         s = self.setup
         with torch.no_grad():
-            outs, _ = tree_flatten(s.model(*s.rebuild(s.plan.regroup(self.buf, n, self.shifts))))
+            outs, _ = tree_flatten(s.model(*s.rebuild(s.plan.regroup(buf, n, self.shifts))))
         return s.split(outs, n)

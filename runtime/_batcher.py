@@ -100,7 +100,9 @@ class Batcher:
         self.max_delay_s = max_delay_s
         self._stage = stage
         self._workers = list(workers)
-        self._free = list(range(max_queue - 1, -1, -1))  # free staging slots (a stack: warm ones first)
+        #: free staging slots, oldest first: callers arriving together take consecutive
+        #: slots, so a batch is usually one host-to-device copy
+        self._free: deque[int] = deque(range(max_queue))
         self._q: deque[Pending] = deque()
         self._lock = threading.Lock()
         self._cv = [threading.Condition(self._lock) for _ in workers]
@@ -129,7 +131,7 @@ class Batcher:
                 raise RuntimeCudaError("this served model is closed")
             if not self._free:
                 self._wait_for_room()
-            r.slot = self._free.pop()
+            r.slot = self._free.popleft()
         try:
             self._stage(r.slot, r.leaves)
         except BaseException:

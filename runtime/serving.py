@@ -103,6 +103,7 @@ class ServedModel:
         self._lock = threading.Lock()
         self.closed = False
         self._batcher: Any = None
+        self._bshapes: list[Any] | None = None
         self._bworkers: list[Any] = []
         #: why batching was refused (None: on, or not asked for)
         self.batching_refused: str | None = None
@@ -121,6 +122,7 @@ class ServedModel:
                 self._bsig = sig
                 self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
                 self._ball = len(self._btensors) == len(leaves)
+                self._bshapes = [x.shape for x in leaves] if self._ball else None
         except BaseException:
             self.close()
             raise
@@ -160,6 +162,33 @@ class ServedModel:
             self._specs[key] = spec
         return leaves, spec, self._signature(leaves, spec)
 
+    def _batch_leaves(self, args: tuple[Any, ...]) -> list[Any] | None:
+        """The tensor leaves of a query that the batcher takes, else None. The usual query
+        (positional tensors and lists of tensors, the example's shapes) is checked by its
+        shapes alone, without building a signature (dtypes are converted to the
+        example's by the copy into staging); others go through :meth:`_key`."""
+        if self._bshapes is not None:
+            T = self.torch.Tensor
+            leaves: list[Any] = []
+            for a in args:
+                t = type(a)
+                if t is T:
+                    leaves.append(a)
+                elif t is list:
+                    leaves.extend(a)
+                else:
+                    break
+            else:
+                try:
+                    if list(map(_shape_of, leaves)) == self._bshapes:
+                        return leaves
+                except AttributeError:  # a list holding something else than tensors
+                    pass
+        leaves, _, sig = self._key(args)
+        if sig == self._bsig:
+            return leaves if self._ball else [leaves[k] for k in self._btensors]
+        return None
+
     def _signature(self, leaves: Sequence[Any], spec: Any) -> Any:
         T = self.torch.Tensor
         return (spec, tuple((x.dtype, x.shape) if isinstance(x, T) else ("const", type(x).__name__, repr(x))
@@ -173,10 +202,12 @@ class ServedModel:
         outputs."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
-        leaves, spec, sig = self._key(args)
         b = self._batcher
-        if b is not None and sig == self._bsig:
-            return b.call(leaves if self._ball else [leaves[k] for k in self._btensors])
+        if b is not None:
+            got = self._batch_leaves(args)
+            if got is not None:
+                return b.call(got)
+        leaves, spec, sig = self._key(args)
         pool = self._pool
         # a free slot of the least-loaded group, or the oldest waiter's turn (FIFO)
         i, slot = pool.acquire()
@@ -198,10 +229,10 @@ class ServedModel:
         done); the others run in the calling thread and return a finished future."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
-        leaves, _, sig = self._key(args)
         b = self._batcher
-        if b is not None and sig == self._bsig:
-            return b.submit(leaves if self._ball else [leaves[k] for k in self._btensors])
+        got = self._batch_leaves(args) if b is not None else None
+        if got is not None:
+            return b.submit(got)
         fut: Future = Future()
         try:
             fut.set_result(self(*args))
@@ -214,10 +245,10 @@ class ServedModel:
         loop keeps running while it is served (batched, or unbatched in a worker thread)."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
-        leaves, _, sig = self._key(args)
         b = self._batcher
-        if b is not None and sig == self._bsig:
-            return await b.infer(leaves if self._ball else [leaves[k] for k in self._btensors])
+        got = self._batch_leaves(args) if b is not None else None
+        if got is not None:
+            return await b.infer(got)
         import asyncio
 
         return await asyncio.to_thread(self, *args)
