@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24's device calls: set-up, then the named parts, logs and results under $OUT.
 # usage: bash bench/batching_session.sh PART...   (carry .whl: nvtx, sqlite-utils and deps, py-spy)
-# parts: tests (batching + runtime GPU tests) quick (a short sweep) sweep (the full sweep)
+# parts: tests (batching + runtime GPU tests) quick (a short sweep) sweep (the full sweep) diag (bench/batch_diag.py)
 #        pyspy (py-spy --gil of the batched runtime at Q=32)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -25,6 +25,9 @@ for part in "$@"; do
     sweep)
       OUT=$OUT timeout ${SWEEP_TIMEOUT:-420} python3 bench/serving_sweep.py > "$OUT/sweep.log" 2>&1
       echo "sweep rc=$?"; tail -60 "$OUT/sweep.log";;
+    diag)
+      timeout 120 python3 bench/batch_diag.py > "$OUT/batch_diag.log" 2>&1
+      echo "diag rc=$?"; tail -12 "$OUT/batch_diag.log";;
     pyspy)
       timeout 120 py-spy record --gil --threads -r 200 -f raw -o "$OUT/pyspy_batched_q32.txt" -- \
         python3 bench/serving_sweep.py --one runtime_batched_call 32 ${PYSPY_DUR:-6} > "$OUT/pyspy.log" 2>&1

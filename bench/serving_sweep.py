@@ -13,6 +13,8 @@ Configs:
   runtime_batched_call    serve(batching=True): served(*tensors)
   runtime_batched_submit  serve(batching=True): served.submit(*tensors).result()
   runtime_batched_async   serve(batching=True): Q coroutines on one loop, await served.infer
+  runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4
+  runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
 
 Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the window),
 for batched configs the batch sizes seen and ``gpu_busy_est`` (sum over batches of the
@@ -40,7 +42,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
 CONFIGS = ["eager", "handroll_prepacked", "runtime_call", "runtime_request", "runtime_batched_call",
-           "runtime_batched_submit", "runtime_batched_async"]
+           "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si"]
 QS = [1, 4, 8, 16, 32, 64, 128]
 
 
@@ -140,7 +142,7 @@ def _make(config: str, model, queries, served):
         return [mk(a) for a in queries]
     if config == "handroll_prepacked":
         return [_graph_client(model, a, "graph_prepacked") for a in queries]
-    if config in ("runtime_call", "runtime_batched_call"):
+    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si"):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
@@ -178,8 +180,9 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         from recsys_doctor.runtime import serve
 
         batched = "batched" in config
-        served = serve(model, queries[0], groups=4 if batched else 8, merge=True, graphs=True, slots_per_group=2,
-                       batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)))
+        served = serve(model, queries[0], groups=8 if config.endswith("_g8") or not batched else 4, merge=True, graphs=True, slots_per_group=2,
+                       batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
+                       switch_interval_ms=0.2 if config.endswith("_si") else None)
     nv, h = _nvml()
     rows = []
     bucket_us = served.bucket_gpu_us() if served is not None else {}

@@ -4,8 +4,8 @@ copied to the group's device staging with one host-to-device copy per run of con
 slots (no host copy), run as ONE CUDA graph captured for bucket ``k`` (the smallest bucket
 >= ``n``; the device blocks past ``n`` hold earlier, valid queries): regroup on the GPU,
 forward, outputs into one device buffer; copied back in ONE device-to-host copy and
-waited for on ONE event (the wait releases the GIL). The host outputs are one fresh copy
-per output and batch, split per request with one ``unbind``.
+waited for on ONE event (the wait releases the GIL). The host outputs are one fresh NumPy
+copy per output and batch, viewed per request with ``torch.from_numpy``.
 
 Graphs are captured largest bucket first into one private pool per group (the group's
 graphs run one after another on its stream, so they share it). Out of memory while
@@ -71,10 +71,16 @@ class CudaWorker:
         nb = max(lay.nbytes for lay in self.out_lay.values())
         self.dev_out = torch.empty(nb, dtype=torch.uint8, device=self.sm.device)
         self.pinned_out = torch.empty(nb, dtype=torch.uint8, pin_memory=True)
-        #: per bucket, each output's pinned rows as ``[k, rows, ...]`` (one clone and one
-        #: unbind per output and batch give every request its own)
+        #: per bucket, each output's pinned rows as a NumPy ``[k, rows, ...]`` array: a
+        #: batch's outputs are one NumPy copy each and a ``torch.from_numpy`` per request,
+        #: all without releasing the GIL (a torch op releases it, and getting it back
+        #: among many client threads is what costs, issue 24)
         self.host_k = {k: [v.view(k, r, *rest) for v, (_, rest, r, _) in
                            zip(self._out_views(self.pinned_out, k), self.out_meta)] for k in buckets}
+        try:
+            self.host_np: dict[int, list[Any]] | None = {k: [v.numpy() for v in vs] for k, vs in self.host_k.items()}
+        except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16): torch ops instead
+            self.host_np = None
 
     def _out_views(self, buf: Any, k: int) -> list[Any]:
         lay = self.out_lay[k]
@@ -154,11 +160,16 @@ class CudaWorker:
         fp.dtoh(self.pinned_out.data_ptr(), self.dev_out.data_ptr(), self.out_lay[k].nbytes, s)
         fp.record(self.event_i, s)
         fp.wait(self.event_i)
-        parts = [v.clone().unbind(0) for v in self.host_k[k]]
+        from_numpy = self.torch.from_numpy
         setup = self.setup
+        if self.host_np is None:
+            tparts = [v.clone().unbind(0) for v in self.host_k[k]]
+            return [setup.unflatten([p[j] for p in tparts]) for j in range(n)]
+        parts = [a.copy() for a in self.host_np[k]]
         if len(parts) == 1 and setup.out_spec.is_leaf():
-            return list(parts[0][:n])
-        return [setup.unflatten([p[j] for p in parts]) for j in range(n)]
+            one = parts[0]
+            return [from_numpy(one[j]) for j in range(n)]
+        return [setup.unflatten([from_numpy(p[j]) for p in parts]) for j in range(n)]
 
     def gpu_times_us(self, reps: int = 20) -> dict[int, float]:
         """GPU time of one batch per bucket (H2D, graph, D2H; alone on the device), in us."""

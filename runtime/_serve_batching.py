@@ -26,7 +26,11 @@ class BatchingOptions:
     room up to ``timeout_s``, then get ``QueueFullError``; each is a slot of pinned staging
     of one query's input bytes, at least ``max_batch``); ``timeout_s``: how long a
     caller waits for room or for its result; ``batch_spec``: each input tensor's kind
-    (``rows``, ``indices``, ``offsets``) when it cannot be inferred."""
+    (``rows``, ``indices``, ``offsets``) when it cannot be inferred;
+    ``switch_interval_ms``: the interpreter's thread switch interval while the model is
+    served (``sys.setswitchinterval``, process-wide, restored by ``close()``; None: left
+    alone). A thread that waits for the GIL forces the holder to drop it only after this
+    interval (5 ms by default), which many client threads turn into queueing."""
 
     max_batch: int = 32
     buckets: tuple[int, ...] | None = None
@@ -34,6 +38,7 @@ class BatchingOptions:
     max_queue: int = 256
     timeout_s: float = 30.0
     batch_spec: tuple[str, ...] | None = None
+    switch_interval_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:

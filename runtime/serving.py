@@ -14,6 +14,7 @@ staging itself. How a slot is prepared and captured: :mod:`._serve_entry`.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -103,7 +104,8 @@ class ServedModel:
         self._lock = threading.Lock()
         self.closed = False
         self._batcher: Any = None
-        self._bshapes: list[Any] | None = None
+        self._bnumel = 0
+        self._old_switch: float | None = None
         self._bworkers: list[Any] = []
         #: why batching was refused (None: on, or not asked for)
         self.batching_refused: str | None = None
@@ -119,10 +121,16 @@ class ServedModel:
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
             if batching is not None:
                 self._batcher, self._bworkers, self.batching_refused = start_batching(self, args, batching)
+                if self._batcher is not None and batching.switch_interval_ms:
+                    self._old_switch = sys.getswitchinterval()
+                    sys.setswitchinterval(batching.switch_interval_ms / 1e3)
                 self._bsig = sig
                 self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
                 self._ball = len(self._btensors) == len(leaves)
-                self._bshapes = [x.shape for x in leaves] if self._ball else None
+                # the batched call's check: leaf count and total elements (the copy into
+                # staging refuses any other shape whose total matches: see _batch_leaves)
+                self._bcount = len(leaves)
+                self._bnumel = sum(x.numel() for x in leaves) if self._ball and self._batcher else 0
         except BaseException:
             self.close()
             raise
@@ -164,10 +172,13 @@ class ServedModel:
 
     def _batch_leaves(self, args: tuple[Any, ...]) -> list[Any] | None:
         """The tensor leaves of a query that the batcher takes, else None. The usual query
-        (positional tensors and lists of tensors, the example's shapes) is checked by its
-        shapes alone, without building a signature (dtypes are converted to the
-        example's by the copy into staging); others go through :meth:`_key`."""
-        if self._bshapes is not None:
+        (positional tensors and lists of tensors) is checked by its leaf count and total
+        number of elements alone, without building a signature: with equal totals, a
+        tensor of another shape makes the copy into staging fail (a smaller one that would
+        broadcast forces a larger one elsewhere, which cannot), so the caller gets an
+        error, never a wrong answer. Dtypes are converted to the example's by that copy.
+        Other queries go through :meth:`_key`."""
+        if self._bnumel:
             T = self.torch.Tensor
             leaves: list[Any] = []
             for a in args:
@@ -180,9 +191,9 @@ class ServedModel:
                     break
             else:
                 try:
-                    if list(map(_shape_of, leaves)) == self._bshapes:
+                    if len(leaves) == self._bcount and sum(map(T.numel, leaves)) == self._bnumel:
                         return leaves
-                except AttributeError:  # a list holding something else than tensors
+                except TypeError:  # a list holding something else than tensors
                     pass
         leaves, _, sig = self._key(args)
         if sig == self._bsig:
@@ -404,6 +415,8 @@ class ServedModel:
         self.closed = True
         if self._batcher is not None:
             self._batcher.close()  # fails the queued requests, finishes the running batches
+        if self._old_switch is not None:
+            sys.setswitchinterval(self._old_switch)
         for w in self._bworkers:
             w.close()
         self._bworkers = []
@@ -439,8 +452,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
           slots_per_group: int | None = None, per_stream_allocator: bool | None = None,
           pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool = False,
           max_batch: int = 32, buckets: Sequence[int] | None = None, max_delay_ms: float = 0.0,
-          max_queue: int = 256, timeout_s: float = 30.0,
-          batch_spec: Sequence[str] | None = None) -> ServedModel:
+          max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
+          switch_interval_ms: float | None = None) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
     ``example_inputs`` is the tuple of positional arguments of one query (host tensors,
@@ -456,6 +469,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     at most ``timeout_s``. How inputs combine is inferred (rows, EmbeddingBag indices and
     offsets) or given by ``batch_spec``, and checked against the eager model; when it does
     not hold, a warning says why and queries are served unbatched (``batching_refused``).
+    ``switch_interval_ms`` sets the interpreter's thread switch interval while served (see
+    :class:`~._serve_batching.BatchingOptions`).
     """
     torch = _torch()
     cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
@@ -466,6 +481,7 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
         device = p.device.index if p is not None and p.is_cuda else torch.cuda.current_device()
     opts = (BatchingOptions(max_batch=max_batch, buckets=tuple(buckets) if buckets else None, max_delay_ms=max_delay_ms,
                             max_queue=max_queue, timeout_s=timeout_s,
-                            batch_spec=tuple(batch_spec) if batch_spec is not None else None) if batching else None)
+                            batch_spec=tuple(batch_spec) if batch_spec is not None else None,
+                            switch_interval_ms=switch_interval_ms) if batching else None)
     return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts)
 

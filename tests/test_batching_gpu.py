@@ -228,3 +228,15 @@ def test_refused_batching_serves_unbatched():
         assert "does not grow by rows" in s.batching_refused
         assert torch.allclose(s(x), x.sum().reshape(1), atol=1e-4)
         assert torch.allclose(s.submit(x).result(10), x.sum().reshape(1), atol=1e-4)
+
+
+def test_other_signature_served_unbatched_and_switch_interval_restored(wdl):
+    q, small = make_query(400), make_query(401, batch=16)
+    before = sys.getswitchinterval()
+    with serve(wdl, q, switch_interval_ms=0.2) as s:
+        assert abs(sys.getswitchinterval() - 0.0002) < 1e-9
+        out = s(*small)  # 16 rows: not the batched signature
+        assert out.shape == (16, 1) and (out - reference(wdl, small)).abs().max() <= 1e-5
+        assert max(s.stats()["batching"]["batch_sizes"] or {0: 0}) <= 1
+        assert (s(*q) - reference(wdl, q)).abs().max() <= 1e-5
+    assert sys.getswitchinterval() == before
