@@ -6,15 +6,16 @@ either gives the served model a :class:`~._batcher.Batcher` over one
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..errors import BadInputError, first_line
+from ..errors import BadInputError, RuntimeCudaError, first_line
 from ._batched import Arena, BatchSetup, buckets_for
 from ._batcher import Batcher
 from ._batchspec import SpecRefused
 
-__all__ = ["BatchingOptions", "start_batching"]
+__all__ = ["BatchingOptions", "start_batching", "BatchedCalls"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +87,75 @@ def batching_stats(batcher: Batcher | None, workers: Sequence[Any], refused: str
             "max_delay_ms": batcher.max_delay_s * 1e3, "queued": batcher.queued,
             "batch_sizes": batcher.stats.sizes(),
             "eager_buckets": {str(k): v for w in workers for k, v in w.eager.items()}}
+
+
+class BatchedCalls:
+    """The served model's batched entry points beside ``__call__``: :meth:`submit`,
+    :meth:`infer`, and how a query is recognized as the batched signature. Mixed into
+    :class:`~.serving.ServedModel` (which provides ``_key``, ``_batcher`` and the rest)."""
+
+    def _batch_leaves(self, args: tuple[Any, ...]) -> list[Any] | None:
+        """The tensor leaves of a query that the batcher takes, else None. The usual query
+        (positional tensors and lists of tensors) is checked by its leaf count and total
+        number of elements alone, without building a signature: with equal totals, a
+        tensor of another shape makes the copy into staging fail (a smaller one that would
+        broadcast forces a larger one elsewhere, which cannot), so the caller gets an
+        error, never a wrong answer. Dtypes are converted to the example's by that copy.
+        Other queries go through :meth:`_key`."""
+        if self._bnumel:
+            T = self.torch.Tensor
+            leaves: list[Any] = []
+            for a in args:
+                t = type(a)
+                if t is T:
+                    leaves.append(a)
+                elif t is list:
+                    leaves.extend(a)
+                else:
+                    break
+            else:
+                try:
+                    if len(leaves) == self._bcount and sum(map(T.numel, leaves)) == self._bnumel:
+                        return leaves
+                except TypeError:  # a list holding something else than tensors
+                    pass
+        leaves, _, sig = self._key(args)
+        if sig == self._bsig:
+            return leaves if self._ball else [leaves[k] for k in self._btensors]
+        return None
+
+    def submit(self, *args: Any) -> Future:
+        """One query as a :class:`concurrent.futures.Future` of its outputs. Batched
+        queries return at once (keep the input tensors unchanged until the future is
+        done); the others run in the calling thread and return a finished future."""
+        if self.closed:
+            raise RuntimeCudaError("this served model is closed")
+        b = self._batcher
+        got = self._batch_leaves(args) if b is not None else None
+        if got is not None:
+            return b.submit(got)
+        fut: Future = Future()
+        try:
+            fut.set_result(self(*args))
+        except BaseException as e:  # noqa: BLE001 - the future carries it
+            fut.set_exception(e)
+        return fut
+
+    async def infer(self, *args: Any) -> Any:
+        """``await served.infer(*tensors)``: one query from an asyncio coroutine; the event
+        loop keeps running while it is served (batched, or unbatched in a worker thread)."""
+        if self.closed:
+            raise RuntimeCudaError("this served model is closed")
+        b = self._batcher
+        got = self._batch_leaves(args) if b is not None else None
+        if got is not None:
+            return await b.infer(got)
+        import asyncio
+
+        return await asyncio.to_thread(self, *args)
+
+    def bucket_gpu_us(self) -> dict[int, float]:
+        """GPU time of one batch per bucket size on group 0, in microseconds (measured
+        alone; {} without batching)."""
+        return self._bworkers[0].gpu_times_us() if self._bworkers else {}
+

@@ -17,7 +17,6 @@ import contextlib
 import sys
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import asdict
 from operator import attrgetter
 from typing import Any, Sequence
@@ -30,7 +29,7 @@ from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED
 from ._serve_entry import graph_copies_inside, has_mem_pool, prepare
-from ._serve_batching import BatchingOptions, batching_stats, start_batching
+from ._serve_batching import BatchedCalls, BatchingOptions, batching_stats, start_batching
 from ._streams import StreamGroup, StreamManager
 
 __all__ = ["serve", "ServedModel", "Request"]
@@ -39,7 +38,7 @@ _dtype_of = attrgetter("dtype")
 _shape_of = attrgetter("shape")
 
 
-class ServedModel:
+class ServedModel(BatchedCalls):
     """A model served by stream groups. Call it from any number of threads with host
     tensors (the same structure as ``example_inputs``); it returns host tensors.
 
@@ -170,36 +169,6 @@ class ServedModel:
             self._specs[key] = spec
         return leaves, spec, self._signature(leaves, spec)
 
-    def _batch_leaves(self, args: tuple[Any, ...]) -> list[Any] | None:
-        """The tensor leaves of a query that the batcher takes, else None. The usual query
-        (positional tensors and lists of tensors) is checked by its leaf count and total
-        number of elements alone, without building a signature: with equal totals, a
-        tensor of another shape makes the copy into staging fail (a smaller one that would
-        broadcast forces a larger one elsewhere, which cannot), so the caller gets an
-        error, never a wrong answer. Dtypes are converted to the example's by that copy.
-        Other queries go through :meth:`_key`."""
-        if self._bnumel:
-            T = self.torch.Tensor
-            leaves: list[Any] = []
-            for a in args:
-                t = type(a)
-                if t is T:
-                    leaves.append(a)
-                elif t is list:
-                    leaves.extend(a)
-                else:
-                    break
-            else:
-                try:
-                    if len(leaves) == self._bcount and sum(map(T.numel, leaves)) == self._bnumel:
-                        return leaves
-                except TypeError:  # a list holding something else than tensors
-                    pass
-        leaves, _, sig = self._key(args)
-        if sig == self._bsig:
-            return leaves if self._ball else [leaves[k] for k in self._btensors]
-        return None
-
     def _signature(self, leaves: Sequence[Any], spec: Any) -> Any:
         T = self.torch.Tensor
         return (spec, tuple((x.dtype, x.shape) if isinstance(x, T) else ("const", type(x).__name__, repr(x))
@@ -233,41 +202,6 @@ class ServedModel:
         finally:
             g._last_done = slot.done_i
             pool.release(i, slot)
-
-    def submit(self, *args: Any) -> Future:
-        """One query as a :class:`concurrent.futures.Future` of its outputs. Batched
-        queries return at once (keep the input tensors unchanged until the future is
-        done); the others run in the calling thread and return a finished future."""
-        if self.closed:
-            raise RuntimeCudaError("this served model is closed")
-        b = self._batcher
-        got = self._batch_leaves(args) if b is not None else None
-        if got is not None:
-            return b.submit(got)
-        fut: Future = Future()
-        try:
-            fut.set_result(self(*args))
-        except BaseException as e:  # noqa: BLE001 - the future carries it
-            fut.set_exception(e)
-        return fut
-
-    async def infer(self, *args: Any) -> Any:
-        """``await served.infer(*tensors)``: one query from an asyncio coroutine; the event
-        loop keeps running while it is served (batched, or unbatched in a worker thread)."""
-        if self.closed:
-            raise RuntimeCudaError("this served model is closed")
-        b = self._batcher
-        got = self._batch_leaves(args) if b is not None else None
-        if got is not None:
-            return await b.infer(got)
-        import asyncio
-
-        return await asyncio.to_thread(self, *args)
-
-    def bucket_gpu_us(self) -> dict[int, float]:
-        """GPU time of one batch per bucket size on group 0, in microseconds (measured
-        alone; {} without batching)."""
-        return self._bworkers[0].gpu_times_us() if self._bworkers else {}
 
     def request(self, *like: Any) -> "Request":
         """A slot to fill in place (zero copy): ``with served.request() as q:`` then write
