@@ -384,8 +384,8 @@ class ServedModel(BatchedCalls):
 def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: bool | None = None,
           graphs: bool | None = None, *, plan: dict[str, Any] | None = None, device: int | None = None,
           slots_per_group: int | None = None, per_stream_allocator: bool | None = None,
-          pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool = False,
-          max_batch: int = 32, buckets: Sequence[int] | None = None, max_delay_ms: float = 0.0,
+          pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool | None = None,
+          max_batch: int | None = None, buckets: Sequence[int] | None = None, max_delay_ms: float | None = None,
           max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
           switch_interval_ms: float | None = None) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
@@ -397,7 +397,7 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     :class:`RuntimeConfig` defaults. The model should be in eval mode: a replayed graph does
     not advance PyTorch's RNG.
 
-    ``batching=True``: concurrent queries of the example's signature coalesce into batches
+    ``batching=True`` (or the plan's ``batching``): concurrent queries of the example's signature coalesce into batches
     of up to ``max_batch`` (a CUDA graph per bucket size per group, ``buckets``), waiting
     at most ``max_delay_ms`` for company (0: never); at most ``max_queue`` wait, each caller
     at most ``timeout_s``. How inputs combine is inferred (rows, EmbeddingBag indices and
@@ -409,13 +409,15 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     torch = _torch()
     cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
                                   slots_per_group=slots_per_group, per_stream_allocator=per_stream_allocator,
-                                  pool_limit_bytes=pool_limit_bytes)
+                                  pool_limit_bytes=pool_limit_bytes, batching=batching, max_batch=max_batch,
+                                  max_delay_ms=max_delay_ms)
     if device is None:
         p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
         device = p.device.index if p is not None and p.is_cuda else torch.cuda.current_device()
-    opts = (BatchingOptions(max_batch=max_batch, buckets=tuple(buckets) if buckets else None, max_delay_ms=max_delay_ms,
+    opts = (BatchingOptions(max_batch=cfg.max_batch, buckets=tuple(buckets) if buckets else None,
+                            max_delay_ms=cfg.max_delay_ms,
                             max_queue=max_queue, timeout_s=timeout_s,
                             batch_spec=tuple(batch_spec) if batch_spec is not None else None,
-                            switch_interval_ms=switch_interval_ms) if batching else None)
+                            switch_interval_ms=switch_interval_ms) if cfg.batching else None)
     return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts)
 

@@ -318,3 +318,26 @@ def test_lone_caller_runs_its_own_request_on_an_idle_group(wdl):
     b.close()
     assert seen[0] == (threading.current_thread(), 1)  # call(): no hand-off
     assert seen[1][0] is not threading.current_thread()  # submit(): a worker thread
+
+
+# ---------------------------------------------------------------------- plan fields
+
+def test_plan_carries_batching():
+    from recsys_doctor.errors import BadInputError
+    from recsys_doctor.plan import Plan
+    from recsys_doctor.runtime import RuntimeConfig
+
+    p = Plan.from_dict({"runtime": {"groups": 4, "batching": True, "max_batch": 16, "max_delay_ms": "0.5"}})
+    assert (p.batching, p.max_batch, p.max_delay_ms) == (True, 16, 0.5)
+    assert p.to_runtime() == {"groups": 4, "merge_streams": True, "per_stream_allocator": True, "cuda_graphs": True,
+                              "batching": True, "max_batch": 16, "max_delay_ms": 0.5}
+    assert Plan.from_dict(p.to_runtime()) == p
+    cfg = RuntimeConfig.from_plan({"dynamic_batching": "on"}, max_batch=8)
+    assert cfg.batching and cfg.max_batch == 8 and cfg.max_delay_ms == 0.0
+    assert not RuntimeConfig().batching  # off unless asked for
+    assert any("batching" in line for line in p.unhonoured("script"))
+    assert any("batching" in line for line in p.unhonoured("train"))
+    assert p.unhonoured("serve") == []
+    for bad in ({"max_batch": 0}, {"max_delay_ms": -1}, {"max_delay_ms": "soon"}, {"batching": "maybe"}):
+        with pytest.raises(BadInputError):
+            Plan.from_dict(bad)
