@@ -15,6 +15,7 @@ Configs:
   runtime_batched_async   serve(batching=True): Q coroutines on one loop, await served.infer
   runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4
   runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
+  runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
 
 Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the window),
 for batched configs the batch sizes seen and ``gpu_busy_est`` (sum over batches of the
@@ -182,16 +183,17 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         batched = "batched" in config
         served = serve(model, queries[0], groups=8 if config.endswith("_g8") or not batched else 4, merge=True, graphs=True, slots_per_group=2,
                        batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
-                       switch_interval_ms=0.2 if config.endswith("_si") else None)
+                       switch_interval_ms=0.2 if config.endswith("_si") else None,
+                       max_delay_ms=0.5 if config.endswith("_d") else 0.0)
     nv, h = _nvml()
     rows = []
     bucket_us = served.bucket_gpu_us() if served is not None else {}
-    fns = None if config == "runtime_batched_async" else _make(config, model, queries, served)
+    fns = None if config.startswith("runtime_batched_async") else _make(config, model, queries, served)
     for q in qs:
         before = dict(served.stats()["batching"].get("batch_sizes", {})) if served is not None else {}
         if nv:
             nv.nvmlDeviceGetUtilizationRates(h)  # start a fresh sampling period
-        if config == "runtime_batched_async":
+        if config.startswith("runtime_batched_async"):
             lat, outs, errors, wall = _async_loop(q, dur, served, queries[:q])
         else:
             lat, outs, errors, wall = _threads_loop(q, dur, fns[:q])
