@@ -215,8 +215,8 @@ class Batcher:
             with self._lock:
                 self._free.append(r.slot)
                 self._borrowed[w] = False
-                if self._room_waiters:
-                    self._room.notify()
+                if self._room_waiters or self.closed:
+                    self._room.notify_all()  # close() waits there for lent groups too
                 if self._q:
                     self._wake_one()
         return out
@@ -287,7 +287,8 @@ class Batcher:
             _complete(live, outs, err)
 
     def close(self, join_s: float = 60.0) -> None:
-        """Fail the queued requests, let running batches finish, join the workers."""
+        """Fail the queued requests, let running batches finish (the workers' and those
+        callers run on lent groups), join the workers."""
         with self._lock:
             if self.closed:
                 return
@@ -298,9 +299,13 @@ class Batcher:
                 cv.notify_all()
             self._room.notify_all()
         _complete(left, None, RuntimeCudaError("this served model was closed before the request ran"))
+        deadline = time.monotonic() + join_s
         for t in self._threads:
             if t is not threading.current_thread():
-                t.join(join_s)
+                t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:  # callers running their own request on a lent group finish first
+            while any(self._borrowed) and time.monotonic() < deadline:
+                self._room.wait(deadline - time.monotonic())
 
 
 def _complete(batch: Sequence[Pending], outs: Sequence[Any] | None, err: BaseException | None) -> None:

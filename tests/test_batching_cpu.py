@@ -341,3 +341,24 @@ def test_plan_carries_batching():
     for bad in ({"max_batch": 0}, {"max_delay_ms": -1}, {"max_delay_ms": "soon"}, {"batching": "maybe"}):
         with pytest.raises(BadInputError):
             Plan.from_dict(bad)
+
+
+def test_close_waits_for_a_caller_running_on_a_lent_group(wdl):
+    s = BatchSetup(wdl, query(0), "cpu")
+    gates = []
+    b = batcher(s, wrap=lambda w: gates.append(Gate(w)) or gates[-1])
+    time.sleep(0.05)  # the worker is asleep: the next call runs on the caller's thread
+    got = []
+    caller = threading.Thread(target=lambda: got.append(b.call(tensors(query(5)))))
+    caller.start()
+    assert gates[0].entered.wait(5)
+    closer = threading.Thread(target=b.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # close() waits for the lent group's batch
+    gates[0].open.set()
+    closer.join(5)
+    caller.join(5)
+    assert not closer.is_alive() and len(got) == 1
+    with torch.no_grad():
+        assert torch.allclose(got[0], wdl(*query(5)), atol=1e-6)
