@@ -43,9 +43,13 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "cuda_graphs": ("cuda_graphs", "graphs", "use_cuda_graphs"),
     "slots_per_group": ("slots_per_group", "slots"),
     "pool_limit_bytes": ("pool_limit_bytes",),
+    "batching": ("batching", "dynamic_batching"),
+    "max_batch": ("max_batch", "max_batch_size"),
+    "max_delay_ms": ("max_delay_ms", "max_queue_delay_ms"),
 }
 _TYPES: dict[str, type] = {"groups": int, "merge_streams": bool, "per_stream_allocator": bool,
-                           "cuda_graphs": bool, "slots_per_group": int, "pool_limit_bytes": int}
+                           "cuda_graphs": bool, "slots_per_group": int, "pool_limit_bytes": int,
+                           "batching": bool, "max_batch": int, "max_delay_ms": float}
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class RuntimeSettings:
     slots_per_group: int = 2
     #: upper limit in bytes on the runtime's device pools together (serving; None: no limit)
     pool_limit_bytes: int | None = None
+    #: dynamic batching of concurrent queries (serving: ``serve(batching=True)``)
+    batching: bool = False
+    #: the largest batch, and how long a free group waits for company (0: never)
+    max_batch: int = 32
+    max_delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
@@ -78,7 +87,12 @@ class RuntimeSettings:
         if self.pool_limit_bytes is not None and (not isinstance(self.pool_limit_bytes, int)
                                                   or self.pool_limit_bytes <= 0):
             raise BadInputError(f"pool_limit_bytes must be a positive integer, got {self.pool_limit_bytes!r}")
-        for f in ("merge_streams", "per_stream_allocator", "cuda_graphs"):
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch < 1:
+            raise BadInputError(f"max_batch must be a positive integer, got {self.max_batch!r}")
+        if not isinstance(self.max_delay_ms, (int, float)) or isinstance(self.max_delay_ms, bool) \
+                or not 0 <= self.max_delay_ms < 10_000:
+            raise BadInputError(f"max_delay_ms must be a number of milliseconds >= 0, got {self.max_delay_ms!r}")
+        for f in ("merge_streams", "per_stream_allocator", "cuda_graphs", "batching"):
             if not isinstance(getattr(self, f), bool):
                 raise BadInputError(f"{f} must be true or false, got {getattr(self, f)!r}")
 
@@ -140,6 +154,8 @@ class Plan(RuntimeSettings):
                              "per_stream_allocator": self.per_stream_allocator, "cuda_graphs": self.cuda_graphs}
         if clients:
             d["slots_per_group"] = max(2, math.ceil(clients / self.groups))
+        if self.batching:
+            d.update(batching=True, max_batch=self.max_batch, max_delay_ms=self.max_delay_ms)
         return d
 
     def runtime_fields(self) -> dict[str, Any]:
@@ -179,12 +195,14 @@ _NOT_APPLIED: dict[str, dict[str, tuple[Any, str]]] = {
         "per_stream_allocator": (True, "the step's tensors come from PyTorch's allocator shared by all branch streams"),
         "slots_per_group": (None, "a training step has no query slots"),
         "pool_limit_bytes": (None, "training uses no runtime pools"),
+        "batching": (True, "a training step is not batched with others"),
     },
     "script": {
         "merge_streams": (False, "the script's copies run on its thread's group stream (merged) whatever the plan says"),
         "per_stream_allocator": (True, "activations come from PyTorch's allocator shared by all groups"),
         "slots_per_group": (None, "each client thread has its group's stream; there are no slots"),
         "pool_limit_bytes": (None, "no runtime pools exist in a plain script"),
+        "batching": (True, "the script hook does not batch concurrent calls"),
     },
 }
 
@@ -199,11 +217,22 @@ def _ranges(v: Any) -> tuple[tuple[str, int], ...]:
         raise BadInputError("plan field range_assignment: assignments must be {nvtx, group} objects") from None
 
 
+def _bad_number(name: str, v: Any) -> Any:
+    raise BadInputError(f"plan field {name}: expected a number, got {v!r}")
+
+
 def _coerce(name: str, v: Any, typ: type) -> Any:
     if isinstance(v, Mapping):  # planner schema 1: {"count": 4, ...} / {"enabled": true, ...}
         v = v.get("count") if "count" in v else v.get("enabled")
         if v is None:
             raise BadInputError(f"plan field {name}: expected 'count' or 'enabled' in it")
+    if typ is float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        try:
+            return float(v) if isinstance(v, str) else _bad_number(name, v)
+        except ValueError:
+            return _bad_number(name, v)
     if typ is bool:
         if isinstance(v, bool):
             return v

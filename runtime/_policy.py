@@ -27,6 +27,8 @@ __all__ = [
     "FairSlotPool",
     "flatten",
     "unflatten",
+    "out_flatten",
+    "out_unflatten",
     "input_signature",
     "pack_layout",
     "PackedLayout",
@@ -223,6 +225,22 @@ def unflatten(leaves: Sequence[Any], spec: Any) -> Any:
     if rest:
         raise BadInputError(f"{len(rest)} leaves left over when rebuilding the structure")
     return out
+
+
+def out_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """A model output's leaves and spec by PyTorch's maintained pytree
+    (``torch.utils._pytree``): namedtuples, dict key order and any key types come back
+    exactly as the model returned them (:func:`flatten` sorts dict keys, for input keys)."""
+    from torch.utils._pytree import tree_flatten
+
+    return tree_flatten(tree)
+
+
+def out_unflatten(leaves: Sequence[Any], spec: Any) -> Any:
+    """Inverse of :func:`out_flatten`."""
+    from torch.utils._pytree import tree_unflatten
+
+    return tree_unflatten(list(leaves), spec)
 
 
 def _is_array(x: Any) -> bool:

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from ..errors import BadInputError
 from ..errors import first_line as _first_line
 from ._cuda import check, ensure_context
-from ._policy import flatten, pack_layout, unflatten
+from ._policy import pack_layout, unflatten
+from ._policy import out_flatten, out_unflatten
 from ._streams import HostBuffer, StreamGroup, _driver
 
 #: CUDA graph captures are serialized process-wide: two captures at once in thread-local
@@ -149,7 +150,7 @@ def _stage_outputs(sm: Any, g: StreamGroup, e: Entry, outs: Sequence[Any]) -> No
     e.dev_out = g.allocate(olay.nbytes)
     e.host_out_views = _views(torch.frombuffer(e.pinned_out.ctypes_view, dtype=torch.uint8), olay, e.out_shapes)
     e.dev_out_views = _views(torch.as_tensor(e.dev_out, device=sm.device), olay, e.out_shapes)
-    e.outputs = unflatten(list(e.host_out_views), e.out_spec)
+    e.outputs = out_unflatten(list(e.host_out_views), e.out_spec)
 
 
 def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any], spec: Any) -> Entry:
@@ -165,7 +166,7 @@ def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any],
         check(_driver().cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync")
         ext = sm._ext[g.index]
         with torch.cuda.stream(ext), torch.no_grad(), sm._activations(g, slot):
-            outs, e.out_spec = flatten(sm.model(*e.dev_args), sm._is_tensor)
+            outs, e.out_spec = out_flatten(sm.model(*e.dev_args))
         _stage_outputs(sm, g, e, outs)
         del outs
         ext.synchronize()
@@ -213,7 +214,7 @@ def _captured_query(sm: Any, g: StreamGroup, e: Entry) -> None:
     copies = g.merge and sm.copies_in_graph
     if copies:
         check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync (captured)")
-    outs, _ = flatten(sm.model(*e.dev_args), sm._is_tensor)
+    outs, _ = out_flatten(sm.model(*e.dev_args))
     if [(o.dtype, tuple(o.shape)) for o in outs] != e.out_shapes:
         raise BadInputError("output shapes differ between runs with equal input shapes")
     for dv, o in zip(e.dev_out_views, outs):

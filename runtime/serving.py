@@ -14,6 +14,7 @@ staging itself. How a slot is prepared and captured: :mod:`._serve_entry`.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import asdict
@@ -23,11 +24,12 @@ from typing import Any, Sequence
 from ..errors import RuntimeCudaError
 from ._cuda import ensure_context
 from ._cuda import torch_module as _torch
-from ._policy import RuntimeConfig, flatten, unflatten
+from ._policy import RuntimeConfig, flatten, out_flatten, out_unflatten
 from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED
 from ._serve_entry import graph_copies_inside, has_mem_pool, prepare
+from ._serve_batching import BatchedCalls, BatchingOptions, batching_stats, start_batching
 from ._streams import StreamGroup, StreamManager
 
 __all__ = ["serve", "ServedModel", "Request"]
@@ -36,7 +38,7 @@ _dtype_of = attrgetter("dtype")
 _shape_of = attrgetter("shape")
 
 
-class ServedModel:
+class ServedModel(BatchedCalls):
     """A model served by stream groups. Call it from any number of threads with host
     tensors (the same structure as ``example_inputs``); it returns host tensors.
 
@@ -51,7 +53,7 @@ class ServedModel:
     synchronous = True
 
     def __init__(self, model: Any, example_inputs: Any, config: RuntimeConfig, device: int,
-                 max_signatures: int = 16) -> None:
+                 max_signatures: int = 16, batching: BatchingOptions | None = None) -> None:
         torch = _torch()
         self.torch = torch
         self.model = model
@@ -100,6 +102,12 @@ class ServedModel:
         self._failed_graphs: list[Any] = []
         self._lock = threading.Lock()
         self.closed = False
+        self._batcher: Any = None
+        self._bnumel = 0
+        self._old_switch: float | None = None
+        self._bworkers: list[Any] = []
+        #: why batching was refused (None: on, or not asked for)
+        self.batching_refused: str | None = None
         # prepare (and capture) every slot of every group for the example signature now,
         # so that client threads never pay a capture for the expected shape
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -110,6 +118,18 @@ class ServedModel:
             for g in self.manager.groups:
                 for slot in g.slots:
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
+            if batching is not None:
+                self._batcher, self._bworkers, self.batching_refused = start_batching(self, args, batching)
+                if self._batcher is not None and batching.switch_interval_ms:
+                    self._old_switch = sys.getswitchinterval()
+                    sys.setswitchinterval(batching.switch_interval_ms / 1e3)
+                self._bsig = sig
+                self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+                self._ball = len(self._btensors) == len(leaves)
+                # the batched call's check: leaf count and total elements (the copy into
+                # staging refuses any other shape whose total matches: see _batch_leaves)
+                self._bcount = len(leaves)
+                self._bnumel = sum(x.numel() for x in leaves) if self._ball and self._batcher else 0
         except BaseException:
             self.close()
             raise
@@ -162,6 +182,11 @@ class ServedModel:
         outputs."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
+        b = self._batcher
+        if b is not None:
+            got = self._batch_leaves(args)
+            if got is not None:
+                return b.call(got)
         leaves, spec, sig = self._key(args)
         pool = self._pool
         # a free slot of the least-loaded group, or the oldest waiter's turn (FIFO)
@@ -173,7 +198,7 @@ class ServedModel:
             raw = self._execute(g, slot, entry)
             if raw is not _STAGED:
                 return raw
-            return unflatten([v.clone() for v in entry.host_out_views], entry.out_spec)
+            return out_unflatten([v.clone() for v in entry.host_out_views], entry.out_spec)
         finally:
             g._last_done = slot.done_i
             pool.release(i, slot)
@@ -266,7 +291,7 @@ class ServedModel:
         torch = self.torch
         with torch.cuda.stream(self._ext[g.index]), torch.no_grad(), self._activations(g, slot):
             raw = self.model(*entry.dev_args)
-            outs, _ = flatten(raw, self._is_tensor)
+            outs, _ = out_flatten(raw)
             if [(o.dtype, tuple(o.shape)) for o in outs] != entry.out_shapes:
                 return raw
             for dv, o in zip(entry.dev_out_views, outs):
@@ -275,10 +300,10 @@ class ServedModel:
 
     def _eager_unstaged(self, g: StreamGroup, raw: Any) -> Any:
         torch = self.torch
-        leaves, spec = flatten(raw, self._is_tensor)
+        leaves, spec = out_flatten(raw)
         with torch.cuda.stream(self._ext[g.index]):
             host = [x.to("cpu") if isinstance(x, torch.Tensor) else x for x in leaves]  # synchronous
-        return unflatten(host, spec)
+        return out_unflatten(host, spec)
 
     # -- preparing a slot for a signature --------------------------------------------------
     # -- bookkeeping -----------------------------------------------------------------------
@@ -294,7 +319,8 @@ class ServedModel:
         return {"config": asdict(self.config), "groups": groups, "pools": self.manager.pool_stats(),
                 "activation_pool": self.activation_pool, "activation_pool_bytes": self._activation_bytes(),
                 "driver_path": self._fp.source, "copies_in_graph": self.copies_in_graph,
-                "fallbacks": dict(self.fallbacks)}
+                "fallbacks": dict(self.fallbacks),
+                "batching": batching_stats(self._batcher, self._bworkers, self.batching_refused)}
 
     def _activation_bytes(self) -> list[int] | None:
         """Bytes reserved in each group's activation pools (None: pools are shared)."""
@@ -321,6 +347,13 @@ class ServedModel:
         if self.closed:
             return
         self.closed = True
+        if self._batcher is not None:
+            self._batcher.close()  # fails the queued requests, finishes the running batches
+        if self._old_switch is not None:
+            sys.setswitchinterval(self._old_switch)
+        for w in self._bworkers:
+            w.close()
+        self._bworkers = []
         try:
             self.manager.synchronize()
         finally:
@@ -351,7 +384,10 @@ class ServedModel:
 def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: bool | None = None,
           graphs: bool | None = None, *, plan: dict[str, Any] | None = None, device: int | None = None,
           slots_per_group: int | None = None, per_stream_allocator: bool | None = None,
-          pool_limit_bytes: int | None = None, max_signatures: int = 16) -> ServedModel:
+          pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool | None = None,
+          max_batch: int | None = None, buckets: Sequence[int] | None = None, max_delay_ms: float | None = None,
+          max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
+          switch_interval_ms: float | None = None) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
     ``example_inputs`` is the tuple of positional arguments of one query (host tensors,
@@ -360,13 +396,28 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     Settings come from the arguments, else from ``plan`` (``advise``'s plan dict), else the
     :class:`RuntimeConfig` defaults. The model should be in eval mode: a replayed graph does
     not advance PyTorch's RNG.
+
+    ``batching=True`` (or the plan's ``batching``): concurrent queries of the example's signature coalesce into batches
+    of up to ``max_batch`` (a CUDA graph per bucket size per group, ``buckets``), waiting
+    at most ``max_delay_ms`` for company (0: never); at most ``max_queue`` wait, each caller
+    at most ``timeout_s``. How inputs combine is inferred (rows, EmbeddingBag indices and
+    offsets) or given by ``batch_spec``, and checked against the eager model; when it does
+    not hold, a warning says why and queries are served unbatched (``batching_refused``).
+    ``switch_interval_ms`` sets the interpreter's thread switch interval while served (see
+    :class:`~._serve_batching.BatchingOptions`).
     """
     torch = _torch()
     cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
                                   slots_per_group=slots_per_group, per_stream_allocator=per_stream_allocator,
-                                  pool_limit_bytes=pool_limit_bytes)
+                                  pool_limit_bytes=pool_limit_bytes, batching=batching, max_batch=max_batch,
+                                  max_delay_ms=max_delay_ms)
     if device is None:
         p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
         device = p.device.index if p is not None and p.is_cuda else torch.cuda.current_device()
-    return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures)
+    opts = (BatchingOptions(max_batch=cfg.max_batch, buckets=tuple(buckets) if buckets else None,
+                            max_delay_ms=cfg.max_delay_ms,
+                            max_queue=max_queue, timeout_s=timeout_s,
+                            batch_spec=tuple(batch_spec) if batch_spec is not None else None,
+                            switch_interval_ms=switch_interval_ms) if cfg.batching else None)
+    return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts)
 

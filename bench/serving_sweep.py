@@ -1,0 +1,296 @@
+"""Serving sweep (issue 24): Q = 1 ... 128 closed-loop clients of the wide&deep model of
+``examples/wdl_serving.py`` (vocab 100k, 256 rows a query) through every way to serve it,
+in one run. Each configuration runs in its own process, all Q values in a row; every
+request's output is kept and checked against the eager model after the window
+(``max_abs_err`` is over every request, not the last).
+
+Configs:
+  eager                   eager PyTorch, one shared stream, per-tensor copies
+  handroll_prepacked      a CUDA graph + stream per client thread, inputs pre-packed in one
+                          pinned buffer (bench/serve_anchors.py's graph_prepacked)
+  runtime_call            serve(groups=8): served(*tensors), unbatched
+  runtime_request         serve(groups=8): request().load(packed) / run(), unbatched
+  runtime_batched_call    serve(batching=True): served(*tensors)
+  runtime_batched_submit  serve(batching=True): served.submit(*tensors).result()
+  runtime_batched_async   serve(batching=True): Q coroutines on one loop, await served.infer
+  runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4
+  runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
+  runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
+
+Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the window),
+for batched configs the batch sizes seen and ``gpu_busy_est`` (sum over batches of the
+bucket's measured GPU time / wall), and per-bucket GPU time (``bucket_gpu_us``).
+
+    python bench/serving_sweep.py                          # bench/results/serving_sweep_h100.json
+    OUT=dir QS=1,32 CONFIGS=runtime_batched_call DUR=1 python bench/serving_sweep.py
+    python bench/serving_sweep.py --plot results.json out.png
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # > 8 streams (before CUDA starts)
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+CONFIGS = ["eager", "handroll_prepacked", "runtime_call", "runtime_request", "runtime_batched_call",
+           "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si"]
+QS = [1, 4, 8, 16, 32, 64, 128]
+
+
+def _nvml():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001 - the column is then None
+        return None, None
+
+
+def _threads_loop(q: int, dur: float, fns):
+    """``fns[k]()`` back to back on thread k; per-thread (latency, output) lists."""
+    lat = [[] for _ in range(q)]
+    outs = [[] for _ in range(q)]
+    errors: list[str] = []
+    stop = [0.0]
+    start = [0.0]
+
+    def open_window():
+        start[0] = time.perf_counter()
+        stop[0] = start[0] + dur
+
+    ready = threading.Barrier(q + 1, action=open_window)
+
+    def loop(k):
+        fn, mine, got, pc = fns[k], lat[k], outs[k], time.perf_counter
+        try:
+            for _ in range(3):
+                fn()
+            ready.wait()
+            while True:
+                t0 = pc()
+                if t0 >= stop[0]:
+                    break
+                got.append(fn())
+                mine.append(pc() - t0)
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported in the row
+            errors.append(f"{type(e).__name__}: {e}".splitlines()[0])
+            ready.abort()
+
+    ths = [threading.Thread(target=loop, args=(k,)) for k in range(q)]
+    for t in ths:
+        t.start()
+    try:
+        ready.wait()
+    except threading.BrokenBarrierError:
+        pass
+    for t in ths:
+        t.join()
+    return lat, outs, errors, time.perf_counter() - start[0]
+
+
+def _async_loop(q: int, dur: float, served, queries):
+    lat = [[] for _ in range(q)]
+    outs = [[] for _ in range(q)]
+
+    async def client(k, stop):
+        a, mine, got, pc = queries[k], lat[k], outs[k], time.perf_counter
+        while True:
+            t0 = pc()
+            if t0 >= stop:
+                break
+            got.append(await served.infer(*a))
+            mine.append(pc() - t0)
+
+    async def main():
+        await asyncio.gather(*[served.infer(*queries[k]) for k in range(q)])
+        t0 = time.perf_counter()
+        await asyncio.gather(*[client(k, t0 + dur) for k in range(q)])
+        return time.perf_counter() - t0
+
+    wall = asyncio.run(main())
+    return lat, outs, [], wall
+
+
+def _make(config: str, model, queries, served):
+    import torch
+    from serve_anchors import _flat, _graph_client
+
+    if config == "eager":
+        s = torch.cuda.Stream()
+
+        def mk(a):
+            def fn():
+                with torch.cuda.stream(s), torch.no_grad():
+                    out = model(a[0].to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in a[1]],
+                                a[2].to("cuda", non_blocking=True))
+                    h = out.to("cpu", non_blocking=True)
+                    s.synchronize()
+                return h
+            return fn
+        return [mk(a) for a in queries]
+    if config == "handroll_prepacked":
+        return [_graph_client(model, a, "graph_prepacked") for a in queries]
+    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si"):
+        return [(lambda a=a: served(*a)) for a in queries]
+    if config == "runtime_batched_submit":
+        return [(lambda a=a: served.submit(*a).result()) for a in queries]
+    if config == "runtime_request":
+        packed = []
+        with served.request() as r:
+            for a in queries:
+                for dst, src in zip(_flat(r.inputs), _flat(a)):
+                    dst.copy_(src)
+                packed.append(r.buffer.clone())
+
+        def per_query(buf):
+            def fn():
+                with served.request() as r:
+                    r.load(buf)
+                    return r.run().clone()
+            return fn
+        return [per_query(b) for b in packed]
+    raise SystemExit(f"unknown config {config}")
+
+
+def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
+    import torch
+    from serve_anchors import BATCH, VOCAB, _queries
+    from wdl_serving import WideDeep
+
+    torch.manual_seed(0)
+    model = WideDeep(VOCAB).cuda().eval()
+    queries = _queries(max(qs))
+    with torch.no_grad():
+        ref = [model(a[0].cuda(), [t.cuda() for t in a[1]], a[2].cuda()).cpu() for a in queries]
+    torch.cuda.synchronize()
+    served = None
+    if config.startswith("runtime"):
+        from recsys_doctor.runtime import serve
+
+        batched = "batched" in config
+        served = serve(model, queries[0], groups=8 if config.endswith("_g8") or not batched else 4, merge=True, graphs=True, slots_per_group=2,
+                       batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
+                       switch_interval_ms=0.2 if config.endswith("_si") else None,
+                       max_delay_ms=0.5 if config.endswith("_d") else 0.0)
+    nv, h = _nvml()
+    rows = []
+    bucket_us = served.bucket_gpu_us() if served is not None else {}
+    fns = None if config.startswith("runtime_batched_async") else _make(config, model, queries, served)
+    for q in qs:
+        before = dict(served.stats()["batching"].get("batch_sizes", {})) if served is not None else {}
+        if nv:
+            nv.nvmlDeviceGetUtilizationRates(h)  # start a fresh sampling period
+        if config.startswith("runtime_batched_async"):
+            lat, outs, errors, wall = _async_loop(q, dur, served, queries[:q])
+        else:
+            lat, outs, errors, wall = _threads_loop(q, dur, fns[:q])
+        util = nv.nvmlDeviceGetUtilizationRates(h).gpu / 100 if nv else None
+        row = {"config": config, "Q": q, "errors": errors[:3], "gpu_busy_share": util}
+        all_l = sorted(x for r in lat for x in r)
+        n = len(all_l)
+        if n:
+            row.update(queries=n, qps=round(n / wall, 1), p50_ms=round(all_l[n // 2] * 1e3, 3),
+                       p99_ms=round(all_l[min(n - 1, int(n * 0.99))] * 1e3, 3))
+        errs = [float((torch.stack(o).float() - ref[k]).abs().max()) for k, o in enumerate(outs) if o]
+        row["max_abs_err"] = max(errs) if errs else None
+        row["checked"] = sum(len(o) for o in outs)
+        if served is not None and served._batcher is not None:
+            after = served.stats()["batching"]["batch_sizes"]
+            sizes = {int(s): c - before.get(s, 0) for s, c in after.items() if c - before.get(s, 0)}
+            table = served._bworkers[0].table
+            row["batch_sizes"] = sizes
+            row["gpu_busy_est"] = round(sum(c * bucket_us[table[s]] for s, c in sizes.items()) / 1e6 / wall, 3)
+        rows.append(row)
+        print("ROW " + json.dumps(row), flush=True)
+    if served is not None:
+        info = {"config": config, "bucket_gpu_us": bucket_us, "stats": served.stats()["batching"]}
+        print("INFO " + json.dumps(info, default=str), flush=True)
+        served.close()
+    return rows
+
+
+def _env() -> dict:
+    from serve_anchors import _env as env
+
+    e = env()
+    e["CUDA_DEVICE_MAX_CONNECTIONS"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    return e
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--plot":
+        plot(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        run_config(sys.argv[2], [int(x) for x in sys.argv[3].split(",")], float(sys.argv[4]))
+        return
+    qs = os.environ.get("QS", ",".join(map(str, QS)))
+    dur = os.environ.get("DUR", "1.5")
+    out = Path(os.environ.get("OUT", HERE / "results"))
+    out.mkdir(parents=True, exist_ok=True)
+    env, rows, infos = _env(), [], []
+    for c in os.environ.get("CONFIGS", ",".join(CONFIGS)).split(","):
+        t0 = time.time()
+        try:
+            p = subprocess.run([sys.executable, __file__, "--one", c, qs, dur], capture_output=True, text=True,
+                               timeout=float(os.environ.get("CONFIG_TIMEOUT", "200")))
+            got = [json.loads(x[4:]) for x in p.stdout.splitlines() if x.startswith("ROW ")]
+            infos += [json.loads(x[5:]) for x in p.stdout.splitlines() if x.startswith("INFO ")]
+            if p.returncode:
+                got.append({"config": c, "Q": None, "errors": [f"exit {p.returncode}: " + p.stderr.strip()[-400:]]})
+        except subprocess.TimeoutExpired as e:
+            got = [json.loads(x[4:]) for x in (e.stdout or b"").decode().splitlines() if x.startswith("ROW ")]
+            got.append({"config": c, "Q": None, "errors": ["timed out"]})
+        for r in got:
+            r.update({k: env.get(k) for k in ("gpu", "driver", "torch", "cuda")})
+            print(json.dumps({k: r.get(k) for k in ("config", "Q", "qps", "p50_ms", "p99_ms", "max_abs_err",
+                                                     "gpu_busy_share", "gpu_busy_est", "batch_sizes", "errors")}),
+                  flush=True)
+        rows += got
+        print(f"# {c}: {time.time() - t0:.0f} s", flush=True)
+    name = os.environ.get("NAME", "serving_sweep_h100.json")
+    (out / name).write_text(json.dumps(rows, indent=1) + "\n")
+    (out / name.replace(".json", "_info.json")).write_text(json.dumps({"env": env, "configs": infos}, indent=1) + "\n")
+    plot(rows, out / name.replace(".json", ".png"))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for c in dict.fromkeys(r["config"] for r in rows):
+        pts = sorted((r["Q"], r["qps"], r["p99_ms"]) for r in rows if r["config"] == c and r.get("qps"))
+        if pts:
+            a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=c)
+            a2.plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=c)
+    for ax, t in ((a1, "queries/s"), (a2, "p99 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("client threads Q")
+        ax.set_ylabel(t)
+        ax.grid(alpha=0.3)
+    a2.set_yscale("log")
+    a1.legend(fontsize=8)
+    gpu = next((r.get("gpu") for r in rows if r.get("gpu")), "")
+    fig.suptitle(f"wide&deep serving sweep, {gpu}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
