@@ -27,7 +27,7 @@ from markupsafe import Markup
 
 from ..errors import BadInputError
 from .._format import fixed, fmt, pct
-from ._common import by_severity, clock_s, headline, kernel_label, summary_rows, trace_name
+from ._common import by_severity, clock_s, headline, kernel_label, report_kernel_labels, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,6 +101,7 @@ def render_html(result: "AdviseResult", history_rows: Sequence[Mapping[str, Any]
         name=trace_name(result), info=info, window=window_text(info), big=big, why=why,
         hero_class={"high": "bad", "medium": "warn"}.get(v.get("severity") or "", ""),
         summary=summary_rows(result.summary or {}, result.analyses), findings=by_severity(result),
+        labels=report_kernel_labels(result.findings),
         plots=plots.report_plots(result, options=options), plan=result.plan,
         history=history, trend_png=plots.plot_history_trend(history_rows) if history_rows else None,
         version=__version__, generated=datetime.now(timezone.utc).isoformat(timespec="seconds"))

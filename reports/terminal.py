@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._format import NAME_WIDTH, duration_ns, fmt_value, shorten
-from ._common import clock_s, evidence_label, kernel_label
+from ._common import clock_s, evidence_label, kernel_label, report_kernel_labels
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
@@ -76,7 +76,7 @@ def _summary_table(res: "AdviseResult") -> Table:
     return tab
 
 
-def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
+def _rows_text(rows: list[dict[str, Any]], limit: int = 5, labels: dict[str, str] | None = None) -> Text:
     """Evidence rows (worst kernels, streams, regions), one per line: the name first,
     shortened, then its numbers. Lines wrap cleanly at any terminal width."""
     t = Text()
@@ -88,7 +88,8 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
             if isinstance(v, (dict, list)):
                 continue
             if k in ("name", "kernel"):
-                t.append(kernel_label(v, 70) + "  ", style="bold")
+                t.append((labels or {}).get(v) or kernel_label(v, 70), style="bold")
+                t.append("  ")
             elif k in ("nvtx", "stream", "thread", "region", "sequence"):
                 t.append(shorten(str(v), 70) + "  ", style="bold")
             else:
@@ -99,7 +100,7 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
     return t
 
 
-def _finding_panel(f: Any) -> Panel:
+def _finding_panel(f: Any, labels: dict[str, str] | None = None) -> Panel:
     style = _SEV_STYLE.get(f.severity, "")
     body = Table.grid(padding=(0, 1))
     body.add_column(style="dim", no_wrap=True)
@@ -113,7 +114,7 @@ def _finding_panel(f: Any) -> Panel:
     body.add_row("evidence", Text(ev))
     for k, v in f.evidence.items():
         if isinstance(v, list) and v and isinstance(v[0], dict):
-            body.add_row(k.replace("_", " "), _rows_text(v))
+            body.add_row(k.replace("_", " "), _rows_text(v, labels=labels))
     if f.where:
         body.add_row("where", _where_text(f.where))
     if getattr(f, "examples", None):
@@ -211,7 +212,8 @@ def render_terminal(res: "AdviseResult", console: Console | None = None) -> None
     else:
         counts = {s: sum(1 for f in res.findings if f.severity == s) for s in ("high", "medium", "low", "note")}
         console.print(Text("Findings: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), style="bold"))
-        console.print(Group(*[_finding_panel(f) for f in res.findings]))
+        labels = report_kernel_labels(res.findings)
+        console.print(Group(*[_finding_panel(f, labels) for f in res.findings]))
     if res.plan:
         console.print(_plan_table(res.plan))
         for note in res.plan.get("notes", []) or []:
