@@ -16,8 +16,9 @@ from .._fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from . import (graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity, short_kernels, small_grid,
-               stream_contention, sync_api, utilization)
+from . import (embedding_bound, graph_candidate, input_stall, kernel_mix, launch_bound, memcpy_ping_pong,
+               no_gpu_activity, optimizer_unfused, short_kernels, small_grid, stream_contention, stream_overlap,
+               sync_api, utilization)
 
 __all__ = ["ANALYZERS", "run_all", "summarize_and_run_all"]
 
@@ -34,12 +35,18 @@ ANALYZERS: dict[str, Analyzer] = {
     "sync-api": sync_api.analyze,
     "small-grid": small_grid.analyze,
     "graph-candidate": graph_candidate.analyze,
+    "embedding-bound": embedding_bound.analyze,
+    "optimizer-unfused": optimizer_unfused.analyze,
+    "input-stall": input_stall.analyze,
+    "streams-never-overlap": stream_overlap.analyze,
+    "kernel-mix": kernel_mix.analyze,
 }
 
 
 #: the order in which two processes take the analyzers: the usually longest first
 PARALLEL_ORDER = ("graph-candidate", "stream-contention", "short-kernels", "sync-api", "launch-bound",
-                  "memcpy-ping-pong", "small-grid", "utilization", "no-gpu-activity")
+                  "memcpy-ping-pong", "small-grid", "embedding-bound", "optimizer-unfused", "streams-never-overlap",
+                  "kernel-mix", "input-stall", "utilization", "no-gpu-activity")
 
 
 def run_all(trace: Trace, options: Options | None = None,

@@ -106,7 +106,7 @@ def _finding_panel(f: Any, labels: dict[str, str] | None = None) -> Panel:
     body.add_column(style="dim", no_wrap=True)
     body.add_column()
     body.add_row("", Text(f.title, style="bold"))
-    if getattr(f, "recoverable_ns", None) is not None:
+    if getattr(f, "recoverable_ns", None) is not None and (f.recoverable_ns or f.severity != "note"):
         body.add_row("to win", Text(f"up to {duration_ns(f.recoverable_ns)} of GPU time "
                                     f"({(f.recoverable_share or 0) * 100:.1f}% of the steady state)"))
     ev = ", ".join(f"{evidence_label(k)}={fmt_value(k, v)}" for k, v in f.evidence.items()

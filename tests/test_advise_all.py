@@ -14,7 +14,8 @@ from recsys_doctor.cli import main
 ALL = (shared_files("nsys", ("*.sqlite",)) + shared_files("h100", ("*.sqlite", "*.json.gz"))
        + shared_files("kineto", ("*.json", "*.json.gz")))
 FINDING_IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api",
-               "small-grid", "graph-candidate", "no-gpu-activity"}
+               "small-grid", "graph-candidate", "no-gpu-activity", "embedding-bound", "optimizer-unfused",
+               "input-stall", "streams-never-overlap", "copy-kernels", "fp32-gemm"}
 
 
 def _no_constants(name: str):
