@@ -89,7 +89,9 @@ def kernel_where(trace: Trace, rows: np.ndarray, top: int, weights: np.ndarray |
     w = None if weights is None else np.asarray(weights)
     j = launches(trace, ("kernel",))
     if len(j) and len(rows):
-        pos = np.flatnonzero(np.isin(j["row"].to_numpy(np.int64), rows))
+        mask = np.zeros(len(k), dtype=bool)
+        mask[rows] = True
+        pos = np.flatnonzero(mask[j["row"].to_numpy(np.int64)])
         if pos.size:
             js = j.iloc[pos]
             jw = None
@@ -106,15 +108,29 @@ def kernel_where(trace: Trace, rows: np.ndarray, top: int, weights: np.ndarray |
 
 
 def offenders(trace: Trace, rows: np.ndarray, dur: np.ndarray, top: int) -> list[dict]:
-    """The ``top`` kernel names among ``rows`` by total time: name, count, total and median us."""
-    from ._util import r, take_str
+    """The ``top`` kernel names among ``rows`` by total time: name, count, total and median
+    us (summed per category code: no string per row)."""
+    from ._util import r
 
     if not len(rows):
         return []
-    df = pd.DataFrame({"name": take_str(trace.kernels["name"], rows), "dur": dur[rows]})
-    g = df.groupby("name", dropna=False)["dur"].agg(["count", "sum", "median"]).sort_values("sum", ascending=False)
-    return [{"name": None if pd.isna(n) else str(n), "count": int(a["count"]), "total_us": r(a["sum"] / 1000, 3),
-             "median_us": r(a["median"] / 1000, 3)} for n, a in g.head(top).iterrows()]
+    names = trace.kernels["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes, cats = names.cat.codes.to_numpy()[rows].astype(np.int64), names.cat.categories
+    else:
+        codes, cats = pd.factorize(names.to_numpy(object)[rows], use_na_sentinel=True)
+    d = dur[rows]
+    shift = codes + 1  # code -1 (missing name) -> 0
+    count = np.bincount(shift)
+    total = np.bincount(shift, weights=d)
+    out = []
+    for c in np.argsort(-total, kind="stable")[:top]:
+        if not count[c]:
+            break
+        name = None if c == 0 else str(cats[c - 1])
+        out.append({"name": name, "count": int(count[c]), "total_us": r(total[c] / 1000, 3),
+                    "median_us": r(float(np.median(d[shift == c])) / 1000, 3)})
+    return out
 
 
 def iterations(trace: Trace) -> tuple[int | None, str]:

@@ -22,13 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._kernel_classes import EMBEDDING, iterations, kernel_classes, kernel_where, offenders
 from ._ops import launches, op_table, what_is
-from ._recoverable import device_gaps, examples, finish, idle_gaps, report, steady_window
+from ._recoverable import device_gaps, examples, finish, report, steady_starts, steady_window
 from ._util import r, str_contains
 
 __all__ = ["analyze"]
@@ -45,8 +46,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     data = res.data = _evidence(trace, emb, dur, options)
     if not data["embedding_kernels"] or max(data["time_share"] or 0, data["count_share"]) < options.report_min_share:
         return res
-    gaps, between = _gaps_between_lookups(trace, emb, options)
-    idle = gaps["ns"].to_numpy(np.int64)[between] if len(gaps) else np.zeros(0, np.int64)
+    g = _gaps_between_lookups(trace, emb, options)
+    idle = g["ns"].to_numpy(np.int64)
     j = launches(trace, ("kernel",))
     calls = (j["api_end"] - j["api_start"]).to_numpy(np.int64)[emb[j["row"].to_numpy(np.int64)]] if len(j) else []
     cap = float(np.median(calls)) if len(calls) else options.short_gap_us * 1000
@@ -67,8 +68,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             "(TorchRec/HugeCTR unique-id dedup); cache hot rows in GPU memory (FBGEMM UVM caching, "
             "HugeCTR embedding cache) when tables live in host memory."),
         action="fuse the embedding tables into one table-batched lookup (FBGEMM TBE / TorchRec EmbeddingBagCollection)")
-    if between.any():
-        g = gaps[between]
+    if len(g):
         f.examples = examples(trace, start=g["start"], end=g["end"], pid=g["pid"], device=g["device"],
                               stream=g["stream"], what="GPU idle between two embedding lookups",
                               n=options.examples_per_finding)
@@ -97,18 +97,24 @@ def _evidence(trace: Trace, emb: np.ndarray, dur: np.ndarray, options: Options) 
     return data
 
 
-def _gaps_between_lookups(trace: Trace, emb: np.ndarray, options: Options):
-    """The idle gaps (rows of :func:`idle_gaps`) and which of them lie in the steady state
-    between two embedding kernels (the operations just before and just after the gap)."""
-    gaps = idle_gaps(trace, options)
-    if not len(gaps):
-        return gaps, np.zeros(0, dtype=bool)
+def _gaps_between_lookups(trace: Trace, emb: np.ndarray, options: Options) -> pd.DataFrame:
+    """The steady-state idle gaps that lie between two embedding kernels (the operations
+    just before and just after the gap): ``start, end, ns, pid, device, stream``."""
     ops = op_table(trace)
+    parts = device_gaps(trace)
+    cols = ("start", "end", "ns", "pid", "device", "stream")
+    if not parts or not len(ops):
+        return pd.DataFrame({c: np.zeros(0, np.int64) for c in cols})
     is_emb = np.zeros(len(ops), dtype=bool)
     kern = what_is(ops, "kernel")
     is_emb[kern] = emb[ops["row"].to_numpy(np.int64)[kern]]
-    parts = device_gaps(trace)
+    st = steady_starts(trace, options)
     after = np.concatenate([g.order[g.ends_gap] for g in parts])
     before = np.concatenate([g.order[g.ends_gap - 1] for g in parts])
-    between = is_emb[after] & is_emb[before] & gaps["steady"].to_numpy(bool)
-    return gaps, between
+    start = np.concatenate([g.gap_start for g in parts])
+    steady = start >= np.concatenate([np.full(g.ends_gap.size, st.get(g.device, 0), np.int64) for g in parts])
+    sel = np.flatnonzero(is_emb[after] & is_emb[before] & steady)
+    at = after[sel]
+    return pd.DataFrame({"start": start[sel], "end": ops["start"].to_numpy(np.int64)[at],
+                         "ns": np.concatenate([g.gap for g in parts])[sel], "pid": ops["pid"].to_numpy(np.int64)[at],
+                         "device": ops["device"].to_numpy(np.int64)[at], "stream": ops["stream"].to_numpy(np.int64)[at]})

@@ -65,7 +65,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
 def _per_device(trace: Trace, options: Options) -> list[dict[str, Any]]:
     """Per (process, device) with kernels (or graph executions) on two or more streams: each stream's busy
     time, the device's busy time and the overlap between streams."""
-    k = op_table(trace, ("kernel", "graph"))
+    k = trace.kernels if not len(trace.graphs) else op_table(trace, ("kernel", "graph"))
     codes, keys = group_codes(k["pid"].to_numpy(np.int64), k["device"].to_numpy(np.int64),
                               k["stream"].to_numpy(np.int64))
     order = code_order(codes, len(keys))
