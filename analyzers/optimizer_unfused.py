@@ -6,7 +6,8 @@ over the parameters (``foreach=False``: several tiny kernels per parameter and p
 ``aten::add_``/``mul_``/``addcdiv_`` under ``Optimizer.step#*``), foreach
 (``torch._foreach_*``: one ``multi_tensor_apply_kernel`` per op over all parameters,
 still one pass over memory per op), fused (``fused=True``, apex, FBGEMM's optimizer in
-TBE: one pass). Which one the trace shows is decided from the kernels launched inside
+TBE: one pass). Only elementwise ``torch.optim`` optimizers (:data:`ELEMENTWISE`) are
+judged; communication kernels never count as optimizer kernels. Which one the trace shows is decided from the kernels launched inside
 the ``Optimizer.step#<Class>.step`` ranges (where the trace has them) and from the kernel
 names (``multi_tensor_apply``, ``Fused*``). Reported (for per-parameter and foreach
 steps) when the optimizer's kernels reach ``Options.report_min_share`` of kernel time or
@@ -30,7 +31,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import enclosing_range
 from ._cpu_ranges import gpu_idle_within, profiler_steps, ranges_matching
-from ._kernel_classes import OPT_FOREACH, OPT_FUSED, kernel_classes, kernel_where, offenders
+from ._kernel_classes import COMM, OPT_FOREACH, OPT_FUSED, kernel_classes, kernel_where, offenders
 from ._ops import launches
 from ._recoverable import examples, finish, report, steady_starts, steady_window
 from ._util import r, take_str
@@ -38,6 +39,11 @@ from ._util import r, take_str
 __all__ = ["analyze"]
 
 _STEP = r"^Optimizer\.step#"
+#: torch.optim classes whose update is elementwise, so that foreach and fused forms exist
+#: (fused: Adam, AdamW, SGD, Adagrad); a step of another optimizer (Shampoo, an EMA
+#: wrapper, a custom one) is measured but not judged
+ELEMENTWISE = {"Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop",
+               "SparseAdam", "LAMB", "Lamb", "Lion"}
 _NEXT = {"per-parameter": "foreach=True (or straight to fused=True)", "foreach": "fused=True"}
 
 
@@ -51,9 +57,13 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     dur = (k["end"] - k["start"]).to_numpy(np.int64)
     steps = ranges_matching(trace, _STEP)
     in_step = _launched_in(trace, steps)
-    opt = in_step | (cls == OPT_FOREACH) | (cls == OPT_FUSED)
+    opt = (in_step | (cls == OPT_FOREACH) | (cls == OPT_FUSED)) & (cls != COMM)
     data = res.data = _evidence(trace, cls, dur, opt, steps, options)
     if not opt.any() or data["kind"] == "fused":
+        return res
+    unknown = sorted(set(data.get("optimizer", "").split(", ")) - ELEMENTWISE - {""})
+    if unknown:
+        data["not_judged"] = f"{', '.join(unknown)}: not an elementwise torch.optim optimizer"
         return res
     share = max(data["gpu_time_share"] or 0, data.get("cpu_share_of_step") or 0)
     if share < options.report_min_share:

@@ -255,3 +255,15 @@ def test_no_recsys_finding_where_there_is_no_such_work(shared_traces):
     f = _findings(shared_traces / "h100" / "torch_matmul_2threads_h100.sqlite")
     for fid in ("embedding-bound", "optimizer-unfused", "input-stall", "streams-never-overlap", "copy-kernels"):
         assert fid not in f
+
+
+def test_optimizer_not_judged_for_shampoo_and_comm_not_counted(shared_traces):
+    """HTA's sampled rank steps Shampoo (under an EMA wrapper), whose step holds NCCL
+    sends: no foreach/fused remedy exists for it, and NCCL is never an optimizer kernel."""
+    path = next((shared_traces / "kineto").glob("*timeline_analysis__sampled_rank-0*"))
+    ev = _events(path)
+    steps = {e["name"] for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")}
+    assert any("Shampoo" in s for s in steps)
+    res = next(r for r in run_all(load(path), Options()) if r.name == "optimizer-unfused")
+    assert not res.findings and "Shampoo" in res.data["not_judged"]
+    assert not any("nccl" in (o["name"] or "").lower() for o in res.data["offenders"])
