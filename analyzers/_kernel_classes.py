@@ -80,10 +80,11 @@ def kernel_classes(trace: Trace) -> np.ndarray:
 
 def kernel_where(trace: Trace, rows: np.ndarray, top: int, weights: np.ndarray | None = None) -> list[dict]:
     """``where`` of some kernels (``rows`` of ``trace.kernels``): the code regions (NVTX,
-    ``record_function``) open on the launching thread, else the aten op, else the stream."""
+    ``record_function``) open on the launching thread, else the aten op, else the
+    launching thread, else (no launch calls in the trace) the stream."""
     from ._attribution import any_region, attribute, where_shares
     from ._ops import launches
-    from ._util import stream_label_codes
+    from ._util import stream_label_codes, thread_label_codes
 
     k = trace.kernels
     w = None if weights is None else np.asarray(weights)
@@ -103,6 +104,7 @@ def kernel_where(trace: Trace, rows: np.ndarray, top: int, weights: np.ndarray |
                 reg = attribute(trace, js["pid"], js["tid"], js["api_start"], cpu_ops=cpu_ops)
                 if any_region(reg):
                     return where_shares(reg, jw, key=key, top=top)
+            return where_shares(thread_label_codes(trace, js["pid"], js["tid"]), jw, key="thread", top=top)
     return where_shares(stream_label_codes(k["pid"].to_numpy()[rows], k["device"].to_numpy()[rows],
                                            k["stream"].to_numpy()[rows]), w, key="stream", top=top)
 
