@@ -61,7 +61,7 @@ def test_host_sample_names_the_busy_functions(tmp_path):
         assert t["top_frames"][0]["frame"].startswith(f"{fn} (two_threads.py)"), t
         assert 0.1 <= t["gil_share"] <= 0.9, t  # two spinning threads take turns with the GIL
         assert 0.0 <= t["top_frames"][0]["share"] <= 1.0
-    assert sum(t["gil_share"] for t in h["threads"]) <= 1.0 + 1e-9  # one GIL: at most one holder a snapshot
+    assert sum(t["gil_share"] for t in h["threads"]) <= 1.0 + 1e-3  # one GIL: at most one holder a snapshot (rounded)
     assert by_name["MainThread"]["gil_share"] <= 0.2  # it only waits in join()
     assert json.loads((tmp_path / "out" / "host_sample.json").read_text())["host_sampling"] == h
 

@@ -48,7 +48,7 @@ def find_py_spy() -> str | None:
 class _Thread:
     name: str
     snapshots: int = 0
-    gil: int = 0
+    gil: float = 0.0
     active: int = 0
     frames: Counter = field(default_factory=Counter)
 
@@ -67,12 +67,15 @@ class HostSamples:
     def add(self, dump: list[dict[str, Any]]) -> None:
         """Count one ``py-spy dump --json`` snapshot."""
         self.snapshots += 1
+        # a non-blocking snapshot is not atomic: two threads may both seem to hold the GIL;
+        # each then gets an equal part of it, so that a snapshot counts one holder at most
+        holders = sum(1 for th in dump if th.get("owns_gil"))
         for th in dump:
             tid = int(th.get("os_thread_id") or th.get("thread_id") or 0)
             t = self.threads.setdefault(tid, _Thread(str(th.get("thread_name") or f"thread {tid}")))
             t.snapshots += 1
             gil, active = bool(th.get("owns_gil")), bool(th.get("active"))
-            t.gil += gil
+            t.gil += gil / holders if gil else 0.0
             t.active += active
             frames = th.get("frames") or []
             if frames and (gil or active):
@@ -179,8 +182,7 @@ def host_profile(target: str | os.PathLike[str], args: Sequence[str] = (), *, ou
     :class:`~recsys_doctor.errors.WorkloadError` naming its last output line."""
     from ..errors import BadInputError, WorkloadError
     from ..workload import is_workload_module
-    from .child_process import child_argv, child_env
-    from .profiling import check_workload_options
+    from .child_process import check_workload_options, child_argv, child_env
 
     path = Path(target)
     if not path.is_file():

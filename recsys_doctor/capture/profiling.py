@@ -25,7 +25,7 @@ from ..errors import BadInputError
 from ..options import Options
 from ..workload import Measurement, is_workload_module
 from . import backend as _backend
-from .child_process import child_argv, child_env, measurement_from_json, run_child_measure
+from .child_process import check_workload_options, child_argv, child_env, measurement_from_json, run_child_measure
 from .nvml import NvmlSampler, NvmlSamples, plot_samples
 from .treatment import Treatment
 
@@ -54,15 +54,6 @@ class ProfileResult:
         d = self.advise.to_dict()
         d["capture"] = self.capture
         return d
-
-
-def check_workload_options(target: Path, is_wl: bool, threads: int | None, duration_s: float | None,
-                           steps: int | None) -> None:
-    """``--threads/--duration/--steps`` drive a workload module; for a plain script they
-    are an error (it runs as it is, with its own arguments), never silently dropped."""
-    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
-        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
-                            "(one with a workload() function); a plain script is profiled as it is")
 
 
 @dataclass
