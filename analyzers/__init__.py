@@ -16,8 +16,9 @@ from .._fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from . import (allocator_churn, comm_exposed, graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity,
-               short_kernels, small_grid, step_variance, stream_contention, sync_api, utilization)
+from . import (allocator_churn, comm_exposed, embedding_bound, graph_candidate, input_stall, kernel_mix, launch_bound,
+               memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid, step_variance,
+               stream_contention, stream_overlap, sync_api, utilization)
 
 __all__ = ["ANALYZERS", "run_all", "summarize_and_run_all"]
 
@@ -37,13 +38,19 @@ ANALYZERS: dict[str, Analyzer] = {
     "comm-exposed": comm_exposed.analyze,
     "allocator-churn": allocator_churn.analyze,
     "step-variance": step_variance.analyze,
+    "embedding-bound": embedding_bound.analyze,
+    "optimizer-unfused": optimizer_unfused.analyze,
+    "input-stall": input_stall.analyze,
+    "streams-never-overlap": stream_overlap.analyze,
+    "kernel-mix": kernel_mix.analyze,
 }
 
 
 #: the order in which two processes take the analyzers: the usually longest first
 PARALLEL_ORDER = ("graph-candidate", "stream-contention", "short-kernels", "sync-api", "launch-bound",
-                  "memcpy-ping-pong", "small-grid", "comm-exposed", "allocator-churn", "step-variance", "utilization",
-                  "no-gpu-activity")
+                  "memcpy-ping-pong", "small-grid", "comm-exposed", "allocator-churn", "step-variance",
+                  "embedding-bound", "optimizer-unfused", "streams-never-overlap", "kernel-mix", "input-stall",
+                  "utilization", "no-gpu-activity")
 
 
 def run_all(trace: Trace, options: Options | None = None,

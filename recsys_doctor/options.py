@@ -140,6 +140,15 @@ class Options:
     #: they are start-up, not allocator churn (HTA's alexnet benchmark allocates 1.9 s in
     #: its ``...|warmup|forward`` range).
     warmup_range_pattern: str = r"(?i)warm[-_ ]?up"
+    #: Streams that never overlap: a process's streams on one device whose kernels run
+    #: concurrently for less than this share of their kernel time make a note (1%: the
+    #: MMoE probe's 4 side streams overlap 0.000 ms; a working stream group overlaps tens
+    #: of percent).
+    stream_overlap_note_share: float = 0.01
+    #: Kernel-mix notes: memory-bound copy/cat kernels, or FP32 GEMMs on CUDA cores, taking
+    #: at least this share of kernel time make a note (a tenth of the GPU's time is where
+    #: a cast to bf16 or removing a copy starts to show in the step time).
+    kernel_mix_note_share: float = 0.10
 
     def __post_init__(self) -> None:
         """Reject values no analysis can use (one clear line, exit 2 at the CLI)."""

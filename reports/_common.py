@@ -14,27 +14,41 @@ from .._format import fmt, pct
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
 
-__all__ = ["SEV_ORDER", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label",
-           "evidence_label", "clock_s", "plan_rows", "shown_plan"]
+__all__ = ["SEV_ORDER", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label", "kernel_labels",
+           "report_kernel_labels", "evidence_label", "clock_s", "plan_rows", "shown_plan"]
 
 SEV_ORDER = ("high", "medium", "low", "note")
 
 
-#: what tells two instantiations of one templated kernel apart, most specific first
-_DISTINGUISH = (re.compile(r"([A-Za-z_]\w*(?:Functor|functor))\b"), re.compile(r"([A-Za-z_]\w*_kernel_cuda)\b"),
+#: namespace and lambda markers that carry no name (nsys spells them ``<unnamed>`` and
+#: ``[lambda() (instance 1)]``, Kineto ``(anonymous namespace)`` and ``{lambda()#1}``)
+_ANON = re.compile(r"\(anonymous namespace\)::|<unnamed>::")
+#: wrappers that say how an elementwise op is applied, not which op it is
+_GENERIC = re.compile(r"^(?:A|B)?(?:Unary|Binary|Ternary|Pointwise)\w*Functor$|^func_wrapper")
+#: what tells two instantiations of one templated kernel apart, most specific first: the
+#: op a functor is named after (``CUDAFunctor_add``, ``sigmoid_kernel_cuda``,
+#: ``addcdiv_cuda_kernel``, ``launch_clamp_scalar``, ``std::multiplies``), then a named
+#: functor (``MulFunctor``, ``sum_functor``), then an ``...Op`` (``ReduceOp``)
+_DISTINGUISH = (re.compile(r"CUDAFunctor(?:OnSelf|OnOther)?_(\w+)"),
+                re.compile(r"([A-Za-z]\w*?)_(?:kernel_cuda|cuda_kernel)\b"),
+                re.compile(r"\blaunch_([A-Za-z]\w*?)(?:_kernel)?(?:_scalar)?\b"),
+                re.compile(r"\bstd::(plus|minus|multiplies|divides|modulus|negate|logical_\w+|bit_\w+|equal_to|"
+                           r"not_equal_to|greater\w*|less\w*|max|min)<"),
+                re.compile(r"([A-Za-z_]\w*(?:Functor|functor))\b"),
                 re.compile(r"([A-Za-z_]\w*Op)\b"))
+_TYPES = re.compile(r"\b(float|double|half|Half|BFloat16|bfloat16|__half|__nv_bfloat16|bool|long|int|short|"
+                    r"int64_t|int32_t|int8_t|uint8_t)\b")
+#: template arguments that are not element types: ``(int)4``-style casts, pointer arrays
+_NOT_TYPES = re.compile(r"\((?:unsigned )?\w+\)-?\w+|std::array<[^>]*>|char ?\*|true|false")
+#: wrappers whose first template argument is the real kernel (``cutlass::Kernel2<
+#: cutlass_80_simt_sgemm_64x64_8x5_nt_align1>``)
+_WRAPPERS = ("Kernel", "Kernel2", "kernel", "device_kernel")
 
 
-def kernel_label(name: Any, width: int = 70) -> str:
-    """The distinguishing part of a kernel name: its base name plus the functor/op it is
-    instantiated with, without the return type, namespaces, template prefix and argument
-    list (``void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<
-    float, float, float, at::native::MulFunctor<float>>, ...>(int, ...)`` ->
-    ``vectorized_elementwise_kernel<MulFunctor>``). Names without templates are kept,
-    shortened to ``width``."""
-    if not isinstance(name, str) or not name:
-        return str(name)
-    s = name.strip()
+def _split_name(name: str) -> tuple[str, str]:
+    """(qualified kernel name, its template arguments) of a demangled signature, without
+    return type and parameter list."""
+    s = _ANON.sub("", name.strip())
     depth, tok, toks = 0, [], []
     for ch in s:
         if ch in "<([":
@@ -51,19 +65,67 @@ def kernel_label(name: Any, width: int = 70) -> str:
     toks.append("".join(tok))
     full = next((t for t in reversed(toks) if t), s)
     lt = full.find("<")
-    base, templ = (full, "") if lt < 0 else (full[:lt], full[lt:])
+    return (full, "") if lt < 0 else (full[:lt], full[lt:])
+
+
+def kernel_label(name: Any, width: int = 70) -> str:
+    """The distinguishing part of a kernel name: its own name plus the op it is
+    instantiated with, without the return type, namespaces, template prefix and argument
+    list (``void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<
+    float, float, float, at::native::MulFunctor<float>>, ...>(int, ...)`` ->
+    ``vectorized_elementwise_kernel<MulFunctor>``; ``void at::native::<unnamed>::
+    EmbeddingBag_updateOutputKernel_sum_mean<float, long>(...)`` ->
+    ``EmbeddingBag_updateOutputKernel_sum_mean``). Names without templates are kept,
+    shortened to ``width``. Two names can share a label: :func:`kernel_labels` makes
+    the labels of a report unique."""
+    if not isinstance(name, str) or not name:
+        return str(name)
+    base, templ = _split_name(name)
     parts = [p for p in base.split("::") if p]
     base = "::".join(parts[-2:]) if len(parts) > 1 and parts[-1] in ("kernel", "Kernel", "main", "run") else (
         parts[-1] if parts else base)
+    inner = re.match(r"<\s*(?:\w+::)*([A-Za-z_]\w*)\s*[,>]", templ)
+    if base in _WRAPPERS and inner:
+        base, templ = inner.group(1), ""
     fun: list[str] = []
     for rx in _DISTINGUISH:
-        fun = [m for m in rx.findall(templ) if m != base]
+        fun = [m for m in rx.findall(templ) if m != base and not _GENERIC.search(m)]
         if fun:
             break
     out = f"{base}<{fun[-1]}>" if fun else base
     if len(out) > width:
         out = out[: width - 3] + "..."
     return out
+
+
+def kernel_labels(names: Any, width: int = 70) -> dict[str, str]:
+    """:func:`kernel_label` of each distinct name, made unique among ``names``: names
+    that share a label get their element types (``[float, long]``) where those differ,
+    else a number in order of appearance (``#2``)."""
+    uniq = list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
+    out = {n: kernel_label(n, width) for n in uniq}
+    by_label: dict[str, list[str]] = {}
+    for n in uniq:
+        by_label.setdefault(out[n], []).append(n)
+    for label, group in by_label.items():
+        if len(group) < 2:
+            continue
+        typed = {n: f"{label}[{', '.join(dict.fromkeys(_TYPES.findall(_NOT_TYPES.sub('', _split_name(n)[1]))))}]"
+                 for n in group}
+        if len(set(typed.values())) == len(group):
+            out.update(typed)
+        else:
+            out.update({n: label if i == 0 else f"{label}#{i + 1}" for i, n in enumerate(group)})
+    return out
+
+
+def report_kernel_labels(findings: Any) -> dict[str, str]:
+    """:func:`kernel_labels` over every kernel name the findings' evidence rows show
+    (``name``/``kernel`` keys of evidence lists), so that one report never shows two
+    kernels under one label."""
+    names = [row.get(k) for f in findings for v in (getattr(f, "evidence", None) or {}).values()
+             if isinstance(v, list) for row in v if isinstance(row, Mapping) for k in ("name", "kernel")]
+    return kernel_labels(names)
 
 
 _UNIT_SUFFIX = ("_ns", "_us", "_ms")

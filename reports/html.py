@@ -27,7 +27,7 @@ from markupsafe import Markup
 
 from ..errors import BadInputError
 from .._format import fixed, fmt, pct
-from ._common import by_severity, clock_s, headline, kernel_label, plan_rows, shown_plan, summary_rows, trace_name
+from ._common import by_severity, clock_s, headline, kernel_label, plan_rows, report_kernel_labels, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,6 +100,7 @@ def _trace_context(result: "AdviseResult", history_rows: Sequence[Mapping[str, A
     return dict(name=trace_name(result), info=info, window=window_text(info), big=big, why=why,
                 hero_class={"high": "bad", "medium": "warn"}.get(v.get("severity") or "", ""),
                 summary=summary_rows(result.summary or {}, result.analyses), findings=by_severity(result),
+                labels=report_kernel_labels(result.findings),
                 plots=plots.report_plots(result, options=options), plan=shown_plan(result), history=history,
                 trend_png=plots.plot_history_trend(history_rows) if history_rows else None)
 

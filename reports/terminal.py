@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._format import NAME_WIDTH, duration_ns, fmt_value, shorten
-from ._common import clock_s, evidence_label, kernel_label, plan_rows, shown_plan
+from ._common import clock_s, evidence_label, kernel_label, plan_rows, report_kernel_labels, shown_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
@@ -76,7 +76,7 @@ def _summary_table(res: "AdviseResult") -> Table:
     return tab
 
 
-def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
+def _rows_text(rows: list[dict[str, Any]], limit: int = 5, labels: dict[str, str] | None = None) -> Text:
     """Evidence rows (worst kernels, streams, regions), one per line: the name first,
     shortened, then its numbers. Lines wrap cleanly at any terminal width."""
     t = Text()
@@ -88,7 +88,8 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
             if isinstance(v, (dict, list)):
                 continue
             if k in ("name", "kernel"):
-                t.append(kernel_label(v, 70) + "  ", style="bold")
+                t.append((labels or {}).get(v) or kernel_label(v, 70), style="bold")
+                t.append("  ")
             elif k in ("nvtx", "stream", "thread", "region", "sequence"):
                 t.append(shorten(str(v), 70) + "  ", style="bold")
             else:
@@ -99,13 +100,13 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5) -> Text:
     return t
 
 
-def _finding_panel(f: Any) -> Panel:
+def _finding_panel(f: Any, labels: dict[str, str] | None = None) -> Panel:
     style = _SEV_STYLE.get(f.severity, "")
     body = Table.grid(padding=(0, 1))
     body.add_column(style="dim", no_wrap=True)
     body.add_column()
     body.add_row("", Text(f.title, style="bold"))
-    if getattr(f, "recoverable_ns", None) is not None:
+    if getattr(f, "recoverable_ns", None) is not None and (f.recoverable_ns or f.severity != "note"):
         body.add_row("to win", Text(f"up to {duration_ns(f.recoverable_ns)} of GPU time "
                                     f"({(f.recoverable_share or 0) * 100:.1f}% of the steady state)"))
     ev = ", ".join(f"{evidence_label(k)}={fmt_value(k, v)}" for k, v in f.evidence.items()
@@ -113,7 +114,7 @@ def _finding_panel(f: Any) -> Panel:
     body.add_row("evidence", Text(ev))
     for k, v in f.evidence.items():
         if isinstance(v, list) and v and isinstance(v[0], dict):
-            body.add_row(k.replace("_", " "), _rows_text(v))
+            body.add_row(k.replace("_", " "), _rows_text(v, labels=labels))
     if f.where:
         body.add_row("where", _where_text(f.where))
     if getattr(f, "examples", None):
@@ -202,7 +203,8 @@ def _report_parts(res: "AdviseResult") -> list[Any]:
     else:
         counts = {s: sum(1 for f in res.findings if f.severity == s) for s in ("high", "medium", "low", "note")}
         out.append(Text("Findings: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), style="bold"))
-        out.append(Group(*[_finding_panel(f) for f in res.findings]))
+        labels = report_kernel_labels(res.findings)
+        out.append(Group(*[_finding_panel(f, labels) for f in res.findings]))
     plan = shown_plan(res)
     if plan:
         out.append(_plan_table(plan))

@@ -19,7 +19,8 @@ ALL = (shared_files("nsys", ("*.sqlite",)) + shared_files("h100", ("*.sqlite", "
        + shared_files("kineto", ("*.json", "*.json.gz")))
 FINDING_IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api",
                "small-grid", "graph-candidate", "no-gpu-activity", "comm-exposed",
-               "allocator-churn", "step-variance"}
+               "allocator-churn", "step-variance", "embedding-bound", "optimizer-unfused",
+               "input-stall", "streams-never-overlap", "copy-kernels", "fp32-gemm"}
 
 
 def _no_constants(name: str):

@@ -19,7 +19,8 @@ from _tracebuild import T, api, copy, kern, rng
 
 O = Options()
 IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api", "small-grid",
-       "graph-candidate", "no-gpu-activity", "allocator-churn", "step-variance"}
+       "graph-candidate", "no-gpu-activity", "allocator-churn", "step-variance", "embedding-bound",
+       "optimizer-unfused", "input-stall", "streams-never-overlap", "copy-kernels", "fp32-gemm"}
 
 
 def ids(res):

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import BadInputError, NsysNotFoundError
 from .nvml import gpu_environment
 
-__all__ = ["BACKENDS", "choose_backend", "default_out_dir", "require_gpu", "versions", "nsys_version"]
+__all__ = ["BACKENDS", "choose_backend", "default_out_dir", "require_gpu", "has_gpu", "versions", "nsys_version"]
 
 BACKENDS = ("auto", "nsys", "torch")
 
@@ -46,6 +46,11 @@ def default_out_dir() -> Path:
         i += 1
         p = base.with_name(f"{base.name}-{i}")
     return p
+
+
+def has_gpu(device_index: int = 0) -> bool:
+    """Whether NVML sees GPU ``device_index``."""
+    return int(gpu_environment(device_index).get("gpu_count", 0)) > device_index
 
 
 def require_gpu(device_index: int = 0) -> dict[str, Any]:

@@ -14,10 +14,19 @@ from ..errors import BadInputError, WorkloadError
 from ..workload import Measurement
 from .treatment import Treatment
 
-__all__ = ["CHILD_MODULE", "child_argv", "child_env", "run_child_measure", "measurement_from_json"]
+__all__ = ["CHILD_MODULE", "check_workload_options", "child_argv", "child_env", "run_child_measure", "measurement_from_json"]
 
 #: the module run as the child when nothing changes the workload
 CHILD_MODULE = "recsys_doctor.capture._child"
+
+
+def check_workload_options(target: Path, is_wl: bool, threads: int | None, duration_s: float | None,
+                           steps: int | None) -> None:
+    """``--threads/--duration/--steps`` drive a workload module; for a plain script they
+    are an error (it runs as it is, with its own arguments), never silently dropped."""
+    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
+        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
+                            "(one with a workload() function); a plain script is profiled as it is")
 
 
 def child_argv(target: Path, result: Path, args: Sequence[str], *, threads: int | None,

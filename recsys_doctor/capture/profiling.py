@@ -25,7 +25,7 @@ from ..errors import BadInputError
 from ..options import Options
 from ..workload import Measurement, is_workload_module
 from . import backend as _backend
-from .child_process import child_argv, child_env, measurement_from_json, run_child_measure
+from .child_process import check_workload_options, child_argv, child_env, measurement_from_json, run_child_measure
 from .nvml import NvmlSampler, NvmlSamples, plot_samples
 from .treatment import Treatment
 
@@ -54,15 +54,6 @@ class ProfileResult:
         d = self.advise.to_dict()
         d["capture"] = self.capture
         return d
-
-
-def check_workload_options(target: Path, is_wl: bool, threads: int | None, duration_s: float | None,
-                           steps: int | None) -> None:
-    """``--threads/--duration/--steps`` drive a workload module; for a plain script they
-    are an error (it runs as it is, with its own arguments), never silently dropped."""
-    if not is_wl and any(v is not None for v in (threads, duration_s, steps)):
-        raise BadInputError(f"{target}: --threads/--duration/--steps apply to a workload module "
-                            "(one with a workload() function); a plain script is profiled as it is")
 
 
 @dataclass
@@ -103,7 +94,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             duration_s: float | None = None, steps: int | None = None, baseline: bool = True,
             nvml: bool = True, nvml_interval_s: float = 0.05, nvtx: str | None = None,
             options: Options | None = None, device_index: int = 0,
-            treatment: Treatment | None = None) -> ProfileResult:
+            treatment: Treatment | None = None, host_sample: bool = False) -> ProfileResult:
     """Capture ``target`` on the GPU and diagnose it; see the package docstring.
 
     ``threads``/``duration_s``/``steps`` override a workload's settings (an error for a
@@ -115,17 +106,27 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     ``treatment``: how to run the program changed (the "after" run of ``profile --apply``:
     runtime settings for a workload, a plan applied through the interpreter-start hook
     for a script); it must be of the target's kind.
+    ``host_sample``: first run the program once more without a GPU profiler, sampled by
+    py-spy (:func:`~.host_sample.host_profile`, into ``OUT/host``): which Python code
+    holds the host, per client thread (``capture["host_sampling"]``).
     """
     t_start = time.perf_counter()
     run = _start(Path(target), list(args), backend=backend, out_dir=out_dir, device_index=device_index,
                  measure_kw={"threads": threads, "duration_s": duration_s, "steps": steps}, nvml=nvml,
                  nvml_interval_s=nvml_interval_s, treatment=treatment)
+    host = None
+    if host_sample:
+        from .host_sample import host_profile
+
+        host = host_profile(run.target, run.args, out_dir=run.out / "host", **run.measure_kw)
     cap = _capture_nsys(run, baseline) if run.backend == "nsys" else _capture_torch(run, baseline)
     files = _save_samples(run, cap)
     window = nvtx if nvtx is not None else (MEASURE_RANGE if run.is_wl else None)
     res, used = _diagnose(cap.trace, options, window, required=nvtx is not None)
     record = _capture_record(run, cap, backend_requested=backend, window=used, files=files,
                              wall_s=time.perf_counter() - t_start)
+    if host is not None:
+        record["host_sampling"] = host["host_sampling"]
     result = ProfileResult(advise=res, capture=record, out_dir=run.out, measurement=cap.measurement,
                            baseline=cap.baseline, nvml=cap.samples)
     (run.out / "profile.json").write_text(json.dumps(result.to_dict(), indent=1, default=json_default))

@@ -12,7 +12,7 @@ from .._format import fixed
 from ..errors import BadInputError
 from ..options import Options, parse_set_pairs
 
-__all__ = ["profile_cmd", "render_capture", "render_apply"]
+__all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
 
 
 @click.command("profile")
@@ -37,6 +37,10 @@ __all__ = ["profile_cmd", "render_capture", "render_apply"]
                    "not with --apply).")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
               help="Override any analyzer threshold (see docs/options.md).")
+@click.option("--host-sample", is_flag=True,
+              help="Also run the program once sampled by py-spy (no GPU profiler): per client thread, the share "
+                   "of time it holds the GIL and its top Python frames. Works without a GPU (then only this "
+                   "runs). Needs py-spy (pip install 'recsys-doctor[host]') and ptrace permission.")
 @click.option("--apply", "do_apply", is_flag=True,
               help="Then search plans (what-if estimate from the trace), measure the best --top-k with the "
                    "stream-group runtime, keep the best measured; write plan.json, apply.json, compare.html.")
@@ -48,8 +52,8 @@ __all__ = ["profile_cmd", "render_capture", "render_apply"]
               help="--apply: history database (default: the user data folder).")
 def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
                 threads: int | None, duration: float | None, steps: int | None, baseline: bool,
-                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], do_apply: bool, top_k: int,
-                history: bool, db_path: Path | None) -> None:
+                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], host_sample: bool, do_apply: bool,
+                top_k: int, history: bool, db_path: Path | None) -> None:
     """Run MODEL (a Python file) on the GPU under a profiler and diagnose the trace.
 
     MODEL is a plain script (run as `python MODEL ARGS`, profiled as it is) or a
@@ -69,6 +73,11 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
 
     options = Options().with_overrides(parse_set_pairs(sets))
     given = _given(click.get_current_context())
+    if host_sample and do_apply:
+        raise BadInputError("--host-sample does not go with --apply; run profile --host-sample on its own")
+    if host_sample and not _has_gpu():
+        _host_only(model, args, out_dir=out_dir, threads=threads, duration=duration, steps=steps, as_json=as_json)
+        return
     if do_apply:
         # the plan search measures the workload's own window with and without a profiler:
         # options that would change that are refused rather than parsed and dropped
@@ -84,8 +93,32 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     if given & {"top_k", "db_path", "history"}:
         raise BadInputError("--top-k, --history/--no-history and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
-                  steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options)
+                  steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options,
+                  host_sample=host_sample)
     _report(res.to_dict(), as_json, res)
+
+
+def _has_gpu() -> bool:
+    from ..capture.backend import has_gpu
+
+    return has_gpu()
+
+
+def _host_only(model: Path, args: tuple[str, ...], *, out_dir: Path | None, threads: int | None,
+               duration: float | None, steps: int | None, as_json: bool) -> None:
+    """``--host-sample`` on a machine without a GPU: only the py-spy run."""
+    from rich.console import Console
+
+    from ..capture.backend import default_out_dir
+    from ..capture.host_sample import host_profile
+
+    out = out_dir if out_dir is not None else default_out_dir()
+    doc = host_profile(model, args, out_dir=out, threads=threads, duration_s=duration, steps=steps)
+    if as_json:
+        click.echo(json.dumps({"capture": None, "no_gpu": True, **doc}, indent=1))
+        return
+    click.echo("recsys-doctor: no GPU here: only the host sampling ran (no GPU capture)", err=True)
+    render_host(doc["host_sampling"], Console())
 
 
 def _report(doc: dict[str, Any], as_json: bool, profiled: Any, applied: dict[str, Any] | None = None) -> None:
@@ -160,6 +193,27 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
                   f"result: {files.get('apply', '-')}  ({d.get('wall_s', 0):.1f} s)")
 
 
+def render_host(h: dict[str, Any], console: Any) -> None:
+    """Which Python code holds the host: per thread its GIL and running shares and its top
+    frames (py-spy snapshots), or the one line saying why there are none."""
+    from rich.table import Table
+
+    if not h.get("threads"):
+        console.print(f"host sampling: {h.get('reason') or 'no snapshots'}")
+        return
+    t = Table(title=f"Host: which Python code holds it ({h['snapshots']} py-spy snapshots, every "
+                    f"{h['interval_s']:g} s)", title_justify="left")
+    for c in ("thread", "holds GIL", "running", "top frames (share of snapshots)"):
+        t.add_column(c)
+    for th in h["threads"]:
+        frames = "\n".join(f"{f['frame']} {f['share'] * 100:.0f}%" for f in th["top_frames"]) or "-"
+        t.add_row(f"{th['name']} ({th['tid']})", f"{th['gil_share'] * 100:.0f}%", f"{th['active_share'] * 100:.0f}%",
+                  frames)
+    console.print(t)
+    if h.get("reason"):
+        console.print(f"host sampling: {h['reason']}")
+
+
 def render_capture(cap: dict[str, Any], console: Any) -> None:
     """The capture part of the report: backend, files, NVML, measured numbers."""
     from rich.table import Table
@@ -203,3 +257,5 @@ def render_capture(cap: dict[str, Any], console: Any) -> None:
         t.add_row(label, text)
     t.add_row("files", str(cap.get("out_dir")))
     console.print(t)
+    if cap.get("host_sampling") is not None:
+        render_host(cap["host_sampling"], console)
