@@ -31,7 +31,7 @@ from ._util import (coverage_at, covered_in_bins, merge_intervals, op_table, str
                     thread_labels)
 
 __all__ = ["steady_starts", "idle_gaps", "allocator_cover", "allocator_gap", "device_gaps", "DeviceGaps", "analysis_window", "steady_window", "finish", "examples",
-           "gaps_containing", "report", "settle_shared_causes", "ROOT_CAUSE_ORDER"]
+           "gaps_containing", "report", "settle_shared_causes", "ROOT_CAUSE_ORDER", "claims_within"]
 
 
 #: per live trace (by id, dropped when the trace is collected): results of the functions
@@ -265,13 +265,36 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
 
 #: Which finding names the root cause when several count the same idle gap: the first in
 #: this order keeps the shared time, the others only what is left. The specific causes come
-#: first (memory management, syncs and copies that make the host wait for the GPU, threads
-#: on one stream, one slow step), the general symptom (the GPU waits for launches) after
+#: first (memory management, input loading, syncs and copies that make the host wait for
+#: the GPU, threads on one stream, one slow step, the optimizer's and the embedding
+#: lookups' many launches), the general symptom (the GPU waits for launches) after
 #: them, and the remedies for that symptom (graphs, fewer short kernels) last. A gap that
 #: only a blocking copy's return leaves idle goes to ``memcpy-ping-pong`` before
 #: ``sync-api`` (the copy is the cause; see ``sync_api._claims``).
-ROOT_CAUSE_ORDER = ("allocator-churn", "sync-api", "memcpy-ping-pong", "stream-contention", "step-variance",
-                    "launch-bound", "graph-candidate", "short-kernels")
+ROOT_CAUSE_ORDER = ("allocator-churn", "input-stall", "sync-api", "memcpy-ping-pong", "stream-contention",
+                    "step-variance", "optimizer-unfused", "embedding-bound", "launch-bound", "graph-candidate",
+                    "short-kernels")
+
+
+def claims_within(trace: Trace, options: Options, pid: Any, start: Any, end: Any) -> pd.DataFrame:
+    """The claims (for :func:`finish`) of a finding whose idle time is the GPU idle inside
+    some host intervals (input loading, an optimizer step): per idle gap of
+    :func:`idle_gaps`, the part of it inside the union of the intervals ``[start, end)``
+    of the gap's process (``claim_ns``); gaps with no such part are left out."""
+    gaps = idle_gaps(trace, options)
+    pid, start, end = (np.asarray(x, dtype=np.int64) for x in (pid, start, end))
+    claim = np.zeros(len(gaps), np.int64)
+    if len(gaps) and pid.size:
+        gpid, gs, ge = (gaps[c].to_numpy(np.int64) for c in ("pid", "start", "end"))
+        for p in np.unique(pid):
+            ms, me = merge_intervals(start[pid == p], end[pid == p])
+            at = np.flatnonzero(gpid == p)
+            claim[at] = coverage_at(ms, me, ge[at]) - coverage_at(ms, me, gs[at])
+    keep = claim > 0
+    return pd.DataFrame({"device": gaps["device"].to_numpy(np.int64)[keep] if len(gaps) else claim[keep],
+                         "start": gaps["start"].to_numpy(np.int64)[keep] if len(gaps) else claim[keep],
+                         "ns": gaps["ns"].to_numpy(np.int64)[keep] if len(gaps) else claim[keep],
+                         "claim_ns": claim[keep]})
 
 
 def settle_shared_causes(findings: list[Finding], window_ns: int, options: Options) -> None:

@@ -72,7 +72,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         f.examples = examples(trace, start=g["start"], end=g["end"], pid=g["pid"], device=g["device"],
                               stream=g["stream"], what="GPU idle between two embedding lookups",
                               n=options.examples_per_finding)
-    finish(f, rec, steady_window(trace, options), options)
+    finish(f, rec, steady_window(trace, options), options, claims=g.assign(claim_ns=np.minimum(idle, int(cap))))
     return res
 
 

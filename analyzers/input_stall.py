@@ -24,7 +24,7 @@ from ._attribution import enclosing_range, where_shares
 from ._arrays import merge_intervals
 from ._cpu_ranges import gpu_idle_within, profiler_steps, ranges_matching
 from ._ops import launches, op_table
-from ._recoverable import examples, finish, report, steady_starts, steady_window
+from ._recoverable import claims_within, examples, finish, report, steady_starts, steady_window
 from ._util import norm_name, per_value, r, str_is
 
 __all__ = ["analyze", "INPUT_RANGES"]
@@ -50,11 +50,18 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     base = step_ns * n_steps if step_ns else steady_window(trace, options)
     if not base or idle / base < options.report_min_share:
         return res
+    # what it could win inside the analysis window: the idle gaps between GPU work that the
+    # input ranges cover (idle before the first GPU operation is outside every window)
+    claims = claims_within(trace, options, pid[keep], s[keep], e[keep])
+    inside = int(claims["claim_ns"].sum())
+    data["gpu_idle_between_gpu_work_ms"] = r(inside / 1e6, 3)
     names = per_value(rg["name"], norm_name, rows[keep])
     per = f" ({data['share_of_step']:.0%} of the step)" if data.get("share_of_step") is not None else ""
     f = report(
         res, "input-stall",
-        title=f"The GPU waits {idle / 1e6:.2f} ms for input{per}: data loading and batch copies on the critical path",
+        title=(f"The GPU waits {idle / 1e6:.2f} ms for input{per}: data loading and batch copies on the critical "
+               f"path" + (f" ({inside / 1e6:.2f} ms of it between GPU work, the rest before the first GPU "
+                          "operation)" if inside < idle else "")),
         evidence=data, where=where_shares(names, _exclusive(trace, rows[keep], s[keep], e[keep]), key="nvtx",
                                           top=options.top_n),
         recommendation=(
@@ -66,7 +73,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     f.examples = examples(trace, start=s[keep], end=e[keep], pid=pid[keep],
                           tid=rg["tid"].to_numpy(np.int64)[rows][keep], what=list(names),
                           n=options.examples_per_finding)
-    finish(f, idle, steady_window(trace, options), options)
+    finish(f, inside, steady_window(trace, options), options, claims=claims)
     return res
 
 

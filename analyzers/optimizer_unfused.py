@@ -33,7 +33,7 @@ from ._attribution import enclosing_range
 from ._cpu_ranges import gpu_idle_within, profiler_steps, ranges_matching
 from ._kernel_classes import COMM, OPT_FOREACH, OPT_FUSED, kernel_classes, kernel_where, offenders
 from ._ops import launches
-from ._recoverable import examples, finish, report, steady_starts, steady_window
+from ._recoverable import claims_within, examples, finish, report, steady_starts, steady_window
 from ._util import r, take_str
 
 __all__ = ["analyze"]
@@ -100,7 +100,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                               pid=k["pid"].to_numpy(np.int64)[sel], device=k["device"].to_numpy(np.int64)[sel],
                               stream=k["stream"].to_numpy(np.int64)[sel], what="optimizer kernel",
                               n=options.examples_per_finding)
-    finish(f, idle + half, steady_window(trace, options), options)
+    finish(f, idle + half, steady_window(trace, options), options,
+           claims=claims_within(trace, options, rg["pid"].to_numpy(np.int64)[live], rg["start"].to_numpy(np.int64)[live],
+                                rg["end"].to_numpy(np.int64)[live]))
     return res
 
 
