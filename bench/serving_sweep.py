@@ -126,7 +126,7 @@ def _async_loop(q: int, dur: float, served, queries):
 
 def _make(config: str, model, queries, served):
     import torch
-    from serve_anchors import _flat, _graph_client
+    from serve_anchors import _graph_client, _serve_fns
 
     if config == "eager":
         s = torch.cuda.Stream()
@@ -147,21 +147,8 @@ def _make(config: str, model, queries, served):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
-    if config == "runtime_request":
-        packed = []
-        with served.request() as r:
-            for a in queries:
-                for dst, src in zip(_flat(r.inputs), _flat(a)):
-                    dst.copy_(src)
-                packed.append(r.buffer.clone())
-
-        def per_query(buf):
-            def fn():
-                with served.request() as r:
-                    r.load(buf)
-                    return r.run().clone()
-            return fn
-        return [per_query(b) for b in packed]
+    if config == "runtime_request":  # the zero-copy request per query, as bench/serve_anchors.py times it
+        return _serve_fns("serve_request", served, queries)
     raise SystemExit(f"unknown config {config}")
 
 
