@@ -81,12 +81,12 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class LeafRun:
     """Consecutive leaf pages of one table (in b-tree order) and their row count: what
-    one chunk of the load reads. ``rowids`` is the first and last rowid, so the same rows
-    can be selected through SQLite (``rowid BETWEEN``) when :meth:`PageFile.read` refuses."""
+    one chunk of the load reads. Where :meth:`PageFile.read` refuses a run, the loader
+    reads the whole table through SQLite (a rowid range could end early on a corrupt
+    b-tree, without an error)."""
 
     pages: np.ndarray
     cells: np.ndarray
-    rowids: tuple[int, int]
 
     @property
     def rows(self) -> int:
@@ -212,17 +212,8 @@ class PageFile:
         out = []
         for a, b in zip(np.r_[0, cut], np.r_[cut, len(pages)]):
             if a < b:
-                p, c = pages[a:b], cells[a:b]
-                out.append(LeafRun(p, c, (self._rowid(int(p[0]), 0), self._rowid(int(p[-1]), int(c[-1]) - 1))))
+                out.append(LeafRun(pages[a:b], cells[a:b]))
         return out
-
-    def _rowid(self, page: int, cell: int) -> int:
-        """The rowid of one cell (a Python-level read, for the ends of a run)."""
-        hdr = int(self._header_at(np.array([page]))[0])
-        at = (page - 1) * self.page_size + int(self.be16[hdr + 8 + 2 * cell])
-        _, at = _varint(self._mm, at)
-        v, _ = _varint(self._mm, at)
-        return v - (1 << 64) if v >= 1 << 63 else v
 
     # --- the rows ----------------------------------------------------------------
     def read(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
@@ -273,22 +264,26 @@ class PageFile:
         if not len(off):
             return {c: (np.zeros(0, np.int64), None) for c in columns}
         u8 = self.u8
-        # the cell: payload size (varint), rowid (varint), then the record
-        first = u8[off]
-        if (first < 0x80).all():
-            payload, at = first.astype(np.int64), off + 1
-        else:
-            payload, n = _varints(u8, off)
-            at = off + n
+        # the cell: payload size (varint), rowid (varint), then the record; every byte is
+        # checked to lie in the cell's page before it is read, in the C loop's order
+        end = np.repeat((pages - 1) * self.page_size + self.usable, self.be16[hdr + 3].astype(np.int64))
+        payload, n = _varints(u8, off, end)
         if (payload > self.usable - 35).any():  # the rest of such a row is on overflow pages
             raise Unsupported("a row spills to overflow pages")
-        at = at + self._rowid_sizes(at, run)  # the record: after the rowid
+        at = off + n
+        at = at + _varints(u8, at, end)[1]  # the record: after the rowid
+        if (payload > end - at).any():
+            raise Unsupported("a cell outside its page")
+        if (payload < 1).any():
+            raise Unsupported("a record header this reader does not decode, or a short record")
         # the record header: its size (a varint; one byte for up to 127 bytes), then one
         # serial type per column
         hsize = u8[at].astype(np.int64)
         need = max(columns) + 1
         if (hsize >= 0x80).any() or (hsize < 1 + need).any():
             raise Unsupported("a record header this reader does not decode, or a short record")
+        if (hsize > payload).any():
+            raise Unsupported("a record longer than its cell")
         last = at + hsize - 8  # 8 bytes before the end of the values read so far
         out: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         wanted = set(columns)
@@ -339,7 +334,7 @@ class PageFile:
         if _NO_BYTES[t]:
             n = len(last)
             return np.full(n, int(t == 9), np.int64), (np.ones(n, bool) if t == 0 else None)
-        v = self.be64[last].astype(np.int64)
+        v = self.be64[np.minimum(last, len(self.be64) - 1)].astype(np.int64)  # (past the cell: refused after)
         shift = int(_SHIFT[t])
         if shift:
             v <<= shift
@@ -354,7 +349,7 @@ class PageFile:
         if none.all():  # flags, enums: no value to read
             v = (t == 9).astype(np.int64)
         else:
-            v = self.be64[last].astype(np.int64)
+            v = self.be64[np.minimum(last, len(self.be64) - 1)].astype(np.int64)
             shift = _SHIFT[t]
             np.left_shift(v, shift, out=v)
             np.right_shift(v, shift, out=v)
@@ -364,46 +359,13 @@ class PageFile:
         nulls = t == 0
         return v, (nulls if nulls.any() else None)
 
-    def _rowid_sizes(self, at: np.ndarray, run: LeafRun) -> np.ndarray:
-        """Bytes of each row's rowid varint. Rows are in rowid order, so where every rowid
-        of the run lies in [0, 2^56) the size (1 byte per 7 bits) only grows along the run:
-        the first row of each size is found by bisection and the sizes filled in ranges,
-        no pass over the bytes. Negative or huge rowids are decoded row by row in numpy."""
-        lo, hi = run.rowids
-        if lo < 0 or hi >= 1 << 56:
-            return _varints(self.u8, at)[1]
-        sizes = np.empty(len(at), np.int64)
-        start = 0
-        for nbytes in range(1, 9):
-            limit = 1 << (7 * nbytes)  # rowids below this take at most nbytes
-            a, b = start, len(at)
-            while a < b:  # first row with a rowid >= limit
-                m = (a + b) // 2
-                if _varint(self._mm, int(at[m]))[0] < limit:
-                    a = m + 1
-                else:
-                    b = m
-            sizes[start:a] = nbytes
-            start = a
-            if start == len(at):
-                break
-        return sizes
 
-
-def _varint(buf: mmap.mmap | bytes, at: int) -> tuple[int, int]:
-    """One SQLite varint at ``at``: (value, offset after it)."""
-    v = 0
-    for i in range(8):
-        b = buf[at + i]
-        v = (v << 7) | (b & 0x7F)
-        if b < 0x80:
-            return v, at + i + 1
-    return (v << 8) | buf[at + 8], at + 9
-
-
-def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The varint at each offset: (values as uint64 bit patterns in int64, sizes)."""
-    b = u8[at].astype(np.int64)
+def _varints(u8: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The varint at each offset: (values as uint64 bit patterns in int64, sizes). Raises
+    :class:`Unsupported` where one runs past its ``end`` (the C loop's test: no byte at or
+    after ``end`` is read as part of it)."""
+    last = len(u8) - 1
+    b = u8[np.minimum(at, last)].astype(np.int64)
     val = b & 0x7F
     size = np.ones(len(at), np.int64)
     todo = np.flatnonzero(b >= 0x80)
@@ -411,11 +373,13 @@ def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for i in range(1, 9):
         if not len(todo):
             break
-        b = u8[at[todo] + i].astype(np.int64)
+        b = u8[np.minimum(at[todo] + i, last)].astype(np.int64)
         v = (v << 8) | b if i == 8 else (v << 7) | (b & 0x7F)
         size[todo] += 1
         more = (b >= 0x80) if i < 8 else np.zeros(len(todo), bool)
         done = ~more
         val[todo[done]] = v[done]
         todo, v = todo[more], v[more]
+    if (at + size > end).any():
+        raise Unsupported("a cell outside its page")
     return val, size
