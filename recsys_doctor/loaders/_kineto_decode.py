@@ -31,6 +31,7 @@ import gzip
 import json
 import mmap
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -103,26 +104,30 @@ TOP_KEYS = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id
 
 
 class _Doc(msgspec.Struct, gc=False):
+    """The document: its events, and the top-level keys the loader reads kept as raw JSON
+    (decoded by :func:`_top` without the float hook: their floats stay floats)."""
     traceEvents: list[Event] | msgspec.UnsetType = msgspec.UNSET
-    schemaVersion: Any = msgspec.UNSET
-    displayTimeUnit: Any = msgspec.UNSET
-    baseTimeNanoseconds: Any = msgspec.UNSET
-    trace_id: Any = msgspec.UNSET
-    cupti_version: Any = msgspec.UNSET
-    cuda_runtime_version: Any = msgspec.UNSET
-    cuda_driver_version: Any = msgspec.UNSET
-    distributedInfo: Any = msgspec.UNSET
-    deviceProperties: Any = msgspec.UNSET
+    schemaVersion: msgspec.Raw = msgspec.Raw()
+    displayTimeUnit: msgspec.Raw = msgspec.Raw()
+    baseTimeNanoseconds: msgspec.Raw = msgspec.Raw()
+    trace_id: msgspec.Raw = msgspec.Raw()
+    cupti_version: msgspec.Raw = msgspec.Raw()
+    cuda_runtime_version: msgspec.Raw = msgspec.Raw()
+    cuda_driver_version: msgspec.Raw = msgspec.Raw()
+    distributedInfo: msgspec.Raw = msgspec.Raw()
+    deviceProperties: msgspec.Raw = msgspec.Raw()
 
 
 class _PhaseDoc(_Doc, gc=False):
     traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET
 
 
-_DOC_DECODER = msgspec.json.Decoder(_Doc)
-_ARRAY_DECODER = msgspec.json.Decoder(list[Event])
-_PHASE_DOC_DECODER = msgspec.json.Decoder(_PhaseDoc)
-_PHASE_ARRAY_DECODER = msgspec.json.Decoder(list[PhaseEvent])
+# float literals come as their text (``float_hook=str``): ts/dur become exact ns from their
+# own digits (:mod:`._kineto_time`), the other numbers are read as float64 as before
+_DOC_DECODER = msgspec.json.Decoder(_Doc, float_hook=str)
+_ARRAY_DECODER = msgspec.json.Decoder(list[Event], float_hook=str)
+_PHASE_DOC_DECODER = msgspec.json.Decoder(_PhaseDoc, float_hook=str)
+_PHASE_ARRAY_DECODER = msgspec.json.Decoder(list[PhaseEvent], float_hook=str)
 
 
 def decode_events(buf: Any) -> list[Any]:
@@ -161,7 +166,7 @@ SPLIT_MIN = 32 << 20
 
 
 def _top(doc: _Doc) -> dict[str, Any]:
-    return {k: getattr(doc, k) for k in TOP_KEYS if getattr(doc, k) is not msgspec.UNSET}
+    return {k: msgspec.json.decode(raw) for k in TOP_KEYS if len(raw := getattr(doc, k))}
 
 
 def _no_events_in_array(events: Sequence[Any]) -> bool:
@@ -222,9 +227,26 @@ def read_bytes(path: str) -> bytes:
     return raw
 
 
+class FloatText(str):
+    """A JSON float literal's text (the plain parse's ``parse_float``)."""
+
+    __slots__ = ()
+
+
+def _floats_back(v: Any) -> Any:
+    """Top-level metadata with its float literals as floats again."""
+    if isinstance(v, FloatText):
+        return float(v)
+    if isinstance(v, dict):
+        return {k: _floats_back(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_floats_back(x) for x in v]
+    return v
+
+
 def parse_plain(path: str, raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
+    try:  # float literals as their text (a str subclass), as the typed decoders give them
+        return json.loads(raw, parse_float=FloatText)
     except json.JSONDecodeError as e:
         raise TraceFormatError(
             f"{path}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
@@ -245,7 +267,7 @@ def split_document(path: str, doc: Any) -> tuple[dict[str, Any], list[Any]]:
         events = doc["traceEvents"]
         if not isinstance(events, list):
             raise TraceFormatError(f"{path}: 'traceEvents' is a {type(events).__name__}, expected a list of events")
-        return doc, events
+        return {k: _floats_back(doc[k]) for k in TOP_KEYS if k in doc}, events
     if isinstance(doc, list):
         if doc and not any(isinstance(e, dict) and "ph" in e for e in doc[:1000]):
             raise TraceFormatError(f"{path}: JSON array holds no trace events (objects with 'ph'); not a trace")
@@ -635,10 +657,12 @@ def _release(mm: mmap.mmap, a: int, stop: int) -> None:
 
 
 def _events_span(mm: mmap.mmap) -> tuple[int, int, dict[str, Any], bool] | None:
-    """``(index of the array's "[", index of its "]", top-level metadata, is_array)``."""
-    n, i = len(mm), 0
-    while i < n and mm[i:i + 1] in (b" ", b"\t", b"\r", b"\n", b"\xef", b"\xbb", b"\xbf"):
-        i += 1
+    """``(index of the array's "[", index of its "]", top-level metadata, is_array)`` of the
+    top-level events array (a ``traceEvents`` key nested in another value is not it)."""
+    m = _NOT_BLANK.search(mm)
+    if m is None:
+        return None
+    i, n = m.start(), len(mm)
     first = mm[i:i + 1]
     if first == b"[":
         arr_end = mm.rfind(b"]")
@@ -647,25 +671,33 @@ def _events_span(mm: mmap.mmap) -> tuple[int, int, dict[str, Any], bool] | None:
         return i, arr_end, {}, True
     if first != b"{":
         return None
-    key = mm.find(b'"traceEvents"')
-    arr_start = mm.find(b"[", key) if key >= 0 else -1
-    if arr_start < 0 or mm[key + 13:arr_start].strip() != b":":
-        return None
-    head = mm[:arr_start]
-    # the array ends at the last "]" after which the rest of the document still parses
-    arr_end = n
-    for _ in range(64):
-        arr_end = mm.rfind(b"]", arr_start, arr_end)
-        if arr_end < 0:
+    key = i
+    for _ in range(16):  # each "traceEvents" key, until the top-level one
+        key = mm.find(b'"traceEvents"', key + 1)
+        arr_start = mm.find(b"[", key) if key >= 0 else -1
+        if arr_start < 0:
             return None
-        try:
-            doc = _DOC_DECODER.decode(head + b"[]" + mm[arr_end + 1:])
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        if mm[key + 13:arr_start].strip() != b":":
             continue
-        return arr_start, arr_end, _top(doc), False
+        head = mm[:arr_start]
+        # the array ends at the last "]" after which the rest of the document still parses
+        # with an empty top-level traceEvents there (not elsewhere: then the key was nested)
+        arr_end = n
+        for _ in range(64):
+            arr_end = mm.rfind(b"]", arr_start, arr_end)
+            if arr_end < 0:
+                break
+            try:
+                doc = _DOC_DECODER.decode(head + b"[]" + mm[arr_end + 1:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if isinstance(doc.traceEvents, list) and not doc.traceEvents:
+                return arr_start, arr_end, _top(doc), False
+            break
     return None
 
 
+_NOT_BLANK = re.compile(rb"[^ \t\r\n\xef\xbb\xbf]")
 _SKIP = frozenset(b" \t\r\n,")
 
 

@@ -54,6 +54,7 @@ from ..progress import ProgressHandle
 from . import _kineto_decode as decode
 from ._kineto_columns import EventColumns, int_col, num
 from ._kineto_decode import Event
+from ._kineto_time import BadTime
 from ._kineto_tables import HostLink, Tables, copy_kind_from_name
 
 __all__ = ["load_kineto_json", "copy_kind_from_name"]
@@ -81,6 +82,8 @@ def load_kineto_json(path: str | os.PathLike[str], *, progress: ProgressHandle |
     gc.disable()
     try:
         return _load(p, progress)
+    except BadTime as e:
+        raise TraceFormatError(f"{p}: {e}") from None
     except (TypeError, ValueError, AttributeError, KeyError) as e:
         # values of a type no profiler writes (a list where a number belongs, ...)
         raise TraceFormatError(f"{p}: unexpected value in trace events ({type(e).__name__}: {e})") from None
@@ -214,11 +217,11 @@ def _meta(top: dict[str, Any], is_array: bool, tables: Tables, process_names: di
 
 def _time_base(base: Any, tables: Tables) -> dict[str, Any]:
     """Where 0 is: ``origin_us`` (the earliest ts), on the Unix clock when the trace says."""
-    t0 = tables.t0
-    if t0 is None:
+    t0_ns = tables.t0_ns
+    if t0_ns is None:
         return {"time_base": "none"}
+    t0 = t0_ns / 1000
     out: dict[str, Any] = {"origin_us": t0}
-    t0_ns = _us_to_ns_exact(t0)
     if t0 >= _EPOCH_US_THRESHOLD:
         out |= {"time_base": "epoch", "origin_ns_epoch": t0_ns}
     elif isinstance(base, int) and not isinstance(base, bool):
@@ -230,9 +233,3 @@ def _time_base(base: Any, tables: Tables) -> dict[str, Any]:
         if valid[0]:
             out["profiler_window_ns"] = [int(s[0]), int(e[0])]
     return out
-
-
-def _us_to_ns_exact(us: float) -> int:
-    """µs -> ns without the float64 loss of ``us * 1000`` at epoch magnitudes."""
-    whole = int(us // 1)
-    return whole * 1000 + int(round((us - whole) * 1000.0))
