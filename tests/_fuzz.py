@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import sqlite3
 import struct
 from decimal import Decimal, InvalidOperation
@@ -59,7 +60,8 @@ def nsys_reference(path: Path) -> dict[str, tuple[int, tuple[int, ...]]]:
                     if type(v) is not int:
                         raise NotIntegers(f"{t}.{cols[i]} = {v!r}")
                     sums[i] += v
-            out[name] = (n, tuple(sums))
+            if n:
+                out[name] = (n, tuple(sums))
     return out
 
 
@@ -68,7 +70,7 @@ def nsys_summary(trace: Any) -> dict[str, tuple[int, tuple[int, ...]]]:
     out = {}
     for t, (name, _, pairs) in NSYS_TABLES.items():
         df = getattr(trace, name)
-        if df is None or (not len(df) and not len(df.columns)):
+        if df is None or not len(df):  # (an absent table and an empty one alike)
             continue
         sums = []
         for _, col in pairs:
@@ -149,6 +151,9 @@ KINETO_BUCKETS = {"kernel": "kernels", "Kernel": "kernels", "gpu_memcpy": "memcp
                   "cuda_driver": "api"}
 
 
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
 class OutOfRange(Exception):
     """A ts or dur the reference reads that is not a finite number of int64 nanoseconds."""
 
@@ -157,7 +162,9 @@ def exact_ns(v: Any) -> int | None:
     """µs as JSON has them -> integer ns exactly (the number's own decimal digits, rounded
     half to even at the ns); None for a missing or non-numeric value; raises
     :class:`OutOfRange` for non-finite values and values beyond int64 ns."""
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
+    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):  # a number given as text is read as one
+        v = Decimal(v.strip())
+    if v is None or not isinstance(v, (int, float, Decimal)):  # (a bool is an int: True is 1)
         return None
     if isinstance(v, float):  # only NaN / Infinity reach here (parse_float=Decimal)
         raise OutOfRange(repr(v))
@@ -214,6 +221,16 @@ def kineto_summary(trace: Any) -> dict[str, tuple[int, int, int]]:
 HOSTILE_NUMBERS = ["Infinity", "-Infinity", "NaN", "1e308", "1e29", "1e19", "-1e19", "9.3e15", "1.5e3",
                    "-5", "0", "\"12\"", "null", "true", "[]", "{}", "\"abc\"", "1e-7", "123.4567"]
 HOSTILE_STRINGS = ['"\\ud800"', '"\\udfff x"', '""', '"\\u0000"', "123", "null", '"a\\nb"']
+
+
+def kineto_sample(text: bytes, every: int) -> bytes:
+    """Every ``every``-th event of a Kineto text laid out one event object after another
+    (``  {`` ... ``  },``), each event's text kept as it is: a smaller fixture of the same kind."""
+    head, _, rest = text.partition(b'"traceEvents": [')
+    body, _, _ = rest.rpartition(b"]")
+    events = body.strip().removesuffix(b"}").split(b"},\n  {")
+    kept = events[::every]
+    return head + b'"traceEvents": [\n' + b"},\n  {".join(kept) + b"}\n]}\n"
 
 
 def kineto_mutant(clean: bytes, rng: random.Random) -> bytes:

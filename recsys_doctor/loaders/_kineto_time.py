@@ -12,6 +12,7 @@ to even at the ns. A value that is not finite or does not fit int64 ns (``Infini
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -52,9 +53,12 @@ def ns_of(get: Callable[[Any], Any], items: Sequence[Any], field: str) -> np.nda
 
 
 def _general(vals: list[Any], field: str) -> np.ndarray:
-    from ._kineto_columns import num
-
-    x = num(vals)
+    try:  # numbers and their text (None: NaN): one C pass
+        x = np.array(vals, dtype=np.float64)
+        if x.ndim != 1:
+            raise ValueError
+    except (TypeError, ValueError):  # something that is no number (text, a list...): missing
+        x = np.array([_number(v) for v in vals], dtype=np.float64)
     nan = np.isnan(x)
     bad = ~nan & (~np.isfinite(x) | (np.abs(x) > _LIMIT_US))
     for i in np.flatnonzero(nan).tolist():  # a NaN literal is bad input, a missing value is not
@@ -75,6 +79,17 @@ def _general(vals: list[Any], field: str) -> np.ndarray:
             if ns[i] == MISSING:
                 raise BadTime(i, field, v)
     return ns
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+        return float(v)
+    return float("nan")
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
 def text_ns(v: str) -> int:

@@ -113,7 +113,10 @@ class Engine:
         if any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                for f in tab.schema if f.name not in TEXT_COLUMNS):
             return None
-        return arrow_to_pandas(tab)
+        try:
+            return arrow_to_pandas(tab)
+        except (pa.ArrowException, UnicodeDecodeError):  # text that is not UTF-8: sqlite3 words it
+            return None
 
 
 def _numbers_checked(df: pd.DataFrame, sql: str) -> pd.DataFrame:

@@ -38,7 +38,7 @@ try:  # the row loop in C (built by pip install where a C compiler is at hand)
 except ImportError:  # pragma: no cover - an install without a compiler: numpy only
     _c_decode = None
 
-__all__ = ["PageFile", "Unsupported", "LeafRun", "compiled_available"]
+__all__ = ["PageFile", "Unsupported", "Corrupt", "LeafRun", "compiled_available"]
 
 _MAGIC = b"SQLite format 3\x00"
 _LEAF, _INTERIOR = 13, 5  # page types of a table b-tree
@@ -76,6 +76,20 @@ def compiled_available() -> bool:
 
 class Unsupported(Exception):
     """These pages hold something this reader does not decode; read them through SQLite."""
+
+
+class Corrupt(Unsupported):
+    """A run's pages break the file format (a cell outside its page, a record longer than
+    its cell...): no valid file holds them, and SQLite reads such bytes differently from
+    one run to the next (past the end of its page buffer), so they are not re-read."""
+
+
+#: what :meth:`PageFile.read` refuses as :class:`Corrupt` (every refusal but values this
+#: reader does not decode: overflow pages, text or floats, short records, long types)
+_CORRUPT = frozenset({"page number outside the file", "not a leaf page", "more cells than a page holds",
+                      "a cell outside its page", "a record longer than its cell",
+                      "the pages hold another number of rows than their headers",
+                      "the b-tree visits more pages than the file has"})
 
 
 @dataclass(frozen=True)
@@ -201,8 +215,15 @@ class PageFile:
             level = child
 
     def runs(self, root: int, rows_per_run: int) -> list[LeafRun]:
-        """The table's leaf pages cut into runs of about ``rows_per_run`` rows."""
-        pages, cells = self.leaves(root)
+        """The table's leaf pages cut into runs of about ``rows_per_run`` rows; raises
+        :class:`Corrupt` for a b-tree that breaks the format, :class:`Unsupported` for one
+        this reader does not walk."""
+        try:
+            pages, cells = self.leaves(root)
+        except Unsupported as e:
+            if str(e) in _CORRUPT:
+                raise Corrupt(str(e)) from None
+            raise
         keep = cells > 0  # only an empty table's root leaf has no cell
         pages, cells = pages[keep], cells[keep]
         if not len(pages):
@@ -215,6 +236,30 @@ class PageFile:
                 out.append(LeafRun(pages[a:b], cells[a:b]))
         return out
 
+    def check(self, root: int) -> None:
+        """Raise :class:`Corrupt` where the table b-tree at ``root`` or a cell of its leaves
+        leaves its page (for a table read through SQLite, which reads such cells past the
+        end of its page buffer: a different answer on each run); overflow rows are fine."""
+        try:
+            pages, _ = self.leaves(root)
+            hdr = self._header_at(pages)
+            off = self._cell_offsets(pages, hdr, 3, 8)
+            end = np.repeat((pages - 1) * self.page_size + self.usable, self.be16[hdr + 3].astype(np.int64))
+            payload, n = _varints(self.u8, off, end)
+            at = off + n
+            at = at + _varints(self.u8, at, end)[1]
+            # the bytes of a row on its page (https://www.sqlite.org/fileformat2.html, "Cell
+            # payload overflow"): all of it, or a part and the 4-byte first overflow page
+            u = self.usable
+            lo, hi = (u - 12) * 32 // 255 - 23, u - 35
+            spill = lo + (payload - lo) % (u - 4)
+            local = np.where(payload <= hi, payload, np.where(spill <= hi, spill, lo) + 4)
+            if (payload < 0).any() or (local > end - at).any():
+                raise Unsupported("a cell outside its page")
+        except Unsupported as e:
+            if str(e) in _CORRUPT:
+                raise Corrupt(str(e)) from None
+
     # --- the rows ----------------------------------------------------------------
     def read(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
         """The values of ``columns`` (0-based positions in the table's records) of every
@@ -223,6 +268,10 @@ class PageFile:
         afterwards (they stay in the page cache, not in this process's memory)."""
         try:
             return self._decode(run, columns) if self.compiled else self._read(run, columns)
+        except Unsupported as e:
+            if str(e) in _CORRUPT:
+                raise Corrupt(str(e)) from None
+            raise
         finally:
             self._release(run.pages)
 

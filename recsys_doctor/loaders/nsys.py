@@ -47,7 +47,7 @@ from ._nsys_file import GZIP_MAGIC, check_header, gunzipped, one_line
 from ._nsys_schema import READ_TABLES
 from ._nsys_sink import TableSink
 from ._nsys_tables import COPY_KIND_CODES, MEM_KIND_CODES, SYNC_TYPE_CODES, Chunk, Job, TableJobs
-from ._sqlite_pages import LeafRun, PageFile, Unsupported
+from ._sqlite_pages import Corrupt, LeafRun, PageFile, Unsupported
 
 __all__ = ["load_nsys_sqlite", "release_free_memory", "COPY_KIND_CODES", "MEM_KIND_CODES", "SYNC_TYPE_CODES"]
 
@@ -179,6 +179,8 @@ class _Reader(TableJobs, Extras):
                 rows[k] = sum(r.rows for r in runs)
                 out += [(k, sql, r) for r in runs]
                 continue
+            if m is not None:
+                self.check_tree(m.group(1))
             spans = [] if k == "ranges" or m is None else self.rowid_ranges(m.group(1))
             rows[k] = sum(hi - lo for lo, hi in spans) if spans and spans[0][0] > -(2**62) else 0
             if len(spans) <= 1:
@@ -188,6 +190,20 @@ class _Reader(TableJobs, Extras):
             for lo, hi in spans:
                 out.append((k, f"{sql} WHERE {m.group(2)}.rowid >= {lo} AND {m.group(2)}.rowid < {hi}", None))
         return out, rows
+
+    def check_tree(self, table: str) -> None:
+        """A table read through SQLite: refuse it where its b-tree breaks the format."""
+        root = self.root(table) if self.pages is not None else None
+        if root is not None:
+            try:
+                self.pages.check(root)
+            except Corrupt as e:
+                raise TraceFormatError(f"{self.shown}: {table}: {e}; the file is corrupt") from None
+
+    def root(self, table: str) -> int | None:
+        row = self.con.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               (table,)).fetchone()
+        return row[0] if row is not None and isinstance(row[0], int) else None
 
     def page_runs(self, k: str, sql: str) -> list[LeafRun] | None:
         """The table of ``sql`` cut into runs of leaf pages, where the page reader can
@@ -200,12 +216,13 @@ class _Reader(TableJobs, Extras):
         # not stored in the records, an INTEGER PRIMARY KEY is stored as the rowid
         if any(r[6] for r in info) or any(r[5] for r in info if r[1] in {c for _, c, _ in sel.items}):
             return None
-        row = self.con.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?",
-                               (sel.table,)).fetchone()
-        if row is None or not isinstance(row[0], int):
+        root = self.root(sel.table)
+        if root is None:
             return None
         try:
-            runs = self.pages.runs(row[0], CHUNK_ROWS)
+            runs = self.pages.runs(root, CHUNK_ROWS)
+        except Corrupt as e:
+            raise TraceFormatError(f"{self.shown}: {sel.table}: {e}; the file is corrupt") from None
         except Unsupported:
             return None
         self._selects[k] = (sel, {r[1]: i for i, r in enumerate(info)})
@@ -254,8 +271,10 @@ class _Reader(TableJobs, Extras):
         return parts
 
     def read_whole(self, k: str, job: Job) -> TableSink:
-        """Table ``k`` by one full scan through SQLite, its rows checked against SQLite's count."""
-        df = self.engine.run(job[0])
+        """Table ``k`` by one full scan through the standard library's SQLite (the reference
+        reader: the ADBC driver bundles another SQLite, which reads some corrupt pages
+        that it calls malformed), its rows checked against SQLite's own count."""
+        df = Engine(self.engine.uri, "sqlite3").run(job[0])
         n = self.count(job[0])
         if len(df) != n:
             raise TraceFormatError(f"{self.shown}: {_FROM.search(job[0]).group(1)}: SQLite counts {n} rows, "
@@ -276,6 +295,8 @@ class _Reader(TableJobs, Extras):
             sel, position = self._selects[k]
             try:
                 return page_frame(sel, position, lambda cols: self.pages.read(run, cols))
+            except Corrupt as e:
+                raise TraceFormatError(f"{self.shown}: {sel.table}: {e}; the file is corrupt") from None
             except Unsupported:
                 return None
         return self.engine.run(sql)
