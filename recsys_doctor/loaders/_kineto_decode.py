@@ -27,19 +27,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
-import gzip
 import json
 import mmap
 import os
 import re
-import shutil
-import tempfile
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import msgspec
 
+from .._files import gunzip_bytes, gunzip_into, private_temp
 from .._fork import fork_with_queue, load_results, read_all, reap, second_cpu, serve_queue
 from ..errors import BadInputError, TraceFormatError
 from ..progress import ProgressHandle
@@ -217,11 +214,8 @@ def read_bytes(path: str) -> bytes:
             raw = f.read()
     except OSError as e:
         raise BadInputError(f"{path}: cannot read ({e.strerror or e})") from None
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise TraceFormatError(f"{path}: corrupt gzip file ({e})") from None
+    if raw[:2] == GZIP_MAGIC:  # (within the decompressed-size limit)
+        raw = gunzip_bytes(raw, path)
     if not raw or raw.isspace():
         raise TraceFormatError(f"{path}: empty file, not a trace")
     return raw
@@ -319,12 +313,12 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
         return None
     if (size < GZ_TO_DISK) if gz else (size < STREAM_MIN):
         return None
-    tmp = None
-    try:
+    with contextlib.ExitStack() as stack:
+        tmp = None
         if gz:
-            tmp = _gunzip_to_temp(path)
-            if tmp is None:
-                return None
+            fd, tmp = stack.enter_context(private_temp(".json"))  # removed on every way out
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                gunzip_into(src, out, path)
         job = _take_prefetched(path) if tmp is None else None
         if job is None:
             job = SplitDecode.start(tmp or path, sink_factory)
@@ -336,21 +330,6 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
             sink = sink_factory()
             found = decode_streamed(mm, sink, progress)
             return None if found is None else (*found, sink)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-
-def _gunzip_to_temp(path: str) -> str | None:
-    fd, tmp = tempfile.mkstemp(prefix="recsys-doctor-", suffix=".json")
-    try:
-        with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as g:
-            shutil.copyfileobj(g, out, 1 << 20)
-    except (OSError, EOFError, zlib.error):
-        os.unlink(tmp)
-        return None
-    return tmp
 
 
 def decode_streamed(mm: mmap.mmap, sink: Sink,
