@@ -15,6 +15,7 @@ imported) needs numpy alone.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -109,6 +110,9 @@ class Strings:
             return self.codes(list(map(get, items)))
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def printable(v: Any) -> Any:
     """``v``, with a lone surrogate (``"\\ud800"``: JSON allows it, UTF-8 does not) of a
     string replaced by U+FFFD, so that every report can write the name."""
@@ -116,7 +120,7 @@ def printable(v: Any) -> Any:
         try:
             v.encode("utf-8")
         except UnicodeEncodeError:
-            return v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+            return _SURROGATE.sub("\ufffd", v)
     return v
 
 
