@@ -13,10 +13,12 @@ decode on two cores. Where ``pip install`` could build it (a C compiler at hand)
 rows of a run are decoded instead by ``_pagecodec``, the same loop in C: one pass over
 the rows straight into the output columns (about 3x less time than the numpy steps,
 which allocate and touch every column several times); it decodes and refuses exactly
-what the numpy path does, and checks that every byte it reads lies in its cell.
+what the numpy path does (both parse each row's rowid varint), and both check that every
+byte they read lies in its cell.
 
 It decodes only what it can prove it reads right and raises :class:`Unsupported`
-otherwise; the loader then reads those rows through SQLite, which gives the same values.
+otherwise; the loader then reads that table through SQLite, which gives the same values.
+What breaks the file format is :class:`Corrupt`: the loader refuses the file.
 Unsupported: a database in WAL mode, a table that is not a rowid b-tree, a row whose
 payload spills to overflow pages, a value in a wanted column that is not an integer or
 NULL (text, blob, float), a row with fewer columns than the wanted ones (added by

@@ -13,12 +13,13 @@ What the loader copes with (all seen in real traces from torch 1.8 to 2.9, see
   relative to ``baseTimeNanoseconds``.
 
 Time: ``ts``/``dur`` are always microseconds whatever ``displayTimeUnit`` says. They
-become integer ns, ``start = round((ts - ts0) * 1000)`` where ``ts0`` is the earliest
-``ts`` among the loaded events (so the earliest event starts at 0), and
-``end = start + round(dur * 1000)``. Subtracting before scaling keeps the ns digits
-of float epoch timestamps that ``round(ts * 1000)`` would lose (float64 resolves only
-~0.25 µs at 1.7e15 µs). ``meta["origin_ns_epoch"]`` says where 0 is on the Unix clock
-when the trace lets us know.
+become integer ns exactly, from the number's own decimal digits (float64 resolves only
+~0.25 µs at 1.7e15 µs; see :mod:`._kineto_time`): ``start = ts - ts0`` where ``ts0`` is
+the earliest ``ts`` among the loaded events (so the earliest event starts at 0), and
+``end = start + dur`` (a missing or negative ``dur`` is 0). A ``ts`` or ``dur`` that is
+not finite or does not fit int64 ns (``Infinity``, ``1e29``) is refused in one line
+naming the event. ``meta["origin_ns_epoch"]`` says where 0 is on the Unix clock when
+the trace lets us know.
 
 GPU events carry ``pid`` = device index, so their ``pid`` column is replaced by the
 host process that issued the matching runtime/driver call (same ``correlation``);

@@ -5,7 +5,9 @@ The export is already a database. Its big tables hold only integers: where a tab
 pages (:mod:`._sqlite_pages`: a C loop where the install built it, numpy otherwise;
 several times faster than SQLite returning values one by one); other queries, and any
 rows the page reader refuses, are read column-wise into Arrow through the ADBC SQLite
-driver (no Python object per row; :mod:`._nsys_engine`). The big tables are read in
+driver (no Python object per row; :mod:`._nsys_engine`); a table with a refused run is
+read again whole by one full scan through the standard library's SQLite and checked
+against ``count(*)``, and a corrupt one is refused in one line. The big tables are read in
 chunks of about :data:`CHUNK_ROWS` rows (runs of leaf pages, or rowid ranges), two at a
 time, and each chunk is decoded into its final compact columns in the same worker thread
 (:mod:`._nsys_tables`, :mod:`._nsys_columns`) before more is read: memory stays near the
