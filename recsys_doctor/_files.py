@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import io
 import os
 import signal
 import sys
@@ -99,11 +98,25 @@ def gunzip_into(src: IO[bytes], out: IO[bytes], shown: object) -> int:
     return total
 
 
-def gunzip_bytes(raw: bytes, shown: object) -> bytearray:
-    """``raw`` (gzip) decompressed in memory, within :func:`max_decompressed`."""
-    out = io.BytesIO()
-    gunzip_into(io.BytesIO(raw), out, shown)
-    return bytearray(out.getbuffer())
+def gunzip_bytes(raw: bytes, shown: object) -> bytes:
+    """``raw`` (gzip, one member or several) decompressed in memory, within
+    :func:`max_decompressed` (zlib's output bound: nothing beyond it is made)."""
+    limit, total, parts = max_decompressed(), 0, []
+    data = raw
+    try:
+        while data[:2] == b"\x1f\x8b":
+            d = zlib.decompressobj(31)
+            out = d.decompress(data, limit - total + 1)
+            total += len(out)
+            if total > limit:
+                raise _too_large(shown, limit)
+            if not d.eof:
+                raise TraceFormatError(f"{shown}: corrupt gzip file (truncated)")
+            parts.append(out)
+            data = d.unused_data
+    except zlib.error as e:
+        raise TraceFormatError(f"{shown}: corrupt gzip file ({e})") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -31,6 +31,7 @@ import json
 import mmap
 import os
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -119,12 +120,41 @@ class _PhaseDoc(_Doc, gc=False):
     traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET
 
 
-# float literals come as their text (``float_hook=str``): ts/dur become exact ns from their
-# own digits (:mod:`._kineto_time`), the other numbers are read as float64 as before
-_DOC_DECODER = msgspec.json.Decoder(_Doc, float_hook=str)
-_ARRAY_DECODER = msgspec.json.Decoder(list[Event], float_hook=str)
-_PHASE_DOC_DECODER = msgspec.json.Decoder(_PhaseDoc, float_hook=str)
-_PHASE_ARRAY_DECODER = msgspec.json.Decoder(list[PhaseEvent], float_hook=str)
+_DOC_DECODER = msgspec.json.Decoder(_Doc)  # (the top-level keys only: traceEvents is [] there)
+#: the decoders of the events: float literals as floats (fast), or as their own text
+#: (``float_hook=str``) once :func:`exact_floats` is on: the ns of a float ts of 2**40 µs or
+#: more (epoch or days of uptime, where float64 loses ns) then come from its digits
+_DECODERS = {exact: (msgspec.json.Decoder(list[PhaseEvent], **hook), msgspec.json.Decoder(list[Event], **hook),
+                     msgspec.json.Decoder(_PhaseDoc, **hook), msgspec.json.Decoder(_Doc, **hook))
+             for exact, hook in ((False, {}), (True, {"float_hook": str}))}
+_EXACT = [False]
+
+
+@contextlib.contextmanager
+def exact_floats(on: bool) -> Any:
+    """Decode float literals as their text while in this block (see :data:`_DECODERS`)."""
+    was = _EXACT[0]
+    _EXACT[0] = on
+    try:
+        yield
+    finally:
+        _EXACT[0] = was
+
+
+def needs_exact(path: str) -> bool:
+    """Whether the start of the trace holds a float ts of 13 digits or more before the
+    point (>= 1e12 µs): decode it with :func:`exact_floats` from the start."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+        if head[:2] == GZIP_MAGIC:
+            head = zlib.decompressobj(31).decompress(head, 1 << 20)
+    except (OSError, zlib.error):
+        return False
+    return _BIG_FLOAT_TS.search(head) is not None
+
+
+_BIG_FLOAT_TS = re.compile(rb'"ts":\s*-?\d{13,}\.\d')
 
 
 def decode_events(buf: Any) -> list[Any]:
@@ -132,17 +162,19 @@ def decode_events(buf: Any) -> list[Any]:
     a field-less struct for any other phase) where every event has a phase of the Trace
     Event Format, else as :class:`Event` (a phase missing, unknown or not a string). The
     sink reads both alike. Raises what decoding into :class:`Event` raises."""
+    by_phase, plain = _DECODERS[_EXACT[0]][:2]
     try:
-        return _PHASE_ARRAY_DECODER.decode(buf)
+        return by_phase.decode(buf)
     except msgspec.ValidationError:
-        return _ARRAY_DECODER.decode(buf)
+        return plain.decode(buf)
 
 
 def _decode_doc(buf: Any) -> _Doc:
+    by_phase, plain = _DECODERS[_EXACT[0]][2:]
     try:
-        return _PHASE_DOC_DECODER.decode(buf)
+        return by_phase.decode(buf)
     except msgspec.ValidationError:
-        return _DOC_DECODER.decode(buf)
+        return plain.decode(buf)
 _TYPED_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 #: a sink takes one batch of decoded events (the caller's column builder)
@@ -396,6 +428,7 @@ class SplitDecode:
         self.arr_start, self.arr_end, self.top, self.is_array = span
         self.bounds, self.sink_factory = bounds, sink_factory
         self._strings: Any = None  # the string table this process's chunks share
+        self.exact = needs_exact(path)  # float literals as text (both processes alike)
         self._stat = _identity(os.fstat(f.fileno()))
         self.pid = 0
         self._queue = self._results = -1
@@ -453,7 +486,8 @@ class SplitDecode:
         does not decode (or is a bare array's first chunk that holds no trace events)."""
         a, stop = self.bounds[i]
         try:
-            evs = decode_events(b"".join((b"[", view[a:stop], b"]")))
+            with exact_floats(self.exact or _EXACT[0]):
+                evs = decode_events(b"".join((b"[", view[a:stop], b"]")))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
         if i == 0 and self.is_array and _no_events_in_array(evs):

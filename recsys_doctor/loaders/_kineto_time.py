@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MISSING", "BadTime", "ns_of", "text_ns"]
+__all__ = ["MISSING", "BadTime", "NeedExact", "ns_of", "text_ns"]
 
 #: ns of a missing (or non-numeric) ts/dur
 MISSING = np.iinfo(np.int64).min
@@ -37,19 +37,34 @@ class BadTime(ValueError):
         self.index, self.field, self.value = index, field, value
 
 
+class NeedExact(Exception):
+    """A float ts/dur decoded as a float64 where that loses ns: decode the trace again
+    with the float literals as text (:func:`~._kineto_decode.exact_floats`)."""
+
+
 def ns_of(get: Callable[[Any], Any], items: Sequence[Any], field: str) -> np.ndarray:
     """``get(item)`` (µs) of every item as int64 ns; :data:`MISSING` where absent or not a
-    number; raises :class:`BadTime` where out of range."""
+    number; raises :class:`BadTime` where out of range, :class:`NeedExact` for a float
+    (not its text) whose ns float64 cannot give."""
     vals = list(map(get, items))
-    try:  # integers only (the usual case): one C pass
-        us = np.fromiter(vals, np.int64, count=len(vals))
+    if vals and type(vals[0]) is str:  # float literals as their text (exact mode)
+        return _texts(vals, field)
+    try:  # numbers (ints, floats, float texts): one C pass
+        x = np.fromiter(vals, np.float64, count=len(vals))
     except (TypeError, ValueError, OverflowError):
         return _general(vals, field)
-    out_of_range = (us > _LIMIT_US) | (us < -_LIMIT_US)
-    if out_of_range.any():
-        i = int(np.flatnonzero(out_of_range)[0])
-        raise BadTime(i, field, vals[i])
-    return us * 1000
+    if not np.isfinite(x).all() or (np.abs(x) > _LIMIT_US).any():
+        return _general(vals, field)
+    scaled = x * 1000.0
+    exact = np.rint(scaled)
+    if (np.abs(x) < _FLOAT_EXACT_BELOW).all() and (scaled == exact).all():
+        return exact.astype(np.int64)  # relative µs with at most 3 decimals: the float is exact
+    types = set(map(type, vals))
+    if types <= {int, bool}:  # integer µs (on the epoch): exact in int64
+        return np.fromiter(vals, np.int64, count=len(vals)) * 1000
+    if float in types:
+        raise NeedExact(field)
+    return _general(vals, field)
 
 
 def _general(vals: list[Any], field: str) -> np.ndarray:
@@ -72,13 +87,68 @@ def _general(vals: list[Any], field: str) -> np.ndarray:
     scaled = np.where(ok, x, 0.0) * 1000.0
     exact = np.rint(scaled)
     ns[ok] = exact[ok].astype(np.int64)
-    for i in np.flatnonzero(ok & ((np.abs(x) >= _FLOAT_EXACT_BELOW) | (scaled != exact))).tolist():
-        v = vals[i]
+    idx = np.flatnonzero(ok & ((np.abs(x) >= _FLOAT_EXACT_BELOW) | (scaled != exact)))
+    if not len(idx):
+        return ns
+    texts = [vals[i] for i in idx.tolist()]
+    if float in set(map(type, texts)):
+        raise NeedExact(field)
+    got = _digits_ns(texts)
+    ns[idx] = got
+    for j in np.flatnonzero(got == MISSING).tolist():  # anything else, one by one
+        i, v = int(idx[j]), texts[j]
         if isinstance(v, (int, str)):  # (bool is an int)
             ns[i] = text_ns(v) if isinstance(v, str) else int(v) * 1000
-            if ns[i] == MISSING:
-                raise BadTime(i, field, v)
+        if ns[i] == MISSING:
+            raise BadTime(i, field, v)
     return ns
+
+
+def _texts(vals: list[Any], field: str) -> np.ndarray:
+    """:func:`ns_of` of values that are mostly number texts: those :func:`_digits_ns` reads
+    at once, the others (ints, exponents, junk) one by one by :func:`_general`."""
+    ns = _digits_ns(vals)
+    rest = np.flatnonzero(ns == MISSING)
+    if len(rest):
+        try:
+            ns[rest] = _general([vals[i] for i in rest.tolist()], field)
+        except BadTime as e:
+            raise BadTime(int(rest[e.index]), field, e.value) from None
+    return ns
+
+
+def _digits_ns(texts: list[Any]) -> np.ndarray:
+    """ns of number texts with 1 to 3 decimals and at most 16 digits before the point
+    (``"1712195495519689.047"``), all at once from their digits (a numpy pass per
+    character position, no float); :data:`MISSING` for any other value."""
+    out = np.full(len(texts), MISSING, np.int64)
+    try:
+        a = np.array(texts, dtype="S")
+    except (UnicodeEncodeError, ValueError, TypeError):
+        return out
+    if a.ndim != 1 or a.dtype.itemsize < 3:
+        return out
+    m = a.view(np.uint8).reshape(len(a), a.dtype.itemsize)
+    n = (m != 0).sum(axis=1)
+    rows = np.arange(len(a))
+    first = (m[:, 0] == ord("-")).astype(np.int64)
+    dot = np.full(len(a), -1, np.int64)
+    for d in (3, 2, 1):  # d decimals: the "." d+1 characters from the end
+        at = n - d - 1
+        hit = (dot < 0) & (at > first) & (m[rows, np.maximum(at, 0)] == ord("."))
+        dot[hit] = at[hit]
+    pos = np.arange(m.shape[1])
+    body = (pos >= first[:, None]) & (pos < n[:, None]) & (pos != dot[:, None])
+    digit = (m >= ord("0")) & (m <= ord("9"))
+    ok = (dot > 0) & (dot - first <= 16) & (digit | ~body).all(axis=1)
+    v = np.zeros(len(a), np.int64)
+    for j in range(m.shape[1]):
+        use = body[:, j] & ok
+        if use.any():
+            v = np.where(use, v * 10 + (m[:, j].astype(np.int64) - ord("0")), v)
+    ns = v * 10 ** (3 - (n - dot - 1)).clip(0, 3)
+    out[ok] = np.where(first == 1, -ns, ns)[ok]
+    return out
 
 
 def _number(v: Any) -> float:

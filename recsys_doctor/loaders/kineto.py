@@ -55,7 +55,7 @@ from ..progress import ProgressHandle
 from . import _kineto_decode as decode
 from ._kineto_columns import EventColumns, int_col, num
 from ._kineto_decode import Event
-from ._kineto_time import BadTime
+from ._kineto_time import BadTime, NeedExact
 from ._kineto_tables import HostLink, Tables, copy_kind_from_name
 
 __all__ = ["load_kineto_json", "copy_kind_from_name"]
@@ -95,12 +95,7 @@ def load_kineto_json(path: str | os.PathLike[str], *, progress: ProgressHandle |
 
 def _load(path: str, progress: ProgressHandle | None) -> Trace:
     """Decode the events into columns (streamed when large), then build the tables."""
-    streamed = decode.load_streamed(path, EventColumns, progress)
-    if streamed is not None:
-        top, is_array, cols = streamed
-    else:
-        cols = EventColumns()
-        top, is_array = decode.decode_whole(path, cols)
+    top, is_array, cols = _decode(path, progress)
     tables = Tables(cols)
     tasks = [partial(_ranges_part, tables), partial(_calls_and_gpu_part, tables)]
     if cols.n_events >= PARALLEL_EVENTS:  # a forked process builds one of the two parts
@@ -118,6 +113,25 @@ def _load(path: str, progress: ProgressHandle | None) -> Trace:
     return Trace(path=path, format="kineto-json", kernels=kernels, memcpys=memcpys, memsets=memsets,
                  api=api, syncs=syncs, ranges=ranges, threads=threads, devices=_devices(top, used_devices),
                  meta=meta)
+
+
+def _decode(path: str, progress: ProgressHandle | None) -> tuple[dict[str, Any], bool, EventColumns]:
+    """The events as columns (streamed when large). Float literals are decoded as floats,
+    or as their text where a float ts of 2**40 µs or more is met (:class:`NeedExact`: the
+    decoding starts again; the start of the file is looked at first to spare that)."""
+    exact = decode.needs_exact(path)
+    while True:
+        try:
+            with decode.exact_floats(exact):
+                streamed = decode.load_streamed(path, EventColumns, progress)
+                if streamed is not None:
+                    return streamed
+                cols = EventColumns()
+                return (*decode.decode_whole(path, cols), cols)
+        except NeedExact:
+            if exact:  # (float literals are text then: never)
+                raise
+            exact = True
 
 
 def _ranges_part(tables: Tables) -> tuple[tuple[pd.DataFrame], int, dict[str, int]]:

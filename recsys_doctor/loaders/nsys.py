@@ -117,7 +117,8 @@ def _load_file(p: Path, shown: Path, engine: str, progress: ProgressHandle | Non
         with contextlib.suppress(Unsupported, OSError, ValueError):  # not mappable: read through SQLite
             pages = PageFile(p)
     try:
-        eng = Engine(uri, "sqlite3" if engine == "sqlite3" or not adbc_available() else "adbc")
+        # (with a -wal file: sqlite3, which waits while another reader rebuilds the WAL index)
+        eng = Engine(uri, "sqlite3" if engine == "sqlite3" or with_wal or not adbc_available() else "adbc")
         return _Reader(con, shown, eng, progress or _Quiet(), pages).read()
     except (sqlite3.Error, pd.errors.DatabaseError) as e:
         cause = e.__cause__ if isinstance(e, pd.errors.DatabaseError) and e.__cause__ else e
