@@ -285,3 +285,26 @@ def test_temp_files_are_removed_when_killed(tmp_path, sig):
     assert proc.returncode != 0
     assert not list(tmp.iterdir())
     shutil.rmtree(tmp)
+
+
+def test_number_texts_to_ns_exactly():
+    """The exact reading of float texts (epoch µs with 3 decimals have 19 digits of ns),
+    against Python's decimal arithmetic; out of range is refused, never wrapped."""
+    import random
+    from decimal import Decimal
+
+    from recsys_doctor.loaders._kineto_time import BadTime, ns_of
+
+    rng = random.Random(5)
+    texts = []
+    for _ in range(5000):
+        whole = rng.choice([rng.randrange(10**6), rng.randrange(2**40, 2**45), rng.randrange(10**15, 9 * 10**15),
+                            rng.randrange(9 * 10**15, 9223372036854775)])
+        d = rng.choice([1, 2, 3, 4, 6])
+        texts.append(("-" if rng.random() < 0.2 else "") + f"{whole}.{rng.randrange(10**d):0{d}d}")
+    texts += ["1.5e3", "2E-3", "0.000", "-0.0005", "0.0015", "12"]
+    want = [int((Decimal(t) * 1000).to_integral_value(rounding="ROUND_HALF_EVEN")) for t in texts]
+    assert ns_of(lambda v: v, texts, "ts").tolist() == want
+    for bad in (["9223372036854775.808"], ["1e19"], ["-1e400"]):
+        with pytest.raises(BadTime):
+            ns_of(lambda v: v, bad, "ts")

@@ -86,7 +86,8 @@ def _general(vals: list[Any], field: str) -> np.ndarray:
     ok = ~nan
     scaled = np.where(ok, x, 0.0) * 1000.0
     exact = np.rint(scaled)
-    ns[ok] = exact[ok].astype(np.int64)
+    with np.errstate(invalid="ignore"):  # (near the int64 ends: read from the digits below)
+        ns[ok] = exact[ok].astype(np.int64)
     idx = np.flatnonzero(ok & ((np.abs(x) >= _FLOAT_EXACT_BELOW) | (scaled != exact)))
     if not len(idx):
         return ns
@@ -118,36 +119,34 @@ def _texts(vals: list[Any], field: str) -> np.ndarray:
 
 
 def _digits_ns(texts: list[Any]) -> np.ndarray:
-    """ns of number texts with 1 to 3 decimals and at most 16 digits before the point
-    (``"1712195495519689.047"``), all at once from their digits (a numpy pass per
-    character position, no float); :data:`MISSING` for any other value."""
+    """ns of plain number texts (no exponent, at most 3 decimals, at most 18 digits:
+    ``"1712195495519689.047"``), all at once: the text without its point, read as an
+    integer by numpy, times 10**(3 - decimals); :data:`MISSING` for any other value."""
     out = np.full(len(texts), MISSING, np.int64)
     try:
         a = np.array(texts, dtype="S")
     except (UnicodeEncodeError, ValueError, TypeError):
         return out
-    if a.ndim != 1 or a.dtype.itemsize < 3:
+    if a.ndim != 1:
         return out
-    m = a.view(np.uint8).reshape(len(a), a.dtype.itemsize)
-    n = (m != 0).sum(axis=1)
-    rows = np.arange(len(a))
-    first = (m[:, 0] == ord("-")).astype(np.int64)
-    dot = np.full(len(a), -1, np.int64)
-    for d in (3, 2, 1):  # d decimals: the "." d+1 characters from the end
-        at = n - d - 1
-        hit = (dot < 0) & (at > first) & (m[rows, np.maximum(at, 0)] == ord("."))
-        dot[hit] = at[hit]
-    pos = np.arange(m.shape[1])
-    body = (pos >= first[:, None]) & (pos < n[:, None]) & (pos != dot[:, None])
-    digit = (m >= ord("0")) & (m <= ord("9"))
-    ok = (dot > 0) & (dot - first <= 16) & (digit | ~body).all(axis=1)
-    v = np.zeros(len(a), np.int64)
-    for j in range(m.shape[1]):
-        use = body[:, j] & ok
-        if use.any():
-            v = np.where(use, v * 10 + (m[:, j].astype(np.int64) - ord("0")), v)
-    ns = v * 10 ** (3 - (n - dot - 1)).clip(0, 3)
-    out[ok] = np.where(first == 1, -ns, ns)[ok]
+    st = getattr(np, "strings", np.char)  # (numpy 2's string ufuncs; np.char before)
+    n = st.str_len(a)
+    dot = st.find(a, b".")
+    places = np.where(dot >= 0, n - dot - 1, 0)
+    digits = st.replace(a, b".", b"")
+    unsigned = st.replace(digits, b"-", b"")
+    # digits, one point at most, a sign only in front, at most 3 decimals; the ns fit
+    # int64: at most 18 digits, or 19 below 9e18 (epoch µs with 3 decimals have 19)
+    size = st.str_len(unsigned) + 3 - places
+    ok = ((places <= 3) & (st.find(a, b".", dot + 1) < 0) & (st.find(a, b"-", 1) < 0) & st.isdigit(unsigned)
+          & ((size <= 18) | ((size == 19) & (unsigned < b"9"))))
+    if not ok.any():
+        return out
+    try:
+        whole = digits[ok].astype(np.int64)
+    except (ValueError, OverflowError):  # (never: checked above) one by one
+        return out
+    out[ok] = whole * 10 ** (3 - places[ok])
     return out
 
 
