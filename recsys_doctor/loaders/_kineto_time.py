@@ -1,13 +1,16 @@
 """Kineto ``ts``/``dur`` (µs, as JSON numbers) -> integer ns, exactly.
 
-The decoders hand float literals over as their text (``float_hook=str``), integers as
-ints. A column of integers (most traces: integer µs on the Unix epoch) is scaled in one
-numpy step. Otherwise the numbers are read as float64 first: where that is exact at the
-ns (every value below 2**40 µs, ~12.7 days, with at most 3 decimals: relative time) the
-float gives the ns; the others (float µs on the Unix epoch, where float64 resolves only
-~0.25 µs, or more than 3 decimals) are read from their own decimal digits, rounded half
-to even at the ns. A value that is not finite or does not fit int64 ns (``Infinity``,
-``1e29``, ``ts`` 1e19) is bad input: :class:`BadTime`, never a wrapped number.
+Integers (most traces: integer µs on the Unix epoch) are scaled in one numpy step. Floats
+decoded as float64 give the exact ns where every value lies below 2**40 µs (~12.7 days:
+relative time) with at most 3 decimals, the usual case. A float of 2**40 µs or more (µs
+on the epoch, where float64 resolves only ~0.25 µs, or days of uptime) or with more
+decimals raises :class:`NeedExact`: the loader decodes the trace again with its float
+literals as their text (``float_hook=str``; it looks at the start of the file first to
+spare that), and texts are read from their own decimal digits by numpy string ufuncs,
+rounded half to even at the ns where they have more than 3 decimals. A value that is not
+finite or does not fit int64 ns (``Infinity``, ``1e29``, ``ts`` 1e19) is bad input:
+:class:`BadTime`, never a wrapped number; a value that is no number (text, a list) is
+missing, as before.
 """
 
 from __future__ import annotations
