@@ -50,23 +50,23 @@ def ns_of(get: Callable[[Any], Any], items: Sequence[Any], field: str) -> np.nda
     number; raises :class:`BadTime` where out of range, :class:`NeedExact` for a float
     (not its text) whose ns float64 cannot give."""
     vals = list(map(get, items))
-    if vals and type(vals[0]) is str:  # float literals as their text (exact mode)
-        return _texts(vals, field)
-    try:  # numbers (ints, floats, float texts): one C pass
-        x = np.fromiter(vals, np.float64, count=len(vals))
-    except (TypeError, ValueError, OverflowError):
-        return _general(vals, field)
-    if not np.isfinite(x).all() or (np.abs(x) > _LIMIT_US).any():
-        return _general(vals, field)
-    scaled = x * 1000.0
-    exact = np.rint(scaled)
-    if (np.abs(x) < _FLOAT_EXACT_BELOW).all() and (scaled == exact).all():
-        return exact.astype(np.int64)  # relative µs with at most 3 decimals: the float is exact
     types = set(map(type, vals))
-    if types <= {int, bool}:  # integer µs (on the epoch): exact in int64
-        return np.fromiter(vals, np.int64, count=len(vals)) * 1000
-    if float in types:
-        raise NeedExact(field)
+    if types <= {int, bool}:  # integer µs (most traces: on the epoch): exact in int64
+        us = np.fromiter(vals, np.int64, count=len(vals)) if vals else np.zeros(0, np.int64)
+        out_of_range = (us > _LIMIT_US) | (us < -_LIMIT_US)
+        if out_of_range.any():
+            i = int(np.flatnonzero(out_of_range)[0])
+            raise BadTime(i, field, vals[i])
+        return us * 1000
+    if types == {str}:  # float literals as their text (exact mode)
+        return _texts(vals, field)
+    if types == {float}:
+        x = np.fromiter(vals, np.float64, count=len(vals))
+        if np.isfinite(x).all() and (np.abs(x) < _FLOAT_EXACT_BELOW).all():
+            scaled = x * 1000.0
+            exact = np.rint(scaled)
+            if (scaled == exact).all():  # relative µs with at most 3 decimals: the float is exact
+                return exact.astype(np.int64)
     return _general(vals, field)
 
 
