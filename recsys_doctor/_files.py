@@ -116,6 +116,9 @@ def gunzip_bytes(raw: bytes, shown: object) -> bytes:
             data = d.unused_data
     except zlib.error as e:
         raise TraceFormatError(f"{shown}: corrupt gzip file ({e})") from None
+    except MemoryError:
+        raise TraceFormatError(f"{shown}: decompressing it needs more memory than is free "
+                               f"({total / (1 << 30):.1f} GiB decompressed before)") from None
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 

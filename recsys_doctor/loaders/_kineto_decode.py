@@ -337,13 +337,17 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
     """Large traces: decode ``traceEvents`` a chunk at a time into a fresh sink; ``(top,
     is_array, sink)``, or None when the file is small or not laid out as expected (the
     caller then decodes it whole: same result, more memory; that path also words errors)."""
+    expands = False
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             gz = f.read(2) == GZIP_MAGIC
+            if gz and size >= 18:  # the gzip trailer's size (mod 2**32): a small file may expand far
+                f.seek(-4, os.SEEK_END)
+                expands = int.from_bytes(f.read(4), "little") >= STREAM_MIN
     except OSError:
         return None
-    if (size < GZ_TO_DISK) if gz else (size < STREAM_MIN):
+    if (size < GZ_TO_DISK and not expands) if gz else (size < STREAM_MIN):
         return None
     with contextlib.ExitStack() as stack:
         tmp = None
@@ -650,9 +654,8 @@ def chunk_bounds(mm: mmap.mmap, arr_start: int, arr_end: int) -> list[tuple[int,
 
 
 def _skip_blank(mm: mmap.mmap, pos: int, end: int) -> int:
-    while pos < end and mm[pos] in _SKIP:  # whitespace and the separating comma
-        pos += 1
-    return pos
+    m = _NOT_SKIP.search(mm, pos, end)  # whitespace and the separating comma, in C
+    return end if m is None else m.start()
 
 
 def _opens_event(mm: mmap.mmap, pos: int, end: int) -> bool:
@@ -711,7 +714,7 @@ def _events_span(mm: mmap.mmap) -> tuple[int, int, dict[str, Any], bool] | None:
 
 
 _NOT_BLANK = re.compile(rb"[^ \t\r\n\xef\xbb\xbf]")
-_SKIP = frozenset(b" \t\r\n,")
+_NOT_SKIP = re.compile(rb"[^ \t\r\n,]")
 
 
 def _chunks(mm: mmap.mmap, view: memoryview, arr_start: int, arr_end: int):
@@ -723,8 +726,7 @@ def _chunks(mm: mmap.mmap, view: memoryview, arr_start: int, arr_end: int):
     pos, released, page = arr_start + 1, 0, mmap.ALLOCATIONGRANULARITY
     while pos < arr_end:
         a = pos
-        while a < arr_end and mm[a] in _SKIP:  # whitespace and the separating comma
-            a += 1
+        a = _skip_blank(mm, a, arr_end)
         if a >= arr_end:
             return
         cut = mm.find(b"},\n", min(a + STREAM_CHUNK, arr_end), arr_end)
