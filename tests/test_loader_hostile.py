@@ -308,3 +308,19 @@ def test_number_texts_to_ns_exactly():
     for bad in (["9223372036854775.808"], ["1e19"], ["-1e400"]):
         with pytest.raises(BadTime):
             ns_of(lambda v: v, bad, "ts")
+
+
+def test_a_small_gzip_that_expands_far_is_streamed(tmp_path):
+    """80 MB of blanks between two events in a ~80 kB .json.gz: streamed from a temporary
+    file (its gzip trailer gives the size), blanks skipped in C, both kernels read."""
+    p = tmp_path / "blanks.json.gz"
+    with gzip.open(p, "wb") as g:
+        g.write(b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2},\n')
+        for _ in range(80):
+            g.write(b" " * (1 << 20))
+        g.write(b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 5, "dur": 2}]}')
+    assert p.stat().st_size < 1 << 20
+    t = time.perf_counter()
+    tr = load_kineto_json(p)
+    assert time.perf_counter() - t < 30
+    assert tr.kernels["start"].tolist() == [0, 4000] and tr.kernels["end"].tolist() == [2000, 6000]
