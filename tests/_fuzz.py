@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import re
 import sqlite3
 import struct
 from decimal import Decimal, InvalidOperation
@@ -151,9 +150,6 @@ KINETO_BUCKETS = {"kernel": "kernels", "Kernel": "kernels", "gpu_memcpy": "memcp
                   "cuda_driver": "api"}
 
 
-_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
-
-
 class OutOfRange(Exception):
     """A ts or dur the reference reads that is not a finite number of int64 nanoseconds."""
 
@@ -162,8 +158,13 @@ def exact_ns(v: Any) -> int | None:
     """µs as JSON has them -> integer ns exactly (the number's own decimal digits, rounded
     half to even at the ns); None for a missing or non-numeric value; raises
     :class:`OutOfRange` for non-finite values and values beyond int64 ns."""
-    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):  # a number given as text is read as one
-        v = Decimal(v.strip())
+    if isinstance(v, str):  # a number given as text is read as one (as Python reads it: " 7", "+7")
+        try:
+            v = Decimal(v)
+        except InvalidOperation:
+            return None
+        if v.is_nan():  # the text "nan": no number (Python's float reads NaN: missing)
+            return None
     if v is None or not isinstance(v, (int, float, Decimal)):  # (a bool is an int: True is 1)
         return None
     if isinstance(v, float):  # only NaN / Infinity reach here (parse_float=Decimal)

@@ -15,7 +15,6 @@ missing, as before.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -137,31 +136,29 @@ def _digits_ns(texts: list[Any]) -> np.ndarray:
     dot = st.find(a, b".")
     places = np.where(dot >= 0, n - dot - 1, 0)
     digits = st.replace(a, b".", b"")
-    unsigned = st.replace(digits, b"-", b"")
-    # digits, one point at most, a sign only in front, at most 3 decimals; the ns fit
-    # int64: at most 18 digits, or 19 below 9e18 (epoch µs with 3 decimals have 19)
-    size = st.str_len(unsigned) + 3 - places
-    ok = ((places <= 3) & (st.find(a, b".", dot + 1) < 0) & (st.find(a, b"-", 1) < 0) & st.isdigit(unsigned)
-          & ((size <= 18) | ((size == 19) & (unsigned < b"9"))))
+    neg = st.startswith(a, b"-")
+    # one point at most, a sign only in front, at most 3 decimals; the ns fit int64: at
+    # most 18 digits, or 19 below 9e18 (epoch µs with 3 decimals have 19)
+    size = st.str_len(digits) - neg + 3 - places
+    ok = ((places <= 3) & (st.find(a, b".", dot + 1) < 0) & (st.find(a, b"-", 1) < 0) & (size > 3 - places)
+          & ((size <= 18) | ((size == 19) & ~neg & (digits < b"9"))) & st.isdigit(st.replace(digits, b"-", b"")))
     if not ok.any():
         return out
-    try:
-        whole = digits[ok].astype(np.int64)
-    except (ValueError, OverflowError):  # (never: checked above) one by one
-        return out
+    whole = digits[ok].astype(np.int64)  # (digits only, after the sign: numpy would take " 7", "+7")
     out[ok] = whole * 10 ** (3 - places[ok])
     return out
 
 
 def _number(v: Any) -> float:
+    """A number, or its text as Python reads it (" 7", "+7"); NaN for anything else."""
     if isinstance(v, (int, float)):
         return float(v)
-    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
-        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
     return float("nan")
-
-
-_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
 def text_ns(v: str) -> int:
