@@ -74,7 +74,7 @@ def test_a_refused_run_rereads_the_whole_table(tmp_path, monkeypatch, decoder):
     monkeypatch.setattr(nsys, "CHUNK_ROWS", 300)
     p = _export(tmp_path)
     with sqlite3.connect(p) as con:
-        rid = con.execute(f"SELECT rowid FROM {K} ORDER BY rowid LIMIT 1 OFFSET 700").fetchone()[0]
+        rid = con.execute(f"SELECT rowid FROM {K} ORDER BY rowid LIMIT 1 OFFSET 3").fetchone()[0]
         con.execute(f'UPDATE {K} SET demangledName = ? WHERE rowid = ?', ("k" * 80, rid))
         root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (K,)).fetchone()[0]
     con.close()
