@@ -147,7 +147,6 @@ def test_rowid_sizes(tmp_path, rowids):
     assert _read_all(p, [0, 1, 2, 3], rows_per_run=500) == _sqlite_rows(p, [0, 1, 2, 3])
     pf = PageFile(p)
     runs = pf.runs(_root(p), 500)
-    assert runs[0].rowids[0] == min(ids) and runs[-1].rowids[1] == max(ids)
     assert sum(r.rows for r in runs) == n
     pf.close()
 
@@ -228,7 +227,7 @@ def test_corrupt_child_page_number_is_refused(tmp_path):
 def test_corrupt_leaf_pages_are_refused_or_read_alike(decoder, tmp_path):
     """Random bytes overwritten in the leaf pages (cell pointers, varints, record headers,
     values): the reader refuses or returns values, it never reads outside the file or
-    crashes; where both row loops read a run they return the same values."""
+    crashes; both row loops refuse the same runs and return the same values."""
     rows = [(i, -i * 1001, None if i % 7 == 0 else i * 2**33, i % 3) for i in range(3000)]
     p = _make(tmp_path / "f.sqlite", rows, page_size=512)
     pf = PageFile(p)
@@ -252,14 +251,13 @@ def test_corrupt_leaf_pages_are_refused_or_read_alike(decoder, tmp_path):
                 got[compiled] = pf.read(runs[0], [0, 1, 2, 3])
             except Unsupported:
                 got[compiled] = None
-            except IndexError:  # the numpy path's gathers stop at the file's end
-                assert not compiled
-                got[compiled] = None
             finally:
                 pf.close()
             bad.unlink() if compiled is False else None
         refused += got.get(True, got[False]) is None
-        if len(got) == 2 and got[True] is not None and got[False] is not None:
+        if len(got) == 2:  # both refuse the same runs (the numpy path parses the rowid too)
+            assert (got[True] is None) == (got[False] is None), k
+        if len(got) == 2 and got[True] is not None:
             for c in range(4):
                 assert np.array_equal(got[True][c][0], got[False][c][0])
                 a, b = got[True][c][1], got[False][c][1]

@@ -2,7 +2,8 @@
 
 Each batch of structs is split by category with a few C-level passes (``map`` with
 ``attrgetter`` / ``dict.get``, numpy masks) and only the fields its tables need are kept,
-as float64 numbers or int32 codes into one shared string table; the structs are then
+as float64 numbers, int64 ns (``ts``/``dur``, :mod:`._kineto_time`) or int32 codes into
+one shared string table; the structs are then
 dropped. No dict and no Python loop per event: memory follows the kept columns.
 
 pandas is imported only by the rare fallbacks (values that are not numbers, unhashable
@@ -14,6 +15,7 @@ imported) needs numpy alone.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ._kineto_decode import EMPTY_ARGS, Complete, Event, Metadata
+from ._kineto_time import BadTime, ns_of
 
 # Kineto category -> our bucket. Legacy (torch <= 1.9) and modern spellings share a bucket.
 BUCKET_OF_CAT: dict[str, str] = {
@@ -54,7 +57,10 @@ _PH, _CAT, _ARGS = attrgetter("ph"), attrgetter("cat"), attrgetter("args")
 _PH_CODE = {"X": 1, "M": 2}
 _PH_CODE_OF_TYPE = {Complete: 1, Metadata: 2}  # events decoded by phase
 _NAME = attrgetter("name")
-_FIELD_OF = {f: attrgetter(f) for f in ("pid", "tid", "ts", "dur")}
+_FIELD_OF = {f: attrgetter(f) for f in ("pid", "tid")}
+_TIME_OF = {f: attrgetter(f) for f in ("ts", "dur")}
+#: the columns that hold int64 ns (:mod:`._kineto_time`), not float64
+TIME_FIELDS = frozenset(_TIME_OF)
 _ARG_OF = {f: attrgetter(f) for f in ("device", "stream", "correlation", "bytes", "kind", "cuda_sync_kind",
                                       "grid", "block")}
 _ARG_IN = {f: attrgetter(f"args.{f}") for f in _ARG_OF}  # the same, read from the event
@@ -78,7 +84,7 @@ class Strings:
         for v in met:
             if v not in index and v is not None and v == v:  # v != v: NaN
                 index[v] = len(self.values)
-                self.values.append(v)
+                self.values.append(printable(v))
         return np.fromiter(map(index.get, vals, repeat(-1)), dtype=np.int32, count=len(vals))
 
     def remap(self, values: Sequence[Any]) -> np.ndarray:
@@ -91,7 +97,7 @@ class Strings:
             c = self.index.get(u)
             if c is None:
                 c = self.index[u] = len(self.values)
-                self.values.append(u)
+                self.values.append(printable(u))
             remap[i] = c
         return remap
 
@@ -102,6 +108,20 @@ class Strings:
             return np.fromiter(map(self.index.get, map(get, items)), dtype=np.int32, count=len(items))
         except (TypeError, ValueError):  # a new or missing value (None: not an int), or unhashable
             return self.codes(list(map(get, items)))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(v: Any) -> Any:
+    """``v``, with a lone surrogate (``"\\ud800"``: JSON allows it, UTF-8 does not) of a
+    string replaced by U+FFFD, so that every report can write the name."""
+    if isinstance(v, str) and not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", v)
+    return v
 
 
 class EventColumns:
@@ -139,6 +159,12 @@ class EventColumns:
 
     def _add(self, bucket: str, evs: Sequence[Event]) -> None:
         cols = {f: num_of(get, evs) for f, get in _FIELD_OF.items()}
+        try:
+            cols |= {f: ns_of(get, evs, f) for f, get in _TIME_OF.items()}
+        except BadTime as e:
+            ev = evs[e.index]
+            raise BadTime(e.index, f"trace event {printable(_NAME(ev))!r} (cat {_CAT(ev)}): {e.field}",
+                          e.value) from None
         cols["name"] = self.strings.codes_of(_NAME, evs)
         if bucket in ARG_NUMBERS:
             try:  # straight from the events ("args.device")
@@ -192,7 +218,7 @@ class EventColumns:
         """The whole column (all batches); empty float64 when the bucket had no event."""
         parts = self.parts[bucket].get(field)
         if not parts:
-            return np.empty(0, dtype=np.float64)
+            return np.empty(0, dtype=np.int64 if field in TIME_FIELDS else np.float64)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def size(self, bucket: str) -> int:

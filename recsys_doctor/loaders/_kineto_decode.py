@@ -27,18 +27,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
-import gzip
 import json
 import mmap
 import os
-import shutil
-import tempfile
+import re
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import msgspec
 
+from .._files import gunzip_bytes, gunzip_into, private_temp
 from .._fork import fork_with_queue, load_results, read_all, reap, second_cpu, serve_queue
 from ..errors import BadInputError, TraceFormatError
 from ..progress import ProgressHandle
@@ -103,26 +102,59 @@ TOP_KEYS = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id
 
 
 class _Doc(msgspec.Struct, gc=False):
+    """The document: its events, and the top-level keys the loader reads kept as raw JSON
+    (decoded by :func:`_top` without the float hook: their floats stay floats)."""
     traceEvents: list[Event] | msgspec.UnsetType = msgspec.UNSET
-    schemaVersion: Any = msgspec.UNSET
-    displayTimeUnit: Any = msgspec.UNSET
-    baseTimeNanoseconds: Any = msgspec.UNSET
-    trace_id: Any = msgspec.UNSET
-    cupti_version: Any = msgspec.UNSET
-    cuda_runtime_version: Any = msgspec.UNSET
-    cuda_driver_version: Any = msgspec.UNSET
-    distributedInfo: Any = msgspec.UNSET
-    deviceProperties: Any = msgspec.UNSET
+    schemaVersion: msgspec.Raw = msgspec.Raw()
+    displayTimeUnit: msgspec.Raw = msgspec.Raw()
+    baseTimeNanoseconds: msgspec.Raw = msgspec.Raw()
+    trace_id: msgspec.Raw = msgspec.Raw()
+    cupti_version: msgspec.Raw = msgspec.Raw()
+    cuda_runtime_version: msgspec.Raw = msgspec.Raw()
+    cuda_driver_version: msgspec.Raw = msgspec.Raw()
+    distributedInfo: msgspec.Raw = msgspec.Raw()
+    deviceProperties: msgspec.Raw = msgspec.Raw()
 
 
 class _PhaseDoc(_Doc, gc=False):
     traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET
 
 
-_DOC_DECODER = msgspec.json.Decoder(_Doc)
-_ARRAY_DECODER = msgspec.json.Decoder(list[Event])
-_PHASE_DOC_DECODER = msgspec.json.Decoder(_PhaseDoc)
-_PHASE_ARRAY_DECODER = msgspec.json.Decoder(list[PhaseEvent])
+_DOC_DECODER = msgspec.json.Decoder(_Doc)  # (the top-level keys only: traceEvents is [] there)
+#: the decoders of the events: float literals as floats (fast), or as their own text
+#: (``float_hook=str``) once :func:`exact_floats` is on: the ns of a float ts of 2**40 µs or
+#: more (epoch or days of uptime, where float64 loses ns) then come from its digits
+_DECODERS = {exact: (msgspec.json.Decoder(list[PhaseEvent], **hook), msgspec.json.Decoder(list[Event], **hook),
+                     msgspec.json.Decoder(_PhaseDoc, **hook), msgspec.json.Decoder(_Doc, **hook))
+             for exact, hook in ((False, {}), (True, {"float_hook": str}))}
+_EXACT = [False]
+
+
+@contextlib.contextmanager
+def exact_floats(on: bool) -> Any:
+    """Decode float literals as their text while in this block (see :data:`_DECODERS`)."""
+    was = _EXACT[0]
+    _EXACT[0] = on
+    try:
+        yield
+    finally:
+        _EXACT[0] = was
+
+
+def needs_exact(path: str) -> bool:
+    """Whether the start of the trace holds a float ts of 13 digits or more before the
+    point (>= 1e12 µs): decode it with :func:`exact_floats` from the start."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+        if head[:2] == GZIP_MAGIC:
+            head = zlib.decompressobj(31).decompress(head, 1 << 20)
+    except (OSError, zlib.error):
+        return False
+    return _BIG_FLOAT_TS.search(head) is not None
+
+
+_BIG_FLOAT_TS = re.compile(rb'"ts":\s*-?\d{13,}\.\d')
 
 
 def decode_events(buf: Any) -> list[Any]:
@@ -130,17 +162,19 @@ def decode_events(buf: Any) -> list[Any]:
     a field-less struct for any other phase) where every event has a phase of the Trace
     Event Format, else as :class:`Event` (a phase missing, unknown or not a string). The
     sink reads both alike. Raises what decoding into :class:`Event` raises."""
+    by_phase, plain = _DECODERS[_EXACT[0]][:2]
     try:
-        return _PHASE_ARRAY_DECODER.decode(buf)
+        return by_phase.decode(buf)
     except msgspec.ValidationError:
-        return _ARRAY_DECODER.decode(buf)
+        return plain.decode(buf)
 
 
 def _decode_doc(buf: Any) -> _Doc:
+    by_phase, plain = _DECODERS[_EXACT[0]][2:]
     try:
-        return _PHASE_DOC_DECODER.decode(buf)
+        return by_phase.decode(buf)
     except msgspec.ValidationError:
-        return _DOC_DECODER.decode(buf)
+        return plain.decode(buf)
 _TYPED_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 #: a sink takes one batch of decoded events (the caller's column builder)
@@ -161,7 +195,7 @@ SPLIT_MIN = 32 << 20
 
 
 def _top(doc: _Doc) -> dict[str, Any]:
-    return {k: getattr(doc, k) for k in TOP_KEYS if getattr(doc, k) is not msgspec.UNSET}
+    return {k: msgspec.json.decode(raw) for k in TOP_KEYS if len(raw := getattr(doc, k))}
 
 
 def _no_events_in_array(events: Sequence[Any]) -> bool:
@@ -212,19 +246,33 @@ def read_bytes(path: str) -> bytes:
             raw = f.read()
     except OSError as e:
         raise BadInputError(f"{path}: cannot read ({e.strerror or e})") from None
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise TraceFormatError(f"{path}: corrupt gzip file ({e})") from None
+    if raw[:2] == GZIP_MAGIC:  # (within the decompressed-size limit)
+        raw = gunzip_bytes(raw, path)
     if not raw or raw.isspace():
         raise TraceFormatError(f"{path}: empty file, not a trace")
     return raw
 
 
+class FloatText(str):
+    """A JSON float literal's text (the plain parse's ``parse_float``)."""
+
+    __slots__ = ()
+
+
+def _floats_back(v: Any) -> Any:
+    """Top-level metadata with its float literals as floats again."""
+    if isinstance(v, FloatText):
+        return float(v)
+    if isinstance(v, dict):
+        return {k: _floats_back(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_floats_back(x) for x in v]
+    return v
+
+
 def parse_plain(path: str, raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
+    try:  # float literals as their text (a str subclass), as the typed decoders give them
+        return json.loads(raw, parse_float=FloatText)
     except json.JSONDecodeError as e:
         raise TraceFormatError(
             f"{path}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
@@ -245,7 +293,7 @@ def split_document(path: str, doc: Any) -> tuple[dict[str, Any], list[Any]]:
         events = doc["traceEvents"]
         if not isinstance(events, list):
             raise TraceFormatError(f"{path}: 'traceEvents' is a {type(events).__name__}, expected a list of events")
-        return doc, events
+        return {k: _floats_back(doc[k]) for k in TOP_KEYS if k in doc}, events
     if isinstance(doc, list):
         if doc and not any(isinstance(e, dict) and "ph" in e for e in doc[:1000]):
             raise TraceFormatError(f"{path}: JSON array holds no trace events (objects with 'ph'); not a trace")
@@ -289,20 +337,24 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
     """Large traces: decode ``traceEvents`` a chunk at a time into a fresh sink; ``(top,
     is_array, sink)``, or None when the file is small or not laid out as expected (the
     caller then decodes it whole: same result, more memory; that path also words errors)."""
+    expands = False
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             gz = f.read(2) == GZIP_MAGIC
+            if gz and size >= 18:  # the gzip trailer's size (mod 2**32): a small file may expand far
+                f.seek(-4, os.SEEK_END)
+                expands = int.from_bytes(f.read(4), "little") >= STREAM_MIN
     except OSError:
         return None
-    if (size < GZ_TO_DISK) if gz else (size < STREAM_MIN):
+    if (size < GZ_TO_DISK and not expands) if gz else (size < STREAM_MIN):
         return None
-    tmp = None
-    try:
+    with contextlib.ExitStack() as stack:
+        tmp = None
         if gz:
-            tmp = _gunzip_to_temp(path)
-            if tmp is None:
-                return None
+            fd, tmp = stack.enter_context(private_temp(".json"))  # removed on every way out
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                gunzip_into(src, out, path)
         job = _take_prefetched(path) if tmp is None else None
         if job is None:
             job = SplitDecode.start(tmp or path, sink_factory)
@@ -314,21 +366,6 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
             sink = sink_factory()
             found = decode_streamed(mm, sink, progress)
             return None if found is None else (*found, sink)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-
-def _gunzip_to_temp(path: str) -> str | None:
-    fd, tmp = tempfile.mkstemp(prefix="recsys-doctor-", suffix=".json")
-    try:
-        with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as g:
-            shutil.copyfileobj(g, out, 1 << 20)
-    except (OSError, EOFError, zlib.error):
-        os.unlink(tmp)
-        return None
-    return tmp
 
 
 def decode_streamed(mm: mmap.mmap, sink: Sink,
@@ -395,6 +432,7 @@ class SplitDecode:
         self.arr_start, self.arr_end, self.top, self.is_array = span
         self.bounds, self.sink_factory = bounds, sink_factory
         self._strings: Any = None  # the string table this process's chunks share
+        self.exact = needs_exact(path)  # float literals as text (both processes alike)
         self._stat = _identity(os.fstat(f.fileno()))
         self.pid = 0
         self._queue = self._results = -1
@@ -452,7 +490,8 @@ class SplitDecode:
         does not decode (or is a bare array's first chunk that holds no trace events)."""
         a, stop = self.bounds[i]
         try:
-            evs = decode_events(b"".join((b"[", view[a:stop], b"]")))
+            with exact_floats(self.exact or _EXACT[0]):
+                evs = decode_events(b"".join((b"[", view[a:stop], b"]")))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
         if i == 0 and self.is_array and _no_events_in_array(evs):
@@ -615,9 +654,8 @@ def chunk_bounds(mm: mmap.mmap, arr_start: int, arr_end: int) -> list[tuple[int,
 
 
 def _skip_blank(mm: mmap.mmap, pos: int, end: int) -> int:
-    while pos < end and mm[pos] in _SKIP:  # whitespace and the separating comma
-        pos += 1
-    return pos
+    m = _NOT_SKIP.search(mm, pos, end)  # whitespace and the separating comma, in C
+    return end if m is None else m.start()
 
 
 def _opens_event(mm: mmap.mmap, pos: int, end: int) -> bool:
@@ -635,10 +673,12 @@ def _release(mm: mmap.mmap, a: int, stop: int) -> None:
 
 
 def _events_span(mm: mmap.mmap) -> tuple[int, int, dict[str, Any], bool] | None:
-    """``(index of the array's "[", index of its "]", top-level metadata, is_array)``."""
-    n, i = len(mm), 0
-    while i < n and mm[i:i + 1] in (b" ", b"\t", b"\r", b"\n", b"\xef", b"\xbb", b"\xbf"):
-        i += 1
+    """``(index of the array's "[", index of its "]", top-level metadata, is_array)`` of the
+    top-level events array (a ``traceEvents`` key nested in another value is not it)."""
+    m = _NOT_BLANK.search(mm)
+    if m is None:
+        return None
+    i, n = m.start(), len(mm)
     first = mm[i:i + 1]
     if first == b"[":
         arr_end = mm.rfind(b"]")
@@ -647,26 +687,34 @@ def _events_span(mm: mmap.mmap) -> tuple[int, int, dict[str, Any], bool] | None:
         return i, arr_end, {}, True
     if first != b"{":
         return None
-    key = mm.find(b'"traceEvents"')
-    arr_start = mm.find(b"[", key) if key >= 0 else -1
-    if arr_start < 0 or mm[key + 13:arr_start].strip() != b":":
-        return None
-    head = mm[:arr_start]
-    # the array ends at the last "]" after which the rest of the document still parses
-    arr_end = n
-    for _ in range(64):
-        arr_end = mm.rfind(b"]", arr_start, arr_end)
-        if arr_end < 0:
+    key = i
+    for _ in range(16):  # each "traceEvents" key, until the top-level one
+        key = mm.find(b'"traceEvents"', key + 1)
+        arr_start = mm.find(b"[", key) if key >= 0 else -1
+        if arr_start < 0:
             return None
-        try:
-            doc = _DOC_DECODER.decode(head + b"[]" + mm[arr_end + 1:])
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        if mm[key + 13:arr_start].strip() != b":":
             continue
-        return arr_start, arr_end, _top(doc), False
+        head = mm[:arr_start]
+        # the array ends at the last "]" after which the rest of the document still parses
+        # with an empty top-level traceEvents there (not elsewhere: then the key was nested)
+        arr_end = n
+        for _ in range(64):
+            arr_end = mm.rfind(b"]", arr_start, arr_end)
+            if arr_end < 0:
+                break
+            try:
+                doc = _DOC_DECODER.decode(head + b"[]" + mm[arr_end + 1:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if isinstance(doc.traceEvents, list) and not doc.traceEvents:
+                return arr_start, arr_end, _top(doc), False
+            break
     return None
 
 
-_SKIP = frozenset(b" \t\r\n,")
+_NOT_BLANK = re.compile(rb"[^ \t\r\n\xef\xbb\xbf]")
+_NOT_SKIP = re.compile(rb"[^ \t\r\n,]")
 
 
 def _chunks(mm: mmap.mmap, view: memoryview, arr_start: int, arr_end: int):
@@ -678,8 +726,7 @@ def _chunks(mm: mmap.mmap, view: memoryview, arr_start: int, arr_end: int):
     pos, released, page = arr_start + 1, 0, mmap.ALLOCATIONGRANULARITY
     while pos < arr_end:
         a = pos
-        while a < arr_end and mm[a] in _SKIP:  # whitespace and the separating comma
-            a += 1
+        a = _skip_blank(mm, a, arr_end)
         if a >= arr_end:
             return
         cut = mm.find(b"},\n", min(a + STREAM_CHUNK, arr_end), arr_end)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..model import COPY_KINDS, MEM_KINDS, SYNC_TYPES
 from ._kineto_columns import EventColumns, int_col
+from ._kineto_time import MISSING, BadTime
 
 _COPY_TOKEN = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP|HtoA|AtoH|AtoD|DtoA|AtoA)\b")
 COPY_KIND_OF_TOKEN = {
@@ -52,16 +53,19 @@ def copy_kind_from_name(name: str) -> tuple[str, str, str]:
 
 
 class Tables:
-    """The event tables of one trace. Times: ``start = round((ts - t0) * 1000)`` ns from the
-    earliest ``ts`` among the loaded events (the profiler's own span excluded), ``end =
-    start + round(dur * 1000)``; rows without a ``ts`` are dropped and counted."""
+    """The event tables of one trace. Times: ``start = ts - t0`` in ns (both exact, see
+    :mod:`._kineto_time`) from the earliest ``ts`` among the loaded events (the profiler's
+    own span excluded), ``end = start + dur`` (a missing or negative ``dur`` is 0); rows
+    without a ``ts`` are dropped and counted. A window or an end beyond int64 ns is bad
+    input (:class:`BadTime`)."""
 
     def __init__(self, cols: EventColumns) -> None:
         self.cols = cols
         self.values = cols.strings.values
-        mins = [float(np.nanmin(a)) for b in cols.parts if b != "trace"
-                for a in [cols.column(b, "ts")] if len(a) and not np.isnan(a).all()]
-        self.t0: float | None = min(mins) if mins else None
+        mins = [int(a[a != MISSING].min()) for b in cols.parts if b != "trace"
+                for a in [cols.column(b, "ts")] if len(a) and (a != MISSING).any()]
+        #: the earliest ts, in ns
+        self.t0_ns: int | None = min(mins) if mins else None
         self.dropped = 0
         self.unmatched: dict[str, int] = {}
 
@@ -78,18 +82,21 @@ class Tables:
         for bucket in _SOURCES:
             if self.cols.size(bucket):
                 ts = self.cols.column(bucket, "ts")
-                out.update(np.unique(int_col(self.cols.column(bucket, "pid")[~np.isnan(ts)], -1)).tolist())
+                out.update(np.unique(int_col(self.cols.column(bucket, "pid")[ts != MISSING], -1)).tolist())
         return out
 
     def ns(self, bucket: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(start_ns, end_ns, valid)``: rows with a missing ts are invalid."""
-        t0 = self.t0 if self.t0 is not None else 0.0
+        t0 = self.t0_ns if self.t0_ns is not None else 0
         ts, dur = self.cols.column(bucket, "ts"), self.cols.column(bucket, "dur")
-        valid = ~np.isnan(ts)
-        start = np.rint((np.where(valid, ts, t0) - t0) * 1000.0).astype(np.int64)
-        d = np.where(np.isnan(dur) | (dur < 0), 0.0, dur)
-        end = start + np.rint(d * 1000.0).astype(np.int64)
-        return start, end, valid
+        valid = ts != MISSING
+        if valid.any() and int(ts[valid].max()) - t0 >= 2**63:
+            raise BadTime(0, f"the {bucket} events' ts", f"{int(ts[valid].max()) / 1000} µs after the first")
+        start = np.where(valid, ts, t0) - t0
+        d = np.maximum(dur, 0)  # (missing: MISSING < 0)
+        if (d > np.iinfo(np.int64).max - np.maximum(start, 0)).any():
+            raise BadTime(0, f"the {bucket} events' dur", "(an end)")
+        return start, start + d, valid
 
     def rows(self, bucket: str, fields: tuple[str, ...], *, drop: bool = True) -> dict[str, np.ndarray] | None:
         """Start, end and ``fields`` of a bucket's events; None when it has none. ``drop``:

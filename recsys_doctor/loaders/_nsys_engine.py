@@ -22,11 +22,19 @@ import pandas as pd
 
 from ._nsys_file import one_line
 
-__all__ = ["Engine", "adbc_available", "TEXT_COLUMNS", "PlainSelect", "plain_select", "page_frame"]
+__all__ = ["Engine", "BadValue", "adbc_available", "TEXT_COLUMNS", "PlainSelect", "plain_select", "page_frame"]
 
 #: the only columns the big SELECTs return as text (NVTX's inline text); every other
 #: column is an integer (an id, a code, a time)
 TEXT_COLUMNS = ("tx_txt",)
+#: StringIds references: an id, or the text itself (some post-processing tools write it)
+_REFERENCES = ("dn", "sn", "nm", "ti")
+_FROM_TABLE = re.compile(r"FROM (\w+) \w+")
+
+
+class BadValue(Exception):
+    """A value of a type no export holds where a number belongs (text in ``deviceId``):
+    the loader refuses the file in one line naming the table and the column."""
 #: rows per Arrow batch: more than a chunk of the loader, so a chunk is one batch and its
 #: integer columns reach numpy without a copy
 BATCH_ROWS = 1 << 21
@@ -82,7 +90,7 @@ class Engine:
             if df is not None:
                 return df
         with contextlib.closing(sqlite3.connect(self.uri, uri=True)) as con:
-            return pd.read_sql_query(sql, con)
+            return _numbers_checked(pd.read_sql_query(sql, con), sql)
 
     def _adbc(self, sql: str) -> pd.DataFrame | None:
         """The query through ADBC, or None where only sqlite3 reads it right."""
@@ -105,7 +113,31 @@ class Engine:
         if any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                for f in tab.schema if f.name not in TEXT_COLUMNS):
             return None
-        return arrow_to_pandas(tab)
+        try:
+            return arrow_to_pandas(tab)
+        except (pa.ArrowException, UnicodeDecodeError):  # text that is not UTF-8: sqlite3 words it
+            return None
+
+
+def _numbers_checked(df: pd.DataFrame, sql: str) -> pd.DataFrame:
+    """``df`` (sqlite3 keeps each value's own type), refused with :class:`BadValue` where a
+    column that holds numbers has text, a blob or a fraction in it."""
+    for name in df.columns:
+        col = df[name]
+        if name in TEXT_COLUMNS or name in _REFERENCES or col.dtype.kind in "iub":
+            continue
+        if col.dtype.kind == "f":
+            v = col.to_numpy()
+            bad = ~np.isnan(v) & ((v != np.floor(v)) | (np.abs(v) >= 2.0**63))
+            what = "a non-integer number"
+        else:
+            bad = col.map(lambda x: x is not None and not isinstance(x, int)).to_numpy(bool)
+            what = "a value that is not an integer"
+        if bad.any():
+            m = _FROM_TABLE.search(sql)
+            raise BadValue(f"{m.group(1) if m else 'a table'}: column {name} holds {what} "
+                           f"({col[bad].iloc[0]!r}) where an integer belongs")
+    return df
 
 
 _SELECT = re.compile(r"^SELECT (.+) FROM (\w+) (\w+)$", re.DOTALL)

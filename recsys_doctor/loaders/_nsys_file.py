@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import gzip
 import os
-import shutil
 import struct
-import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from .._files import gunzip_into, private_temp
 from ..errors import TraceFormatError
 
 __all__ = ["SQLITE_MAGIC", "GZIP_MAGIC", "gunzipped", "check_header", "one_line"]
@@ -22,20 +19,13 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 @contextlib.contextmanager
 def gunzipped(p: Path) -> Iterator[Path]:
-    """Decompress ``p`` to a private temporary file (deleted afterwards). The whole
-    trace is read into DataFrames while the file exists, so nothing needs caching."""
-    fd, name = tempfile.mkstemp(prefix="recsys-doctor-", suffix=".sqlite")
-    tmp = Path(name)
-    try:
-        try:
-            with os.fdopen(fd, "wb") as out, gzip.open(p, "rb") as g:
-                shutil.copyfileobj(g, out, 1 << 20)
-        except (OSError, EOFError, zlib.error) as e:
-            raise TraceFormatError(f"{p}: corrupt gzip file ({e or type(e).__name__})") from None
-        yield tmp
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    """Decompress ``p`` to a private temporary file (deleted afterwards, also on Ctrl-C and
+    SIGTERM), within the decompressed-size limit (:func:`~recsys_doctor._files.max_decompressed`).
+    The whole trace is read into DataFrames while the file exists, so nothing needs caching."""
+    with private_temp(".sqlite") as (fd, name), os.fdopen(fd, "wb") as out, open(p, "rb") as src:
+        gunzip_into(src, out, p)
+        out.close()
+        yield Path(name)
 
 
 def check_header(p: Path, shown: Path) -> None:

@@ -13,10 +13,12 @@ decode on two cores. Where ``pip install`` could build it (a C compiler at hand)
 rows of a run are decoded instead by ``_pagecodec``, the same loop in C: one pass over
 the rows straight into the output columns (about 3x less time than the numpy steps,
 which allocate and touch every column several times); it decodes and refuses exactly
-what the numpy path does, and checks that every byte it reads lies in its cell.
+what the numpy path does (both parse each row's rowid varint), and both check that every
+byte they read lies in its cell.
 
 It decodes only what it can prove it reads right and raises :class:`Unsupported`
-otherwise; the loader then reads those rows through SQLite, which gives the same values.
+otherwise; the loader then reads that table through SQLite, which gives the same values.
+What breaks the file format is :class:`Corrupt`: the loader refuses the file.
 Unsupported: a database in WAL mode, a table that is not a rowid b-tree, a row whose
 payload spills to overflow pages, a value in a wanted column that is not an integer or
 NULL (text, blob, float), a row with fewer columns than the wanted ones (added by
@@ -38,7 +40,7 @@ try:  # the row loop in C (built by pip install where a C compiler is at hand)
 except ImportError:  # pragma: no cover - an install without a compiler: numpy only
     _c_decode = None
 
-__all__ = ["PageFile", "Unsupported", "LeafRun", "compiled_available"]
+__all__ = ["PageFile", "Unsupported", "Corrupt", "LeafRun", "compiled_available"]
 
 _MAGIC = b"SQLite format 3\x00"
 _LEAF, _INTERIOR = 13, 5  # page types of a table b-tree
@@ -78,15 +80,29 @@ class Unsupported(Exception):
     """These pages hold something this reader does not decode; read them through SQLite."""
 
 
+class Corrupt(Unsupported):
+    """A run's pages break the file format (a cell outside its page, a record longer than
+    its cell...): no valid file holds them, and SQLite reads such bytes differently from
+    one run to the next (past the end of its page buffer), so they are not re-read."""
+
+
+#: what :meth:`PageFile.read` refuses as :class:`Corrupt` (every refusal but values this
+#: reader does not decode: overflow pages, text or floats, short records, long types)
+_CORRUPT = frozenset({"page number outside the file", "not a leaf page", "more cells than a page holds",
+                      "a cell outside its page", "a record longer than its cell",
+                      "the pages hold another number of rows than their headers",
+                      "the b-tree visits more pages than the file has"})
+
+
 @dataclass(frozen=True)
 class LeafRun:
     """Consecutive leaf pages of one table (in b-tree order) and their row count: what
-    one chunk of the load reads. ``rowids`` is the first and last rowid, so the same rows
-    can be selected through SQLite (``rowid BETWEEN``) when :meth:`PageFile.read` refuses."""
+    one chunk of the load reads. Where :meth:`PageFile.read` refuses a run, the loader
+    reads the whole table through SQLite (a rowid range could end early on a corrupt
+    b-tree, without an error)."""
 
     pages: np.ndarray
     cells: np.ndarray
-    rowids: tuple[int, int]
 
     @property
     def rows(self) -> int:
@@ -201,8 +217,15 @@ class PageFile:
             level = child
 
     def runs(self, root: int, rows_per_run: int) -> list[LeafRun]:
-        """The table's leaf pages cut into runs of about ``rows_per_run`` rows."""
-        pages, cells = self.leaves(root)
+        """The table's leaf pages cut into runs of about ``rows_per_run`` rows; raises
+        :class:`Corrupt` for a b-tree that breaks the format, :class:`Unsupported` for one
+        this reader does not walk."""
+        try:
+            pages, cells = self.leaves(root)
+        except Unsupported as e:
+            if str(e) in _CORRUPT:
+                raise Corrupt(str(e)) from None
+            raise
         keep = cells > 0  # only an empty table's root leaf has no cell
         pages, cells = pages[keep], cells[keep]
         if not len(pages):
@@ -212,17 +235,32 @@ class PageFile:
         out = []
         for a, b in zip(np.r_[0, cut], np.r_[cut, len(pages)]):
             if a < b:
-                p, c = pages[a:b], cells[a:b]
-                out.append(LeafRun(p, c, (self._rowid(int(p[0]), 0), self._rowid(int(p[-1]), int(c[-1]) - 1))))
+                out.append(LeafRun(pages[a:b], cells[a:b]))
         return out
 
-    def _rowid(self, page: int, cell: int) -> int:
-        """The rowid of one cell (a Python-level read, for the ends of a run)."""
-        hdr = int(self._header_at(np.array([page]))[0])
-        at = (page - 1) * self.page_size + int(self.be16[hdr + 8 + 2 * cell])
-        _, at = _varint(self._mm, at)
-        v, _ = _varint(self._mm, at)
-        return v - (1 << 64) if v >= 1 << 63 else v
+    def check(self, root: int) -> None:
+        """Raise :class:`Corrupt` where the table b-tree at ``root`` or a cell of its leaves
+        leaves its page (for a table read through SQLite, which reads such cells past the
+        end of its page buffer: a different answer on each run); overflow rows are fine."""
+        try:
+            pages, _ = self.leaves(root)
+            hdr = self._header_at(pages)
+            off = self._cell_offsets(pages, hdr, 3, 8)
+            end = np.repeat((pages - 1) * self.page_size + self.usable, self.be16[hdr + 3].astype(np.int64))
+            payload, n = _varints(self.u8, off, end)
+            at = off + n
+            at = at + _varints(self.u8, at, end)[1]
+            # the bytes of a row on its page (https://www.sqlite.org/fileformat2.html, "Cell
+            # payload overflow"): all of it, or a part and the 4-byte first overflow page
+            u = self.usable
+            lo, hi = (u - 12) * 32 // 255 - 23, u - 35
+            spill = lo + (payload - lo) % (u - 4)
+            local = np.where(payload <= hi, payload, np.where(spill <= hi, spill, lo) + 4)
+            if (payload < 0).any() or (local > end - at).any():
+                raise Unsupported("a cell outside its page")
+        except Unsupported as e:
+            if str(e) in _CORRUPT:
+                raise Corrupt(str(e)) from None
 
     # --- the rows ----------------------------------------------------------------
     def read(self, run: LeafRun, columns: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
@@ -232,6 +270,10 @@ class PageFile:
         afterwards (they stay in the page cache, not in this process's memory)."""
         try:
             return self._decode(run, columns) if self.compiled else self._read(run, columns)
+        except Unsupported as e:
+            if str(e) in _CORRUPT:
+                raise Corrupt(str(e)) from None
+            raise
         finally:
             self._release(run.pages)
 
@@ -273,22 +315,26 @@ class PageFile:
         if not len(off):
             return {c: (np.zeros(0, np.int64), None) for c in columns}
         u8 = self.u8
-        # the cell: payload size (varint), rowid (varint), then the record
-        first = u8[off]
-        if (first < 0x80).all():
-            payload, at = first.astype(np.int64), off + 1
-        else:
-            payload, n = _varints(u8, off)
-            at = off + n
+        # the cell: payload size (varint), rowid (varint), then the record; every byte is
+        # checked to lie in the cell's page before it is read, in the C loop's order
+        end = np.repeat((pages - 1) * self.page_size + self.usable, self.be16[hdr + 3].astype(np.int64))
+        payload, n = _varints(u8, off, end)
         if (payload > self.usable - 35).any():  # the rest of such a row is on overflow pages
             raise Unsupported("a row spills to overflow pages")
-        at = at + self._rowid_sizes(at, run)  # the record: after the rowid
+        at = off + n
+        at = at + _varints(u8, at, end)[1]  # the record: after the rowid
+        if (payload > end - at).any():
+            raise Unsupported("a cell outside its page")
+        if (payload < 1).any():
+            raise Unsupported("a record header this reader does not decode, or a short record")
         # the record header: its size (a varint; one byte for up to 127 bytes), then one
         # serial type per column
         hsize = u8[at].astype(np.int64)
         need = max(columns) + 1
         if (hsize >= 0x80).any() or (hsize < 1 + need).any():
             raise Unsupported("a record header this reader does not decode, or a short record")
+        if (hsize > payload).any():
+            raise Unsupported("a record longer than its cell")
         last = at + hsize - 8  # 8 bytes before the end of the values read so far
         out: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         wanted = set(columns)
@@ -339,7 +385,7 @@ class PageFile:
         if _NO_BYTES[t]:
             n = len(last)
             return np.full(n, int(t == 9), np.int64), (np.ones(n, bool) if t == 0 else None)
-        v = self.be64[last].astype(np.int64)
+        v = self.be64[np.minimum(last, len(self.be64) - 1)].astype(np.int64)  # (past the cell: refused after)
         shift = int(_SHIFT[t])
         if shift:
             v <<= shift
@@ -354,7 +400,7 @@ class PageFile:
         if none.all():  # flags, enums: no value to read
             v = (t == 9).astype(np.int64)
         else:
-            v = self.be64[last].astype(np.int64)
+            v = self.be64[np.minimum(last, len(self.be64) - 1)].astype(np.int64)
             shift = _SHIFT[t]
             np.left_shift(v, shift, out=v)
             np.right_shift(v, shift, out=v)
@@ -364,46 +410,13 @@ class PageFile:
         nulls = t == 0
         return v, (nulls if nulls.any() else None)
 
-    def _rowid_sizes(self, at: np.ndarray, run: LeafRun) -> np.ndarray:
-        """Bytes of each row's rowid varint. Rows are in rowid order, so where every rowid
-        of the run lies in [0, 2^56) the size (1 byte per 7 bits) only grows along the run:
-        the first row of each size is found by bisection and the sizes filled in ranges,
-        no pass over the bytes. Negative or huge rowids are decoded row by row in numpy."""
-        lo, hi = run.rowids
-        if lo < 0 or hi >= 1 << 56:
-            return _varints(self.u8, at)[1]
-        sizes = np.empty(len(at), np.int64)
-        start = 0
-        for nbytes in range(1, 9):
-            limit = 1 << (7 * nbytes)  # rowids below this take at most nbytes
-            a, b = start, len(at)
-            while a < b:  # first row with a rowid >= limit
-                m = (a + b) // 2
-                if _varint(self._mm, int(at[m]))[0] < limit:
-                    a = m + 1
-                else:
-                    b = m
-            sizes[start:a] = nbytes
-            start = a
-            if start == len(at):
-                break
-        return sizes
 
-
-def _varint(buf: mmap.mmap | bytes, at: int) -> tuple[int, int]:
-    """One SQLite varint at ``at``: (value, offset after it)."""
-    v = 0
-    for i in range(8):
-        b = buf[at + i]
-        v = (v << 7) | (b & 0x7F)
-        if b < 0x80:
-            return v, at + i + 1
-    return (v << 8) | buf[at + 8], at + 9
-
-
-def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The varint at each offset: (values as uint64 bit patterns in int64, sizes)."""
-    b = u8[at].astype(np.int64)
+def _varints(u8: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The varint at each offset: (values as uint64 bit patterns in int64, sizes). Raises
+    :class:`Unsupported` where one runs past its ``end`` (the C loop's test: no byte at or
+    after ``end`` is read as part of it)."""
+    last = len(u8) - 1
+    b = u8[np.minimum(at, last)].astype(np.int64)
     val = b & 0x7F
     size = np.ones(len(at), np.int64)
     todo = np.flatnonzero(b >= 0x80)
@@ -411,11 +424,13 @@ def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for i in range(1, 9):
         if not len(todo):
             break
-        b = u8[at[todo] + i].astype(np.int64)
+        b = u8[np.minimum(at[todo] + i, last)].astype(np.int64)
         v = (v << 8) | b if i == 8 else (v << 7) | (b & 0x7F)
         size[todo] += 1
         more = (b >= 0x80) if i < 8 else np.zeros(len(todo), bool)
         done = ~more
         val[todo[done]] = v[done]
         todo, v = todo[more], v[more]
+    if (at + size > end).any():
+        raise Unsupported("a cell outside its page")
     return val, size

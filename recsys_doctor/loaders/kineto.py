@@ -13,12 +13,13 @@ What the loader copes with (all seen in real traces from torch 1.8 to 2.9, see
   relative to ``baseTimeNanoseconds``.
 
 Time: ``ts``/``dur`` are always microseconds whatever ``displayTimeUnit`` says. They
-become integer ns, ``start = round((ts - ts0) * 1000)`` where ``ts0`` is the earliest
-``ts`` among the loaded events (so the earliest event starts at 0), and
-``end = start + round(dur * 1000)``. Subtracting before scaling keeps the ns digits
-of float epoch timestamps that ``round(ts * 1000)`` would lose (float64 resolves only
-~0.25 µs at 1.7e15 µs). ``meta["origin_ns_epoch"]`` says where 0 is on the Unix clock
-when the trace lets us know.
+become integer ns exactly, from the number's own decimal digits (float64 resolves only
+~0.25 µs at 1.7e15 µs; see :mod:`._kineto_time`): ``start = ts - ts0`` where ``ts0`` is
+the earliest ``ts`` among the loaded events (so the earliest event starts at 0), and
+``end = start + dur`` (a missing or negative ``dur`` is 0). A ``ts`` or ``dur`` that is
+not finite or does not fit int64 ns (``Infinity``, ``1e29``) is refused in one line
+naming the event. ``meta["origin_ns_epoch"]`` says where 0 is on the Unix clock when
+the trace lets us know.
 
 GPU events carry ``pid`` = device index, so their ``pid`` column is replaced by the
 host process that issued the matching runtime/driver call (same ``correlation``);
@@ -54,6 +55,7 @@ from ..progress import ProgressHandle
 from . import _kineto_decode as decode
 from ._kineto_columns import EventColumns, int_col, num
 from ._kineto_decode import Event
+from ._kineto_time import BadTime, NeedExact
 from ._kineto_tables import HostLink, Tables, copy_kind_from_name
 
 __all__ = ["load_kineto_json", "copy_kind_from_name"]
@@ -82,6 +84,8 @@ def load_kineto_json(path: str | os.PathLike[str], *, progress: ProgressHandle |
     gc.disable()
     try:
         return _load(p, progress)
+    except BadTime as e:
+        raise TraceFormatError(f"{p}: {e}") from None
     except (TypeError, ValueError, AttributeError, KeyError) as e:
         # values of a type no profiler writes (a list where a number belongs, ...)
         raise TraceFormatError(f"{p}: unexpected value in trace events ({type(e).__name__}: {e})") from None
@@ -92,12 +96,7 @@ def load_kineto_json(path: str | os.PathLike[str], *, progress: ProgressHandle |
 
 def _load(path: str, progress: ProgressHandle | None) -> Trace:
     """Decode the events into columns (streamed when large), then build the tables."""
-    streamed = decode.load_streamed(path, EventColumns, progress)
-    if streamed is not None:
-        top, is_array, cols = streamed
-    else:
-        cols = EventColumns()
-        top, is_array = decode.decode_whole(path, cols)
+    top, is_array, cols = _decode(path, progress)
     if is_array and cols.n_events == 0:  # nothing says it is a trace at all
         raise TraceFormatError(f"{path}: an empty JSON array, no trace events: a PyTorch profiler trace is "
                                "an object with 'traceEvents' or (torch 1.8) an array of events")
@@ -118,6 +117,25 @@ def _load(path: str, progress: ProgressHandle | None) -> Trace:
     return Trace(path=path, format="kineto-json", kernels=kernels, memcpys=memcpys, memsets=memsets,
                  api=api, syncs=syncs, ranges=ranges, threads=threads, devices=_devices(top, used_devices),
                  meta=meta)
+
+
+def _decode(path: str, progress: ProgressHandle | None) -> tuple[dict[str, Any], bool, EventColumns]:
+    """The events as columns (streamed when large). Float literals are decoded as floats,
+    or as their text where a float ts of 2**40 µs or more is met (:class:`NeedExact`: the
+    decoding starts again; the start of the file is looked at first to spare that)."""
+    exact = decode.needs_exact(path)
+    while True:
+        try:
+            with decode.exact_floats(exact):
+                streamed = decode.load_streamed(path, EventColumns, progress)
+                if streamed is not None:
+                    return streamed
+                cols = EventColumns()
+                return (*decode.decode_whole(path, cols), cols)
+        except NeedExact:
+            if exact:  # (float literals are text then: never)
+                raise
+            exact = True
 
 
 def _ranges_part(tables: Tables) -> tuple[tuple[pd.DataFrame], int, dict[str, int]]:
@@ -218,11 +236,11 @@ def _meta(top: dict[str, Any], is_array: bool, tables: Tables, process_names: di
 
 def _time_base(base: Any, tables: Tables) -> dict[str, Any]:
     """Where 0 is: ``origin_us`` (the earliest ts), on the Unix clock when the trace says."""
-    t0 = tables.t0
-    if t0 is None:
+    t0_ns = tables.t0_ns
+    if t0_ns is None:
         return {"time_base": "none"}
+    t0 = t0_ns / 1000
     out: dict[str, Any] = {"origin_us": t0}
-    t0_ns = _us_to_ns_exact(t0)
     if t0 >= _EPOCH_US_THRESHOLD:
         out |= {"time_base": "epoch", "origin_ns_epoch": t0_ns}
     elif isinstance(base, int) and not isinstance(base, bool):
@@ -234,9 +252,3 @@ def _time_base(base: Any, tables: Tables) -> dict[str, Any]:
         if valid[0]:
             out["profiler_window_ns"] = [int(s[0]), int(e[0])]
     return out
-
-
-def _us_to_ns_exact(us: float) -> int:
-    """µs -> ns without the float64 loss of ``us * 1000`` at epoch magnitudes."""
-    whole = int(us // 1)
-    return whole * 1000 + int(round((us - whole) * 1000.0))
