@@ -71,10 +71,16 @@ def test_tiled_findings_match_the_original(tiled):
     idle and launch-wait shares, short-kernel and small-grid shares (the old tiling put
     seconds of dead time between copies: utilization 6.1% became 1.3%). Recoverable
     shares are over the steady state, which in the tiled trace includes the second copy's
-    start-up, so they are not compared."""
+    start-up, so they are not compared. The copy's first query is a warm-up query in the
+    middle of the tiled trace (cudaMalloc in it): ``step-variance`` may name that one
+    step and no other."""
     one, two = tiled
     a, b = advise(one, Options()), advise(two, Options())
-    assert {f.id for f in a.findings} == {f.id for f in b.findings}
+    assert {f.id for f in a.findings} - {"step-variance"} == {f.id for f in b.findings} - {"step-variance"}
+    sv = [f for f in b.findings if f.id == "step-variance"]
+    if sv and not any(f.id == "step-variance" for f in a.findings):
+        out = sv[0].evidence["outliers"]
+        assert len(out) == 1 and "cudaMalloc" in {x["api"] for x in out[0]["extra_api"]}
     assert b.summary["window_ns"] == pytest.approx(2 * a.summary["window_ns"], rel=1e-4)  # + the small gap
     assert b.summary["gpu_utilization"] == pytest.approx(a.summary["gpu_utilization"], abs=1e-4)
     ea = {f.id: f.evidence for f in a.findings}
