@@ -109,11 +109,16 @@ def _shared_tables(trace: Trace, options: Options) -> None:
     the GIL, so the two overlap on two CPUs). Whatever the thread fails to build is built
     again, and its error raised, by the first analyzer that asks."""
     from ._ops import launches, op_table
-    from ._recoverable import idle_gaps, steady_window
+    from ._recoverable import allocator_cover, idle_gaps, steady_window
 
     op_table(trace)
     steady_window(trace, options)  # (the per-trace caches exist before the thread starts)
-    gaps = threading.Thread(target=_quietly, args=(idle_gaps, trace, options), name="recsys-doctor-gaps",
+
+    def gap_tables(trace: Trace, options: Options) -> None:  # (allocator_cover: four analyzers ask)
+        idle_gaps(trace, options)
+        allocator_cover(trace, options)
+
+    gaps = threading.Thread(target=_quietly, args=(gap_tables, trace, options), name="recsys-doctor-gaps",
                             daemon=True)
     gaps.start()
     try:

@@ -148,8 +148,11 @@ def idle_gaps(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -
     """Idle gaps of every device: ``device, start, end, ns, what, row, pid, stream,
     steady`` - ``start`` is when the device went idle (end of all work before), ``end``
     when the operation (``what``, ``row``) that ended the gap started; ``steady`` is True
-    when the gap lies after the device's steady-state start."""
-    return _cached(trace, ("gaps", options), lambda: _idle_gaps(trace, options)).copy()
+    when the gap lies after the device's steady-state start. The table is the per-trace
+    cached one, not a copy (a copy of the millions of gaps of a large trace, taken by each
+    of a dozen callers, cost more than the analyses that use it): callers filter or assign
+    into new frames and never write into it."""
+    return _cached(trace, ("gaps", options), lambda: _idle_gaps(trace, options))
 
 
 def _idle_gaps(trace: Trace, options: Options) -> pd.DataFrame:
