@@ -50,6 +50,9 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     One hash pass over a packed key when both fit in 32 bits (pids, tids, streams do)."""
     a = np.asarray(a, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)
+    if len(a) and a.min() == a.max():  # one a (one process, one device): the pairs are b's values
+        inv, keys = pd.factorize(b)
+        return inv, np.full(len(keys), a[0], dtype=np.int64), np.asarray(keys, dtype=np.int64)
     lim = 1 << 31
     if not len(a) or (-lim <= a.min() and a.max() < lim and -lim <= b.min() and b.max() < lim):
         inv, keys = pd.factorize((a << 32) | (b & 0xFFFFFFFF))
