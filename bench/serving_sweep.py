@@ -125,22 +125,11 @@ def _async_loop(q: int, dur: float, served, queries):
 
 
 def _make(config: str, model, queries, served):
-    import torch
     from serve_anchors import _graph_client, _serve_fns
+    from serve_anchors import _make as _make_anchor
 
-    if config == "eager":
-        s = torch.cuda.Stream()
-
-        def mk(a):
-            def fn():
-                with torch.cuda.stream(s), torch.no_grad():
-                    out = model(a[0].to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in a[1]],
-                                a[2].to("cuda", non_blocking=True))
-                    h = out.to("cpu", non_blocking=True)
-                    s.synchronize()
-                return h
-            return fn
-        return [mk(a) for a in queries]
+    if config == "eager":  # PyTorch eager on one shared stream, as bench/serve_anchors.py times it
+        return _make_anchor("eager_1stream", model, queries)[0]
     if config == "handroll_prepacked":
         return [_graph_client(model, a, "graph_prepacked") for a in queries]
     if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si"):

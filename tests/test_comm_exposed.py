@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _intervals import union_len
 from conftest import shared_files
 from recsys_doctor.advise import advise
 from recsys_doctor.options import Options
@@ -18,17 +19,6 @@ pytestmark = pytest.mark.shared
 
 DLRM = shared_files("kineto", ("*dlrm_kineto__worker*_step_12.*.json",))
 TORCHREC = shared_files("kineto", ("*torchrec*54105*.json",))
-
-
-def _union(iv: list[tuple[int, int]]) -> int:
-    total, cs, ce = 0, None, None
-    for s, e in sorted(iv):
-        if ce is None or s > ce:
-            total += 0 if ce is None else ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    return total + (0 if ce is None else ce - cs)
 
 
 def _expected(path: Path) -> dict:
@@ -40,9 +30,9 @@ def _expected(path: Path) -> dict:
     kinds = {n.split("_")[1].split("(")[0] for _, _, n in iv if "nccl" in n.lower()}
     for kind in [None, *sorted(kinds)]:
         comm = [(s, e) for s, e, n in iv if "nccl" in n.lower() and (kind is None or n.split("_")[1].split("(")[0] == kind)]
-        c, m = _union(comp), _union(comm)
-        out[kind] = {"comm_ns": m, "hidden_ns": c + m - _union(comp + comm), "kernels": len(comm),
-                     "busy_ns": _union(comp + comm)}
+        c, m = union_len(comp), union_len(comm)
+        out[kind] = {"comm_ns": m, "hidden_ns": c + m - union_len(comp + comm), "kernels": len(comm),
+                     "busy_ns": union_len(comp + comm)}
     return out
 
 

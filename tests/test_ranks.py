@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _intervals import union_len
 from conftest import SHARED_TRACES
 from recsys_doctor.cli import main
 from recsys_doctor.ranks import STRAGGLER_SHARE, advise_ranks, expand_traces, is_multi_target
@@ -33,17 +34,6 @@ def rank_dir(tmp_path_factory) -> Path:
     return d
 
 
-def _union_ns(pairs: list[tuple[int, int]]) -> int:
-    total, cs, ce = 0, None, None
-    for s, e in sorted(pairs):
-        if ce is None or s > ce:
-            total += 0 if ce is None else ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    return total + (0 if ce is None else ce - cs)
-
-
 def _expected(path: Path) -> dict:
     """comm/compute union lengths (ns) and overlap from a plain JSON parse."""
     ev = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
@@ -57,7 +47,7 @@ def _expected(path: Path) -> dict:
         s = round((e["ts"] - ts0) * 1000)
         iv = (s, s + round(e.get("dur", 0) * 1000))
         (comm if "nccl" in e["name"].lower() else comp).append(iv)
-    c, m, both = _union_ns(comp), _union_ns(comm), _union_ns(comp + comm)
+    c, m, both = union_len(comp), union_len(comm), union_len(comp + comm)
     return {"compute_ns": c, "comm_ns": m, "overlap_ns": c + m - both, "nccl_kernels": len(comm),
             "kernels": len(comm) + len(comp)}
 
