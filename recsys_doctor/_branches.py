@@ -57,9 +57,10 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
     thread, _, _ = pair_codes(j["pid"].to_numpy(np.int64), j["tid"].to_numpy(np.int64))
     t = j["api_start"].to_numpy(np.int64)
     stream, _ = pd.factorize(j["stream"].to_numpy(np.int64))
-    devs, dev_code = np.unique(dev, return_inverse=True)
+    one = dev.min() == dev.max()  # (one device: no sort of the millions of launches by device)
+    devs, dev_code = (dev[:1], None) if one else np.unique(dev, return_inverse=True)
     for di, d in enumerate(devs):
-        on = np.flatnonzero(dev_code == di) if len(devs) > 1 else np.arange(len(j))
+        on = np.arange(len(j)) if dev_code is None else np.flatnonzero(dev_code == di)
         cnt = np.bincount(thread[on])
         heavy = np.flatnonzero(cnt >= options.report_min_share * on.size)
         if heavy.size == 0:
