@@ -97,6 +97,10 @@ def analysis_window(trace: Trace) -> int:
 
 def steady_window(trace: Trace, options: Options) -> int:
     """Sum over devices of (last GPU activity - steady-state start), ns."""
+    return _cached(trace, ("steady_window", options), lambda: _steady_window(trace, options))
+
+
+def _steady_window(trace: Trace, options: Options) -> int:
     ops = op_table(trace)
     if len(ops) == 0:
         return 0
