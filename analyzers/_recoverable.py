@@ -25,7 +25,6 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding, severity_for_recoverable
 from ..model import Trace
 from ..options import Options
-from ._arrays import pair_codes
 from ._ops import device_busy, timeline_edges
 from ._util import (coverage_at, covered_in_bins, merge_intervals, op_table, str_contains, stream_label, take_str,
                     thread_labels)
@@ -352,13 +351,13 @@ def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dic
     wanted, got = np.zeros(len(claimers), np.int64), np.zeros(len(claimers), np.int64)
     lost: list[dict[int, int]] = [{} for _ in claimers]
     for _, i, rows in sorted(groups, key=lambda g: (g[0], g[1])):
-        gid, inv, o = _group_by_code(code[rows])  # (a gap claimed twice by one finding: once)
-        w = np.minimum(np.bincount(inv, weights=want_all[rows][o]).astype(np.int64), full[gid])
+        gid, inv, by = _group_by_code(code[rows])  # (a gap claimed twice by one finding: once)
+        w = np.minimum(np.bincount(inv, weights=want_all[rows][by]).astype(np.int64), full[gid])
         g = np.minimum(w, left[gid])
         left[gid] -= g
         short = w > g
-        for o_, ns in zip(*_sums(first[gid][short], (w - g)[short])):
-            lost[i][o_] = lost[i].get(o_, 0) + ns
+        for o, ns in zip(*_sums(first[gid][short], (w - g)[short])):
+            lost[i][o] = lost[i].get(o, 0) + ns
         first[gid[(first[gid] < 0) & (g > 0)]] = i
         wanted[i] += int(w.sum())
         got[i] += int(g.sum())
