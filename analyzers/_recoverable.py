@@ -25,7 +25,6 @@ import pandas as pd
 from ..findings import AnalysisResult, Finding, severity_for_recoverable
 from ..model import Trace
 from ..options import Options
-from ._arrays import pair_codes
 from ._ops import device_busy, timeline_edges
 from ._util import (coverage_at, covered_in_bins, merge_intervals, op_table, str_contains, stream_label, take_str,
                     thread_labels)
@@ -97,6 +96,10 @@ def analysis_window(trace: Trace) -> int:
 
 def steady_window(trace: Trace, options: Options) -> int:
     """Sum over devices of (last GPU activity - steady-state start), ns."""
+    return _cached(trace, ("steady_window", options), lambda: _steady_window(trace, options))
+
+
+def _steady_window(trace: Trace, options: Options) -> int:
     ops = op_table(trace)
     if len(ops) == 0:
         return 0
@@ -259,10 +262,11 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
     if claims is not None:
         ns = claims["ns"].to_numpy(np.int64)
         want = claims["claim_ns"].to_numpy(np.int64) if "claim_ns" in claims.columns else ns
-        root = claims["root"].to_numpy(object) if "root" in claims.columns else np.full(len(claims), None, object)
-        setattr(f, "_claims", pd.DataFrame({"device": claims["device"].to_numpy(np.int64),
-                                            "start": claims["start"].to_numpy(np.int64), "full": ns,
-                                            "want": np.minimum(want, ns), "root": root}))
+        own = pd.DataFrame({"device": claims["device"].to_numpy(np.int64), "start": claims["start"].to_numpy(np.int64),
+                            "full": ns, "want": np.minimum(want, ns)})
+        if "root" in claims.columns:
+            own["root"] = claims["root"].to_numpy(object)
+        setattr(f, "_claims", own)
     return f
 
 
@@ -324,28 +328,31 @@ def settle_shared_causes(findings: list[Finding], window_ns: int, options: Optio
 def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dict[int, int]]]:
     """Hand every claimed gap out in root-cause order: per claimer, the idle ns it claimed,
     the ns it got, and the ns it lost to each claimer that took a gap first. Dense arrays
-    over the distinct gaps, one pass per (finding, root) group: no sort, no loop per gap."""
+    over the distinct gaps, one pass per (finding, root) group: no loop per gap."""
     order = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
-    allc = pd.concat([f._claims for f in claimers], ignore_index=True)
-    code = pair_codes(allc["device"].to_numpy(np.int64), allc["start"].to_numpy(np.int64))[0]
-    full = np.zeros(int(code.max()) + 1, np.int64)
-    full[code] = allc["full"].to_numpy(np.int64)
-    want_all = allc["want"].to_numpy(np.int64)
+    device, start, full_ns, want_all = (np.concatenate([f._claims[c].to_numpy(np.int64) for f in claimers])
+                                        for c in ("device", "start", "full", "want"))
+    code, n_gaps = _gap_codes(device, start)
+    full = np.zeros(n_gaps, np.int64)
+    full[code] = full_ns
     groups, at = [], 0
     for i, f in enumerate(claimers):
         n = len(f._claims)
         own = order.get(f.id, len(order))
-        rc, roots = pd.factorize(f._claims["root"].to_numpy(object))  # -1: the finding's own rank
-        for k in np.unique(rc):
-            rank = own if k < 0 else order.get(str(roots[k]), own - 1) + 0.5
-            groups.append((rank, i, at + np.flatnonzero(rc == k)))
+        if "root" not in f._claims:  # one group, at the finding's own rank
+            groups.append((own, i, at + np.arange(n)))
+        else:
+            rc, roots = pd.factorize(f._claims["root"].to_numpy(object))  # -1: the finding's own rank
+            for k in np.unique(rc):
+                rank = own if k < 0 else order.get(str(roots[k]), own - 1) + 0.5
+                groups.append((rank, i, at + np.flatnonzero(rc == k)))
         at += n
     left, first = full.copy(), np.full(full.size, -1, np.int64)
     wanted, got = np.zeros(len(claimers), np.int64), np.zeros(len(claimers), np.int64)
     lost: list[dict[int, int]] = [{} for _ in claimers]
     for _, i, rows in sorted(groups, key=lambda g: (g[0], g[1])):
-        gid, inv = np.unique(code[rows], return_inverse=True)  # (a gap claimed twice by one finding: once)
-        w = np.minimum(np.bincount(inv, weights=want_all[rows]).astype(np.int64), full[gid])
+        gid, inv, by = _group_by_code(code[rows])  # (a gap claimed twice by one finding: once)
+        w = np.minimum(np.bincount(inv, weights=want_all[rows][by]).astype(np.int64), full[gid])
         g = np.minimum(w, left[gid])
         left[gid] -= g
         short = w > g
@@ -355,6 +362,33 @@ def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dic
         wanted[i] += int(w.sum())
         got[i] += int(g.sum())
     return wanted, got, lost
+
+
+def _gap_codes(device: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, int]:
+    """A code per claim for its gap (``device``, ``start``), ``0..n_gaps-1`` in gap order,
+    and the number of distinct gaps. A sort, not a hash: each finding's claims come in gap
+    order, so the stable sort only merges a few sorted runs."""
+    if device.size == 0:
+        return device, 0
+    o = np.lexsort((start, device))
+    d, s = device[o], start[o]
+    new = np.empty(o.size, dtype=bool)
+    new[0] = True
+    new[1:] = (d[1:] != d[:-1]) | (s[1:] != s[:-1])
+    code = np.empty(o.size, np.int64)
+    code[o] = np.cumsum(new) - 1
+    return code, int(np.count_nonzero(new))
+
+
+def _group_by_code(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct codes (ascending), each row's index among them (in the order ``o``) and
+    that order: a stable sort of the rows by code (quick on codes that come ascending)."""
+    o = np.argsort(code, kind="stable")
+    c = code[o]
+    new = np.empty(c.size, dtype=bool)
+    new[:1] = True
+    new[1:] = c[1:] != c[:-1]
+    return c[new], np.cumsum(new) - 1, o
 
 
 def _sums(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:

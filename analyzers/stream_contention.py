@@ -218,7 +218,9 @@ def _streams(trace: Trace, options: Options) -> tuple[list[dict], list[dict], li
         pid, dev, st = uniq[c]
         rows = order[bounds[c]: bounds[c + 1]]
         rows = rows[np.lexsort((cols["api_end"][rows], cols["api_start"][rows]))]  # by launch start, then end
-        calls = pd.DataFrame({k: v[rows] for k, v in cols.items()})
+        same = {"pid": pid, "device": dev, "stream": st}  # (the group's key: the same on every row)
+        calls = pd.DataFrame({k: np.full(rows.size, same[k], v.dtype) if k in same else v[rows]
+                              for k, v in cols.items()})
         info, overlapped, d = _stream_info(trace, pid, dev, st, int(nthreads[c]), calls, options)
         streams.append(info)
         if info["contended"]:

@@ -57,16 +57,19 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
     thread, _, _ = pair_codes(j["pid"].to_numpy(np.int64), j["tid"].to_numpy(np.int64))
     t = j["api_start"].to_numpy(np.int64)
     stream, _ = pd.factorize(j["stream"].to_numpy(np.int64))
-    devs, dev_code = np.unique(dev, return_inverse=True)
+    one = dev.min() == dev.max()  # (one device: no sort of the millions of launches by device)
+    devs, dev_code = (dev[:1], None) if one else np.unique(dev, return_inverse=True)
     for di, d in enumerate(devs):
-        on = np.flatnonzero(dev_code == di) if len(devs) > 1 else np.arange(len(j))
-        cnt = np.bincount(thread[on])
-        heavy = np.flatnonzero(cnt >= options.report_min_share * on.size)
+        on = None if dev_code is None else np.flatnonzero(dev_code == di)  # (None: every launch)
+        th = thread if on is None else thread[on]
+        cnt = np.bincount(th)
+        heavy = np.flatnonzero(cnt >= options.report_min_share * th.size)
         if heavy.size == 0:
             continue
         is_heavy = np.zeros(cnt.size, dtype=bool)
         is_heavy[heavy] = True
-        hk = on[is_heavy[thread[on]]]
+        keep = is_heavy[th]
+        hk = np.flatnonzero(keep) if on is None else on[keep]
         mid = hk[max(0, hk.size // 2 - CONCURRENCY_SAMPLE // 2):][:CONCURRENCY_SAMPLE]
         conc = _concurrency(t[mid], thread[mid], heavy)
         if (conc, heavy.size) > (best["concurrent"], best["threads"]):
