@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
+from ._comm import COMM_RE
 from ._ops import cached
 
 __all__ = ["OTHER", "COMM", "EMBEDDING", "OPT_FUSED", "OPT_FOREACH", "COPY", "FP32_GEMM", "CLASS_NAMES",
@@ -24,9 +25,9 @@ __all__ = ["OTHER", "COMM", "EMBEDDING", "OPT_FUSED", "OPT_FOREACH", "COPY", "FP
 OTHER, COMM, EMBEDDING, OPT_FUSED, OPT_FOREACH, COPY, FP32_GEMM = range(7)
 CLASS_NAMES = ("other", "communication", "embedding", "optimizer-fused", "optimizer-foreach", "copy", "fp32-gemm")
 
-#: collectives and point-to-point transfers (NCCL/RCCL, expert-parallel dispatch/combine)
-_COMM = re.compile(r"(?i)nccl|rccl|\bc10d|all_?to_?all|all_?reduce|all_?gather|reduce_?scatter|sendrecv|"
-                   r"moe_?dispatch|moe_?combine")
+#: collectives and point-to-point transfers: the one rule of ``analyzers/_comm.py``
+#: (``Options.comm_kernel_pattern``'s default), as small-grid and comm-exposed use it
+_COMM = COMM_RE
 #: embedding lookups and their backward: PyTorch EmbeddingBag / embedding kernels, FBGEMM
 #: TBE (``split_embedding_*``, ``batched_embedding_*``) and its index checks
 _EMBEDDING = re.compile(r"(?i)embedding|bounds_check_indices")
