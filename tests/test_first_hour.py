@@ -16,6 +16,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from _sql import sql_rows
 from click.testing import CliRunner
 
 from recsys_doctor.advise import advise
@@ -36,14 +37,6 @@ def _one_line_error(r, *fragments: str) -> None:
     assert "Traceback" not in r.output and r.stderr.count("\n") == 1, r.stderr
     for f in fragments:
         assert f in r.stderr, r.stderr
-
-
-def _sql(db: Path, q: str):
-    con = sqlite3.connect(db)
-    try:
-        return con.execute(q).fetchall()
-    finally:
-        con.close()
 
 
 def _kernels(path: Path) -> int:
@@ -90,8 +83,8 @@ def test_history_unknown_branch_lists_the_branches(tmp_path):
     assert _cli("advise", PINGPONG, "--json", "--db", db).exit_code == 0
     r = _cli("history", "--branch", "nosuch", "--db", db)
     assert r.exit_code == 0
-    (n,), = _sql(db, "SELECT count(*) FROM runs")
-    branches = _sql(db, "SELECT DISTINCT git_branch FROM runs")
+    (n,), = sql_rows(db, "SELECT count(*) FROM runs")
+    branches = sql_rows(db, "SELECT DISTINCT git_branch FROM runs")
     assert f"no runs on branch 'nosuch' in {db}, which holds {n} run" in r.stdout
     assert "branches: " + ", ".join(f"{b or '(none)'} ({n})" for (b,) in branches) in r.stdout
     r = _cli("history", "--db", tmp_path / "none.db")
@@ -102,23 +95,23 @@ def test_a_run_whose_report_fails_is_not_recorded(tmp_path):
     db = tmp_path / "h.db"
     _one_line_error(_cli("advise", PINGPONG, "--html", tmp_path / "no" / "r.html", "--db", db),
                     "cannot write report")
-    assert not db.exists() or _sql(db, "SELECT count(*) FROM runs") == [(0,)]
+    assert not db.exists() or sql_rows(db, "SELECT count(*) FROM runs") == [(0,)]
     # the same run with a report that can be written is recorded once, and its trend has it
     assert _cli("advise", PINGPONG, "--html", tmp_path / "r.html", "--db", db).exit_code == 0
-    assert _sql(db, "SELECT count(*) FROM runs") == [(1,)]
+    assert sql_rows(db, "SELECT count(*) FROM runs") == [(1,)]
 
 
 def test_many_rank_run_is_recorded_one_row_per_rank(rank_dir, tmp_path):
     db = tmp_path / "h.db"
     r = _cli("advise", rank_dir, "--db", db, "--workers", "2", "--json")
     assert r.exit_code == 0, r.output
-    rows = _sql(db, "SELECT workload, command, kernels, trace_path FROM runs ORDER BY workload")
+    rows = sql_rows(db, "SELECT workload, command, kernels, trace_path FROM runs ORDER BY workload")
     assert [(w, c, k) for w, c, k, _ in rows] == [("rank0", "advise", _kernels(PINGPONG)),
                                                    ("rank1", "advise", _kernels(LARGE))]
     assert [Path(p).name for *_, p in rows] == ["rank0.sqlite.gz", "rank1.sqlite.gz"]
     # the same rank traced alone gets the same workload key: one trend for both ways
     assert _cli("advise", rank_dir / "rank0.sqlite.gz", "--db", db, "--json").exit_code == 0
-    keys = _sql(db, "SELECT workload_key FROM runs WHERE workload = 'rank0'")
+    keys = sql_rows(db, "SELECT workload_key FROM runs WHERE workload = 'rank0'")
     assert len(keys) == 2 and keys[0] == keys[1]
     assert _cli("advise", rank_dir, "--db", tmp_path / "n.db", "--no-history", "--json").exit_code == 0
     assert not (tmp_path / "n.db").exists()
@@ -151,7 +144,7 @@ def test_many_rank_html_and_history_on_dask(rank_dir, tmp_path):
     r = _cli("advise", rank_dir, "--html", out, "--db", db, "--dask", "local", "--workers", "1")
     assert r.exit_code == 0, r.output
     assert len(re.findall(r'<section id="rank-\d+">', out.read_text())) == 2
-    assert _sql(db, "SELECT workload, kernels FROM runs ORDER BY workload") == [
+    assert sql_rows(db, "SELECT workload, kernels FROM runs ORDER BY workload") == [
         ("rank0", _kernels(PINGPONG)), ("rank1", _kernels(LARGE))]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _gitrepo import git_repo
+from _sql import sql_rows
 from click.testing import CliRunner
 
 from recsys_doctor import history
@@ -51,14 +52,6 @@ def on_main(tmp_path, monkeypatch):
     return tmp_path / "repo"
 
 
-def _sql(db: Path, q: str):
-    con = sqlite3.connect(db)
-    try:
-        return con.execute(q).fetchall()
-    finally:
-        con.close()
-
-
 def test_a_failed_check_never_becomes_the_baseline(tmp_path, on_main):
     db = tmp_path / "h.db"
     good = _write(tmp_path, "good.json", _run(0.454))
@@ -67,11 +60,11 @@ def test_a_failed_check_never_becomes_the_baseline(tmp_path, on_main):
     r1 = _cli("check", bad, "--baseline-db", "main", "--db", db)
     assert r1.exit_code == 1
     # the failed run is recorded, as failed
-    assert _sql(db, "SELECT command, passed FROM runs ORDER BY id") == [("check", 1), ("check", 0)]
+    assert sql_rows(db, "SELECT command, passed FROM runs ORDER BY id") == [("check", 1), ("check", 0)]
     # re-running does not turn the gate green: the baseline is still the passed run
     r2 = _cli("check", bad, "--baseline-db", "main", "--db", db)
     assert r2.exit_code == 1 and "0.4540" in r2.output
-    assert _sql(db, "SELECT count(*) FROM runs WHERE passed = 0") == [(2,)]
+    assert sql_rows(db, "SELECT count(*) FROM runs WHERE passed = 0") == [(2,)]
 
 
 def test_advise_runs_and_other_windows_are_not_baselines(tmp_path, on_main):
@@ -82,7 +75,7 @@ def test_advise_runs_and_other_windows_are_not_baselines(tmp_path, on_main):
     assert r.exit_code == 2 and "no passed check" in r.output
     # a passed check restricted to NVTX 'step' is no baseline for the whole-trace check
     assert _cli("check", PINGPONG, "--nvtx", "step", "--min-utilization", "0", "--db", db).exit_code == 0
-    keys = _sql(db, "SELECT command, passed, workload_key FROM runs ORDER BY id")
+    keys = sql_rows(db, "SELECT command, passed, workload_key FROM runs ORDER BY id")
     assert [k[:2] for k in keys] == [("advise", None), ("check", 1)]
     assert keys[0][2] != keys[1][2]  # the window is part of the key
     r = _cli("check", PINGPONG, "--baseline-db", "main", "--db", db, "--no-history")
@@ -101,7 +94,7 @@ def test_same_base_name_in_two_folders_are_two_workloads(tmp_path, on_main):
     # b has no baseline of its own: it must not be gated against a's run
     r = _cli("check", b, "--baseline-db", "main", "--db", db, "--no-history")
     assert r.exit_code == 2 and "no passed check" in r.output
-    assert _sql(db, "SELECT workload FROM runs") == [("report1",)]  # same display name, distinct keys
+    assert sql_rows(db, "SELECT workload FROM runs") == [("report1",)]  # same display name, distinct keys
     # an option that changes numbers is part of the key too
     from recsys_doctor.gate import result_from_dict
     from recsys_doctor.options import Options
@@ -137,10 +130,10 @@ def test_history_reads_without_writing(tmp_path):
     db = tmp_path / "h.db"
     assert _cli("advise", PINGPONG, "--db", db, "--json").exit_code == 0
     before = db.read_bytes()
-    mode = _sql(db, "PRAGMA journal_mode")
+    mode = sql_rows(db, "PRAGMA journal_mode")
     r = _cli("history", "--db", db, "--json")
     assert r.exit_code == 0 and len(json.loads(r.output)) == 1
-    assert db.read_bytes() == before and _sql(db, "PRAGMA journal_mode") == mode
+    assert db.read_bytes() == before and sql_rows(db, "PRAGMA journal_mode") == mode
 
 
 def test_old_history_database_gains_the_key_column(tmp_path):
@@ -152,5 +145,5 @@ def test_old_history_database_gains_the_key_column(tmp_path):
     con.commit()
     con.close()
     assert _cli("advise", PINGPONG, "--db", db, "--json").exit_code == 0
-    cols = [r[1] for r in _sql(db, "PRAGMA table_info(runs)")]
-    assert "workload_key" in cols and _sql(db, "SELECT count(*) FROM runs") == [(2,)]
+    cols = [r[1] for r in sql_rows(db, "PRAGMA table_info(runs)")]
+    assert "workload_key" in cols and sql_rows(db, "SELECT count(*) FROM runs") == [(2,)]

@@ -6,11 +6,11 @@ SQL over both files and advise on both."""
 from __future__ import annotations
 
 import importlib.util
-import sqlite3
 import sys
 from pathlib import Path
 
 import pytest
+from _sql import sql_rows
 
 from recsys_doctor.advise import advise
 from recsys_doctor.options import Options
@@ -38,11 +38,7 @@ def tiled(tmp_path_factory):
 
 
 def _q(path: Path, sql: str):
-    con = sqlite3.connect(path)
-    try:
-        return con.execute(sql).fetchone()
-    finally:
-        con.close()
+    return sql_rows(path, sql)[0]
 
 
 def test_copies_follow_each_other_without_dead_time(tiled):
