@@ -3,14 +3,8 @@
 # usage: bash bench/batching_session.sh PART...   (carry .whl: nvtx, sqlite-utils and deps, py-spy)
 # parts: tests (batching + runtime GPU tests) quick (a short sweep) sweep (the full sweep) diag (bench/batch_diag.py)
 #        pyspy (py-spy --gil of the batched runtime at Q=32)
-set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=32
-t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/setup.log" 2>&1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/setup.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/setup.log"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-echo "setup $(( $(date +%s) - t0 )) s"
+export CUDA_DEVICE_MAX_CONNECTIONS=32
+. bench/gpu_setup.sh
 for part in "$@"; do
   s=$(date +%s)
   case $part in

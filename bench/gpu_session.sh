@@ -4,28 +4,7 @@
 # parts: tests alltests applytests threadgraph anchors variants harness apply (wdl + script + mmoe through bench/apply_acceptance.sh)
 #        prof8 (nsys + advise of the hand-roll and the runtime at Q=8) hookdiag (plain script, 4 threads/group);
 # carry .whl and .gpu-libs
-set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-# Nsight Systems from inside Nsight Compute, with libdw carried in .gpu-libs (../shared/GPU.md)
-if [ -d .gpu-libs ]; then
-  mkdir -p /tmp/dw && for f in .gpu-libs/*.deb; do dpkg -x "$f" /tmp/dw; done
-  export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
-for d in /opt/nvidia/nsight-compute/*/host/target-linux-x64; do [ -x "$d/nsys" ] && export PATH=$d:$PATH; done
-python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/setup.log" 2>&1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/setup.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/setup.log"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-# what every result of this call ran on (GPU, driver, CUDA, torch, Python)
-python3 - > "$OUT/env.json" <<'PY'
-import json, platform, subprocess, torch
-smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip().split(", ")
-print(json.dumps({"gpu": smi[0], "driver": smi[-1], "cuda": torch.version.cuda, "torch": torch.__version__,
-                  "python": platform.python_version()}))
-PY
-echo "setup $(( $(date +%s) - t0 )) s"
+. bench/gpu_setup.sh
 for part in "$@"; do
   s=$(date +%s)
   case $part in

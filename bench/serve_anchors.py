@@ -67,10 +67,13 @@ def _flat(args):
     return [dense, *idx, offs]
 
 
-def _client_loop(q: int, dur: float, fns):
-    """Run ``fns[k]()`` back to back on thread k for ``dur`` seconds; latencies in s."""
+def _client_loop(q: int, dur: float, fns, *, warmup: int = 5, keep_all: bool = False):
+    """Run ``fns[k]()`` back to back on thread k for ``dur`` seconds, after ``warmup`` calls
+    each; latencies in s. The outputs: each thread's last one, or with ``keep_all`` every
+    one made in the window (to check each request)."""
     lat = [[] for _ in range(q)]
     last = [None] * q
+    every = [[] for _ in range(q)]
     errors = []
     stop = [0.0]
     start = [0.0]
@@ -84,10 +87,10 @@ def _client_loop(q: int, dur: float, fns):
     def loop(k):
         try:
             fn = fns[k]
-            for _ in range(5):
+            for _ in range(warmup):
                 last[k] = fn()
             ready.wait()
-            mine = lat[k]
+            mine, got = lat[k], every[k]
             pc = time.perf_counter
             while True:
                 t0 = pc()
@@ -95,6 +98,8 @@ def _client_loop(q: int, dur: float, fns):
                     break
                 last[k] = fn()
                 mine.append(pc() - t0)
+                if keep_all:
+                    got.append(last[k])
         except threading.BrokenBarrierError:
             pass
         except BaseException as e:  # noqa: BLE001 - reported in the result
@@ -111,7 +116,7 @@ def _client_loop(q: int, dur: float, fns):
     for t in ths:
         t.join()
     wall = time.perf_counter() - start[0]
-    return lat, last, errors, wall
+    return lat, (every if keep_all else last), errors, wall
 
 
 def run_one(config: str, q: int, dur: float) -> dict:

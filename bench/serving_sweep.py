@@ -33,7 +33,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -55,50 +54,6 @@ def _nvml():
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
     except Exception:  # noqa: BLE001 - the column is then None
         return None, None
-
-
-def _threads_loop(q: int, dur: float, fns):
-    """``fns[k]()`` back to back on thread k; per-thread (latency, output) lists."""
-    lat = [[] for _ in range(q)]
-    outs = [[] for _ in range(q)]
-    errors: list[str] = []
-    stop = [0.0]
-    start = [0.0]
-
-    def open_window():
-        start[0] = time.perf_counter()
-        stop[0] = start[0] + dur
-
-    ready = threading.Barrier(q + 1, action=open_window)
-
-    def loop(k):
-        fn, mine, got, pc = fns[k], lat[k], outs[k], time.perf_counter
-        try:
-            for _ in range(3):
-                fn()
-            ready.wait()
-            while True:
-                t0 = pc()
-                if t0 >= stop[0]:
-                    break
-                got.append(fn())
-                mine.append(pc() - t0)
-        except threading.BrokenBarrierError:
-            pass
-        except BaseException as e:  # noqa: BLE001 - reported in the row
-            errors.append(f"{type(e).__name__}: {e}".splitlines()[0])
-            ready.abort()
-
-    ths = [threading.Thread(target=loop, args=(k,)) for k in range(q)]
-    for t in ths:
-        t.start()
-    try:
-        ready.wait()
-    except threading.BrokenBarrierError:
-        pass
-    for t in ths:
-        t.join()
-    return lat, outs, errors, time.perf_counter() - start[0]
 
 
 def _async_loop(q: int, dur: float, served, queries):
@@ -143,7 +98,7 @@ def _make(config: str, model, queries, served):
 
 def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
     import torch
-    from serve_anchors import BATCH, VOCAB, _queries
+    from serve_anchors import BATCH, VOCAB, _client_loop, _queries
     from wdl_serving import WideDeep
 
     torch.manual_seed(0)
@@ -172,7 +127,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         if config.startswith("runtime_batched_async"):
             lat, outs, errors, wall = _async_loop(q, dur, served, queries[:q])
         else:
-            lat, outs, errors, wall = _threads_loop(q, dur, fns[:q])
+            lat, outs, errors, wall = _client_loop(q, dur, fns[:q], warmup=3, keep_all=True)
         util = nv.nvmlDeviceGetUtilizationRates(h).gpu / 100 if nv else None
         row = {"config": config, "Q": q, "errors": errors[:3], "gpu_busy_share": util}
         all_l = sorted(x for r in lat for x in r)
