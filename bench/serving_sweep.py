@@ -98,7 +98,7 @@ def _make(config: str, model, queries, served):
 
 def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
     import torch
-    from serve_anchors import BATCH, VOCAB, _client_loop, _queries
+    from serve_anchors import VOCAB, _client_loop, _queries
     from wdl_serving import WideDeep
 
     torch.manual_seed(0)

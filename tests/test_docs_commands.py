@@ -13,7 +13,6 @@ import shlex
 import sys
 from pathlib import Path
 
-import click
 import pytest
 from _gitrepo import git_repo
 from click.testing import CliRunner

@@ -6,7 +6,6 @@ the Kineto JSON), not copied from the analyzers' output."""
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import sqlite3
 
