@@ -5,7 +5,7 @@ each client thread needs the GIL to run the model's Python and to enter every la
 :func:`sample_process` takes ``py-spy dump --json --nonblocking`` of a process every
 ``interval_s`` (each snapshot says, per thread, whether it holds the GIL, whether the OS
 has it running, and its stack) and :class:`HostSamples` sums them per thread: the share
-of snapshots in which the thread held the GIL, the share it was running, and its top
+of the process's snapshots in which the thread held the GIL, the share of its own it was running, and its top
 frames (the innermost frame of each snapshot, counted over its running or GIL-holding
 snapshots). :func:`sample_program` runs a command as a child and samples it until it
 exits; ``profile --host-sample`` uses it (docs/profile.md), with or without a GPU.
@@ -83,12 +83,15 @@ class HostSamples:
                 t.frames[f"{f.get('name')} ({f.get('short_filename') or f.get('filename')})"] += 1
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: per thread (most GIL-holding first) its GIL and running shares
-        and its top frames with their share of the thread's snapshots."""
+        """The JSON form: per thread (most GIL-holding first) its GIL share of all the
+        process's snapshots (one GIL: the threads' shares add up to at most 1, also where a
+        thread lived for part of the run only), its running share and its top frames with
+        their share of the thread's own snapshots."""
         rows = []
+        whole = max(self.snapshots, 1)
         for tid, t in self.threads.items():
             n = max(t.snapshots, 1)
-            rows.append({"tid": tid, "name": t.name, "snapshots": t.snapshots, "gil_share": round(t.gil / n, 4),
+            rows.append({"tid": tid, "name": t.name, "snapshots": t.snapshots, "gil_share": round(t.gil / whole, 4),
                          "active_share": round(t.active / n, 4),
                          "top_frames": [{"frame": fr, "share": round(c / n, 4)} for fr, c in t.frames.most_common(_TOP)]})
         rows.sort(key=lambda x: (-x["gil_share"], -x["active_share"], x["tid"]))
