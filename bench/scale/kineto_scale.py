@@ -8,10 +8,11 @@ the load average around each measurement (the machine may be shared).
 ``--before ROOT`` measures another checkout (its own ``.venv``) on the same files in the
 same run, interleaved with this one, e.g. the main branch before a change.
 
-    python bench/kineto_scale.py [--mb 450] [--repeat 3] [--before ../main] [--out FILE]
+    python bench/scale/kineto_scale.py [--mb 450] [--repeat 3] [--before ../main] [--out FILE]
 
 The generated files go to a temporary directory (``--tmp``) and are deleted after use.
-``tile_kineto`` is also what ``bench/scale_trace.py`` uses for its Kineto row.
+``tile_to_size`` and ``kineto_child`` are also what ``bench/scale/scale_trace.py`` uses for its
+Kineto row; the timing both share is in ``_timing.py``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_trace import _machine, best_of, run_cmd  # noqa: E402
+from _timing import best_of, machine, run_cmd, version  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KINETO = ROOT.parent / "shared" / "traces" / "kineto" / \
     "facebookresearch__HolisticTraceAnalysis__tests__data__df_index_resolver__df_index_resolver.json.gz"
 LOAD = "import sys; from recsys_doctor.loaders import load; load(sys.argv[1])"
@@ -111,11 +112,6 @@ def kineto_child(path: Path, repeat: int, python: str = sys.executable, cwd: Pat
     return out
 
 
-def _version(cwd: Path) -> str:
-    r = subprocess.run(["git", "-C", str(cwd), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
-    return r.stdout.strip()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=KINETO)
@@ -123,14 +119,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--before", type=Path, help="another checkout (with its .venv) to measure alongside")
     ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"kineto_{dt.date.today()}.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "scale" / "results" / f"kineto_{dt.date.today()}.json")
     a = ap.parse_args()
     runs = {"this": (sys.executable, ROOT)}
     if a.before:
         runs["before"] = (str(a.before.resolve() / ".venv" / "bin" / "python"), a.before.resolve())
     doc: dict = {"what": __doc__.split("\n\n")[0], "trace": a.trace.name,
-                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": _machine(),
-                 "code": {k: _version(root) for k, (_, root) in runs.items()}, "files": []}
+                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+                 "code": {k: version(root) for k, (_, root) in runs.items()}, "files": []}
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmpd:
         tmp = Path(tmpd)
         plain, k, n = tile_to_size(a.trace, tmp, a.mb)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# copy the small result files of bench/apply_acceptance.sh runs from $1 to $2 (flat names)
+# copy the small result files of bench/apply/apply_acceptance.sh runs from $1 to $2 (flat names)
 src=$1; dst=$2; mkdir -p "$dst"
 for w in wdl script mmoe; do
   for f in apply.json plan.json compare.html; do [ -f "$src/$w/$f" ] && cp "$src/$w/$f" "$dst/${w}_$f"; done

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Capture every scenario of bench/pathologies.py under Nsight Systems on the GPU machine
+# Capture every scenario of bench/pathologies/pathologies.py under Nsight Systems on the GPU machine
 # and leave gzipped SQLite exports in $OUT (see /work/shared/GPU.md for the nsys set-up).
 # Usage (repo root on the GPU machine, scripts copied to DIR): sh DIR/pathologies_h100.sh DIR
 DIR=${1:-bench}

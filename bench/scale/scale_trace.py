@@ -15,8 +15,8 @@ peak resident memory is the child's own ``ru_maxrss`` (``os.wait4``). The genera
 go to a temporary directory (``--tmp``, default /tmp) and are deleted after use: only the
 results JSON is kept.
 
-    python bench/scale_trace.py [--rows 1e6,4e6,1e7] [--gb 2] [--kineto-mb 450]
-        [--nsys-ai /path/to/venv/bin/nsys-ai] [--repeat 3] [--before ../main] [--out bench/results/....json]
+    python bench/scale/scale_trace.py [--rows 1e6,4e6,1e7] [--gb 2] [--kineto-mb 450]
+        [--nsys-ai /path/to/venv/bin/nsys-ai] [--repeat 3] [--before ../main] [--out bench/scale/results/....json]
 
 ``--before ROOT`` also times another checkout's ``advise`` (its own ``.venv``) on each
 tiled export, its runs interleaved with this one's (``recsys_doctor_before``).
@@ -35,17 +35,17 @@ import datetime as dt
 import gzip
 import json
 import os
-import platform
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import best_of, machine, run_cmd, version  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "traces" / "h100" / "wdl_graphs_q4_h100.sqlite"
 DEMO = ROOT / "recsys_doctor" / "data" / "demo_wdl_serial_q4.sqlite.gz"
 
@@ -110,34 +110,6 @@ def tile(src: Path, dst: Path, k: int) -> int:
     return rows
 
 
-def run_cmd(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
-    """Run ``cmd`` to completion; wall seconds, the child's peak RSS (MB), exit status and
-    the tail of its stderr."""
-    t = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t
-        err.seek(0)
-        tail = err.read()[-4000:].decode(errors="replace")
-    return {"seconds": round(wall, 3), "peak_rss_mb": round(ru.ru_maxrss / 1024, 1),
-            "rc": os.waitstatus_to_exitcode(status), "stderr_tail": tail}
-
-
-def best_of(runs: list[dict]) -> dict:
-    ok = [r for r in runs if r["rc"] == 0]
-    if not ok:
-        return {"failed": runs[-1]["stderr_tail"][-500:], "rc": runs[-1]["rc"]}
-    b = min(ok, key=lambda r: r["seconds"])
-    out = {"seconds": b["seconds"], "seconds_all": [r["seconds"] for r in ok],
-           "seconds_median": round(statistics.median(r["seconds"] for r in ok), 3),
-           "peak_rss_mb": max(r["peak_rss_mb"] for r in ok)}
-    if len(ok) < len(runs):
-        bad = next(r for r in runs if r["rc"] != 0)
-        out["failed_runs"] = {"count": len(runs) - len(ok), "rc": bad["rc"], "stderr_tail": bad["stderr_tail"][-300:]}
-    return out
-
-
 def ours(path: Path, repeat: int) -> dict:
     cmd = [sys.executable, "-m", "recsys_doctor", "advise", "--json", "--no-history", str(path)]
     return best_of([run_cmd(cmd) for _ in range(repeat)])
@@ -178,39 +150,6 @@ def nsys_ai(exe: str | None, home: Path | None, path: Path, repeat: int, tmp: Pa
     return {"engine": sorted(engine), "cold": best_of(cold), "warm_cache": best_of(warm)}
 
 
-def _version(cwd: Path) -> str:
-    r = subprocess.run(["git", "-C", str(cwd), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
-    return r.stdout.strip()
-
-
-def _machine() -> dict:
-    import pandas
-    import recsys_doctor
-
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "pandas": pandas.__version__, "recsys_doctor": recsys_doctor.__version__, "gpu": None,
-            "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            **_cpu()}
-
-
-def _cpu() -> dict:
-    """The CPU's model and the vector extensions engines pick code paths by (nsys-ai's DuckDB
-    times moved 2-3x between two kernel builds of the dev machine)."""
-    model, flags = None, []
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if model is None and line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    flags = sorted(x for x in have if x.startswith(("avx", "sse4", "bmi")) or x in ("erms", "fsrm"))
-                    break
-    except OSError:
-        pass
-    return {"cpu_model": model, "cpu_flags": flags}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=SHARED if SHARED.exists() else DEMO)
@@ -225,15 +164,15 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="another checkout (with its .venv) whose advise is timed on the "
                                                 "same files, runs interleaved (e.g. main before a change)")
     ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"scale_{dt.date.today()}.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "scale" / "results" / f"scale_{dt.date.today()}.json")
     a = ap.parse_args()
     doc: dict = {
         "what": ("recsys-doctor advise --json (whole command: start-up, load, analyze, plan) on a real H100 "
                  "export tiled in time; nsys-ai diagnose --format json on the same file in the same run"),
-        "code": {"this": _version(ROOT), **({"before": _version(a.before.resolve())} if a.before else {})},
+        "code": {"this": version(ROOT), **({"before": version(a.before.resolve())} if a.before else {})},
         "trace": str(a.trace.relative_to(ROOT.parent) if a.trace.is_relative_to(ROOT.parent) else a.trace),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": _machine(), "nsys_ai": None, "results": [],
+        "machine": machine(), "nsys_ai": None, "results": [],
     }
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmpd:
         tmp = Path(tmpd)
@@ -300,7 +239,7 @@ def _kineto_default() -> Path:
 
 def _kineto_size(a: argparse.Namespace, tmp: Path) -> dict:
     """The Kineto trace tiled to about ``--kineto-mb``: load only, and the whole advise
-    (``bench/kineto_scale.py``'s tiling and timing)."""
+    (``bench/scale/kineto_scale.py``'s tiling and timing)."""
     from kineto_scale import kineto_child, tile_to_size
 
     f, k, n = tile_to_size(a.kineto, tmp, a.kineto_mb)

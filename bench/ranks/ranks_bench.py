@@ -9,7 +9,7 @@ starts later and ends where it ended, 30% of its length: the others wait for it)
 command (``recsys-doctor advise DIR --json --workers 2 [--dask local]``) in a fresh
 subprocess; the two JSON outputs must be equal apart from their ``engine`` field.
 
-    python bench/ranks_bench.py [--ranks 64] [--workers 2] [--out bench/results/ranks_....json]
+    python bench/ranks/ranks_bench.py [--ranks 64] [--workers 2] [--out bench/ranks/results/ranks_....json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT.parent / "shared" / "traces" / "kineto" / (
     "pytorch__torchrec__examples__golden_training__trace__sst_long_a2a_optimizer_5_qcomm__"
     "ip-172-31-16-248.us-east-2.compute.internal_54105.1698958768306379521.pt.trace.json")
@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--src", type=Path, default=SRC)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / f"ranks_{dt.date.today()}.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "ranks" / "results" / f"ranks_{dt.date.today()}.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         files = make_ranks(a.src, Path(tmp), a.ranks)

@@ -6,8 +6,8 @@ numpy-backed pandas columns (integer ids, strings left as ``StringIds`` codes so
 engine does the same work) and, for the strings, the ``StringIds`` table once. Each
 candidate runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its own.
 
-    python bench/engines.py FILE [--engines sqlite3,adbc,pages,connectorx,polars,duckdb]
-        [--python-for duckdb=/path/to/venv/bin/python] [--out bench/results/engines.json]
+    python bench/engines/engines.py FILE [--engines sqlite3,adbc,pages,connectorx,polars,duckdb]
+        [--python-for duckdb=/path/to/venv/bin/python] [--out bench/engines/results/engines.json]
 
 ``pages`` is recsys-doctor's own page reader (``recsys_doctor.loaders._sqlite_pages``,
 one thread here like the others; the loader runs two), with ``StringIds`` (text) read
@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 K = "CUPTI_ACTIVITY_KIND_"
 #: table -> the columns read (what recsys_doctor.loaders.nsys needs)

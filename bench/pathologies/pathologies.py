@@ -6,7 +6,7 @@ what recsys-doctor happens to print. The traces under ``tests/data/patho_*`` wer
 on the lent H100 with::
 
     nsys profile -t cuda,nvtx,osrt --sample=none --cpuctxsw=none -o /tmp/r \
-        python3 bench/pathologies.py SCENARIO
+        python3 bench/pathologies/pathologies.py SCENARIO
     nsys export --type sqlite -o /tmp/r.sqlite /tmp/r.nsys-rep
 
 Scenarios (all serve a small recommender-style MLP unless said otherwise):

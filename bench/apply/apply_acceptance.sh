@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # issue 5 acceptance for --apply on the GPU machine; results land under $OUT (default ./out).
-# usage: bash bench/apply_acceptance.sh [wdl] [script] [mmoe] [tests]
+# usage: bash bench/apply/apply_acceptance.sh [wdl] [script] [mmoe] [tests]
 OUT=${OUT:-out}; mkdir -p "$OUT"
 what=${*:-wdl script mmoe tests}
 py=${PYTHON:-python3}

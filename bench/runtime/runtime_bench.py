@@ -10,7 +10,7 @@ Training: MMoE step (26 embeddings, 8 experts, 4 towers, Adam, batch 512):
   runtime_graph_streams (experts and task heads on branch streams inside the graph).
 Memory: 100k queries through the best Q=8 runtime configuration, memory before/after.
 
-    OUT=dir python bench/runtime_bench.py     # writes dir/runtime_bench.json
+    OUT=dir python bench/runtime/runtime_bench.py     # writes dir/runtime_bench.json
 Env: DUR (seconds per serving config, default 1.5), QS (default 1,4,8), BENCH_GROUPS (1,2,4,8;
 not GROUPS, a bash built-in),
 MEMQ (queries of the memory check, default 100000), SKIP (comma list: serve,train,mem).
@@ -49,7 +49,7 @@ SKIP = set(filter(None, os.environ.get("SKIP", "").split(",")))
 # the wide&deep model, its query inputs and its hand-written serving loop are the
 # examples' (identical layers: 26 EmbeddingBag deep + 26 wide, MLP 429-512-256-1), here
 # with the probe's 200k vocabulary
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import wdl_serving  # noqa: E402
 from wdl_serving import WideDeep  # noqa: E402
 
