@@ -1,8 +1,9 @@
 #!/bin/sh
 # Capture every scenario of bench/pathologies/pathologies.py under Nsight Systems on the GPU machine
 # and leave gzipped SQLite exports in $OUT (see /work/shared/GPU.md for the nsys set-up).
-# Usage (repo root on the GPU machine, scripts copied to DIR): sh DIR/pathologies_h100.sh DIR
-DIR=${1:-bench}
+# Usage (repo root on the GPU machine): OUT=dir sh bench/pathologies/pathologies_h100.sh [DIR]
+# (DIR: where pathologies.py is, default bench/pathologies)
+DIR=${1:-bench/pathologies}
 mkdir -p /tmp/dw && for f in .gpu-libs/*.deb; do dpkg -x "$f" /tmp/dw; done
 export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
 export PATH=/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64:$PATH
