@@ -2,7 +2,7 @@
 of group 0 driven from this thread, phase by phase (perf_counter_ns), and the GPU time of
 its host-to-device copy from the pinned arena against a small pinned buffer (CUDA events).
 
-    python bench/batch_diag.py        # prints one JSON line per measurement
+    python bench/serving/batch_diag.py        # prints one JSON line per measurement
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 
 def main() -> None:

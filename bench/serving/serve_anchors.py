@@ -21,8 +21,8 @@ Columns (configs):
   serve_held         serve_request with the request held open by each client thread across its
                      queries (one slot per client, as the hand-roll has one graph per thread)
 
-    python bench/serve_anchors.py                       # writes bench/results/serve_anchors.json
-    OUT=dir QS=1,4,8 DUR=2 CONFIGS=serve,graph_prepacked python bench/serve_anchors.py
+    python bench/serving/serve_anchors.py                       # writes bench/results/serve_anchors.json
+    OUT=dir QS=1,4,8 DUR=2 CONFIGS=serve,graph_prepacked python bench/serving/serve_anchors.py
     SERVE_GROUPS=4 SERVE_SLOTS=1 RECSYS_DOCTOR_LAUNCH=release-gil ...   # runtime variants
     REPEAT=3 ...     # every (Q, config) 3 times, round by round; medians and paired ratios
 """
@@ -52,7 +52,7 @@ BATCH, VOCAB = 256, 100_000
 def _queries(q: int):
     import torch
 
-    sys.path.insert(0, str(HERE.parent / "examples"))
+    sys.path.insert(0, str(HERE.parents[1] / "examples"))
     from wdl_serving import host_query
 
     out = []
@@ -122,7 +122,7 @@ def _client_loop(q: int, dur: float, fns, *, warmup: int = 5, keep_all: bool = F
 def run_one(config: str, q: int, dur: float) -> dict:
     import torch
 
-    sys.path.insert(0, str(HERE.parent / "examples"))
+    sys.path.insert(0, str(HERE.parents[1] / "examples"))
     from wdl_serving import WideDeep
 
     torch.manual_seed(0)

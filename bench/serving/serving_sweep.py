@@ -7,7 +7,7 @@ request's output is kept and checked against the eager model after the window
 Configs:
   eager                   eager PyTorch, one shared stream, per-tensor copies
   handroll_prepacked      a CUDA graph + stream per client thread, inputs pre-packed in one
-                          pinned buffer (bench/serve_anchors.py's graph_prepacked)
+                          pinned buffer (bench/serving/serve_anchors.py's graph_prepacked)
   runtime_call            serve(groups=8): served(*tensors), unbatched
   runtime_request         serve(groups=8): request().load(packed) / run(), unbatched
   runtime_batched_call    serve(batching=True): served(*tensors)
@@ -21,9 +21,9 @@ Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the win
 for batched configs the batch sizes seen and ``gpu_busy_est`` (sum over batches of the
 bucket's measured GPU time / wall), and per-bucket GPU time (``bucket_gpu_us``).
 
-    python bench/serving_sweep.py                          # bench/results/serving_sweep_h100.json
-    OUT=dir QS=1,32 CONFIGS=runtime_batched_call DUR=1 python bench/serving_sweep.py
-    python bench/serving_sweep.py --plot results.json out.png
+    python bench/serving/serving_sweep.py                          # bench/results/serving_sweep_h100.json
+    OUT=dir QS=1,32 CONFIGS=runtime_batched_call DUR=1 python bench/serving/serving_sweep.py
+    python bench/serving/serving_sweep.py --plot results.json out.png
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # > 8 streams (before CUDA starts)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 CONFIGS = ["eager", "handroll_prepacked", "runtime_call", "runtime_request", "runtime_batched_call",
            "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si"]
@@ -83,7 +83,7 @@ def _make(config: str, model, queries, served):
     from serve_anchors import _graph_client, _serve_fns
     from serve_anchors import _make as _make_anchor
 
-    if config == "eager":  # PyTorch eager on one shared stream, as bench/serve_anchors.py times it
+    if config == "eager":  # PyTorch eager on one shared stream, as bench/serving/serve_anchors.py times it
         return _make_anchor("eager_1stream", model, queries)[0]
     if config == "handroll_prepacked":
         return [_graph_client(model, a, "graph_prepacked") for a in queries]
@@ -91,7 +91,7 @@ def _make(config: str, model, queries, served):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
-    if config == "runtime_request":  # the zero-copy request per query, as bench/serve_anchors.py times it
+    if config == "runtime_request":  # the zero-copy request per query, as bench/serving/serve_anchors.py times it
         return _serve_fns("serve_request", served, queries)
     raise SystemExit(f"unknown config {config}")
 
@@ -170,7 +170,7 @@ def main() -> None:
         return
     qs = os.environ.get("QS", ",".join(map(str, QS)))
     dur = os.environ.get("DUR", "1.5")
-    out = Path(os.environ.get("OUT", HERE / "results"))
+    out = Path(os.environ.get("OUT", HERE.parent / "results"))
     out.mkdir(parents=True, exist_ok=True)
     env, rows, infos = _env(), [], []
     for c in os.environ.get("CONFIGS", ",".join(CONFIGS)).split(","):
