@@ -1,6 +1,7 @@
 """What a batch worker shares between devices: the batching set-up of a served model
 (:class:`BatchSetup`: spec, staging plan, output split), bucket sizes, and the CPU worker
-(:class:`CpuWorker`: a real batched runner for CPU models, also what the CPU tests drive).
+(:class:`CpuWorker`: a real batched runner for CPU models, also what the CPU tests drive),
+and how a batch's tensors are staged (:func:`stage_batch`).
 The CUDA worker is :mod:`._batched_cuda`. Needs torch, no CUDA."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from ..errors import BadInputError
 from ._batchspec import BatchPlan, check_spec, infer_spec
 from ._policy import flatten, out_unflatten, unflatten
 
-__all__ = ["BatchSetup", "buckets_for", "CpuWorker", "Arena", "DEFAULT_BUCKETS"]
+__all__ = ["BatchSetup", "buckets_for", "CpuWorker", "stage_batch", "DEFAULT_BUCKETS"]
 
 #: batch sizes a CUDA graph is captured for (a batch of n runs in the smallest >= n)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -75,56 +76,62 @@ class BatchSetup:
         return [out_unflatten([p[j] for p in parts], self.out_spec) for j in range(n)]
 
 
-class Arena:
-    """Where queued requests wait: ``slots`` query blocks of one (pinned, for CUDA)
-    staging buffer. A caller copies its query into a free slot itself, with one
-    ``torch._foreach_copy_`` that runs without the GIL (so many callers copy in
-    parallel, and a batch costs its worker no host copy at all); the worker copies the
-    batch's slots to the device. The free list is the batcher's (its queue bound)."""
-
-    def __init__(self, plan: Any, slots: int, pin: bool) -> None:
-        import torch
-
-        self.torch = torch
-        self.block = plan.block
-        self.buf = torch.empty(slots * plan.block, dtype=torch.uint8, pin_memory=pin).zero_()
-        if pin and not self.buf.is_pinned():
-            raise RuntimeError("the batching arena did not get pinned host memory")
-        self.ptr = self.buf.data_ptr()
-        m = len(plan.leaves)
-        flat = plan.slot_views(self.buf, slots)
-        self.views = [flat[j * m:(j + 1) * m] for j in range(slots)]
-        self.slots = slots
-
-    def stage(self, slot: int, leaves: Sequence[Any]) -> None:
-        self.torch._foreach_copy_(self.views[slot], leaves)
-
-    def rows(self) -> Any:
-        """The buffer as ``[slots, block]`` bytes."""
-        return self.buf.view(self.slots, self.block)
+def stage_batch(torch: Any, views: Sequence[Any], m: int, reqs: Sequence[Any]) -> list[Any]:
+    """Copy the tensors of ``reqs`` (``m`` each) into ``views`` (:meth:`BatchPlan.slot_views`
+    of a staging buffer), query after query, with one ``torch._foreach_copy_`` (dtypes are
+    converted to the example's; a tensor of another shape raises). When that fails, query
+    by query: a request whose tensors do not fit gets its own error in ``err`` and is left
+    out. Returns the requests staged, in staging order."""
+    try:
+        torch._foreach_copy_(views[:len(reqs) * m], [x for r in reqs for x in r.leaves])
+        return list(reqs)
+    except Exception:  # noqa: BLE001 - found and reported per request below
+        pass
+    ok: list[Any] = []
+    for r in reqs:
+        j = len(ok)
+        try:
+            if len(r.leaves) != m:
+                raise BadInputError(f"a batched query has {len(r.leaves)} tensors where the example has {m}")
+            torch._foreach_copy_(views[j * m:(j + 1) * m], list(r.leaves))
+            ok.append(r)
+        except Exception as e:  # noqa: BLE001 - this request's own error, its caller gets it
+            r.err = e
+    return ok
 
 
 class CpuWorker:
-    """Runs batches of a CPU model: the batch's arena slots gathered into a new buffer (one
-    ``index_select``), :meth:`BatchPlan.regroup` concatenates them, the model runs once,
-    the outputs are split per request. A real runner (CPU serving, the batcher's tests)."""
+    """Runs batches of a CPU model: the batch's tensors staged into a fresh buffer
+    (:func:`stage_batch`), :meth:`BatchPlan.regroup` concatenates them (offsets shifted),
+    the model runs once, the outputs are split per request. A real runner (CPU serving,
+    the batcher's tests); it runs the batch at ``start`` (nothing to overlap on the CPU)."""
 
-    def __init__(self, setup: BatchSetup, max_batch: int, arena: Arena) -> None:
+    def __init__(self, setup: BatchSetup, max_batch: int) -> None:
         import torch
 
         self.torch = torch
         self.setup = setup
-        self.arena = arena
+        self.m = len(setup.plan.leaves)
         self.shifts = torch.arange(max_batch) * setup.plan.shift
+        self._outs: list[Any] | None = None
 
-    def __call__(self, reqs: Sequence[Any]) -> list[Any]:
+    def start(self, reqs: Sequence[Any]) -> list[Any]:
+        torch, s = self.torch, self.setup
+        # a fresh buffer per batch: an output may be a view of its inputs
+        buf = torch.empty(len(reqs) * s.plan.block, dtype=torch.uint8)
+        ran = stage_batch(torch, s.plan.slot_views(buf, len(reqs)), self.m, reqs)
+        if ran:
+            self._outs = self(buf, len(ran))
+        return ran
+
+    def finish(self, reqs: Sequence[Any]) -> list[Any]:
+        outs, self._outs = self._outs, None
+        return outs if outs is not None else []
+
+    def __call__(self, buf: Any, n: int) -> list[Any]:
         from torch.utils._pytree import tree_flatten
 
-        torch = self.torch
-        n = len(reqs)
-        # a fresh buffer per batch: an output may be a view of its inputs
-        buf = torch.index_select(self.arena.rows(), 0, torch.tensor([r.slot for r in reqs])).view(-1)
         s = self.setup
-        with torch.no_grad():
+        with self.torch.no_grad():
             outs, _ = tree_flatten(s.model(*s.rebuild(s.plan.regroup(buf, n, self.shifts))))
         return s.split(outs, n)

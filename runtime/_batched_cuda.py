@@ -1,11 +1,12 @@
-"""The CUDA batch worker of one stream group: the ``n`` queries of a batch wait in slots
-of the pinned arena (each caller copied its own, :class:`~._batched.Arena`); they are
-copied to the group's device staging with one host-to-device copy per run of consecutive
-slots (no host copy), run as ONE CUDA graph captured for bucket ``k`` (the smallest bucket
->= ``n``; the device blocks past ``n`` hold earlier, valid queries): regroup on the GPU,
-forward, outputs into one device buffer; copied back in ONE device-to-host copy and
-waited for on ONE event (the wait releases the GIL). The host outputs are one fresh NumPy
-copy per output and batch, viewed per request with ``torch.from_numpy``.
+"""The CUDA batch worker of one stream group. :meth:`CudaWorker.start` copies the ``n``
+queries of a batch into the group's pinned staging (one ``_foreach_copy_``, by the driver
+thread), then to the device (ONE host-to-device copy), runs ONE CUDA graph captured for
+bucket ``k`` (the smallest bucket >= ``n``; the device blocks past ``n`` hold earlier,
+valid queries): regroup on the GPU, forward, outputs into one device buffer, copied back
+in ONE device-to-host copy, and records an event; :meth:`CudaWorker.finish` waits on that
+event (the wait releases the GIL). The host outputs are one fresh NumPy copy per output
+and batch, viewed per request with ``torch.from_numpy``. The driver calls keep the GIL
+(:mod:`._fastpath`): a batch gives it up twice, in the staging copy and in the wait.
 
 Graphs are captured largest bucket first into one private pool per group (the group's
 graphs run one after another on its stream, so they share it). Out of memory while
@@ -19,7 +20,7 @@ import warnings
 from typing import Any, Sequence
 
 from ..errors import first_line
-from ._batched import Arena, BatchSetup, bucket_table
+from ._batched import BatchSetup, bucket_table, stage_batch
 from ._cuda import ensure_context
 from ._policy import out_flatten, pack_layout
 
@@ -30,9 +31,9 @@ class CudaWorker:
     """Batches of one stream group ``g`` of served model ``sm`` (see the module docstring).
     ``buckets``: sizes to capture, ascending; :attr:`buckets` keeps the usable ones."""
 
-    def __init__(self, sm: Any, g: Any, setup: BatchSetup, buckets: Sequence[int], arena: Arena) -> None:
+    def __init__(self, sm: Any, g: Any, setup: BatchSetup, buckets: Sequence[int]) -> None:
         torch = sm.torch
-        self.torch, self.sm, self.g, self.setup, self.arena = torch, sm, g, setup, arena
+        self.torch, self.sm, self.g, self.setup = torch, sm, g, setup
         p = setup.plan
         self.max_k = kmax = max(buckets)
         self.block = p.block
@@ -42,6 +43,12 @@ class CudaWorker:
         torch._foreach_copy_(p.slot_views(host, kmax), list(setup.tensors) * kmax)
         self.dev_in = host.to(sm.device)
         self.dev_in_ptr = self.dev_in.data_ptr()
+        #: the group's pinned staging: each batch's tensors are copied in (one
+        #: ``_foreach_copy_``), then to the device with one host-to-device copy
+        self.host_in = host.pin_memory()
+        self.host_in_ptr = self.host_in.data_ptr()
+        self.m = len(p.leaves)
+        self.in_views = p.slot_views(self.host_in, kmax)
         self.shifts = torch.arange(kmax, device=sm.device) * p.shift
         self._event = g._new_event()
         self.event_i = int(self._event.handle)
@@ -137,20 +144,18 @@ class CudaWorker:
                       stacklevel=2)
 
     # -- the hot path ----------------------------------------------------------------
-    def __call__(self, reqs: Sequence[Any]) -> list[Any]:
+    def start(self, reqs: Sequence[Any]) -> list[Any]:
+        """Stage the batch (:func:`~._batched.stage_batch`) and launch it: one H2D copy, the
+        bucket's graph, one D2H copy, an event record; :meth:`finish` waits. Returns the
+        requests that run."""
+        reqs = stage_batch(self.torch, self.in_views, self.m, reqs)
         n = len(reqs)
-        k = self.table[n]
+        if not n:
+            return reqs
         sm, fp, s = self.sm, self.sm._fp, self.g.compute_i
         ensure_context(sm.manager.context)
-        blk, src, dst = self.block, self.arena.ptr, self.dev_in_ptr
-        j = 0
-        while j < n:  # one copy per run of consecutive arena slots
-            first = reqs[j].slot
-            m = 1
-            while j + m < n and reqs[j + m].slot == first + m:
-                m += 1
-            fp.htod(dst + j * blk, src + first * blk, m * blk, s)
-            j += m
+        fp.htod(self.dev_in_ptr, self.host_in_ptr, n * self.block, s)
+        k = self.table[n]
         ex = self.execs.get(k)
         if ex:
             fp.launch(ex, s)
@@ -159,7 +164,13 @@ class CudaWorker:
                 self._forward(k)
         fp.dtoh(self.pinned_out.data_ptr(), self.dev_out.data_ptr(), self.out_lay[k].nbytes, s)
         fp.record(self.event_i, s)
-        fp.wait(self.event_i)
+        return reqs
+
+    def finish(self, reqs: Sequence[Any]) -> list[Any]:
+        """Wait for the batch :meth:`start` launched; one output per request."""
+        n = len(reqs)
+        k = self.table[n]
+        self.sm._fp.wait(self.event_i)
         from_numpy = self.torch.from_numpy
         setup = self.setup
         if self.host_np is None:
@@ -185,7 +196,7 @@ class CudaWorker:
             with torch.cuda.stream(self.stream):
                 start.record()
                 for _ in range(reps):
-                    fp.htod(self.dev_in_ptr, self.arena.ptr, k * self.block, s)
+                    fp.htod(self.dev_in_ptr, self.host_in_ptr, k * self.block, s)
                     if self.execs.get(k):
                         fp.launch(self.execs[k], s)
                     else:

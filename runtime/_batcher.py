@@ -1,26 +1,37 @@
-"""The dynamic batcher's queue and threads: requests from any number of callers coalesce
-into batches, one worker thread per stream group runs them. No CUDA, no torch here: a
-worker is any callable ``run(requests) -> one result per request`` (the CUDA one is
-:mod:`._batched_cuda`; the CPU one, for tests and CPU models, is :class:`CpuWorker`).
+"""The dynamic batcher: requests from any number of callers coalesce into batches that
+ONE driver thread runs over every stream group. No CUDA, no torch here: a worker (one per
+group) is an object with ``start(requests) -> the requests that run`` (stage the inputs,
+launch, return at once) and ``finish(requests) -> one output per request`` (wait, split);
+a plain callable ``run(requests) -> outputs`` works too. The CUDA worker is
+:mod:`._batched_cuda`; the CPU one, for tests and CPU models, :class:`~._batched.CpuWorker`.
 
-The per-request host path is kept small because the host, not the GPU, bounds many
-clients (issue 24): a caller copies its query into a free staging slot itself (one call
-that runs without the GIL, so callers copy in parallel), appends it to one deque under one
-lock and sleeps on a lock of its own (the cheapest wake-up Python has); a worker takes
-whatever is queued when it becomes free ("natural batching": a lone caller never waits
-for company; with ``max_delay_s`` a worker that finds fewer than ``max_batch`` waits that
-long for more), runs the batch and wakes each caller of it. A synchronous caller that
-finds a worker asleep and nobody queued runs its own request on that worker's group (no
-thread hand-off at all). ``submit`` gives a
-:class:`concurrent.futures.Future`; ``infer`` is awaitable, and the results of one batch
-reach an event loop with one ``call_soon_threadsafe``.
+Why one driver (issue 24, measured on the H100 with 32 client threads, wide&deep, 256
+rows a query): the host, not the GPU, bounds many clients, and what costs on the host is
+handing the interpreter lock (GIL) from thread to thread. A thread per group taking its
+own batches left the GPU 30-50% busy with mostly one-query batches (4.2-5.4k queries/s);
+one driver that starts a batch on any free group and otherwise waits for the oldest
+batch in flight made batches of 14-26 queries and served 7.3-8.3k (p99 6-8 ms, from
+16-31 ms), and 14.7-16.7k with the staging copy left out (its bound: see
+``bench/serving/README.md``). The driver's loop:
 
-The queue is bounded (``max_queue``): a caller that finds it full waits up to
-``timeout_s`` for room, then gets :class:`QueueFullError` naming the setting to change; a
-caller whose result does not come within ``timeout_s`` gets :class:`RequestTimeoutError`.
-An exception in a batch reaches every request of that batch; the worker goes on with the
-next. :meth:`Batcher.close` fails the queued requests, lets the running batches finish and
-joins the workers: no request is left waiting.
+* a free group and requests queued: take up to ``max_batch`` of them (with ``max_delay_s``,
+  wait that long for a full batch first) and ``start`` them on that group;
+* otherwise, with batches in flight: ``finish`` the oldest (the wait releases the GIL),
+  wake each of its callers (a held lock each: the cheapest wake-up Python has; futures
+  are set; the results of one batch reach an event loop with one ``call_soon_threadsafe``);
+* otherwise sleep until a request comes.
+
+A synchronous caller that finds nothing queued and nothing in flight runs its request on
+a free group itself (no thread hand-off: a lone client costs what a hand-written loop
+does). ``submit`` gives a :class:`concurrent.futures.Future`; ``infer`` is awaitable.
+
+The queue is bounded (``max_queue`` requests queued or running): a caller that finds it
+full waits up to ``timeout_s`` for room, then gets :class:`QueueFullError` naming the
+setting to change; a caller whose result does not come within ``timeout_s`` gets
+:class:`RequestTimeoutError`. An exception in a batch reaches every request of that batch
+(a request whose own tensors do not fit gets its own error alone); the driver goes on
+with the next. :meth:`Batcher.close` fails the queued requests, finishes the batches in
+flight and the callers running on a lent group: no request is left waiting.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ class Pending:
     """One request: its tensor leaves, and how its caller is woken (a held lock, a
     ``Future``, or an asyncio future with its loop)."""
 
-    __slots__ = ("leaves", "lock", "future", "loop", "out", "err", "slot")
+    __slots__ = ("leaves", "lock", "future", "loop", "out", "err")
 
     def __init__(self, leaves: Sequence[Any], future: Any = None, loop: Any = None) -> None:
         self.leaves = leaves
@@ -58,7 +69,6 @@ class Pending:
         self.out: Any = None
         self.err: BaseException | None = None
         self.lock: Any = None
-        self.slot = -1
         if future is None:
             self.lock = _thread.allocate_lock()
             self.lock.acquire()
@@ -82,124 +92,100 @@ class BatchStats:
         return dict(sorted(out.items()))
 
 
+class _Sync:
+    """A plain ``run(requests) -> outputs`` callable as a worker: it runs at ``start``."""
+
+    def __init__(self, run: Callable[[list[Pending]], list[Any]]) -> None:
+        self.run = run
+        self.outs: Any = None
+
+    def start(self, reqs: list[Pending]) -> list[Pending]:
+        self.outs = self.run(reqs)
+        return reqs
+
+    def finish(self, reqs: list[Pending]) -> list[Any]:
+        outs, self.outs = self.outs, None
+        return outs
+
+
 class Batcher:
-    """Requests in, batches out to ``workers`` (one thread each). See the module docstring.
+    """Requests in, batches out over ``workers`` (one per stream group) from one driver
+    thread. See the module docstring."""
 
-    ``stage(slot, leaves)`` copies a request into staging slot ``slot`` (of ``max_queue``
-    slots: the queue's bound); a worker reads each request's ``slot``."""
-
-    def __init__(self, workers: Sequence[Callable[[list[Pending]], list[Any]]], *, max_batch: int,
-                 stage: Callable[[int, Sequence[Any]], None], max_queue: int = 256, timeout_s: float = 30.0,
+    def __init__(self, workers: Sequence[Any], *, max_batch: int, max_queue: int = 256, timeout_s: float = 30.0,
                  max_delay_s: float = 0.0, name: str = "batcher") -> None:
-        if max_batch < 1 or max_queue < 1 or timeout_s <= 0 or max_delay_s < 0:
+        if max_batch < 1 or max_queue < 1 or timeout_s <= 0 or max_delay_s < 0 or not workers:
             raise RuntimeCudaError(f"bad batcher settings: max_batch={max_batch} max_queue={max_queue} "
-                                   f"timeout_s={timeout_s} max_delay_s={max_delay_s}")
+                                   f"timeout_s={timeout_s} max_delay_s={max_delay_s} workers={len(workers)}")
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.timeout_s = timeout_s
         self.max_delay_s = max_delay_s
-        self._stage = stage
-        self._workers = list(workers)
-        #: free staging slots, oldest first: callers arriving together take consecutive
-        #: slots, so a batch is usually one host-to-device copy
-        self._free: deque[int] = deque(range(max_queue))
+        self._workers = [w if hasattr(w, "start") else _Sync(w) for w in workers]
         self._q: deque[Pending] = deque()
         self._lock = threading.Lock()
-        self._cv = [threading.Condition(self._lock) for _ in workers]
-        self._room = threading.Condition(self._lock)
-        #: workers asleep with nothing to do, and workers lent to a caller (see :meth:`call`)
-        self._waiting: list[int] = []
-        self._borrowed = [False] * len(workers)
-        self._delaying: list[int] = []
+        self._cv = threading.Condition(self._lock)  # the driver sleeps here
+        self._room = threading.Condition(self._lock)  # callers wait here for room in the queue
+        self._free = deque(range(len(workers)))  # groups neither running a batch nor lent to a caller
+        self._tickets = max_queue  # requests that may still be queued or running
         self._room_waiters = 0
+        self._asleep = False
+        self._inflight = 0
+        self._lent = 0
         self.closed = False
         self.stats = BatchStats(len(workers))
-        self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
-                         for i in range(len(workers))]
-        for t in self._threads:
-            t.start()
+        self._thread = threading.Thread(target=self._drive, name=f"{name}-driver", daemon=True)
+        self._thread.start()
 
     @property
     def queued(self) -> int:
         return len(self._q)
 
     # -- callers ---------------------------------------------------------------------
-    def _staged(self, r: Pending) -> None:
-        """Take a free slot (waiting up to ``timeout_s`` for one) and copy ``r`` into it."""
-        with self._lock:
-            if self.closed:
-                raise RuntimeCudaError("this served model is closed")
-            if not self._free:
-                self._wait_for_room()
-            r.slot = self._free.popleft()
-        try:
-            self._stage(r.slot, r.leaves)
-        except BaseException:
-            with self._lock:
-                self._free.append(r.slot)
-            raise
+    def _ticket(self) -> None:
+        """Under the lock: a place in the bounded queue, waiting up to ``timeout_s``."""
+        if self.closed:
+            raise RuntimeCudaError("this served model is closed")
+        if self._tickets <= 0:
+            deadline = time.monotonic() + self.timeout_s
+            self._room_waiters += 1
+            try:
+                while self._tickets <= 0 and not self.closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise QueueFullError(
+                            f"the batching queue stayed full ({self.max_queue} requests waiting) for "
+                            f"{self.timeout_s:g} s: raise serve(max_queue=...) or timeout_s=..., or add groups")
+                    self._room.wait(left)
+                if self.closed:
+                    raise RuntimeCudaError("this served model was closed while waiting for room in its queue")
+            finally:
+                self._room_waiters -= 1
+        self._tickets -= 1
 
     def put(self, r: Pending) -> None:
-        """Stage ``r`` and queue it."""
-        self._staged(r)
+        """Queue ``r`` (its caller is woken through its lock or future)."""
         with self._lock:
-            if self.closed:
-                self._free.append(r.slot)
-                raise RuntimeCudaError("this served model is closed")
+            self._ticket()
             self._q.append(r)
-            self._wake_one()
-
-    def _wake_one(self) -> None:
-        """Wake one sleeping worker that is not lent out, and a worker waiting out
-        ``max_delay_s`` once a full batch is queued (under the lock)."""
-        if self._delaying and len(self._q) >= self.max_batch:
-            for d in self._delaying:
-                self._cv[d].notify()
-        for w in self._waiting:
-            if not self._borrowed[w]:
-                self._waiting.remove(w)
-                self._cv[w].notify()
-                return
-
-    def _wait_for_room(self) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        self._room_waiters += 1
-        try:
-            while not self._free and not self.closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise QueueFullError(
-                        f"the batching queue stayed full ({self.max_queue} requests waiting) for "
-                        f"{self.timeout_s:g} s: raise serve(max_queue=...) or timeout_s=..., or add groups")
-                self._room.wait(left)
-            if self.closed:
-                raise RuntimeCudaError("this served model was closed while waiting for room in its queue")
-        finally:
-            self._room_waiters -= 1
+            if self._asleep:
+                self._cv.notify()
 
     def call(self, leaves: Sequence[Any]) -> Any:
-        """Run one request and wait for its result. When a worker is asleep and nobody is
-        queued, the caller runs its request on that worker's group itself (no hand-off to
-        a thread and back: a lone client costs what a hand-written loop does); otherwise
-        it queues and sleeps on a lock of its own."""
+        """Run one request and wait for its result (see the module docstring)."""
         r = Pending(leaves)
-        self._staged(r)
         with self._lock:
-            if self.closed:
-                self._free.append(r.slot)
-                raise RuntimeCudaError("this served model is closed")
-            w = -1
-            if not self._q and not self.max_delay_s:
-                for i in self._waiting:
-                    if not self._borrowed[i]:
-                        w = i
-                        self._borrowed[i] = True
-                        break
-            if w < 0:
+            self._ticket()
+            if not self._q and not self._inflight and not self.max_delay_s and self._free:
+                w = self._free.popleft()
+                self._lent += 1
+            else:
+                w = -1
                 self._q.append(r)
-                self._wake_one()
+                if self._asleep:
+                    self._cv.notify()
         if w >= 0:
-            return self._run_borrowed(w, r)
+            return self._run_lent(w, r)
         if not r.lock.acquire(timeout=self.timeout_s):
             r.err = RequestTimeoutError(f"no result within timeout_s={self.timeout_s:g} s "
                                         f"({len(self._q)} requests queued): raise timeout_s or add groups")
@@ -207,18 +193,22 @@ class Batcher:
             raise r.err
         return r.out
 
-    def _run_borrowed(self, w: int, r: Pending) -> Any:
+    def _run_lent(self, w: int, r: Pending) -> Any:
+        wk = self._workers[w]
         try:
-            out = self._workers[w]([r])[0]
+            if not wk.start([r]):
+                raise r.err  # type: ignore[misc]  # its tensors did not fit: its own error
+            out = wk.finish([r])[0]
         finally:
             self.stats.add(w, 1)
             with self._lock:
-                self._free.append(r.slot)
-                self._borrowed[w] = False
+                self._tickets += 1
+                self._free.appendleft(w)
+                self._lent -= 1
                 if self._room_waiters or self.closed:
                     self._room.notify_all()  # close() waits there for lent groups too
-                if self._q:
-                    self._wake_one()
+                if (self._q or self.closed) and self._asleep:
+                    self._cv.notify()
         return out
 
     def submit(self, leaves: Sequence[Any]) -> Future:
@@ -234,77 +224,103 @@ class Batcher:
         self.put(Pending(leaves, future=fut, loop=loop))
         return await asyncio.wait_for(fut, self.timeout_s)
 
-    # -- workers ---------------------------------------------------------------------
-    def _take(self, w: int) -> list[Pending] | None:
-        """Worker ``w``'s next batch (None: closed). Sleeps while nothing is queued or
-        while its group is lent to a caller."""
-        cv = self._cv[w]
-        with self._lock:
-            while not self._q or self._borrowed[w]:
-                if self.closed:
-                    return None
-                if w not in self._waiting:
-                    self._waiting.append(w)
-                cv.wait()
-            if w in self._waiting:
-                self._waiting.remove(w)
-            if self.max_delay_s and len(self._q) < self.max_batch and not self.closed:
-                deadline = time.monotonic() + self.max_delay_s
-                self._delaying.append(w)
-                while len(self._q) < self.max_batch and not self.closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    cv.wait(left)
-                self._delaying.remove(w)
-            n = min(len(self._q), self.max_batch)
-            pop = self._q.popleft
-            batch = [pop() for _ in range(n)]
-            if self._q:
-                self._wake_one()
-            return batch
+    # -- the driver ------------------------------------------------------------------
+    def _next(self, inflight: deque) -> tuple[int, list[Pending]] | None:
+        """Under the lock: the next batch to start, ``(group, requests)``, or None to
+        finish the oldest batch in flight. Sleeps while there is nothing to do; raises
+        StopIteration once closed with nothing in flight and no group lent."""
+        q = self._q
+        while not (q and self._free):
+            if inflight:
+                return None
+            if self.closed and not self._lent:
+                raise StopIteration
+            self._asleep = True
+            self._cv.wait()
+            self._asleep = False
+        if self.max_delay_s and len(q) < self.max_batch and not self.closed:
+            deadline = time.monotonic() + self.max_delay_s
+            self._asleep = True
+            while len(q) < self.max_batch and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            self._asleep = False
+            if not (q and self._free):  # close() emptied the queue, or a caller took the group
+                return None if inflight else self._next(inflight)
+        w = self._free.popleft()
+        pop = q.popleft
+        return w, [pop() for _ in range(min(len(q), self.max_batch))]
 
-    def _loop(self, w: int) -> None:
-        run = self._workers[w]
+    def _drive(self) -> None:
+        inflight: deque = deque()
+        workers = self._workers
         while True:
-            batch = self._take(w)
-            if batch is None:
-                return
-            # a Future cancelled before it ran is dropped (its caller left)
-            live = [r for r in batch if r.future is None or r.loop is not None
-                    or r.future.set_running_or_notify_cancel()]
-            outs, err = None, None
-            if live:
+            with self._lock:
                 try:
-                    outs = run(live)
+                    got = self._next(inflight)
+                except StopIteration:
+                    return
+                self._inflight = len(inflight) + (got is not None)
+            if got is not None:
+                inflight.append(self._start(*got))
+                continue
+            w, batch, live, err = inflight.popleft()
+            outs = None
+            if live and err is None:
+                try:
+                    outs = workers[w].finish(live)
                 except BaseException as e:  # noqa: BLE001 - reaches every request of the batch
                     err = e
+            if live:
                 self.stats.add(w, len(live))
             with self._lock:
-                self._free.extend(r.slot for r in batch)
+                self._tickets += len(batch)
+                self._free.append(w)
+                self._inflight = len(inflight)
                 if self._room_waiters:
                     self._room.notify(len(batch))
             _complete(live, outs, err)
 
+    def _start(self, w: int, batch: list[Pending]) -> tuple[int, list[Pending], list[Pending], BaseException | None]:
+        """Start ``batch`` on group ``w``: ``(w, batch, the requests running, error)``. A
+        Future cancelled before it ran is dropped (its caller left); a request whose own
+        tensors do not fit is answered with its error at once."""
+        live = [r for r in batch if r.future is None or r.loop is not None or r.future.set_running_or_notify_cancel()]
+        err = None
+        if live:
+            try:
+                ran = self._workers[w].start(live)
+            except BaseException as e:  # noqa: BLE001 - reaches every request of the batch
+                err = e
+            else:
+                if len(ran) != len(live):
+                    kept = set(map(id, ran))
+                    for r in live:
+                        if id(r) not in kept:
+                            _complete([r], None, r.err)
+                    live = ran
+        return w, batch, live, err
+
     def close(self, join_s: float = 60.0) -> None:
-        """Fail the queued requests, let running batches finish (the workers' and those
-        callers run on lent groups), join the workers."""
+        """Fail the queued requests, finish the batches in flight and those of callers
+        running on a lent group, join the driver."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             left = list(self._q)
             self._q.clear()
-            for cv in self._cv:
-                cv.notify_all()
+            self._tickets += len(left)
+            self._cv.notify_all()
             self._room.notify_all()
         _complete(left, None, RuntimeCudaError("this served model was closed before the request ran"))
         deadline = time.monotonic() + join_s
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
-        with self._lock:  # callers running their own request on a lent group finish first
-            while any(self._borrowed) and time.monotonic() < deadline:
+        if self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            while self._lent and time.monotonic() < deadline:
                 self._room.wait(deadline - time.monotonic())
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError, first_line
-from ._batched import Arena, BatchSetup, buckets_for
+from ._batched import BatchSetup, buckets_for
 from ._batcher import Batcher
 from ._batchspec import SpecRefused
 
@@ -23,9 +23,8 @@ class BatchingOptions:
     """``max_batch``: the largest batch; ``buckets``: batch sizes a graph is captured for
     (default 1, 2, 4, ... up to ``max_batch``); ``max_delay_ms``: how long a free group
     waits for more requests when fewer than ``max_batch`` are queued (0: none, a lone
-    client never waits); ``max_queue``: requests queued at most (callers past it wait for
-    room up to ``timeout_s``, then get ``QueueFullError``; each is a slot of pinned staging
-    of one query's input bytes, at least ``max_batch``); ``timeout_s``: how long a
+    client never waits); ``max_queue``: requests queued or running at most (callers past it
+    wait for room up to ``timeout_s``, then get ``QueueFullError``; at least ``max_batch``); ``timeout_s``: how long a
     caller waits for room or for its result; ``batch_spec``: each input tensor's kind
     (``rows``, ``indices``, ``offsets``) when it cannot be inferred;
     ``switch_interval_ms``: the interpreter's thread switch interval while the model is
@@ -62,17 +61,16 @@ def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tup
         return None, [], reason
     buckets = buckets_for(opts.max_batch, opts.buckets)
     workers: list[Any] = []
-    arena = Arena(setup.plan, opts.max_queue, pin=True)
     try:
         for g in sm.manager.groups:
-            workers.append(CudaWorker(sm, g, setup, buckets, arena))
+            workers.append(CudaWorker(sm, g, setup, buckets))
     except BaseException:
         for w in workers:
             w.close()
         raise
     # a bucket dropped for memory on any group caps every group's batches
     max_batch = min(max(w.buckets) for w in workers)
-    b = Batcher(workers, max_batch=max_batch, stage=arena.stage, max_queue=opts.max_queue, timeout_s=opts.timeout_s,
+    b = Batcher(workers, max_batch=max_batch, max_queue=opts.max_queue, timeout_s=opts.timeout_s,
                 max_delay_s=opts.max_delay_ms / 1e3, name="recsys-doctor-batch")
     return b, workers, None
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from recsys_doctor.runtime._batched import Arena, BatchSetup, CpuWorker, bucket_table, buckets_for  # noqa: E402
+from recsys_doctor.runtime._batched import BatchSetup, CpuWorker, bucket_table, buckets_for  # noqa: E402
 from recsys_doctor.runtime._batcher import Batcher, QueueFullError, RequestTimeoutError  # noqa: E402
 from recsys_doctor.runtime._batchspec import BatchPlan, SpecRefused, infer_spec  # noqa: E402
 from recsys_doctor.runtime._policy import flatten, out_flatten, out_unflatten  # noqa: E402
@@ -44,12 +44,16 @@ def wdl():
     return WideDeep(VOCAB, n_sparse=NS, hidden=32).eval()
 
 
+def run(worker, reqs):
+    """A CPU worker's batch start to finish (what a gate or spy wraps)."""
+    return worker.finish(worker.start(reqs))
+
+
 def batcher(setup, workers=1, max_batch=8, max_queue=64, wrap=None, **kw):
-    """A batcher over ``workers`` real CPU workers sharing one arena (``wrap``: a gate around each)."""
-    arena = Arena(setup.plan, max_queue, pin=False)
-    ws = [CpuWorker(setup, max_batch, arena) for _ in range(workers)]
-    return Batcher([wrap(w) if wrap else w for w in ws], max_batch=max_batch, stage=arena.stage,
-                   max_queue=max_queue, **kw)
+    """A batcher over ``workers`` real CPU workers (``wrap``: a gate or spy around each,
+    turning it into a plain ``run(requests)`` callable)."""
+    ws = [CpuWorker(setup, max_batch) for _ in range(workers)]
+    return Batcher([wrap(w) if wrap else w for w in ws], max_batch=max_batch, max_queue=max_queue, **kw)
 
 
 # ---------------------------------------------------------------------- spec inference
@@ -173,7 +177,7 @@ class Gate:
     def __call__(self, reqs):
         self.entered.set()
         self.open.wait(10)
-        return self.worker(reqs)
+        return run(self.worker, reqs)
 
 
 def test_backpressure_and_timeouts_name_the_setting(wdl):
@@ -191,6 +195,23 @@ def test_backpressure_and_timeouts_name_the_setting(wdl):
     gate.open.set()
     assert first.result(5) is not None and all(f.result(5) is not None for f in queued)
     b.close()
+
+
+def test_a_request_that_does_not_fit_fails_alone(wdl):
+    """Three requests in one batch, the middle one with a tensor of another shape: it gets
+    its own error, the two others their results."""
+    s = BatchSetup(wdl, query(0), "cpu")
+    b = batcher(s, max_batch=3, max_delay_s=2.0)
+    bad = tensors(query(2))
+    bad[0] = torch.randn(B + 1, 13)
+    futs = [b.submit(tensors(query(1))), b.submit(bad), b.submit(tensors(query(3)))]
+    with pytest.raises(RuntimeError):
+        futs[1].result(10)
+    with torch.no_grad():
+        assert torch.allclose(futs[0].result(10), wdl(*query(1)), atol=1e-6)
+        assert torch.allclose(futs[2].result(10), wdl(*query(3)), atol=1e-6)
+    b.close()
+    assert b.stats.sizes() == {2: 1}
 
 
 def test_result_timeout(wdl):
@@ -305,10 +326,10 @@ def test_lone_caller_runs_its_own_request_on_an_idle_group(wdl):
     seen = []
 
     def spy(w):
-        def run(reqs):
+        def spied(reqs):
             seen.append((threading.current_thread(), len(reqs)))
-            return w(reqs)
-        return run
+            return run(w, reqs)
+        return spied
 
     b = batcher(s, workers=2, wrap=spy)
     time.sleep(0.05)  # both workers asleep
