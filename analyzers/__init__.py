@@ -12,7 +12,7 @@ import threading
 from functools import partial
 from typing import Callable
 
-from .._fork import run_in_two, second_cpu
+from .._util.fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
@@ -57,7 +57,7 @@ def run_all(trace: Trace, options: Options | None = None,
             on_done: Callable[[str], None] | None = None, *, parallel: bool = False) -> list[AnalysisResult]:
     """Run every registered analyzer over ``trace``; the results come in registry order.
     ``on_done(name)`` is called after each (progress reporting). ``parallel``: a forked
-    process takes analyzers too (:func:`~recsys_doctor._fork.run_in_two`; the analyzers
+    process takes analyzers too (:func:`~recsys_doctor._util.fork.run_in_two`; the analyzers
     are pure functions of the trace, so the results are those of one process)."""
     return summarize_and_run_all(trace, options, on_done, parallel=parallel, summary=False)[1]
 

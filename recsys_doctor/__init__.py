@@ -8,10 +8,9 @@ Library entry points (the CLI is a thin skin over these):
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
+from ._util import __version__
 from .errors import BadInputError, NsysNotFoundError, RecsysDoctorError, TraceFormatError, WorkloadError
 
 if TYPE_CHECKING:

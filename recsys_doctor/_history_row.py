@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._files import file_sha256
+from ._util.files import file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     from .advise import AdviseResult
@@ -86,7 +86,7 @@ def _tool_version() -> str:
 
         return version("recsys-doctor")
     except Exception:
-        from . import __version__
+        from ._util import __version__
 
         return __version__
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._files import file_sha256_started
+from ._util.files import file_sha256_started
 from .errors import BadInputError
 from .findings import Finding
 from .model import Trace
@@ -111,7 +111,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     from .analyzers import ANALYZERS, summarize_and_run_all
     from .loaders._nsys_columns import release_free_memory
     from .planner import make_plan
-    from .progress import progress as progress_bar
+    from ._util.progress import progress as progress_bar
 
     options = options or Options()
     with progress_bar("analyzing", total=len(ANALYZERS) + 1, enabled=None if progress else False) as bar:
@@ -214,7 +214,7 @@ def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx
            start_ns: int | None = None, end_ns: int | None = None, progress: bool = False) -> AdviseResult:
     """Load ``path`` (any supported format), optionally restrict it, and diagnose it."""
     from .loaders import load
-    from .progress import progress as progress_bar
+    from ._util.progress import progress as progress_bar
 
     # the file's hash is worked out on a low-priority thread, in the moments when the
     # load or the analysis leaves a core idle

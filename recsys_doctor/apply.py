@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ._json import json_default
+from ._util.json import json_default
 from .apply_report import (ApplyResult, CandidateResult, measured_tables, _meas_numbers, _pred_numbers,
                            _summary_point, before_after_rows)
 from .capture import check_workload_options, child_argv, default_out_dir, profile

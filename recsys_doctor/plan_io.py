@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._json import json_default
+from ._util.json import json_default
 from .errors import BadInputError
 from .plan_search import plan_candidate
 from .whatif import Candidate

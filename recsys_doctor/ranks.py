@@ -351,7 +351,7 @@ def advise_ranks(paths: list[Path], options: Options | None = None, *, dask: str
     :func:`analyze_rank` (a module-level function or a ``partial`` of one: it travels to
     the workers).
     """
-    from .progress import progress as progress_bar
+    from ._util.progress import progress as progress_bar
 
     options = options or Options()
     paths = [Path(p) for p in paths]

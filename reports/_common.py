@@ -1,6 +1,6 @@
 """Shared pieces of the HTML and Markdown renderers: headline wording, summary rows, kernel labels.
 
-Numbers are formatted by :mod:`recsys_doctor._format`."""
+Numbers are formatted by :mod:`recsys_doctor._util.format`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import fmt, pct
+from .._util.format import fmt, pct
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult
@@ -217,7 +217,7 @@ def summary_rows(summary: Mapping[str, Any], analyses: Mapping[str, Any] | None 
 
 
 def _plan_value(val: Mapping[str, Any]) -> str:
-    from .._format import fmt_value
+    from .._util.format import fmt_value
 
     if "count" in val:
         out = str(val["count"])

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import BadInputError
-from .._format import pct
+from .._util.format import pct
 from .markdown import md_escape
 from .tables import wide_console
 

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .._format import fmt, pct
+from .._util.format import fmt, pct
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..gate import CompareResult

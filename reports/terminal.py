@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .._format import NAME_WIDTH, duration_ns, fmt_value, shorten
+from .._util.format import NAME_WIDTH, duration_ns, fmt_value, shorten
 from ._common import clock_s, evidence_label, kernel_label, plan_rows, report_kernel_labels, shown_plan
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import recsys_doctor.loaders._kineto_decode as decode
 import recsys_doctor.loaders.nsys as nsys
-from recsys_doctor._files import file_sha256
+from recsys_doctor._util.files import file_sha256
 from recsys_doctor.cli import main
 from recsys_doctor.errors import TraceFormatError
 from recsys_doctor.loaders.kineto import load_kineto_json

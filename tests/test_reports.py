@@ -222,8 +222,7 @@ def test_serial_report_says_gpu_mostly_idle(shared_traces, tmp_path):
 
 
 def test_progress_quiet_when_not_a_tty(monkeypatch, capsys):
-    from recsys_doctor import progress as pg
-
+    from recsys_doctor._util import progress as pg
     class TTY(io.StringIO):
         def isatty(self) -> bool:
             return True

@@ -23,8 +23,8 @@ from test_import_graph import import_edges, package_modules
 #: findings into the advised plan that ``advise`` reports, so it is part of diagnose too;
 #: the plan stage is the what-if search over candidate plans.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("shared", ("recsys_doctor", "recsys_doctor.errors", "recsys_doctor._json", "recsys_doctor.model",
-                "recsys_doctor.options", "recsys_doctor.findings", "recsys_doctor.progress", "recsys_doctor.plan",
+    ("shared", ("recsys_doctor", "recsys_doctor.errors", "recsys_doctor._util.json", "recsys_doctor.model",
+                "recsys_doctor.options", "recsys_doctor.findings", "recsys_doctor._util.progress", "recsys_doctor.plan",
                 "recsys_doctor.workload", "recsys_doctor._workload_types", "recsys_doctor._drive",
                 "recsys_doctor.loaders.*")),
     ("capture", ("recsys_doctor.capture.backend", "recsys_doctor.capture.nsys", "recsys_doctor.capture.nvml",

@@ -27,7 +27,7 @@ workload driven with runtime settings, or a plain script run with the interprete
 hook). Nothing here imports the apply stage.
 """
 
-from .._json import json_default
+from .._util.json import json_default
 from .child_process import child_argv
 from .backend import BACKENDS, choose_backend, default_out_dir, require_gpu
 from .profiling import MEASURE_RANGE, ProfileResult, check_workload_options, profile

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._files import file_sha256
-from .._json import json_default
+from .._util.files import file_sha256
+from .._util.json import json_default
 from ..advise import AdviseResult, advise_trace, restrict
 from ..errors import BadInputError
 from ..options import Options

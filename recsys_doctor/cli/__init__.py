@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .._util import __version__
 from ..errors import RecsysDoctorError
 
 __all__ = ["main", "run"]

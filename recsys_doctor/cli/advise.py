@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from .._process import import_numpy_quietly
+from .._util.process import import_numpy_quietly
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options, parse_set_pairs
-from .._json import json_default
+from .._util.json import json_default
 
 __all__ = ["advise_cmd", "parse_time", "demo_trace_path"]
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import click
 
-from .._process import import_numpy_quietly
-from .._format import fmt
+from .._util.process import import_numpy_quietly
+from .._util.format import fmt
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options
-from .._json import json_default
+from .._util.json import json_default
 
 __all__ = ["check_cmd", "compare_cmd", "history_cmd"]
 

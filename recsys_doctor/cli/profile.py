@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .._format import fixed
+from .._util.format import fixed
 from ..errors import BadInputError
 from ..options import Options, parse_set_pairs
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
-from .._json import json_default
+from .._util.json import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..advise import AdviseResult

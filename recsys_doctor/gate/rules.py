@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._format import pct
+from .._util.format import pct
 from .._history_row import flatten_summary
 from ..errors import BadInputError
 from .baseline import METRIC, Baseline, as_dict, findings_of, num

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BadInputError, TraceFormatError
-from ..progress import ProgressHandle
+from .._util.progress import ProgressHandle
 
 if TYPE_CHECKING:  # the model (pandas) is imported by the loader that builds it
     from ..model import Trace

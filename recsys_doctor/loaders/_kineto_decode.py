@@ -37,10 +37,10 @@ from typing import Any, Union
 
 import msgspec
 
-from .._files import gunzip_bytes, gunzip_into, private_temp
-from .._fork import fork_with_queue, load_results, read_all, reap, second_cpu, serve_queue
+from .._util.files import gunzip_bytes, gunzip_into, private_temp
+from .._util.fork import fork_with_queue, load_results, read_all, reap, second_cpu, serve_queue
 from ..errors import BadInputError, TraceFormatError
-from ..progress import ProgressHandle
+from .._util.progress import ProgressHandle
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -190,7 +190,7 @@ STREAM_MIN = 64 << 20
 #: a gzip file larger than this is decompressed to a temporary file, then streamed
 GZ_TO_DISK = 8 << 20
 #: a streamed events array at least this large is split between two processes (where a
-#: second CPU is ours: :func:`~recsys_doctor._fork.second_cpu`)
+#: second CPU is ours: :func:`~recsys_doctor._util.fork.second_cpu`)
 SPLIT_MIN = 32 << 20
 
 

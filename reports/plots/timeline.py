@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._format import pct
+from ..._util.format import pct
 from ._base import BUSY, CLOCK_LABEL, D2H, H2D, IDLE, OTHER, _edges_s, _fig, _render, _short, _stream_rows, _util_data
 
 if TYPE_CHECKING:  # pragma: no cover
