@@ -110,7 +110,7 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     """Run the summary, every analyzer and the planner over an already loaded trace."""
     from .analyzers import ANALYZERS, summarize_and_run_all
     from .loaders._nsys_columns import release_free_memory
-    from .planner import make_plan
+    from .planning.planner import make_plan
     from ._util.progress import progress as progress_bar
 
     options = options or Options()

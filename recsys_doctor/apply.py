@@ -6,7 +6,7 @@ The loop closes in four steps (see ``docs/profile.md``, "--apply"):
    and ``advise`` proposes a plan;
 2. every candidate plan (:func:`candidates`: group count x merged copy/compute streams x
    per-stream allocator x CUDA graphs) is ranked by the what-if estimate of
-   :mod:`recsys_doctor.whatif` from the baseline trace;
+   :mod:`recsys_doctor.planning.whatif` from the baseline trace;
 3. the best ``top_k`` by estimate (plus the advisor's own plan when it is not among them)
    are *measured*, each in a fresh child process driven by the same closed-loop clients
    as the baseline (:func:`recsys_doctor.workload.measure` with ``run=`` the runtime), and
@@ -42,12 +42,11 @@ from .capture import check_workload_options, child_argv, default_out_dir, profil
 from .capture.child_process import child_env
 from .capture.nvml import NvmlSampler
 from .errors import BadInputError, RecsysDoctorError, WorkloadError
-from .plan_io import read_plan, write_plan
-from .plan_search import (GROUP_COUNTS, candidates, plan_candidate, runtime_plan,
-                          select_to_measure)
+from .planning.io import read_plan, write_plan
+from .planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
 from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
-from .whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
+from .planning.whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
 from .workload import is_workload_module
 
 __all__ = [

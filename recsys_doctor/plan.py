@@ -1,6 +1,6 @@
 """The one plan type: :class:`Plan`, what the runtime should do, typed and versioned.
 
-The planner (:mod:`recsys_doctor.planner`) writes schema-1 JSON (``stream_groups.count``,
+The planner (:mod:`recsys_doctor.planning.planner`) writes schema-1 JSON (``stream_groups.count``,
 ``merge_copy_compute.enabled``, ...); ``profile --apply`` adds a flat ``runtime`` object
 with the chosen settings. :meth:`Plan.from_dict` reads either (the ``runtime`` object wins)
 and is the only parser: ``RuntimeConfig.from_plan``, the what-if's ``Candidate``, the

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .capture.treatment import Treatment
 from .errors import BadInputError, WorkloadError
-from .plan_io import read_plan
+from .planning.io import read_plan
 
 __all__ = ["ENV_PLAN", "script_env", "hook_env", "activate_in_process", "script_treatment",
            "parse_script_result", "run_script"]

@@ -233,7 +233,7 @@ def _plan_value(val: Mapping[str, Any]) -> str:
 
 def plan_rows(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The plan's decisions, as every report shows them: ``{"choice", "value",
-    "because", "assignments"}`` per choice of the plan JSON (``recsys_doctor/planner.py``):
+    "because", "assignments"}`` per choice of the plan JSON (``recsys_doctor/planning/planner.py``):
     the choice, its value (a count, yes/no and its numbers), the findings it answers and
     why, and the range assignments as ``key=value`` lines."""
     rows = []

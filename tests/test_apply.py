@@ -28,7 +28,7 @@ from recsys_doctor.cli import main
 from recsys_doctor.errors import BadInputError, WorkloadError
 from recsys_doctor.model import Trace
 from recsys_doctor.runtime import RuntimeConfig
-from recsys_doctor.whatif import Candidate, WhatIfCosts, estimate, host_busy_ns, rank, trace_stats, union_ns
+from recsys_doctor.planning.whatif import Candidate, WhatIfCosts, estimate, host_busy_ns, rank, trace_stats, union_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 

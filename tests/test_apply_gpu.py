@@ -38,7 +38,7 @@ def _run_hooked(tmp_path, groups: int, threads: int, client) -> dict:
 
     from recsys_doctor.apply import write_plan
     from recsys_doctor.script_hook import activate_in_process
-    from recsys_doctor.whatif import Candidate
+    from recsys_doctor.planning.whatif import Candidate
 
     plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
     undo = activate_in_process(plan)
@@ -154,7 +154,7 @@ def test_served_workload_equals_default_query():
     torch = pytest.importorskip("torch")
     from recsys_doctor._drive import _default_serve_query
     from recsys_doctor.apply import make_runner, runtime_plan
-    from recsys_doctor.whatif import Candidate
+    from recsys_doctor.planning.whatif import Candidate
     from recsys_doctor.workload import load_workload, measure
 
     wl = load_workload(ROOT / "examples" / "wdl_workload.py", ["--vocab", "1000", "--batch", "64"])

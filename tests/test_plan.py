@@ -21,7 +21,7 @@ from recsys_doctor.errors import BadInputError
 from recsys_doctor.options import Options
 from recsys_doctor.plan import Plan
 from recsys_doctor.runtime import RuntimeConfig
-from recsys_doctor.whatif import Candidate, Prediction
+from recsys_doctor.planning.whatif import Candidate, Prediction
 
 from test_planner import _contended
 

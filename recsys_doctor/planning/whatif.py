@@ -58,10 +58,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .analyzers._util import merge_intervals, union_length
-from .errors import BadInputError
-from .model import Trace
-from .plan import Plan
+from ..analyzers._util import merge_intervals, union_length
+from ..errors import BadInputError
+from ..model import Trace
+from ..plan import Plan
 
 __all__ = ["TraceStats", "Candidate", "Prediction", "WhatIfCosts", "trace_stats", "estimate", "rank",
            "union_ns", "host_busy_ns"]
