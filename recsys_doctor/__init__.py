@@ -3,7 +3,7 @@
 Library entry points (the CLI is a thin skin over these):
 
 * :func:`recsys_doctor.loaders.load` - any supported trace file -> :class:`Trace`
-* :func:`recsys_doctor.advise.advise` - load + analyze + plan -> :class:`AdviseResult`
+* :func:`recsys_doctor.diagnose.advise.advise` - load + analyze + plan -> :class:`AdviseResult`
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ._util.files import file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .advise import AdviseResult
+    from .diagnose.advise import AdviseResult
 
 __all__ = ["METRIC_COLUMNS", "flatten_summary", "git_info", "workload_name", "workload_key", "build_row"]
 

@@ -1,5 +1,5 @@
 """What a rank's worker keeps of its full result for ``advise DIR --html`` and the history:
-its HTML section and its history row (:func:`recsys_doctor.ranks.analyze_rank`'s
+its HTML section and its history row (:func:`recsys_doctor.diagnose.ranks.analyze_rank`'s
 ``finish``). Both are made where the trace is, so the trace never travels."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .advise import AdviseResult
+    from .diagnose.advise import AdviseResult
 
 __all__ = ["rank_extras"]
 

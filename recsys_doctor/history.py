@@ -62,7 +62,7 @@ from ._history_row import METRIC_COLUMNS, build_row, flatten_summary, git_info, 
 from .errors import BadInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .advise import AdviseResult
+    from .diagnose.advise import AdviseResult
 
 __all__ = [
     "METRIC_COLUMNS",

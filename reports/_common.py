@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .._util.format import fmt, pct
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["SEV_ORDER", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label", "kernel_labels",
            "report_kernel_labels", "evidence_label", "clock_s", "plan_rows", "shown_plan"]

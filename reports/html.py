@@ -31,7 +31,7 @@ from ._common import by_severity, clock_s, headline, kernel_label, plan_rows, re
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["render_html", "write_html", "render_section", "render_ranks_html", "write_ranks_html",
            "render_compare_html", "write_compare_html"]

@@ -24,7 +24,7 @@ from ._common import by_severity, clock_s, headline, plan_rows, shown_plan, summ
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["md_escape", "render_markdown", "write_markdown"]
 

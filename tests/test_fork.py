@@ -11,7 +11,7 @@ import os
 import pytest
 
 import recsys_doctor._util.fork as fork
-import recsys_doctor.advise as advise_mod
+import recsys_doctor.diagnose.advise as advise_mod
 from conftest import shared_files
 from recsys_doctor._util.json import json_default
 from recsys_doctor.loaders import load

@@ -16,7 +16,7 @@ from _gitrepo import git_repo
 from click.testing import CliRunner
 
 from recsys_doctor import history
-from recsys_doctor.advise import AdviseResult
+from recsys_doctor.diagnose.advise import AdviseResult
 from recsys_doctor.errors import BadInputError
 from recsys_doctor.findings import Finding
 from recsys_doctor.model import Trace

@@ -14,7 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from recsys_doctor.advise import advise_trace
+from recsys_doctor.diagnose.advise import advise_trace
 from recsys_doctor.apply import ApplyResult, CandidateResult, plan_candidate, read_plan, script_env, write_plan
 from recsys_doctor.cli import main
 from recsys_doctor.errors import BadInputError

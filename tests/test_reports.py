@@ -17,7 +17,7 @@ import pytest
 
 from _intervals import union_len
 
-from recsys_doctor.advise import advise_trace
+from recsys_doctor.diagnose.advise import advise_trace
 from recsys_doctor.findings import Finding
 from recsys_doctor.model import Trace
 from recsys_doctor.reports import plots
@@ -206,7 +206,7 @@ def _idle_by_sql(db: str) -> float:
 
 @pytest.mark.shared
 def test_serial_report_says_gpu_mostly_idle(shared_traces, tmp_path):
-    from recsys_doctor.advise import advise
+    from recsys_doctor.diagnose.advise import advise
 
     db = shared_traces / "h100" / "wdl_serial_q4_h100.sqlite"
     u = _util_by_sql(str(db))

@@ -8,7 +8,7 @@ This is the library behind ``recsys-doctor profile model.py [-- ARGS]``:
    (CUPTI through torch.profiler, :mod:`.torch_profiler`). ``auto`` picks in that order.
 3. NVML is sampled every ~50 ms during the capture (:mod:`.nvml`); samples and a plot
    are kept beside the trace.
-4. The trace is diagnosed by :func:`recsys_doctor.advise.advise_trace` - restricted to the
+4. The trace is diagnosed by :func:`recsys_doctor.diagnose.advise.advise_trace` - restricted to the
    tool's ``measure`` NVTX range for a workload, so both backends see the same window.
 
 Everything lands in one folder (``--out``, default ``./recsys-doctor-runs/<timestamp>``):

@@ -3,7 +3,7 @@ docstring). One function a step: check the inputs, run the nsys or torch capture
 (baseline first for a workload), keep the NVML samples, diagnose the analyzed window,
 write ``profile.json``.
 
-It sits above :mod:`recsys_doctor.advise` (its result is the advise report plus how the
+It sits above :mod:`recsys_doctor.diagnose.advise` (its result is the advise report plus how the
 trace was captured) and below apply: a changed "after" run comes in as a
 :class:`~recsys_doctor.capture.treatment.Treatment`.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from .._util.files import file_sha256
 from .._util.json import json_default
-from ..advise import AdviseResult, advise_trace, restrict
+from ..diagnose.advise import AdviseResult, advise_trace, restrict
 from ..errors import BadInputError
 from ..options import Options
 from ..workload import Measurement, is_workload_module

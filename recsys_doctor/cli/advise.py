@@ -93,7 +93,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         from ..loaders._kineto_decode import prefetch
 
         prefetch(traces[0], EventColumns)
-    from ..ranks import is_multi_target
+    from ..diagnose.ranks import is_multi_target
 
     if len(traces) == 1 and not demo and is_multi_target(traces[0]):
         if nvtx or start or end:
@@ -104,7 +104,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         return
     if dask_address or workers:
         raise BadInputError("--dask and --workers need one DIR or GLOB of rank traces")
-    from ..advise import advise
+    from ..diagnose.advise import advise
 
     paths = list(traces)
     if demo:
@@ -176,7 +176,7 @@ def _advise_ranks(target: Path, options: Options, *, as_json: bool, md_out: Path
 
     from .._history_row import git_info
     from .._rank_extras import rank_extras
-    from ..ranks import advise_ranks, expand_traces
+    from ..diagnose.ranks import advise_ranks, expand_traces
     from ..reports.ranks import render_ranks_terminal, write_ranks_markdown
 
     paths = expand_traces(target)

@@ -12,7 +12,7 @@ from ._base import BUSY, GREY, H2D, IDLE, _edges_s, _fig, _render, _short, _util
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from ...advise import AdviseResult
+    from ...diagnose.advise import AdviseResult
 
 __all__ = ['plot_before_after', 'plot_history_trend']
 
