@@ -23,7 +23,7 @@ def rank_extras(result: "AdviseResult", *, html: bool = False, history: bool = F
 
         out["html"] = render_section(result, options=options)
     if history:
-        from ._history_row import build_row
+        from .history.row import build_row
 
         try:
             out["row"] = build_row(result, "advise", options=options)

@@ -248,7 +248,7 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Pat
             res.notes.append(f"no HTML report: {type(e).__name__}: {e}")
     if history:
         try:
-            from .history import record_run
+            from .history.db import record_run
 
             target = after if after is not None else before
             rid = record_run(target.advise, db_path, command="profile --apply")

@@ -15,7 +15,7 @@ import pytest
 from _gitrepo import git_repo
 from click.testing import CliRunner
 
-from recsys_doctor import history
+from recsys_doctor.history import db as history
 from recsys_doctor.diagnose.advise import AdviseResult
 from recsys_doctor.errors import BadInputError
 from recsys_doctor.findings import Finding

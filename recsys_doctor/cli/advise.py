@@ -134,7 +134,7 @@ def _record_and_write(results: list[Any], options: Options, *, db: Path | None, 
     when asked for (an ``advise --json --no-history`` run pays for none of them)."""
     if not (history_on or html_out or md_out):
         return
-    from .. import history
+    from ..history import db as history
 
     html_paths = _per_trace_paths(html_out, results)
     md_paths = _per_trace_paths(md_out, results)
@@ -161,7 +161,7 @@ def _record_and_write(results: list[Any], options: Options, *, db: Path | None, 
 
 
 def _record_rows(rows: list[dict[str, Any]], db: Path | None) -> None:
-    from .. import history
+    from ..history import db as history
 
     for row in rows:
         if _quiet(lambda: history.record_row(row, db), None, "run not recorded in the history") is None:
@@ -174,7 +174,7 @@ def _advise_ranks(target: Path, options: Options, *, as_json: bool, md_out: Path
     the history: one row per rank, as ``advise TRACE`` of that rank would record."""
     from functools import partial
 
-    from .._history_row import git_info
+    from ..history.row import git_info
     from .._rank_extras import rank_extras
     from ..diagnose.ranks import advise_ranks, expand_traces
     from ..reports.ranks import render_ranks_terminal, write_ranks_markdown

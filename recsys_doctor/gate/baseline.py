@@ -169,8 +169,8 @@ def baseline_from_result(result: "AdviseResult | Mapping[str, Any]", source: str
 def baseline_from_history(branch: str, db_path: str | os.PathLike[str] | None = None, *,
                           workload: str | None = None, key: str | None = None) -> Baseline:
     """The newest passed check recorded for ``branch`` (optionally only for the workload
-    ``key`` of :func:`recsys_doctor.history.workload_key`, or a workload name)."""
-    from ..history import latest_run
+    ``key`` of :func:`recsys_doctor.history.db.workload_key`, or a workload name)."""
+    from ..history.db import latest_run
 
     run = latest_run(branch, db_path, workload=workload, key=key)
     summary = run.get("summary") or {}

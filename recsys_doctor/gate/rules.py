@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._util.format import pct
-from .._history_row import flatten_summary
+from ..history.row import flatten_summary
 from ..errors import BadInputError
 from .baseline import METRIC, Baseline, as_dict, findings_of, num
 

@@ -110,6 +110,6 @@ def _draw_trend(rows: Sequence[Mapping[str, Any]]) -> "Figure | None":
 
 
 def plot_history_trend(rows: Sequence[Mapping[str, Any]]) -> bytes | None:
-    """``gpu_utilization`` of history rows (:func:`recsys_doctor.history.list_runs`) in
+    """``gpu_utilization`` of history rows (:func:`recsys_doctor.history.db.list_runs`) in
     time order, the newest point (this run) highlighted; ``None`` under two runs."""
     return _render(_draw_trend, rows)
