@@ -34,7 +34,7 @@ CONFIGS = ["eager", "measure", "no_phase", "no_sync", "bare"]
 
 
 def _workload(q: int):
-    from recsys_doctor.workload import load_workload
+    from recsys_doctor.capture.workload import load_workload
 
     return load_workload(HERE.parent / "examples" / "wdl_workload.py", ["--threads", str(q)])
 
@@ -55,9 +55,9 @@ def _bare(served, wl, q: int, dur: float) -> dict:
 def run_one(config: str, q: int, dur: float) -> dict:
     import torch
 
-    from recsys_doctor import _drive
+    from recsys_doctor.capture import _drive
     from recsys_doctor.train_runner import make_runner
-    from recsys_doctor.workload import measure
+    from recsys_doctor.capture.workload import measure
 
     wl = _workload(q)
     if config == "eager":

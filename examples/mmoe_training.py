@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from recsys_doctor.runtime import parallel_branches
-from recsys_doctor.workload import Workload
+from recsys_doctor.capture.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _example_args import int_options  # noqa: E402

@@ -16,7 +16,7 @@ from .errors import BadInputError, NsysNotFoundError, RecsysDoctorError, TraceFo
 if TYPE_CHECKING:
     from .model import Trace
     from .options import Options
-    from .workload import Workload
+    from .capture.workload import Workload
 
 # Trace, Options and Workload are imported when first used: the command line starts
 # without pandas, so that ``advise`` can set a large trace's decoding going first

@@ -9,7 +9,7 @@ The loop closes in four steps (see ``docs/profile.md``, "--apply"):
    :mod:`recsys_doctor.planning.whatif` from the baseline trace;
 3. the best ``top_k`` by estimate (plus the advisor's own plan when it is not among them)
    are *measured*, each in a fresh child process driven by the same closed-loop clients
-   as the baseline (:func:`recsys_doctor.workload.measure` with ``run=`` the runtime), and
+   as the baseline (:func:`recsys_doctor.capture.workload.measure` with ``run=`` the runtime), and
    the best measured one is kept - predicted and measured numbers side by side;
 4. the kept plan is profiled once more (same backend) for the "after" trace, and the
    outputs are written: ``plan.json``, ``apply.json`` (before/after table, every
@@ -47,7 +47,7 @@ from .planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_p
 from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
 from .planning.whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
-from .workload import is_workload_module
+from .capture.workload import is_workload_module
 
 __all__ = [
     "GROUP_COUNTS",

@@ -31,8 +31,8 @@ CHILD_MODULE = "recsys_doctor.train_runner"
 
 def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
     """``(run, close, info, workload)`` applying ``runtime`` (a flat runtime dict) to a
-    :class:`~recsys_doctor.workload.Workload`: pass ``run`` and the returned workload
-    (warm-up adjusted) to :func:`~recsys_doctor.workload.measure`, call ``close()`` after.
+    :class:`~recsys_doctor.capture.workload.Workload`: pass ``run`` and the returned workload
+    (warm-up adjusted) to :func:`~recsys_doctor.capture.workload.measure`, call ``close()`` after.
 
     Serving: ``run`` is a :func:`recsys_doctor.runtime.serve` ``ServedModel`` built from
     ``wl.inputs(0)`` (host tensors in, host tensors out, like the default query).

@@ -392,7 +392,7 @@ def test_hook_with_a_broken_plan_leaves_the_script_running(tmp_path):
 # ------------------------------------------------------------------------------ treatments
 
 TRAIN_WORKLOAD = """
-from recsys_doctor.workload import Workload
+from recsys_doctor.capture.workload import Workload
 
 def workload():
     state = {"loss": 8.0}

@@ -25,7 +25,7 @@ from test_import_graph import import_edges, package_modules
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("shared", ("recsys_doctor", "recsys_doctor.errors", "recsys_doctor._util.json", "recsys_doctor.model",
                 "recsys_doctor.options", "recsys_doctor.findings", "recsys_doctor._util.progress", "recsys_doctor.plan",
-                "recsys_doctor.workload", "recsys_doctor._workload_types", "recsys_doctor._drive",
+                "recsys_doctor.capture.workload", "recsys_doctor.capture._workload_types", "recsys_doctor.capture._drive",
                 "recsys_doctor.loaders.*")),
     ("capture", ("recsys_doctor.capture.backend", "recsys_doctor.capture.nsys", "recsys_doctor.capture.nvml",
                  "recsys_doctor.capture.torch_profiler", "recsys_doctor.capture._child",

@@ -23,7 +23,7 @@ from .._util.json import json_default
 from ..diagnose.advise import AdviseResult, advise_trace, restrict
 from ..errors import BadInputError
 from ..options import Options
-from ..workload import Measurement, is_workload_module
+from .workload import Measurement, is_workload_module
 from . import backend as _backend
 from .child_process import check_workload_options, child_argv, child_env, measurement_from_json, run_child_measure
 from .nvml import NvmlSampler, NvmlSamples, plot_samples
@@ -211,7 +211,7 @@ def _capture_torch(run: _Run, baseline: bool) -> _Captured:
 def _torch_workload(run: _Run, baseline: bool, command: list[str]) -> _Captured:
     """A workload driven here: the baseline measured without the profiler, then the
     profiled run (changed by the treatment, if any)."""
-    from ..workload import load_workload, measure
+    from .workload import load_workload, measure
     from .torch_profiler import profile_workload
 
     wl = load_workload(run.target, run.args)
