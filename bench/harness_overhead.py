@@ -56,7 +56,7 @@ def run_one(config: str, q: int, dur: float) -> dict:
     import torch
 
     from recsys_doctor.capture import _drive
-    from recsys_doctor.train_runner import make_runner
+    from recsys_doctor.applying.train_runner import make_runner
     from recsys_doctor.capture.workload import measure
 
     wl = _workload(q)

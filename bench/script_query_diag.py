@@ -55,7 +55,7 @@ def main() -> None:
     if SWITCH:
         sys.setswitchinterval(SWITCH)
     if mode not in ("eager", "floor", "prepacked"):
-        from recsys_doctor import _autoapply
+        from recsys_doctor.applying import _autoapply
 
         _autoapply.activate({"runtime": {"groups": groups, "cuda_graphs": True}})
     torch.manual_seed(0)

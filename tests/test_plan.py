@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from recsys_doctor.diagnose.advise import advise_trace
-from recsys_doctor.apply import ApplyResult, CandidateResult, plan_candidate, read_plan, script_env, write_plan
+from recsys_doctor.applying.apply import ApplyResult, CandidateResult, plan_candidate, read_plan, script_env, write_plan
 from recsys_doctor.cli import main
 from recsys_doctor.errors import BadInputError
 from recsys_doctor.options import Options

@@ -33,9 +33,9 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("diagnose", ("recsys_doctor.analyzers.*", "recsys_doctor.diagnose.advise", "recsys_doctor.planning.planner",
                   "recsys_doctor.diagnose.ranks", "recsys_doctor.capture", "recsys_doctor.capture.profiling")),
     ("plan", ("recsys_doctor.planning.whatif", "recsys_doctor.planning.search", "recsys_doctor.planning.io")),
-    ("apply", ("recsys_doctor.train_runner", "recsys_doctor.script_hook", "recsys_doctor._autoapply",
+    ("apply", ("recsys_doctor.applying.train_runner", "recsys_doctor.applying.script_hook", "recsys_doctor.applying._autoapply",
                "recsys_doctor.runtime.*")),
-    ("re-measure", ("recsys_doctor.apply", "recsys_doctor.apply_report")),
+    ("re-measure", ("recsys_doctor.applying.apply", "recsys_doctor.applying.report")),
 )
 
 

@@ -23,7 +23,7 @@ backends), :mod:`.workload` (the workload protocol, :mod:`._drive` and
 :mod:`._workload_types` under it), :mod:`._child` (the child process that drives a workload) and :mod:`.child_process` (its
 command line, run from the parent), :mod:`.nvml` (sampling), :mod:`.treatment` (how a later stage changes the run).
 
-Plan search, ``--apply`` and re-measurement live in :mod:`recsys_doctor.apply`, above this
+Plan search, ``--apply`` and re-measurement live in :mod:`recsys_doctor.applying.apply`, above this
 package: for the "after" trace they call :func:`profile` with a :class:`Treatment` (a
 workload driven with runtime settings, or a plain script run with the interpreter-start
 hook). Nothing here imports the apply stage.

@@ -175,7 +175,7 @@ def _advise_ranks(target: Path, options: Options, *, as_json: bool, md_out: Path
     from functools import partial
 
     from ..history.row import git_info
-    from .._rank_extras import rank_extras
+    from ._rank_extras import rank_extras
     from ..diagnose.ranks import advise_ranks, expand_traces
     from ..reports.ranks import render_ranks_terminal, write_ranks_markdown
 

@@ -1,7 +1,7 @@
 """Apply a stream-group plan to a plain script, with no change to the script.
 
 Activated at interpreter start by a generated ``sitecustomize.py`` (see
-:func:`recsys_doctor.script_hook.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
+:func:`recsys_doctor.applying.script_hook.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
 this module is loaded by file path, so it imports nothing of ``recsys_doctor`` (whose
 package import pulls in pandas) and never imports torch itself. What it does:
 
@@ -74,9 +74,9 @@ def _log(msg: str) -> None:
 def _plan_type() -> Any:
     """:class:`recsys_doctor.plan.Plan`, the one plan parser. Inside the package it is
     imported; loaded by file path at interpreter start (the generated ``sitecustomize``),
-    ``plan.py`` beside this file is loaded the same way, without importing the package."""
+    ``recsys_doctor/plan.py`` is loaded the same way, without importing the package."""
     if __package__:
-        from .plan import Plan
+        from ..plan import Plan
 
         return Plan
     mod = sys.modules.get("_recsys_doctor_plan")
@@ -84,7 +84,7 @@ def _plan_type() -> Any:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location(
-            "_recsys_doctor_plan", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.py"))
+            "_recsys_doctor_plan", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan.py"))
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         sys.modules["_recsys_doctor_plan"] = mod  # dataclasses look the module up while it runs
