@@ -1,4 +1,5 @@
 """Loaders: turn a trace file into the canonical :class:`~recsys_doctor.model.Trace`.
+Imports options, model, errors, _util only.
 
 The format is detected from the file's content, never from its extension alone:
 
