@@ -28,7 +28,7 @@ __all__ = ["ENV_PLAN", "script_env", "hook_env", "activate_in_process", "script_
            "parse_script_result", "run_script"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
-_AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply.py")
+_AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply") / "__init__.py"  # a package, loaded by path
 
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 
