@@ -110,3 +110,54 @@ def test_checker_sees_an_import_up_the_chain_even_inside_a_function(tmp_path: Pa
         "pkg.low.a (low) imports pkg.high.b (high)",
         "pkg.odd: its folder 'odd' is in no stage (add it to STAGES)",
     ]
+
+
+# ---------------------------------------------------------------------------- sizes
+#: the folders the size rules hold for (runtime/ has its own owner and rules)
+SIZED = ("recsys_doctor", "analyzers", "reports")
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 70
+#: where a module or function is longer for a reason, the reason is a comment that starts
+#: with this, on one of the module's first three lines or right under the function's signature
+REASON = "# size:"
+
+
+def size_violations(root: Path = ROOT, folders: tuple[str, ...] = SIZED) -> list[str]:
+    """Every module over MAX_MODULE_LINES and every function over MAX_FUNCTION_LINES lines
+    (its whole span, signature and docstring included) that gives no reason."""
+    import ast
+
+    out = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            text = path.read_text()
+            lines = text.splitlines()
+            rel = path.relative_to(root)
+            if len(lines) > MAX_MODULE_LINES and not any(x.strip().startswith(REASON) for x in lines[:3]):
+                out.append(f"{rel}: {len(lines)} lines")
+            for node in ast.walk(ast.parse(text, str(path))):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                n = node.end_lineno - node.lineno + 1
+                head = lines[node.lineno:node.body[0].lineno]  # after the def line, to the first statement
+                if n > MAX_FUNCTION_LINES and not any(x.strip().startswith(REASON) for x in head):
+                    out.append(f"{rel}:{node.lineno}: {node.name}() {n} lines")
+    return out
+
+
+def test_no_long_module_or_function_without_a_reason():
+    bad = size_violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_size_check_sees_a_long_function_and_reads_its_reason(tmp_path: Path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def f():\n" + body)
+    assert size_violations(tmp_path, ("pkg",)) == [f"pkg/m.py:1: f() {MAX_FUNCTION_LINES + 1} lines"]
+    (tmp_path / "pkg" / "m.py").write_text("def f():\n    # size: one table of cases, read top-down\n" + body)
+    assert size_violations(tmp_path, ("pkg",)) == []
+
+
+if __name__ == "__main__":  # python tests/test_stages.py: the size rules' violations, one a line
+    print("\n".join(size_violations()) or "no violations")
