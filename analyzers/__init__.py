@@ -95,8 +95,9 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
 
 def _settle(trace: Trace, options: Options, results: list[AnalysisResult]) -> None:
     """Findings that count the same idle gaps share a cause: count each gap once
-    (:func:`~._recoverable.settle_shared_causes`), after every analyzer has run."""
-    from ._recoverable import settle_shared_causes, steady_window
+    (:func:`~._shared_causes.settle_shared_causes`), after every analyzer has run."""
+    from ._recoverable import steady_window
+    from ._shared_causes import settle_shared_causes
 
     findings = [f for r in results for f in r.findings]
     if findings:
