@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Trace, Options and Workload are imported when first used: the command line starts
 # without pandas, so that ``advise`` can set a large trace's decoding going first
-_LAZY = {"Trace": "model", "Options": "options", "Workload": "workload"}
+_LAZY = {"Trace": "model", "Options": "options", "Workload": "capture.workload"}
 
 
 def __getattr__(name: str) -> Any:
