@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/scale_trace.py
+	$(PY) bench/scale/scale_trace.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info recsys_doctor/loaders/*.so

@@ -174,7 +174,7 @@ class CudaWorker:
     def gpu_times_us(self, reps: int = 20) -> dict[int, float]:
         """GPU time of one batch per bucket (H2D, graph, D2H; alone on the device), in us.
         A first round is thrown away: measured first thing in a process (the committed
-        sweep) every bucket came out at 4.3-4.9 ms on the H100, where ``bench/batch_diag.py``
+        sweep) every bucket came out at 4.3-4.9 ms on the H100, where ``bench/serving/batch_diag.py``
         in the same call, after timed copies, measured 241-786 us; the cause is not known."""
         torch = self.torch
         out = {}

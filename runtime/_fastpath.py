@@ -20,7 +20,7 @@ only speed.
 
 ``RECSYS_DOCTOR_LAUNCH=release-gil`` makes launches and records release the GIL too (the
 wait always does): for measuring which is better on a given machine and driver
-(``bench/serve_anchors.py`` records the setting with its numbers).
+(``bench/serving/serve_anchors.py`` records the setting with its numbers).
 
 No compiled extension is needed: the entry points used here have had the same C ABI since
 CUDA 10 (``cuMemcpyHtoDAsync_v2`` is the versioned name the CUDA headers map to).

@@ -22,7 +22,7 @@ _EAGER_SMALL_KERNELS = {"launch-bound": "medium", "short-kernels": "note"}
 _LAUNCH_FAMILY_SHARED = {"launch-bound": "note", "short-kernels": "note", "graph-candidate": "note"}
 
 LABELS: dict[str, dict] = {
-    # --- injected pathologies made on the H100 (bench/pathologies.py) ---------------------
+    # --- injected pathologies made on the H100 (bench/pathologies/pathologies.py) ---------------------
     "tests/data/patho_large_kernels/large_kernels.sqlite.gz": {
         "why": "300 back-to-back 8192^3 bf16 matmuls, one sync at the end: a well-utilized job",
         "must": {},

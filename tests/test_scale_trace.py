@@ -1,4 +1,4 @@
-"""bench/scale_trace.py's tiling: K copies of an export, each shifted by the span of the
+"""bench/scale/scale_trace.py's tiling: K copies of an export, each shifted by the span of the
 activity, so the tiled trace is K times the original with no dead time between copies and
 its findings' shares are the original's. Checked on the packaged demo export (K=2) with
 SQL over both files and advise on both."""
@@ -20,7 +20,7 @@ DEMO = ROOT / "recsys_doctor" / "data" / "demo_wdl_serial_q4.sqlite.gz"
 
 
 def _scale_trace():
-    spec = importlib.util.spec_from_file_location("scale_trace", ROOT / "bench" / "scale_trace.py")
+    spec = importlib.util.spec_from_file_location("scale_trace", ROOT / "bench" / "scale" / "scale_trace.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["scale_trace"] = mod
     spec.loader.exec_module(mod)
