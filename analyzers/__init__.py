@@ -12,7 +12,7 @@ import threading
 from functools import partial
 from typing import Callable
 
-from .._fork import run_in_two, second_cpu
+from .._util.fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
@@ -57,7 +57,7 @@ def run_all(trace: Trace, options: Options | None = None,
             on_done: Callable[[str], None] | None = None, *, parallel: bool = False) -> list[AnalysisResult]:
     """Run every registered analyzer over ``trace``; the results come in registry order.
     ``on_done(name)`` is called after each (progress reporting). ``parallel``: a forked
-    process takes analyzers too (:func:`~recsys_doctor._fork.run_in_two`; the analyzers
+    process takes analyzers too (:func:`~recsys_doctor._util.fork.run_in_two`; the analyzers
     are pure functions of the trace, so the results are those of one process)."""
     return summarize_and_run_all(trace, options, on_done, parallel=parallel, summary=False)[1]
 
@@ -95,8 +95,9 @@ def summarize_and_run_all(trace: Trace, options: Options | None = None,
 
 def _settle(trace: Trace, options: Options, results: list[AnalysisResult]) -> None:
     """Findings that count the same idle gaps share a cause: count each gap once
-    (:func:`~._recoverable.settle_shared_causes`), after every analyzer has run."""
-    from ._recoverable import settle_shared_causes, steady_window
+    (:func:`~._shared_causes.settle_shared_causes`), after every analyzer has run."""
+    from ._recoverable import steady_window
+    from ._shared_causes import settle_shared_causes
 
     findings = [f for r in results for f in r.findings]
     if findings:

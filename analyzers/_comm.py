@@ -1,7 +1,7 @@
 """Communication kernels: which kernels move data between GPUs, what collective each is,
 and how much of their time runs under compute.
 
-Shared by the ``comm-exposed`` analyzer (one trace) and :mod:`recsys_doctor.ranks`
+Shared by the ``comm-exposed`` analyzer (one trace) and :mod:`recsys_doctor.diagnose.ranks`
 (many rank traces), so both count the same kernels and the same overlap.
 
 Communication kernels are those whose name says NCCL/RCCL (``ncclKernel_*``,

@@ -74,6 +74,12 @@ def classify_names(names: pd.Series) -> np.ndarray:
     return np.array([_classify(n) for n in names.to_numpy(object)], dtype=np.int8)
 
 
+def kernel_durations(trace: Trace) -> np.ndarray:
+    """Each kernel's duration (ns), in the order of ``trace.kernels``."""
+    k = trace.kernels
+    return (k["end"] - k["start"]).to_numpy(np.int64)
+
+
 def kernel_classes(trace: Trace) -> np.ndarray:
     """:func:`classify_names` of ``trace.kernels["name"]``, built once per trace."""
     return cached(trace, "kernel_classes", lambda: classify_names(trace.kernels["name"]))

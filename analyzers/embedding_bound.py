@@ -27,7 +27,7 @@ import pandas as pd
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._kernel_classes import EMBEDDING, iterations, kernel_classes, kernel_where, offenders
+from ._kernel_classes import EMBEDDING, iterations, kernel_classes, kernel_durations, kernel_where, offenders
 from ._ops import launches, op_table, what_is
 from ._recoverable import device_gaps, examples, finish, report, steady_starts, steady_window
 from ._util import r, str_contains
@@ -36,13 +36,11 @@ __all__ = ["analyze"]
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    if not len(trace.kernels):
+        return AnalysisResult(name="embedding-bound", data={"kernels": 0})
     res = AnalysisResult(name="embedding-bound")
-    k = trace.kernels
-    if not len(k):
-        res.data = {"kernels": 0}
-        return res
     emb = kernel_classes(trace) == EMBEDDING
-    dur = (k["end"] - k["start"]).to_numpy(np.int64)
+    dur = kernel_durations(trace)
     data = res.data = _evidence(trace, emb, dur, options)
     if not data["embedding_kernels"] or max(data["time_share"] or 0, data["count_share"]) < options.report_min_share:
         return res

@@ -21,7 +21,7 @@ import numpy as np
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._kernel_classes import COPY, FP32_GEMM, kernel_classes, kernel_where, offenders
+from ._kernel_classes import COPY, FP32_GEMM, kernel_classes, kernel_durations, kernel_where, offenders
 from ._recoverable import finish, report, steady_window
 from ._util import r
 
@@ -44,13 +44,11 @@ _TEXT = {
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    if not len(trace.kernels):
+        return AnalysisResult(name="kernel-mix", data={"kernels": 0})
     res = AnalysisResult(name="kernel-mix")
-    k = trace.kernels
-    if not len(k):
-        res.data = {"kernels": 0}
-        return res
     cls = kernel_classes(trace)
-    dur = (k["end"] - k["start"]).to_numpy(np.int64)
+    dur = kernel_durations(trace)
     total = int(dur.sum())
     res.data = {"kernel_time_us": r(total / 1000, 3)}
     for fid, c in (("copy-kernels", COPY), ("fp32-gemm", FP32_GEMM)):

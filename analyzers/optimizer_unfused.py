@@ -31,7 +31,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import enclosing_range
 from ._cpu_ranges import gpu_idle_within, profiler_steps, ranges_matching
-from ._kernel_classes import COMM, OPT_FOREACH, OPT_FUSED, kernel_classes, kernel_where, offenders
+from ._kernel_classes import COMM, OPT_FOREACH, OPT_FUSED, kernel_classes, kernel_durations, kernel_where, offenders
 from ._ops import launches
 from ._recoverable import claims_within, examples, finish, report, steady_starts, steady_window
 from ._util import r, take_str
@@ -48,13 +48,12 @@ _NEXT = {"per-parameter": "foreach=True (or straight to fused=True)", "foreach":
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
+    if not len(trace.kernels):
+        return AnalysisResult(name="optimizer-unfused", data={"kernels": 0})
     res = AnalysisResult(name="optimizer-unfused")
     k = trace.kernels
-    if not len(k):
-        res.data = {"kernels": 0}
-        return res
     cls = kernel_classes(trace)
-    dur = (k["end"] - k["start"]).to_numpy(np.int64)
+    dur = kernel_durations(trace)
     steps = ranges_matching(trace, _STEP)
     in_step = _launched_in(trace, steps)
     opt = (in_step | (cls == OPT_FOREACH) | (cls == OPT_FUSED)) & (cls != COMM)

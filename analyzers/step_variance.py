@@ -13,7 +13,7 @@ Recoverable time: per outlier, the steady-state GPU idle inside it (the parts of
 gaps that lie in it), at most its excess
 over the median (the GPU time a step like the others would not have lost). Where the
 extra time is allocator gaps, ``allocator-churn`` names the cause and takes that time
-(see ``_recoverable.settle_shared_causes``). Severity follows from it (docs/findings.md).
+(see ``_shared_causes.settle_shared_causes``). Severity follows from it (docs/findings.md).
 """
 
 from __future__ import annotations

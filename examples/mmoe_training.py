@@ -12,7 +12,7 @@ branches, the textbook case for side streams once launches are cheap.
 The step returns the loss, which the tool records, so a faster configuration can be
 checked to compute the same losses.
 
-What ``profile --apply`` needs from a training workload (``recsys_doctor.train_runner.make_runner``):
+What ``profile --apply`` needs from a training workload (``recsys_doctor.applying.train_runner.make_runner``):
 ``model.streams`` - the experts and the task heads run through
 ``recsys_doctor.runtime.parallel_branches(..., streams=model.streams)``; ``False`` (the
 default here) runs them one after another on the current stream, exactly as plain eager
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from recsys_doctor.runtime import parallel_branches
-from recsys_doctor.workload import Workload
+from recsys_doctor.capture.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _example_args import int_options  # noqa: E402

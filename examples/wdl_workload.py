@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _example_args import int_options  # noqa: E402
 from wdl_serving import WideDeep, host_query  # noqa: E402
 
-from recsys_doctor.workload import Workload  # noqa: E402
+from recsys_doctor.capture.workload import Workload  # noqa: E402
 
 
 def workload(argv: list[str] | None = None) -> Workload:

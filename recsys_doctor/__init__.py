@@ -3,25 +3,24 @@
 Library entry points (the CLI is a thin skin over these):
 
 * :func:`recsys_doctor.loaders.load` - any supported trace file -> :class:`Trace`
-* :func:`recsys_doctor.advise.advise` - load + analyze + plan -> :class:`AdviseResult`
+* :func:`recsys_doctor.diagnose.advise.advise` - load + analyze + plan -> :class:`AdviseResult`
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
+from ._util import __version__
 from .errors import BadInputError, NsysNotFoundError, RecsysDoctorError, TraceFormatError, WorkloadError
 
 if TYPE_CHECKING:
     from .model import Trace
     from .options import Options
-    from .workload import Workload
+    from .capture.workload import Workload
 
 # Trace, Options and Workload are imported when first used: the command line starts
 # without pandas, so that ``advise`` can set a large trace's decoding going first
-_LAZY = {"Trace": "model", "Options": "options", "Workload": "workload"}
+_LAZY = {"Trace": "model", "Options": "options", "Workload": "capture.workload"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,10 +1,10 @@
 """The one plan type: :class:`Plan`, what the runtime should do, typed and versioned.
 
-The planner (:mod:`recsys_doctor.planner`) writes schema-1 JSON (``stream_groups.count``,
+The planner (:mod:`recsys_doctor.planning.planner`) writes schema-1 JSON (``stream_groups.count``,
 ``merge_copy_compute.enabled``, ...); ``profile --apply`` adds a flat ``runtime`` object
 with the chosen settings. :meth:`Plan.from_dict` reads either (the ``runtime`` object wins)
 and is the only parser: ``RuntimeConfig.from_plan``, the what-if's ``Candidate``, the
-script hook (:mod:`recsys_doctor._autoapply`) and the training runner all go through it.
+script hook (:mod:`recsys_doctor.applying._autoapply`) and the training runner all go through it.
 Each path says which fields it cannot honour (:meth:`Plan.unhonoured`); those are
 reported, never silently dropped.
 

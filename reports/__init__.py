@@ -1,4 +1,4 @@
-"""Renderers over one :class:`~recsys_doctor.advise.AdviseResult`: HTML, Markdown, plots.
+"""Renderers over one :class:`~recsys_doctor.diagnose.advise.AdviseResult`: HTML, Markdown, plots.
 
 (The terminal renderer lives in ``terminal.py``.) Every renderer escapes every string
 that comes from a trace.

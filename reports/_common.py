@@ -1,6 +1,6 @@
 """Shared pieces of the HTML and Markdown renderers: headline wording, summary rows, kernel labels.
 
-Numbers are formatted by :mod:`recsys_doctor._format`."""
+Numbers are formatted by :mod:`recsys_doctor._util.format`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import fmt, pct
+from .._util.format import fmt, pct
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["SEV_ORDER", "headline", "by_severity", "summary_rows", "trace_name", "kernel_label", "kernel_labels",
            "report_kernel_labels", "evidence_label", "clock_s", "plan_rows", "shown_plan"]
@@ -217,7 +217,7 @@ def summary_rows(summary: Mapping[str, Any], analyses: Mapping[str, Any] | None 
 
 
 def _plan_value(val: Mapping[str, Any]) -> str:
-    from .._format import fmt_value
+    from .._util.format import fmt_value
 
     if "count" in val:
         out = str(val["count"])
@@ -233,7 +233,7 @@ def _plan_value(val: Mapping[str, Any]) -> str:
 
 def plan_rows(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The plan's decisions, as every report shows them: ``{"choice", "value",
-    "because", "assignments"}`` per choice of the plan JSON (``recsys_doctor/planner.py``):
+    "because", "assignments"}`` per choice of the plan JSON (``recsys_doctor/planning/planner.py``):
     the choice, its value (a count, yes/no and its numbers), the findings it answers and
     why, and the range assignments as ``key=value`` lines."""
     rows = []

@@ -26,12 +26,12 @@ import jinja2
 from markupsafe import Markup
 
 from ..errors import BadInputError
-from .._format import fixed, fmt, pct
+from .._util.format import fixed, fmt, pct
 from ._common import by_severity, clock_s, headline, kernel_label, plan_rows, report_kernel_labels, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["render_html", "write_html", "render_section", "render_ranks_html", "write_ranks_html",
            "render_compare_html", "write_compare_html"]
@@ -106,7 +106,7 @@ def _trace_context(result: "AdviseResult", history_rows: Sequence[Mapping[str, A
 
 
 def _stamp() -> dict[str, str]:
-    from .. import __version__
+    from .._util import __version__
 
     return {"version": __version__, "generated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
-from .._format import fmt, pct
+from .._util.format import fmt, pct
 from ._common import by_severity, clock_s, headline, plan_rows, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["md_escape", "render_markdown", "write_markdown"]
 

@@ -1,4 +1,4 @@
-"""Renderers of the combined multi-rank view (:class:`~recsys_doctor.ranks.MultiRankResult`):
+"""Renderers of the combined multi-rank view (:class:`~recsys_doctor.diagnose.ranks.MultiRankResult`):
 a terminal table and Markdown. JSON is ``result.to_dict()``.
 
 One row per rank, worst first; one column per finding id holding that rank's severity,
@@ -17,12 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import BadInputError
-from .._format import pct
+from .._util.format import pct
 from .markdown import md_escape
 from .tables import wide_console
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..ranks import MultiRankResult
+    from ..diagnose.ranks import MultiRankResult
 
 __all__ = ["render_ranks_terminal", "render_ranks_markdown", "write_ranks_markdown", "rank_rows", "straggler_lines"]
 

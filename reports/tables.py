@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .._format import fmt, pct
+from .._util.format import fmt, pct
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..gate import CompareResult
@@ -47,7 +47,7 @@ def _check(r: Mapping[str, Any]) -> str:
 
 
 def history_table(runs: Sequence[Mapping[str, Any]]) -> Table:
-    """One row per recorded run (:func:`recsys_doctor.history.list_runs`), newest first."""
+    """One row per recorded run (:func:`recsys_doctor.history.db.list_runs`), newest first."""
     tab = Table(box=None, pad_edge=False)
     for head, just in (("id", "right"), ("when (UTC)", "left"), ("cmd", "left"), ("util", "right"),
                        ("kernels", "right"), ("commit", "left"), ("branch", "left"), ("check", "left"),

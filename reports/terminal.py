@@ -14,11 +14,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .._format import NAME_WIDTH, duration_ns, fmt_value, shorten
+from .._util.format import NAME_WIDTH, duration_ns, fmt_value, shorten
 from ._common import clock_s, evidence_label, kernel_label, plan_rows, report_kernel_labels, shown_plan
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["render_terminal", "fmt_value", "NAME_WIDTH"]
 
@@ -53,7 +53,7 @@ def _summary_table(res: "AdviseResult") -> Table:
     steady = util.get("steady_state_utilization")
     if steady is not None:
         rows.append(("  steady state (start-up excluded)", fmt_value("utilization", steady)))
-    from ..advise import idle_share
+    from ..diagnose.advise import idle_share
 
     idle = idle_share(s, res.analyses)
     if idle is not None:

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from recsys_doctor.advise import advise_trace
+from recsys_doctor.diagnose.advise import advise_trace
 from recsys_doctor.analyzers import run_all
 from recsys_doctor.loaders import load
 from recsys_doctor.options import Options

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from recsys_doctor.apply import (
+from recsys_doctor.applying.apply import (
     before_after_rows,
     candidates,
     parse_script_result,
@@ -28,7 +28,7 @@ from recsys_doctor.cli import main
 from recsys_doctor.errors import BadInputError, WorkloadError
 from recsys_doctor.model import Trace
 from recsys_doctor.runtime import RuntimeConfig
-from recsys_doctor.whatif import Candidate, WhatIfCosts, estimate, host_busy_ns, rank, trace_stats, union_ns
+from recsys_doctor.planning.whatif import Candidate, WhatIfCosts, estimate, host_busy_ns, rank, trace_stats, union_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -392,7 +392,7 @@ def test_hook_with_a_broken_plan_leaves_the_script_running(tmp_path):
 # ------------------------------------------------------------------------------ treatments
 
 TRAIN_WORKLOAD = """
-from recsys_doctor.workload import Workload
+from recsys_doctor.capture.workload import Workload
 
 def workload():
     state = {"loss": 8.0}
@@ -409,13 +409,13 @@ def test_applied_child_runs_the_workload_with_the_settings(tmp_path):
     """The "after" child of a workload is the train runner's: same arguments as the capture
     child plus --apply; it measures the workload changed and writes what the runtime said."""
     from recsys_doctor.capture import child_argv
-    from recsys_doctor.train_runner import main as runner_main, runtime_treatment
+    from recsys_doctor.applying.train_runner import main as runner_main, runtime_treatment
 
     runtime = {"groups": 1, "cuda_graphs": False}
     t = runtime_treatment(runtime)
     argv = child_argv(Path("wl.py"), Path("m.json"), ["x"], threads=None, duration_s=None, steps=2, profiled="nsys",
                       treatment=t)
-    assert argv == [sys.executable, "-m", "recsys_doctor.train_runner", "wl.py", "--result", "m.json",
+    assert argv == [sys.executable, "-m", "recsys_doctor.applying.train_runner", "wl.py", "--result", "m.json",
                     "--apply", json.dumps(runtime), "--steps", "2", "--profiled", "nsys", "--", "x"]
     wl = tmp_path / "wl.py"
     wl.write_text(TRAIN_WORKLOAD)
@@ -429,7 +429,7 @@ def test_applied_child_runs_the_workload_with_the_settings(tmp_path):
 
 
 def test_applied_child_errors_are_one_line(tmp_path, capsys):
-    from recsys_doctor.train_runner import main as runner_main
+    from recsys_doctor.applying.train_runner import main as runner_main
 
     wl = tmp_path / "wl.py"
     wl.write_text(TRAIN_WORKLOAD)
@@ -440,8 +440,8 @@ def test_applied_child_errors_are_one_line(tmp_path, capsys):
 
 def test_a_treatment_must_fit_the_target(tmp_path):
     from recsys_doctor.capture import profile
-    from recsys_doctor.script_hook import script_treatment
-    from recsys_doctor.train_runner import runtime_treatment
+    from recsys_doctor.applying.script_hook import script_treatment
+    from recsys_doctor.applying.train_runner import runtime_treatment
 
     script = tmp_path / "s.py"
     script.write_text("print(1)\n")

@@ -36,9 +36,9 @@ def _run_hooked(tmp_path, groups: int, threads: int, client) -> dict:
     groups; the hook's stats afterwards (the test fails on any client's error)."""
     import sys
 
-    from recsys_doctor.apply import write_plan
-    from recsys_doctor.script_hook import activate_in_process
-    from recsys_doctor.whatif import Candidate
+    from recsys_doctor.applying.apply import write_plan
+    from recsys_doctor.applying.script_hook import activate_in_process
+    from recsys_doctor.planning.whatif import Candidate
 
     plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
     undo = activate_in_process(plan)
@@ -152,10 +152,10 @@ def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, t
 
 def test_served_workload_equals_default_query():
     torch = pytest.importorskip("torch")
-    from recsys_doctor._drive import _default_serve_query
-    from recsys_doctor.apply import make_runner, runtime_plan
-    from recsys_doctor.whatif import Candidate
-    from recsys_doctor.workload import load_workload, measure
+    from recsys_doctor.capture._drive import _default_serve_query
+    from recsys_doctor.applying.apply import make_runner, runtime_plan
+    from recsys_doctor.planning.whatif import Candidate
+    from recsys_doctor.capture.workload import load_workload, measure
 
     wl = load_workload(ROOT / "examples" / "wdl_workload.py", ["--vocab", "1000", "--batch", "64"])
     ref = _default_serve_query(wl.model)(*wl.inputs(1))
@@ -172,8 +172,8 @@ def test_served_workload_equals_default_query():
 
 def test_applied_mmoe_training_keeps_the_losses():
     pytest.importorskip("torch")
-    from recsys_doctor.apply import make_runner
-    from recsys_doctor.workload import load_workload, measure
+    from recsys_doctor.applying.apply import make_runner
+    from recsys_doctor.capture.workload import load_workload, measure
 
     path = ROOT / "examples" / "mmoe_training.py"
     args = ["--vocab", "2000", "--batch", "128"]

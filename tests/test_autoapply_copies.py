@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from recsys_doctor import _autoapply as hook
+from recsys_doctor.applying import _autoapply as hook
 
 torch = pytest.importorskip("torch")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from recsys_doctor._autoapply import _Gate
+from recsys_doctor.applying._autoapply import _Gate
 
 
 def test_capture_waits_for_running_executions_and_blocks_new_ones():
@@ -76,7 +76,7 @@ def test_many_readers_share_the_gate():
 
 
 def test_unhonoured_plan_fields_are_named():
-    from recsys_doctor._autoapply import unhonoured
+    from recsys_doctor.applying._autoapply import unhonoured
 
     plan = {"runtime": {"groups": 4, "cuda_graphs": True, "merge_streams": False, "per_stream_allocator": True,
                         "slots_per_group": 2}}
@@ -95,7 +95,7 @@ def test_threads_go_round_robin_to_groups_without_a_limit(capsys):
     import sys
     import types
 
-    from recsys_doctor import _autoapply as aa
+    from recsys_doctor.applying import _autoapply as aa
 
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True, Stream=lambda: object()))
     saved = dict(aa._state)

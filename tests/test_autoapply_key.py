@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from recsys_doctor._autoapply import _key
+from recsys_doctor.applying._autoapply import _key
 
 torch = pytest.importorskip("torch")
 

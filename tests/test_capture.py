@@ -25,7 +25,7 @@ from recsys_doctor.capture._child import main as child_main
 from recsys_doctor.capture.nvml import NvmlSampler, NvmlSamples, plot_samples
 from recsys_doctor.capture.torch_profiler import require_torch_cuda
 from recsys_doctor.errors import BadInputError, NsysNotFoundError
-from recsys_doctor.workload import (Workload, WorkloadError, is_workload_module, load_workload, measure,
+from recsys_doctor.capture.workload import (Workload, WorkloadError, is_workload_module, load_workload, measure,
                                     percentile)
 
 from conftest import HAVE_GPU
@@ -40,7 +40,7 @@ def write(p: Path, src: str) -> Path:
 
 
 CPU_WORKLOAD = """
-    from recsys_doctor.workload import Workload
+    from recsys_doctor.capture.workload import Workload
 
     CALLS = []
 
@@ -65,7 +65,7 @@ def test_load_workload_passes_args_and_imports_neighbours(tmp_path):
     write(tmp_path / "helper_mod_xyz.py", "THREADS = 3\n")
     p = write(tmp_path / "wl.py", """
         from helper_mod_xyz import THREADS
-        from recsys_doctor.workload import Workload
+        from recsys_doctor.capture.workload import Workload
         def workload(argv):
             return Workload(model=None, inputs=lambda k: (), concurrency=THREADS + len(argv))
     """)
@@ -80,9 +80,9 @@ def test_load_workload_passes_args_and_imports_neighbours(tmp_path):
     ("def workload(:\n", BadInputError, "not valid Python"),
     ("raise RuntimeError('no CUDA here')\ndef workload(): pass\n", WorkloadError, "RuntimeError: no CUDA here"),
     ("def workload():\n    raise ValueError('bad vocab')\n", WorkloadError, "ValueError: bad vocab"),
-    ("from recsys_doctor.workload import Workload\n"
+    ("from recsys_doctor.capture.workload import Workload\n"
      "def workload():\n    return Workload(model=None, inputs=lambda k: (), kind='infer')\n", BadInputError, "kind"),
-    ("from recsys_doctor.workload import Workload\n"
+    ("from recsys_doctor.capture.workload import Workload\n"
      "def workload():\n    return Workload(model=None, inputs=lambda k: (), kind='train')\n", BadInputError, "run="),
 ])
 def test_load_workload_errors(tmp_path, src, cls, needle):
@@ -94,7 +94,7 @@ def test_load_workload_errors(tmp_path, src, cls, needle):
 
 
 def test_load_workload_refuses_args_it_cannot_take(tmp_path):
-    p = write(tmp_path / "wl.py", "from recsys_doctor.workload import Workload\n"
+    p = write(tmp_path / "wl.py", "from recsys_doctor.capture.workload import Workload\n"
                                   "def workload():\n    return Workload(model=None, inputs=lambda k: ())\n")
     with pytest.raises(BadInputError, match="takes no arguments"):
         load_workload(p, ["--batch", "3"])
@@ -201,8 +201,7 @@ def test_measure_hooks_run_and_client_context():
 
 
 def test_measure_synchronizes_after_calls_unless_they_are_synchronous(monkeypatch):
-    from recsys_doctor import _drive
-
+    from recsys_doctor.capture import _drive
     syncs: list[int] = []
     monkeypatch.setattr(_drive, "_default_sync", lambda: (lambda: syncs.append(1)))
     wl = Workload(model=None, inputs=lambda k: (), concurrency=1, steps=5, warmup=2, run=lambda: None)
@@ -223,7 +222,7 @@ def test_measure_synchronizes_after_calls_unless_they_are_synchronous(monkeypatc
 
 
 def test_phases_reach_the_annotators_and_reuse_one_nvtx_range():
-    from recsys_doctor._drive import annotate_with, phase
+    from recsys_doctor.capture._drive import annotate_with, phase
 
     assert phase("query") is phase("query")  # built once per name: it wraps every call
     seen: list[str] = []

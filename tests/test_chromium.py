@@ -76,7 +76,7 @@ def _probe(html_file: Path, tmp: Path) -> tuple[dict[str, int], list[str]]:
 
 
 def _report_result():
-    from recsys_doctor.advise import advise, advise_trace
+    from recsys_doctor.diagnose.advise import advise, advise_trace
 
     if SHARED_SERIAL.exists():
         return advise(SHARED_SERIAL), "serial"

@@ -230,10 +230,12 @@ def test_advise_starts_a_large_kineto_decode_before_pandas(tmp_path):
     big.write_text('{"traceEvents": [\n' + ",\n".join(ev % (1000 + i) for i in range(4000)) + "\n]}\n")
     code = f"""
 import sys
+import recsys_doctor.loaders._kineto_chunks as c
 import recsys_doctor.loaders._kineto_decode as d
+import recsys_doctor.loaders._kineto_stream as s
 assert "pandas" not in sys.modules, "imported pandas"
-d.STREAM_MIN = d.SPLIT_MIN = 0
-d.STREAM_CHUNK = 20_000
+s.STREAM_MIN = s.SPLIT_MIN = 0
+c.STREAM_CHUNK = 20_000
 seen = []
 real = d.prefetch
 def spy(p, factory):

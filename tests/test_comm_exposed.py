@@ -12,7 +12,7 @@ import pytest
 
 from _intervals import union_len
 from conftest import shared_files
-from recsys_doctor.advise import advise
+from recsys_doctor.diagnose.advise import advise
 from recsys_doctor.options import Options
 
 pytestmark = pytest.mark.shared

@@ -151,7 +151,7 @@ def test_api_thread_spans_first_start_last_end_per_thread():
 
 def test_cli_imports_numpy_with_one_blas_thread_and_restores_the_environment():
     code = ("import os, sys\n"
-            "from recsys_doctor._process import import_numpy_quietly\n"
+            "from recsys_doctor._util.process import import_numpy_quietly\n"
             "import_numpy_quietly()\n"
             "print('numpy' in sys.modules, os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))\n")
     if not os.path.isdir("/proc/self/task"):

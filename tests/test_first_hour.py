@@ -19,7 +19,7 @@ import pytest
 from _sql import sql_rows
 from click.testing import CliRunner
 
-from recsys_doctor.advise import advise
+from recsys_doctor.diagnose.advise import advise
 from recsys_doctor.cli import main
 
 DATA = Path(__file__).parent / "data"

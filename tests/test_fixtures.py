@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from recsys_doctor.advise import advise
+from recsys_doctor.diagnose.advise import advise
 from recsys_doctor.analyzers.summary import summarize
 from recsys_doctor.cli.advise import demo_trace_path
 from recsys_doctor.loaders import load

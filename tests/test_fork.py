@@ -1,4 +1,4 @@
-"""Work shared with a forked process (recsys_doctor._fork): the results are those of one
+"""Work shared with a forked process (recsys_doctor._util.fork): the results are those of one
 process, in list order, whoever ran each task; what the child cannot deliver is run
 here; errors come as the plain loop raises them. And ``advise`` on a large trace, whose
 analyzers two processes share, gives the report of one process."""
@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-import recsys_doctor._fork as fork
-import recsys_doctor.advise as advise_mod
+import recsys_doctor._util.fork as fork
+import recsys_doctor.diagnose.advise as advise_mod
 from conftest import shared_files
-from recsys_doctor._json import json_default
+from recsys_doctor._util.json import json_default
 from recsys_doctor.loaders import load
 
 pytestmark = pytest.mark.skipif(not fork.second_cpu(), reason="needs Linux and a second CPU")

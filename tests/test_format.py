@@ -1,4 +1,4 @@
-"""The one set of number formatters (recsys_doctor._format): expected strings written by hand."""
+"""The one set of number formatters (recsys_doctor._util.format): expected strings written by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from recsys_doctor._format import duration_ns, fixed, fmt, fmt_value, pct
+from recsys_doctor._util.format import duration_ns, fixed, fmt, fmt_value, pct
 
 
 def test_fmt_counts_floats_and_absent():

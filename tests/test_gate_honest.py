@@ -16,7 +16,7 @@ from _gitrepo import git_repo
 from _sql import sql_rows
 from click.testing import CliRunner
 
-from recsys_doctor import history
+from recsys_doctor.history import db as history
 from recsys_doctor.cli import main
 
 HERE = Path(__file__).parent

@@ -15,8 +15,8 @@ import pytest
 from _gitrepo import git_repo
 from click.testing import CliRunner
 
-from recsys_doctor import history
-from recsys_doctor.advise import AdviseResult
+from recsys_doctor.history import db as history
+from recsys_doctor.diagnose.advise import AdviseResult
 from recsys_doctor.errors import BadInputError
 from recsys_doctor.findings import Finding
 from recsys_doctor.model import Trace

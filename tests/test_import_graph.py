@@ -98,7 +98,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_modules_are_found():
     mods = package_modules()
     # each installed folder contributes its modules under the right name
-    for name in ("recsys_doctor.apply", "recsys_doctor.capture", "recsys_doctor.runtime.torch_adapter",
+    for name in ("recsys_doctor.applying.apply", "recsys_doctor.capture", "recsys_doctor.runtime.torch_adapter",
                  "recsys_doctor.analyzers", "recsys_doctor.reports.html", "recsys_doctor.loaders"):
         assert name in mods, name
 

@@ -173,7 +173,7 @@ def test_short_kernel_note_does_not_say_launch_cost_hides_nothing(rank54105):
     if f is not None:
         assert "most kernels hide their launch cost" in f.title
     pytest.importorskip("matplotlib")
-    from recsys_doctor.advise import advise_trace
+    from recsys_doctor.diagnose.advise import advise_trace
     from recsys_doctor.reports.plots.breakdown import _draw_kernel_durations
 
     title = _draw_kernel_durations(advise_trace(tr, O), 10.0).axes[0].get_title(loc="left")

@@ -16,7 +16,10 @@ import signal
 import pandas as pd
 import pytest
 
+import recsys_doctor.loaders._kineto_chunks as chunks
 import recsys_doctor.loaders._kineto_decode as decode
+import recsys_doctor.loaders._kineto_events as events
+import recsys_doctor.loaders._kineto_stream as stream
 import recsys_doctor.loaders.kineto as kineto
 from recsys_doctor.errors import TraceFormatError
 from conftest import shared_files
@@ -31,32 +34,32 @@ KINETO = shared_files("h100", ("*.json.gz", "*.json")) + shared_files("kineto", 
 @pytest.mark.parametrize("path", KINETO, ids=lambda p: p.name)
 def test_streamed_equals_whole(path, split, shared_traces, monkeypatch):
     whole = kineto.load_kineto_json(path)
-    monkeypatch.setattr(decode, "STREAM_MIN", 0)
-    monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 20_000)
-    monkeypatch.setattr(decode, "SPLIT_MIN", 0 if split else 1 << 62)
+    monkeypatch.setattr(stream, "STREAM_MIN", 0)
+    monkeypatch.setattr(stream, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 20_000)
+    monkeypatch.setattr(stream, "SPLIT_MIN", 0 if split else 1 << 62)
     used = []
-    real, real_finish = decode.decode_streamed, decode.SplitDecode.finish
-    monkeypatch.setattr(decode, "decode_streamed", lambda *a: used.append(1) or real(*a))
-    monkeypatch.setattr(decode.SplitDecode, "finish", lambda *a: used.append(2) or real_finish(*a))
+    real, real_finish = stream.decode_streamed, stream.SplitDecode.finish
+    monkeypatch.setattr(stream, "decode_streamed", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(stream.SplitDecode, "finish", lambda *a: used.append(2) or real_finish(*a))
     _same(kineto.load_kineto_json(path), whole)
     assert used  # the streamed path ran (it may still hand back to the whole-file path)
 
 
 def _spy_split(monkeypatch) -> list:
     """Make every streamed array shared; the list collects whether each sharing held."""
-    monkeypatch.setattr(decode, "STREAM_MIN", 0)
-    monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
-    monkeypatch.setattr(decode, "SPLIT_MIN", 0)
+    monkeypatch.setattr(stream, "STREAM_MIN", 0)
+    monkeypatch.setattr(stream, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(stream, "SPLIT_MIN", 0)
     held = []
-    real = decode.SplitDecode.finish
+    real = stream.SplitDecode.finish
 
     def finish(job, progress=None):
         out = real(job, progress)
         held.append(out is not None)
         return out
 
-    monkeypatch.setattr(decode.SplitDecode, "finish", finish)
+    monkeypatch.setattr(stream.SplitDecode, "finish", finish)
     return held
 
 
@@ -91,7 +94,7 @@ def test_a_nested_object_is_no_chunk_boundary(tmp_path, monkeypatch):
     f = tmp_path / "nested.json"
     doc = _doc(evs)
     f.write_text(doc)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 3_000)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 3_000)
     whole = kineto.load_kineto_json(f)
     held = _spy_split(monkeypatch)
     _same(kineto.load_kineto_json(f), whole)
@@ -101,7 +104,7 @@ def test_a_nested_object_is_no_chunk_boundary(tmp_path, monkeypatch):
     # them the chunks leave out only the separators
     raw = doc.encode()
     lo, hi = raw.index(b"["), raw.rindex(b"]")
-    bounds = decode.chunk_bounds(raw, lo, hi)
+    bounds = chunks.chunk_bounds(raw, lo, hi)
     assert len(bounds) > 10
     assert all(raw[a:a + 8] == b'{"ph": "' and raw[a:stop].rstrip().endswith(b"}}") for a, stop in bounds)
     assert bounds[-1][1] == hi
@@ -119,7 +122,7 @@ def test_sharing_gives_way_when_a_cut_is_inside_an_event(tmp_path, monkeypatch):
     evs += [_event(k + 1 + i, f"k{i % 5}") for i in range(k)]
     f = tmp_path / "list_of_objects.json"
     f.write_text(_doc(evs))
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 3_000)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 3_000)
     whole = kineto.load_kineto_json(f)
     held = _spy_split(monkeypatch)
     _same(kineto.load_kineto_json(f), whole)
@@ -137,7 +140,7 @@ def test_split_gives_way_to_the_same_error(tmp_path, monkeypatch):
     with pytest.raises(TraceFormatError) as one:
         kineto.load_kineto_json(f)
     held = _spy_split(monkeypatch)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 3_000)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 3_000)
     with pytest.raises(TraceFormatError) as split:
         kineto.load_kineto_json(f)
     assert held == [False]
@@ -153,8 +156,8 @@ def test_streamed_falls_back_on_compact_json(tmp_path, monkeypatch, shared_trace
     compact.write_text(json.dumps(doc))
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps(doc, indent=1))  # "},\n" also closes every args object
-    monkeypatch.setattr(decode, "STREAM_MIN", 0)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 5_000)
+    monkeypatch.setattr(stream, "STREAM_MIN", 0)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 5_000)
     whole = kineto.load_kineto_json(src)
     for p in (compact, nested):
         t = kineto.load_kineto_json(p)
@@ -168,10 +171,10 @@ def test_streamed_progress_follows_bytes(split, shared_traces, monkeypatch):
     length of the ``traceEvents`` array (shared: to the end of each chunk this process
     decodes, every chunk before it having been taken before it)."""
     src = next(p for p in KINETO if "df_index_resolver" in p.name)
-    monkeypatch.setattr(decode, "STREAM_MIN", 0)
-    monkeypatch.setattr(decode, "GZ_TO_DISK", 0)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 1 << 20)
-    monkeypatch.setattr(decode, "SPLIT_MIN", 0 if split else 1 << 62)
+    monkeypatch.setattr(stream, "STREAM_MIN", 0)
+    monkeypatch.setattr(stream, "GZ_TO_DISK", 0)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 1 << 20)
+    monkeypatch.setattr(stream, "SPLIT_MIN", 0 if split else 1 << 62)
 
     class Rec:
         def __init__(self):
@@ -225,17 +228,17 @@ def test_batches_give_the_columns_of_one_batch(tmp_path, monkeypatch):
     whole = kineto.load_kineto_json(f)
     assert len(whole.kernels) == 600
     for split in (False, True):
-        monkeypatch.setattr(decode, "STREAM_MIN", 0)
-        monkeypatch.setattr(decode, "STREAM_CHUNK", 2_000)
-        monkeypatch.setattr(decode, "SPLIT_MIN", 0 if split else 1 << 62)
+        monkeypatch.setattr(stream, "STREAM_MIN", 0)
+        monkeypatch.setattr(chunks, "STREAM_CHUNK", 2_000)
+        monkeypatch.setattr(stream, "SPLIT_MIN", 0 if split else 1 << 62)
         _same(kineto.load_kineto_json(f), whole)
 
 
 def _large_trace(monkeypatch):
     src = next(p for p in KINETO if "df_index_resolver" in p.name)
-    monkeypatch.setattr(decode, "STREAM_MIN", 0)
-    monkeypatch.setattr(decode, "SPLIT_MIN", 0)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 1 << 20)
+    monkeypatch.setattr(stream, "STREAM_MIN", 0)
+    monkeypatch.setattr(stream, "SPLIT_MIN", 0)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 1 << 20)
     return src
 
 
@@ -247,29 +250,29 @@ def test_prefetched_job_is_taken_over(tmp_path, shared_traces, monkeypatch):
     f = tmp_path / "big.json"
     f.write_bytes(gzip.open(src).read())
     whole = kineto.load_kineto_json(src)
-    assert decode.prefetch(f, kineto.EventColumns)
-    job = decode._PREFETCHED[-1]
+    assert stream.prefetch(f, kineto.EventColumns)
+    job = stream._PREFETCHED[-1]
     assert job.pid > 0
     taken = []
-    real = decode._take_prefetched
-    monkeypatch.setattr(decode, "_take_prefetched", lambda p: taken.append(real(p)) or taken[-1])
+    real = stream._take_prefetched
+    monkeypatch.setattr(stream, "_take_prefetched", lambda p: taken.append(real(p)) or taken[-1])
     _same(kineto.load_kineto_json(f), whole)
-    assert taken == [job] and job.pid == 0 and not decode._PREFETCHED
+    assert taken == [job] and job.pid == 0 and not stream._PREFETCHED
     # a job for a file that changed before the load is not used for it
-    assert decode.prefetch(f, kineto.EventColumns)
-    stale = decode._PREFETCHED[-1]
+    assert stream.prefetch(f, kineto.EventColumns)
+    stale = stream._PREFETCHED[-1]
     with open(f, "ab") as out:
         out.write(b"\n")
     assert not stale.matches(str(f))
     _same(kineto.load_kineto_json(f), whole)
-    assert taken[-1] is None and decode._PREFETCHED == [stale]
+    assert taken[-1] is None and stream._PREFETCHED == [stale]
     pid = stale.pid
-    decode._drop_prefetched()  # what exit does
-    assert stale.pid == 0 and not decode._PREFETCHED
+    stream._drop_prefetched()  # what exit does
+    assert stale.pid == 0 and not stream._PREFETCHED
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, 0)  # reaped
-    assert not decode.prefetch(tmp_path / "missing.json", kineto.EventColumns)
-    assert not decode.prefetch(tmp_path, kineto.EventColumns)
+    assert not stream.prefetch(tmp_path / "missing.json", kineto.EventColumns)
+    assert not stream.prefetch(tmp_path, kineto.EventColumns)
 
 
 def test_chunks_of_a_dead_child_are_decoded_here(tmp_path, shared_traces, monkeypatch):
@@ -279,7 +282,7 @@ def test_chunks_of_a_dead_child_are_decoded_here(tmp_path, shared_traces, monkey
     f = tmp_path / "big.json"
     f.write_bytes(gzip.open(src).read())
     whole = kineto.load_kineto_json(src)
-    job = decode.SplitDecode.start(str(f), kineto.EventColumns)
+    job = stream.SplitDecode.start(str(f), kineto.EventColumns)
     assert job is not None and len(job.bounds) > 10
     os.kill(job.pid, signal.SIGKILL)
     top, is_array, cols = job.finish()
@@ -296,11 +299,11 @@ def test_decoding_by_phase_equals_decoding_as_events(path, shared_traces, monkey
     by_phase = kineto.load_kineto_json(path)
 
     def refuse(buf):
-        raise decode.msgspec.ValidationError("as if a phase were unknown")
+        raise events.msgspec.ValidationError("as if a phase were unknown")
 
     refuser = type("Refuse", (), {"decode": staticmethod(refuse)})
     # (the by-phase decoders of both modes: float literals as floats, and as text)
-    monkeypatch.setattr(decode, "_DECODERS", {k: (refuser, v[1], refuser, v[3]) for k, v in decode._DECODERS.items()})
+    monkeypatch.setattr(events, "_DECODERS", {k: (refuser, v[1], refuser, v[3]) for k, v in events._DECODERS.items()})
     _same(kineto.load_kineto_json(path), by_phase)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from labels import LABELS, SEVERITY_RANK
-from recsys_doctor.advise import advise
+from recsys_doctor.diagnose.advise import advise
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import recsys_doctor.loaders._kineto_decode as decode
+import recsys_doctor.loaders._kineto_chunks as chunks
+import recsys_doctor.loaders._kineto_stream as stream
 import recsys_doctor.loaders.nsys as nsys
-from recsys_doctor._files import file_sha256
+from recsys_doctor._util.files import file_sha256
 from recsys_doctor.cli import main
 from recsys_doctor.errors import TraceFormatError
 from recsys_doctor.loaders.kineto import load_kineto_json
@@ -204,12 +205,12 @@ def test_the_streamed_path_takes_the_top_level_trace_events(tmp_path, monkeypatc
                        b'"name": "fake", "ts": 1, "dur": 1}]},', 1)
     p = tmp_path / "t.json"
     p.write_bytes(text)
-    monkeypatch.setattr(decode, "STREAM_MIN", 1 << 10)
-    monkeypatch.setattr(decode, "STREAM_CHUNK", 256 << 10)
-    monkeypatch.setattr(decode, "SPLIT_MIN", 1 << 10 if split else 1 << 40)
+    monkeypatch.setattr(stream, "STREAM_MIN", 1 << 10)
+    monkeypatch.setattr(chunks, "STREAM_CHUNK", 256 << 10)
+    monkeypatch.setattr(stream, "SPLIT_MIN", 1 << 10 if split else 1 << 40)
     if not split:
-        monkeypatch.setattr(decode, "second_cpu", lambda: False)
-    found = decode.load_streamed(str(p), lambda *a: _Count())
+        monkeypatch.setattr(stream, "second_cpu", lambda: False)
+    found = stream.load_streamed(str(p), lambda *a: _Count())
     assert found is not None
     assert found[2].n == len(doc["traceEvents"])
     t = load_kineto_json(p)

@@ -14,14 +14,14 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from recsys_doctor.advise import advise_trace
-from recsys_doctor.apply import ApplyResult, CandidateResult, plan_candidate, read_plan, script_env, write_plan
+from recsys_doctor.diagnose.advise import advise_trace
+from recsys_doctor.applying.apply import ApplyResult, CandidateResult, plan_candidate, read_plan, script_env, write_plan
 from recsys_doctor.cli import main
 from recsys_doctor.errors import BadInputError
 from recsys_doctor.options import Options
 from recsys_doctor.plan import Plan
 from recsys_doctor.runtime import RuntimeConfig
-from recsys_doctor.whatif import Candidate, Prediction
+from recsys_doctor.planning.whatif import Candidate, Prediction
 
 from test_planner import _contended
 

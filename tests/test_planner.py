@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from recsys_doctor.advise import advise, advise_trace
+from recsys_doctor.diagnose.advise import advise, advise_trace
 from recsys_doctor.options import Options
 
 from _tracebuild import T, api, copy, kern, rng

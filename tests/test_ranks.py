@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from _intervals import union_len
 from conftest import SHARED_TRACES
 from recsys_doctor.cli import main
-from recsys_doctor.ranks import STRAGGLER_SHARE, advise_ranks, expand_traces, is_multi_target
+from recsys_doctor.diagnose.ranks import STRAGGLER_SHARE, advise_ranks, expand_traces, is_multi_target
 
 pytestmark = pytest.mark.shared
 

@@ -17,7 +17,7 @@ import pytest
 
 from _intervals import union_len
 
-from recsys_doctor.advise import advise_trace
+from recsys_doctor.diagnose.advise import advise_trace
 from recsys_doctor.findings import Finding
 from recsys_doctor.model import Trace
 from recsys_doctor.reports import plots
@@ -206,7 +206,7 @@ def _idle_by_sql(db: str) -> float:
 
 @pytest.mark.shared
 def test_serial_report_says_gpu_mostly_idle(shared_traces, tmp_path):
-    from recsys_doctor.advise import advise
+    from recsys_doctor.diagnose.advise import advise
 
     db = shared_traces / "h100" / "wdl_serial_q4_h100.sqlite"
     u = _util_by_sql(str(db))
@@ -222,8 +222,7 @@ def test_serial_report_says_gpu_mostly_idle(shared_traces, tmp_path):
 
 
 def test_progress_quiet_when_not_a_tty(monkeypatch, capsys):
-    from recsys_doctor import progress as pg
-
+    from recsys_doctor._util import progress as pg
     class TTY(io.StringIO):
         def isatty(self) -> bool:
             return True

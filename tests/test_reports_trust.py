@@ -18,7 +18,7 @@ from _intervals import union_len
 from click.testing import CliRunner
 from rich.console import Console
 
-from recsys_doctor.advise import advise
+from recsys_doctor.diagnose.advise import advise
 from recsys_doctor.cli import main
 from recsys_doctor.options import Options
 from recsys_doctor.reports._common import evidence_label, kernel_label

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _sql import sql_rows
 
-from recsys_doctor.advise import advise
+from recsys_doctor.diagnose.advise import advise
 from recsys_doctor.options import Options
 
 ROOT = Path(__file__).resolve().parents[1]

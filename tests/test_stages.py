@@ -1,84 +1,70 @@
-"""The stages flow one way: capture -> diagnose -> plan -> apply -> re-measure.
+"""The folders of the package are the stages of the chain, and imports run one way, down.
 
-A module of a stage imports only its own stage and those before it (and the shared
-modules under all of them: errors, the trace model and its loaders, options, the plan
-type, the workload protocol). What both of two stages need lives below both.
+Every module belongs to a stage by its folder (``recsys_doctor/<folder>/...``; the few
+modules at the top level by their own name). A module imports only its own stage and those
+below it: the orchestrating stage sits above what it calls (``profile`` captures and then
+diagnoses, ``advise`` diagnoses and then asks the planner, ``apply`` plans, captures and
+keeps history), so the chain reads top-down as the folders a newcomer opens. The import
+graph is the one ``test_import_graph`` reads from the source with ``ast`` (imports inside
+functions and under ``TYPE_CHECKING`` included).
 
-Modules outside the chain (the CLI, reports, history, gate) may import anything; a stage
-module that imports one of them counts as importing whatever that module reaches, so a
-helper cannot carry a higher stage into a lower one. The import graph is the one
-``test_import_graph`` reads from the source (lazy imports included).
+Also here, the size rules: no module over 450 lines and no function over 70 in
+recsys_doctor/, analyzers/ and reports/, unless a ``# size:`` comment says why;
+``python tests/test_stages.py`` lists whatever breaks them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from test_import_graph import import_edges, package_modules
+from test_import_graph import PACKAGE_DIRS, ROOT, import_edges, package_modules
 
-#: the stages in order; ``X`` names one module, ``X.*`` a module and everything under it.
-#: ``profile`` captures and then diagnoses (its result is the advise report plus how the
-#: trace was captured), so ``capture.profiling`` and the package that exports it sit with
-#: diagnose; the capture modules under it import nothing of diagnose. The planner turns
-#: findings into the advised plan that ``advise`` reports, so it is part of diagnose too;
-#: the plan stage is the what-if search over candidate plans.
+#: the stages, lowest first: (name, the folders or top-level modules it holds).
+#: ``recsys_doctor`` is the package's public face (its lazy ``__init__``), at the top.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("shared", ("recsys_doctor", "recsys_doctor.errors", "recsys_doctor._json", "recsys_doctor.model",
-                "recsys_doctor.options", "recsys_doctor.findings", "recsys_doctor.progress", "recsys_doctor.plan",
-                "recsys_doctor.workload", "recsys_doctor._workload_types", "recsys_doctor._drive",
-                "recsys_doctor.loaders.*")),
-    ("capture", ("recsys_doctor.capture.backend", "recsys_doctor.capture.nsys", "recsys_doctor.capture.nvml",
-                 "recsys_doctor.capture.torch_profiler", "recsys_doctor.capture._child",
-                 "recsys_doctor.capture.child_process", "recsys_doctor.capture.treatment")),
-    ("diagnose", ("recsys_doctor.analyzers.*", "recsys_doctor.advise", "recsys_doctor.planner",
-                  "recsys_doctor.ranks", "recsys_doctor.capture", "recsys_doctor.capture.profiling")),
-    ("plan", ("recsys_doctor.whatif", "recsys_doctor.plan_search", "recsys_doctor.plan_io")),
-    ("apply", ("recsys_doctor.train_runner", "recsys_doctor.script_hook", "recsys_doctor._autoapply",
-               "recsys_doctor.runtime.*")),
-    ("re-measure", ("recsys_doctor.apply", "recsys_doctor.apply_report")),
+    ("shared", ("_util", "errors", "model", "findings", "plan")),
+    ("options", ("options",)),
+    ("loaders", ("loaders",)),
+    ("analyzers", ("analyzers",)),
+    ("planning", ("planning",)),
+    ("diagnose", ("diagnose",)),
+    ("capture", ("capture",)),
+    ("history", ("history", "gate")),
+    ("reports", ("reports",)),
+    ("runtime", ("runtime",)),
+    ("applying", ("applying",)),
+    ("cli", ("cli", "__main__", "__init__")),
 )
 
-
-def stage_of(module: str, stages=STAGES) -> int | None:
-    """The index of ``module``'s stage (the most specific pattern wins), or None."""
-    best: tuple[int, int] | None = None  # (pattern length, stage)
-    for i, (_, patterns) in enumerate(stages):
-        for p in patterns:
-            base = p.removesuffix(".*")
-            if module == base or (p.endswith(".*") and module.startswith(base + ".")):
-                if best is None or len(p) > best[0]:
-                    best = (len(p), i)
-    return None if best is None else best[1]
+#: modules directly under recsys_doctor/ (``__init__`` and ``__main__`` included)
+MAX_TOP_LEVEL_MODULES = 10
 
 
-def violations(edges: dict[str, set[str]], stages=STAGES) -> list[str]:
-    """Every import by a stage module of something (directly, or through modules outside
-    the chain) of a later stage."""
-    reach: dict[str, int] = {}  # the highest stage a module is or reaches through outsiders
+def folder_of(module: str, top: str = "recsys_doctor") -> str:
+    """``recsys_doctor.diagnose.advise`` -> ``diagnose``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    assert parts[0] == top, module
+    return parts[1] if len(parts) > 1 else "__init__"
 
-    def reached(m: str) -> int:
-        if m not in reach:
-            own = stage_of(m, stages)
-            reach[m] = own if own is not None else max((reached(t) for t in edges.get(m, ())), default=-1)
-        return reach[m]
 
+def stage_of(module: str, stages=STAGES, top: str = "recsys_doctor") -> int | None:
+    folder = folder_of(module, top)
+    return next((i for i, (_, folders) in enumerate(stages) if folder in folders), None)
+
+
+def violations(edges: dict[str, set[str]], stages=STAGES, top: str = "recsys_doctor") -> list[str]:
+    """Every module without a stage, and every import of a later stage."""
     out = []
     for m in sorted(edges):
-        own = stage_of(m, stages)
+        own = stage_of(m, stages, top)
         if own is None:
+            out.append(f"{m}: its folder {folder_of(m, top)!r} is in no stage (add it to STAGES)")
             continue
         for t in sorted(edges[m]):
-            if reached(t) > own:
-                out.append(f"{m} ({stages[own][0]}) imports {t} ({stages[reached(t)][0]})")
+            theirs = stage_of(t, stages, top)
+            if theirs is not None and theirs > own:
+                out.append(f"{m} ({stages[own][0]}) imports {t} ({stages[theirs][0]})")
     return out
-
-
-def test_every_stage_pattern_names_modules():
-    mods = package_modules()
-    for _, patterns in STAGES:
-        for p in patterns:
-            base = p.removesuffix(".*")
-            assert base in mods, f"{p}: no such module (moved? update STAGES)"
 
 
 def test_no_stage_imports_a_later_one():
@@ -86,16 +72,94 @@ def test_no_stage_imports_a_later_one():
     assert not bad, "\n".join(bad)
 
 
-def test_checker_sees_an_import_up_the_chain_and_through_an_outsider(tmp_path: Path):
+def test_every_stage_folder_exists():
+    mods = package_modules()
+    folders = {folder_of(m) for m in mods}
+    for name, names in STAGES:
+        for f in names:
+            assert f in folders, f"stage {name}: no folder or module {f!r} (moved? update STAGES)"
+
+
+def test_top_level_holds_at_most_ten_modules():
+    top = sorted(p.name for p in PACKAGE_DIRS["recsys_doctor"].glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at recsys_doctor/'s top level: {top}"
+
+
+def test_every_subpackage_says_what_it_owns_and_may_import():
+    for init in sorted(PACKAGE_DIRS["recsys_doctor"].glob("*/__init__.py")):
+        import ast
+
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "import" in doc.lower(), f"{init.relative_to(ROOT)}: the docstring does not say what it may import"
+
+
+def test_checker_sees_an_import_up_the_chain_even_inside_a_function(tmp_path: Path):
     pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    for name, src in {"__init__.py": "", "low.py": "x = 1\n", "high.py": "from . import low\n",
-                      "helper.py": "def f():\n    from . import high\n", "cli.py": "from . import high\n"}.items():
-        (pkg / name).write_text(src)
-    stages = (("low", ("pkg.low",)), ("high", ("pkg.high",)))
-    edges = import_edges(package_modules({"pkg": pkg}))
-    assert violations(edges, stages) == []  # high -> low, an outsider (cli) -> high: fine
-    (pkg / "low.py").write_text("from . import helper\n")  # low -> helper -> high
-    edges = import_edges(package_modules({"pkg": pkg}))
-    assert violations(edges, stages) == ["pkg.low (low) imports pkg.helper (high)"]
-    assert stage_of("pkg.low", stages) == 0 and stage_of("pkg.cli", stages) is None
+    for folder in ("low", "high"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("x = 1\n")
+    (pkg / "high" / "b.py").write_text("from ..low import a\n")
+    stages = (("low", ("low",)), ("high", ("high", "__init__")))
+    mods = package_modules({"pkg": pkg})
+    assert violations(import_edges(mods), stages, "pkg") == []  # high -> low: fine
+    (pkg / "low" / "a.py").write_text("def f():\n    from ..high import b\n")
+    (pkg / "odd").mkdir()
+    (pkg / "odd" / "__init__.py").write_text("")
+    mods = package_modules({"pkg": pkg})
+    assert violations(import_edges(mods), stages, "pkg") == [
+        "pkg.low.a (low) imports pkg.high.b (high)",
+        "pkg.odd: its folder 'odd' is in no stage (add it to STAGES)",
+    ]
+
+
+# ---------------------------------------------------------------------------- sizes
+#: the folders the size rules hold for (runtime/ has its own owner and rules)
+SIZED = ("recsys_doctor", "analyzers", "reports")
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 70
+#: where a module or function is longer for a reason, the reason is a comment that starts
+#: with this, on one of the module's first three lines or right under the function's signature
+REASON = "# size:"
+
+
+def size_violations(root: Path = ROOT, folders: tuple[str, ...] = SIZED) -> list[str]:
+    """Every module over MAX_MODULE_LINES and every function over MAX_FUNCTION_LINES lines
+    (its whole span, signature and docstring included) that gives no reason."""
+    import ast
+
+    out = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            text = path.read_text()
+            lines = text.splitlines()
+            rel = path.relative_to(root)
+            if len(lines) > MAX_MODULE_LINES and not any(x.strip().startswith(REASON) for x in lines[:3]):
+                out.append(f"{rel}: {len(lines)} lines")
+            for node in ast.walk(ast.parse(text, str(path))):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                n = node.end_lineno - node.lineno + 1
+                head = lines[node.lineno:node.body[0].lineno]  # after the def line, to the first statement
+                if n > MAX_FUNCTION_LINES and not any(x.strip().startswith(REASON) for x in head):
+                    out.append(f"{rel}:{node.lineno}: {node.name}() {n} lines")
+    return out
+
+
+def test_no_long_module_or_function_without_a_reason():
+    bad = size_violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_size_check_sees_a_long_function_and_reads_its_reason(tmp_path: Path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def f():\n" + body)
+    assert size_violations(tmp_path, ("pkg",)) == [f"pkg/m.py:1: f() {MAX_FUNCTION_LINES + 1} lines"]
+    (tmp_path / "pkg" / "m.py").write_text("def f():\n    # size: one table of cases, read top-down\n" + body)
+    assert size_violations(tmp_path, ("pkg",)) == []
+
+
+if __name__ == "__main__":  # python tests/test_stages.py: the size rules' violations, one a line
+    print("\n".join(size_violations()) or "no violations")

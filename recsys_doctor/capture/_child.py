@@ -1,6 +1,6 @@
 """The child process that drives a Workload for the nsys backend (and for the baseline
 measurement without any profiler): loads the module, runs :func:`measure`, writes the
-:class:`~recsys_doctor.workload.Measurement` as JSON.
+:class:`~recsys_doctor.capture.workload.Measurement` as JSON.
 
     python -m recsys_doctor.capture._child WORKLOAD.py --result m.json [--threads N]
         [--duration S | --steps N] [--profiled nsys] [-- ARGS]
@@ -23,7 +23,7 @@ import sys
 from typing import Any, Callable
 
 from ..errors import RecsysDoctorError, first_line
-from ..workload import Measurement, load_workload, measure
+from .workload import Measurement, load_workload, measure
 from .child_process import CHILD_MODULE
 from .treatment import Prepared
 

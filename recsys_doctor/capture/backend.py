@@ -71,7 +71,7 @@ def versions() -> dict[str, Any]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = None
-    from .. import __version__
+    from .._util import __version__
 
     out["recsys_doctor"] = __version__
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import BadInputError, WorkloadError
-from ..workload import Measurement
+from .workload import Measurement
 from .treatment import Treatment
 
 __all__ = ["CHILD_MODULE", "check_workload_options", "child_argv", "child_env", "run_child_measure", "measurement_from_json"]

@@ -184,7 +184,7 @@ def host_profile(target: str | os.PathLike[str], args: Sequence[str] = (), *, ou
     ``{"command", "exit_code", "log", "host_sampling"}``. A failing program raises
     :class:`~recsys_doctor.errors.WorkloadError` naming its last output line."""
     from ..errors import BadInputError, WorkloadError
-    from ..workload import is_workload_module
+    from .workload import is_workload_module
     from .child_process import check_workload_options, child_argv, child_env
 
     path = Path(target)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import NsysNotFoundError, TraceFormatError
 from ..loaders.nsysrep import find_nsys
-from ..workload import WorkloadError
+from .workload import WorkloadError
 
 __all__ = ["profile_argv", "export_argv", "run_nsys", "TRACE_FLAGS", "find_nsys"]
 

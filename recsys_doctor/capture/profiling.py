@@ -3,7 +3,7 @@ docstring). One function a step: check the inputs, run the nsys or torch capture
 (baseline first for a workload), keep the NVML samples, diagnose the analyzed window,
 write ``profile.json``.
 
-It sits above :mod:`recsys_doctor.advise` (its result is the advise report plus how the
+It sits above :mod:`recsys_doctor.diagnose.advise` (its result is the advise report plus how the
 trace was captured) and below apply: a changed "after" run comes in as a
 :class:`~recsys_doctor.capture.treatment.Treatment`.
 """
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._files import file_sha256
-from .._json import json_default
-from ..advise import AdviseResult, advise_trace, restrict
+from .._util.files import file_sha256
+from .._util.json import json_default
+from ..diagnose.advise import AdviseResult, advise_trace, restrict
 from ..errors import BadInputError
 from ..options import Options
-from ..workload import Measurement, is_workload_module
+from .workload import Measurement, is_workload_module
 from . import backend as _backend
 from .child_process import check_workload_options, child_argv, child_env, measurement_from_json, run_child_measure
 from .nvml import NvmlSampler, NvmlSamples, plot_samples
@@ -211,7 +211,7 @@ def _capture_torch(run: _Run, baseline: bool) -> _Captured:
 def _torch_workload(run: _Run, baseline: bool, command: list[str]) -> _Captured:
     """A workload driven here: the baseline measured without the profiler, then the
     profiled run (changed by the treatment, if any)."""
-    from ..workload import load_workload, measure
+    from .workload import load_workload, measure
     from .torch_profiler import profile_workload
 
     wl = load_workload(run.target, run.args)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInputError, RecsysDoctorError, first_line
-from ..workload import Measurement, Workload, WorkloadError, annotate_with, measure
+from .workload import Measurement, Workload, WorkloadError, annotate_with, measure
 
 __all__ = ["require_torch_cuda", "profile_script", "profile_workload"]
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import BadInputError
-from ..workload import Workload
+from .workload import Workload
 
 __all__ = ["Treatment", "Prepared", "TARGET_KINDS"]
 
 #: a prepared workload: ``(run, close, info, workload)`` - pass ``run`` and the returned
-#: workload to :func:`~recsys_doctor.workload.measure`, call ``close()`` after, keep ``info``
+#: workload to :func:`~recsys_doctor.capture.workload.measure`, call ``close()`` after, keep ``info``
 Prepared = tuple[Callable[..., Any] | None, Callable[[], None] | None, dict[str, Any] | None, Workload]
 #: what a treatment applies to
 TARGET_KINDS = ("workload", "script")

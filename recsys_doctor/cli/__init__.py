@@ -1,4 +1,5 @@
-"""The command line: a thin skin over the library.
+"""The command line: a thin skin over the library, at the top of the chain.
+Imports any stage (the only package that imports click).
 
 Each command parses its options, calls one library function and renders the result.
 Library errors (:class:`~recsys_doctor.errors.RecsysDoctorError`) are translated here,
@@ -15,7 +16,7 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .._util import __version__
 from ..errors import RecsysDoctorError
 
 __all__ = ["main", "run"]

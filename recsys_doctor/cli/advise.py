@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from .._process import import_numpy_quietly
+from .._util.process import import_numpy_quietly
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options, parse_set_pairs
-from .._json import json_default
+from .._util.json import json_default
 
 __all__ = ["advise_cmd", "parse_time", "demo_trace_path"]
 
@@ -93,7 +93,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         from ..loaders._kineto_decode import prefetch
 
         prefetch(traces[0], EventColumns)
-    from ..ranks import is_multi_target
+    from ..diagnose.ranks import is_multi_target
 
     if len(traces) == 1 and not demo and is_multi_target(traces[0]):
         if nvtx or start or end:
@@ -104,7 +104,7 @@ def advise_cmd(traces: tuple[Path, ...], demo: bool, as_json: bool, nvtx: str | 
         return
     if dask_address or workers:
         raise BadInputError("--dask and --workers need one DIR or GLOB of rank traces")
-    from ..advise import advise
+    from ..diagnose.advise import advise
 
     paths = list(traces)
     if demo:
@@ -134,7 +134,7 @@ def _record_and_write(results: list[Any], options: Options, *, db: Path | None, 
     when asked for (an ``advise --json --no-history`` run pays for none of them)."""
     if not (history_on or html_out or md_out):
         return
-    from .. import history
+    from ..history import db as history
 
     html_paths = _per_trace_paths(html_out, results)
     md_paths = _per_trace_paths(md_out, results)
@@ -161,7 +161,7 @@ def _record_and_write(results: list[Any], options: Options, *, db: Path | None, 
 
 
 def _record_rows(rows: list[dict[str, Any]], db: Path | None) -> None:
-    from .. import history
+    from ..history import db as history
 
     for row in rows:
         if _quiet(lambda: history.record_row(row, db), None, "run not recorded in the history") is None:
@@ -174,9 +174,9 @@ def _advise_ranks(target: Path, options: Options, *, as_json: bool, md_out: Path
     the history: one row per rank, as ``advise TRACE`` of that rank would record."""
     from functools import partial
 
-    from .._history_row import git_info
-    from .._rank_extras import rank_extras
-    from ..ranks import advise_ranks, expand_traces
+    from ..history.row import git_info
+    from ._rank_extras import rank_extras
+    from ..diagnose.ranks import advise_ranks, expand_traces
     from ..reports.ranks import render_ranks_terminal, write_ranks_markdown
 
     paths = expand_traces(target)

@@ -57,8 +57,8 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     .to("cuda", non_blocking=True) into each model call gets a graph of its own that makes
     those copies too (RECSYS_DOCTOR_THREAD_GRAPHS=0: off). Exit status: COMMAND's.
     """
-    from ..apply import before_after_rows, read_plan, run_script
-    from ..script_hook import hook_env
+    from ..applying.apply import before_after_rows, read_plan, run_script
+    from ..applying.script_hook import hook_env
 
     if command and command[0] == "--":
         command = command[1:]

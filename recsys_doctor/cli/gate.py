@@ -1,6 +1,6 @@
 """``check``, ``compare`` and ``history``: the CI gate and the run history on the command line.
 
-Thin: parse options, call :mod:`recsys_doctor.gate` / :mod:`recsys_doctor.history`, print.
+Thin: parse options, call :mod:`recsys_doctor.gate` / :mod:`recsys_doctor.history.db`, print.
 Library errors propagate to the group in ``cli/__init__.py`` (one line, exit 2).
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import click
 
-from .._process import import_numpy_quietly
-from .._format import fmt
+from .._util.process import import_numpy_quietly
+from .._util.format import fmt
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options
-from .._json import json_default
+from .._util.json import json_default
 
 __all__ = ["check_cmd", "compare_cmd", "history_cmd"]
 
@@ -93,7 +93,8 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
     path (relative to its git top level), GPUs, --start/--end/--nvtx and changed options.
     """
     import_numpy_quietly()
-    from .. import gate, history
+    from .. import gate
+    from ..history import db as history
 
     if baseline_file and baseline_branch:
         raise BadInputError("give either --baseline FILE or --baseline-db BRANCH, not both")
@@ -138,7 +139,7 @@ def check_cmd(ctx: click.Context, trace: Path, baseline_file: Path | None, basel
 def _record(result: Any, db: Path | None, **kw: Any) -> None:
     """History is a side effect: a failure to record warns in one line, never changes
     the verdict or hides it."""
-    from .. import history
+    from ..history import db as history
 
     try:
         history.record_run(result, db, command="check", **kw)
@@ -192,7 +193,7 @@ def compare_cmd(a: Path, b: Path, as_json: bool, html_out: Path | None, png_out:
 @_db_option
 def history_cmd(limit: int, branch: str | None, workload: str | None, as_json: bool, db: Path | None) -> None:
     """List recorded advise/check runs, newest first."""
-    from .. import history
+    from ..history import db as history
 
     runs = history.list_runs(db, limit=limit, branch=branch, workload=workload)
     if as_json:
@@ -209,7 +210,7 @@ def history_cmd(limit: int, branch: str | None, workload: str | None, as_json: b
 def _no_runs_line(db: Path | None, branch: str | None, workload: str | None) -> str:
     """Why ``history`` lists nothing: no runs at all, or none that match the filters
     (then which branches / workloads the database does hold)."""
-    from .. import history
+    from ..history import db as history
 
     path = history.resolve_db_path(db)
     total = sum(n for _, n in history.run_counts(db, "git_branch"))

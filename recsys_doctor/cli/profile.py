@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .._format import fixed
+from .._util.format import fixed
 from ..errors import BadInputError
 from ..options import Options, parse_set_pairs
 
@@ -151,7 +151,7 @@ def _given(ctx: click.Context) -> set[str]:
 def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,
                duration: float | None, steps: int | None, nvml: bool, options: Options, top_k: int,
                history: bool, db_path: Path | None, as_json: bool) -> None:
-    from ..apply import apply_workload
+    from ..applying.apply import apply_workload
 
     def say(msg: str) -> None:
         if not as_json:

@@ -1,4 +1,5 @@
 """The CI gate: ``check`` a run against rules and a baseline, ``compare`` two runs.
+Imports history, diagnose, findings, errors, _util (beside history, below reports).
 
 Library logic only (the click commands live in ``recsys_doctor/cli/gate.py``), one job a
 module: ``baseline.py`` reads the runs and baselines, ``rules.py`` checks and compares,

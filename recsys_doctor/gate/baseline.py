@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
-from .._json import json_default
+from .._util.json import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["Baseline", "BASELINE_KIND", "parse_fraction", "load_result_json", "result_from_dict", "load_run",
            "load_baseline", "baseline_from_result", "baseline_from_history", "baseline_to_dict", "write_baseline"]
@@ -105,7 +105,7 @@ def load_result_json(path: str | os.PathLike[str]) -> dict[str, Any]:
 def result_from_dict(data: Mapping[str, Any]) -> "AdviseResult":
     """An :class:`AdviseResult` (without ``trace``) from the JSON contract, so a saved
     ``advise --json`` file can be checked, compared or rendered like a fresh run."""
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
     from ..findings import Finding
 
     fs = []
@@ -136,14 +136,14 @@ def load_run(path: str | os.PathLike[str], options: Any = None, *, nvtx: str | N
              start_ns: int | None = None, end_ns: int | None = None, progress: bool = False) -> "AdviseResult":
     """A run to check or compare: a saved ``advise --json`` / baseline file is read as is
     (window options do not apply to it), anything else is a trace and goes through
-    :func:`recsys_doctor.advise.advise`."""
+    :func:`recsys_doctor.diagnose.advise.advise`."""
     p = Path(path)
     data = _looks_like_result_json(p)
     if data is not None:
         if nvtx is not None or start_ns is not None or end_ns is not None:
             raise BadInputError(f"{p} is a saved result: --nvtx/--start/--end only apply to traces")
         return result_from_dict(data)
-    from ..advise import advise
+    from ..diagnose.advise import advise
 
     return advise(p, options, nvtx=nvtx, start_ns=start_ns, end_ns=end_ns, progress=progress)
 
@@ -169,8 +169,8 @@ def baseline_from_result(result: "AdviseResult | Mapping[str, Any]", source: str
 def baseline_from_history(branch: str, db_path: str | os.PathLike[str] | None = None, *,
                           workload: str | None = None, key: str | None = None) -> Baseline:
     """The newest passed check recorded for ``branch`` (optionally only for the workload
-    ``key`` of :func:`recsys_doctor.history.workload_key`, or a workload name)."""
-    from ..history import latest_run
+    ``key`` of :func:`recsys_doctor.history.db.workload_key`, or a workload name)."""
+    from ..history.db import latest_run
 
     run = latest_run(branch, db_path, workload=workload, key=key)
     summary = run.get("summary") or {}
@@ -183,7 +183,7 @@ def baseline_from_history(branch: str, db_path: str | os.PathLike[str] | None = 
 
 def baseline_to_dict(result: "AdviseResult | Mapping[str, Any]") -> dict[str, Any]:
     """The ``--write-baseline`` file content: the JSON contract without the analyses."""
-    from ..advise import SCHEMA_VERSION
+    from ..diagnose.advise import SCHEMA_VERSION
 
     d = as_dict(result)
     trace = dict(d.get("trace") or {})

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._format import pct
-from .._history_row import flatten_summary
+from .._util.format import pct
+from ..history.row import flatten_summary
 from ..errors import BadInputError
 from .baseline import METRIC, Baseline, as_dict, findings_of, num
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["DEFAULT_MAX_DROP", "DEFAULT_FAIL_ON", "SEVERITY_RANK", "RuleResult", "CheckResult", "CompareResult",
            "check", "compare"]

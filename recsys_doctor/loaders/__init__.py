@@ -1,4 +1,5 @@
 """Loaders: turn a trace file into the canonical :class:`~recsys_doctor.model.Trace`.
+Imports options, model, errors, _util only.
 
 The format is detected from the file's content, never from its extension alone:
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BadInputError, TraceFormatError
-from ..progress import ProgressHandle
+from .._util.progress import ProgressHandle
 
 if TYPE_CHECKING:  # the model (pandas) is imported by the loader that builds it
     from ..model import Trace

@@ -8,7 +8,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._files import gunzip_into, private_temp
+from .._util.files import gunzip_into, private_temp
 from ..errors import TraceFormatError
 
 __all__ = ["SQLITE_MAGIC", "GZIP_MAGIC", "gunzipped", "check_header", "one_line"]
@@ -20,7 +20,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 @contextlib.contextmanager
 def gunzipped(p: Path) -> Iterator[Path]:
     """Decompress ``p`` to a private temporary file (deleted afterwards, also on Ctrl-C and
-    SIGTERM), within the decompressed-size limit (:func:`~recsys_doctor._files.max_decompressed`).
+    SIGTERM), within the decompressed-size limit (:func:`~recsys_doctor._util.files.max_decompressed`).
     The whole trace is read into DataFrames while the file exists, so nothing needs caching."""
     with private_temp(".sqlite") as (fd, name), os.fdopen(fd, "wb") as out, open(p, "rb") as src:
         gunzip_into(src, out, p)

@@ -315,26 +315,7 @@ class PageFile:
         if not len(off):
             return {c: (np.zeros(0, np.int64), None) for c in columns}
         u8 = self.u8
-        # the cell: payload size (varint), rowid (varint), then the record; every byte is
-        # checked to lie in the cell's page before it is read, in the C loop's order
-        end = np.repeat((pages - 1) * self.page_size + self.usable, self.be16[hdr + 3].astype(np.int64))
-        payload, n = _varints(u8, off, end)
-        if (payload > self.usable - 35).any():  # the rest of such a row is on overflow pages
-            raise Unsupported("a row spills to overflow pages")
-        at = off + n
-        at = at + _varints(u8, at, end)[1]  # the record: after the rowid
-        if (payload > end - at).any():
-            raise Unsupported("a cell outside its page")
-        if (payload < 1).any():
-            raise Unsupported("a record header this reader does not decode, or a short record")
-        # the record header: its size (a varint; one byte for up to 127 bytes), then one
-        # serial type per column
-        hsize = u8[at].astype(np.int64)
-        need = max(columns) + 1
-        if (hsize >= 0x80).any() or (hsize < 1 + need).any():
-            raise Unsupported("a record header this reader does not decode, or a short record")
-        if (hsize > payload).any():
-            raise Unsupported("a record longer than its cell")
+        at, payload, hsize, need = self._records(pages, hdr, off, columns)
         last = at + hsize - 8  # 8 bytes before the end of the values read so far
         out: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         wanted = set(columns)
@@ -377,6 +358,33 @@ class PageFile:
         if (last > at + payload - 8).any():
             raise Unsupported("a record longer than its cell")
         return out
+
+    def _records(self, pages: np.ndarray, hdr: np.ndarray, off: np.ndarray,
+                 columns: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Each cell's record: ``(where it starts, payload size, header size, columns to read
+        the serial types of)``, its header (one byte) holding the serial types of ``columns``."""
+        u8 = self.u8
+        # the cell: payload size (varint), rowid (varint), then the record; every byte is
+        # checked to lie in the cell's page before it is read, in the C loop's order
+        end = np.repeat((pages - 1) * self.page_size + self.usable, self.be16[hdr + 3].astype(np.int64))
+        payload, n = _varints(u8, off, end)
+        if (payload > self.usable - 35).any():  # the rest of such a row is on overflow pages
+            raise Unsupported("a row spills to overflow pages")
+        at = off + n
+        at = at + _varints(u8, at, end)[1]  # the record: after the rowid
+        if (payload > end - at).any():
+            raise Unsupported("a cell outside its page")
+        if (payload < 1).any():
+            raise Unsupported("a record header this reader does not decode, or a short record")
+        # the record header: its size (a varint; one byte for up to 127 bytes), then one
+        # serial type per column
+        hsize = u8[at].astype(np.int64)
+        need = max(columns) + 1
+        if (hsize >= 0x80).any() or (hsize < 1 + need).any():
+            raise Unsupported("a record header this reader does not decode, or a short record")
+        if (hsize > payload).any():
+            raise Unsupported("a record longer than its cell")
+        return at, payload, hsize, need
 
     def _uniform(self, t: int, last: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """A column whose values all have serial type ``t``."""

@@ -48,10 +48,10 @@ from typing import Any
 
 import pandas as pd
 
-from .._fork import run_in_two
+from .._util.fork import run_in_two
 from ..errors import TraceFormatError
 from ..model import Trace
-from ..progress import ProgressHandle
+from .._util.progress import ProgressHandle
 from . import _kineto_decode as decode
 from ._kineto_columns import EventColumns, int_col, num
 from ._kineto_decode import Event

@@ -41,7 +41,7 @@ import pandas as pd
 
 from ..errors import BadInputError, TraceFormatError
 from ..model import Trace
-from ..progress import ProgressHandle, _Quiet
+from .._util.progress import ProgressHandle, _Quiet
 from ._nsys_columns import decode_ids, release_free_memory
 from ._nsys_engine import BadValue, Engine, PlainSelect, adbc_available, page_frame, plain_select
 from ._nsys_extra import Extras

@@ -32,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .._files import file_sha256
+from .._util.files import file_sha256
 from ..errors import BadInputError, NsysNotFoundError, TraceFormatError
 from ..model import Trace
 from .nsys import load_nsys_sqlite

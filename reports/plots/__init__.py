@@ -28,7 +28,7 @@ from .runs import plot_before_after, plot_history_trend
 from .timeline import plot_copy_traffic, plot_utilization_timeline
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...advise import AdviseResult
+    from ...diagnose.advise import AdviseResult
 
 __all__ = [
     "plot_utilization_timeline",

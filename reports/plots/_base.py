@@ -12,7 +12,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from ...advise import AdviseResult
+    from ...diagnose.advise import AdviseResult
 
 __all__ = ['BUSY', 'IDLE', 'GREY', 'H2D', 'D2H', 'OTHER', 'CLOCK_LABEL']
 

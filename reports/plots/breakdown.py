@@ -12,7 +12,7 @@ from ._base import BUSY, GREY, IDLE, _fig, _MAX_STREAM_ROWS, _render
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from ...advise import AdviseResult
+    from ...diagnose.advise import AdviseResult
 
 __all__ = ['plot_kernel_durations', 'plot_idle_breakdown', 'plot_threads_per_stream']
 

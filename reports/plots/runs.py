@@ -12,7 +12,7 @@ from ._base import BUSY, GREY, H2D, IDLE, _edges_s, _fig, _render, _short, _util
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from ...advise import AdviseResult
+    from ...diagnose.advise import AdviseResult
 
 __all__ = ['plot_before_after', 'plot_history_trend']
 
@@ -110,6 +110,6 @@ def _draw_trend(rows: Sequence[Mapping[str, Any]]) -> "Figure | None":
 
 
 def plot_history_trend(rows: Sequence[Mapping[str, Any]]) -> bytes | None:
-    """``gpu_utilization`` of history rows (:func:`recsys_doctor.history.list_runs`) in
+    """``gpu_utilization`` of history rows (:func:`recsys_doctor.history.db.list_runs`) in
     time order, the newest point (this run) highlighted; ``None`` under two runs."""
     return _render(_draw_trend, rows)

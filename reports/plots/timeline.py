@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._format import pct
+from ..._util.format import pct
 from ._base import BUSY, CLOCK_LABEL, D2H, H2D, IDLE, OTHER, _edges_s, _fig, _render, _short, _stream_rows, _util_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from ...advise import AdviseResult
+    from ...diagnose.advise import AdviseResult
 
 __all__ = ['plot_utilization_timeline', 'plot_copy_traffic', 'stream_cmap']
 
@@ -33,7 +33,7 @@ def _draw_utilization(result: "AdviseResult") -> "Figure | None":
     fig = _fig(11, h_top + h_heat + 0.9)
     gs = fig.add_gridspec(n_dev + 1, 1, height_ratios=[1.9] * n_dev + [0.32 * max(len(labels), 1) + 0.5])
     overall = (result.summary or {}).get("gpu_utilization")
-    from ...advise import idle_share
+    from ...diagnose.advise import idle_share
 
     idle = idle_share(result.summary or {}, result.analyses or {})  # the one idle figure
     fig.suptitle(f"GPU busy {pct(overall, 0)} of the time, idle {pct(idle, 0)}"

@@ -6,10 +6,10 @@ The loop closes in four steps (see ``docs/profile.md``, "--apply"):
    and ``advise`` proposes a plan;
 2. every candidate plan (:func:`candidates`: group count x merged copy/compute streams x
    per-stream allocator x CUDA graphs) is ranked by the what-if estimate of
-   :mod:`recsys_doctor.whatif` from the baseline trace;
+   :mod:`recsys_doctor.planning.whatif` from the baseline trace;
 3. the best ``top_k`` by estimate (plus the advisor's own plan when it is not among them)
    are *measured*, each in a fresh child process driven by the same closed-loop clients
-   as the baseline (:func:`recsys_doctor.workload.measure` with ``run=`` the runtime), and
+   as the baseline (:func:`recsys_doctor.capture.workload.measure` with ``run=`` the runtime), and
    the best measured one is kept - predicted and measured numbers side by side;
 4. the kept plan is profiled once more (same backend) for the "after" trace, and the
    outputs are written: ``plan.json``, ``apply.json`` (before/after table, every
@@ -18,7 +18,7 @@ The loop closes in four steps (see ``docs/profile.md``, "--apply"):
 A **workload** is applied through :func:`make_runner` (serving: ``runtime.serve``;
 training: branches on side streams and a whole-step CUDA graph). A **plain script** is
 applied with no change to it: :func:`script_env` makes an environment whose generated
-``sitecustomize.py`` starts :mod:`recsys_doctor._autoapply` at interpreter start; the
+``sitecustomize.py`` starts :mod:`recsys_doctor.applying._autoapply` at interpreter start; the
 script's own last output line (a JSON object with ``qps``, or ``step_ms``) is its
 measurement.
 """
@@ -35,20 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ._json import json_default
-from .apply_report import (ApplyResult, CandidateResult, measured_tables, _meas_numbers, _pred_numbers,
-                           _summary_point, before_after_rows)
-from .capture import check_workload_options, child_argv, default_out_dir, profile
-from .capture.child_process import child_env
-from .capture.nvml import NvmlSampler
-from .errors import BadInputError, RecsysDoctorError, WorkloadError
-from .plan_io import read_plan, write_plan
-from .plan_search import (GROUP_COUNTS, candidates, plan_candidate, runtime_plan,
-                          select_to_measure)
+from .._util.json import json_default
+from .report import (ApplyResult, CandidateResult, measured_tables, _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
+from ..capture import check_workload_options, child_argv, default_out_dir, profile
+from ..capture.child_process import child_env
+from ..capture.nvml import NvmlSampler
+from ..errors import BadInputError, RecsysDoctorError, WorkloadError
+from ..planning.io import read_plan, write_plan
+from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
 from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
-from .whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
-from .workload import is_workload_module
+from ..planning.whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
+from ..capture.workload import is_workload_module
 
 __all__ = [
     "GROUP_COUNTS",
@@ -240,7 +238,7 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Pat
     res.files["plan"] = str(plan_path)
     if after is not None:
         try:
-            from .reports.html import write_compare_html
+            from ..reports.html import write_compare_html
 
             write_compare_html(before.advise, after.advise, out / "compare.html", a_label="before", b_label="after",
                                measured=measured_tables(res))
@@ -249,7 +247,7 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Pat
             res.notes.append(f"no HTML report: {type(e).__name__}: {e}")
     if history:
         try:
-            from .history import record_run
+            from ..history.db import record_run
 
             target = after if after is not None else before
             rid = record_run(target.advise, db_path, command="profile --apply")

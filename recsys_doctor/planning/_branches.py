@@ -1,7 +1,7 @@
 """What concurrency a trace already has: the CPU threads that launch at the same time, the
 streams each launches into, and the side streams that run sibling branches.
 
-The planner (:mod:`recsys_doctor.planner`) sizes the stream groups from these facts, so
+The planner (:mod:`recsys_doctor.planning.planner`) sizes the stream groups from these facts, so
 its reasons say what the trace shows:
 
 * **launching threads** of a device: threads that issue at least
@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .analyzers._arrays import code_order, merge_intervals, pair_codes
-from .analyzers._comm import comm_mask
-from .analyzers._ops import launches
-from .analyzers._util import str_contains
-from .model import Trace
-from .options import Options
+from ..analyzers._arrays import code_order, merge_intervals, pair_codes
+from ..analyzers._comm import comm_mask
+from ..analyzers._ops import launches
+from ..analyzers._util import str_contains
+from ..model import Trace
+from ..options import Options
 
 __all__ = ["launching_threads", "sibling_streams", "CONCURRENCY_SAMPLE"]
 

@@ -1,5 +1,5 @@
 """What one history row holds, built from an :class:`AdviseResult` (no database here:
-:mod:`recsys_doctor.history` stores it). The columns are listed in that module's docstring."""
+:mod:`recsys_doctor.history.db` stores it). The columns are listed in that module's docstring."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._files import file_sha256
+from .._util.files import file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["METRIC_COLUMNS", "flatten_summary", "git_info", "workload_name", "workload_key", "build_row"]
 
@@ -86,7 +86,7 @@ def _tool_version() -> str:
 
         return version("recsys-doctor")
     except Exception:
-        from . import __version__
+        from .._util import __version__
 
         return __version__
 
@@ -125,7 +125,7 @@ def workload_key(result: "AdviseResult", options: Any = None) -> str | None:
     path = info.get("path")
     if not path:
         return None
-    from .options import Options
+    from ..options import Options
 
     opts = {}
     if options is not None:
@@ -190,7 +190,7 @@ def _metric_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
 def build_row(result: "AdviseResult", command: str = "advise", *, passed: bool | None = None,
               reasons: list[str] | None = None, cwd: str | os.PathLike[str] | None = None,
               now: datetime | None = None, options: Any = None, key: str | None = None) -> dict[str, Any]:
-    """The row :func:`recsys_doctor.history.record_run` inserts (exposed for tests and dry runs)."""
+    """The row :func:`recsys_doctor.history.db.record_run` inserts (exposed for tests and dry runs)."""
     info = result.trace_info or {}
     path = info.get("path")
     findings = [{"id": f.id, "severity": f.severity, "title": f.title} for f in result.findings]

@@ -15,8 +15,8 @@ the default serving query here), and ``client_context`` wraps each client thread
 enter a stream group). Nothing here imports torch at module import time.
 
 This module loads workload modules and is the protocol's public face; the records are in
-:mod:`recsys_doctor._workload_types`, the driver and its NVTX phases in
-:mod:`recsys_doctor._drive`.
+:mod:`recsys_doctor.capture._workload_types`, the driver and its NVTX phases in
+:mod:`recsys_doctor.capture._drive`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from ._drive import NVTX_DOMAIN, annotate_with, measure, percentile, phase
 from ._workload_types import KINDS, Measurement, Workload
-from .errors import BadInputError, RecsysDoctorError, WorkloadError, first_line
+from ..errors import BadInputError, RecsysDoctorError, WorkloadError, first_line
 
 __all__ = [
     "Workload",
@@ -120,7 +120,7 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
     except BaseException as e:  # noqa: BLE001
         raise WorkloadError(f"{p}: workload() raised {first_line(e)}") from e
     if not isinstance(wl, Workload):
-        raise BadInputError(f"{p}: workload() returned {type(wl).__name__}, expected a recsys_doctor.workload.Workload")
+        raise BadInputError(f"{p}: workload() returned {type(wl).__name__}, expected a recsys_doctor.capture.workload.Workload")
     if not wl.name:
         wl.name = p.stem
     return wl

@@ -1,13 +1,13 @@
 """The two records of the Workload protocol: :class:`Workload` (what a workload module's
 ``workload()`` returns) and :class:`Measurement` (what driving it measured). Re-exported by
-:mod:`recsys_doctor.workload`, which documents the protocol."""
+:mod:`recsys_doctor.capture.workload`, which documents the protocol."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
-from .errors import BadInputError
+from ..errors import BadInputError
 
 __all__ = ["Workload", "Measurement", "KINDS"]
 

@@ -12,7 +12,7 @@ busy timeout, each row is written in its own short ``BEGIN IMMEDIATE`` transacti
 check and insert under one write lock), and a write that still meets ``database is
 locked`` is retried with backoff, so no row is lost or half-written. Tables, columns,
 indexes and queries go through sqlite-utils; the row itself is built in
-:mod:`recsys_doctor._history_row`.
+:mod:`recsys_doctor.history.row`.
 
 Table ``runs`` (one row per run, one per rank of an ``advise DIR`` run; summary metrics as columns
 for SQL, plus JSON):
@@ -58,11 +58,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlite_utils import Database
 
-from ._history_row import METRIC_COLUMNS, build_row, flatten_summary, git_info, workload_key, workload_name
-from .errors import BadInputError
+from .row import METRIC_COLUMNS, build_row, flatten_summary, git_info, workload_key, workload_name
+from ..errors import BadInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = [
     "METRIC_COLUMNS",

@@ -28,7 +28,7 @@ rank
     ``rank<N>`` in the file name ("file name"), else the file's position ("order").
     ``warnings`` says when the files do not look like the ranks of one job.
 straggler
-    a rank the others wait for at the collectives (:mod:`recsys_doctor._collectives`:
+    a rank the others wait for at the collectives (:mod:`recsys_doctor.diagnose._collectives`:
     collectives matched across ranks, aligned on their ends): the other ranks' mean wait
     for it, summed over the collectives it arrives at last, reaches ``straggler_share``
     (default :data:`STRAGGLER_SHARE`) of the median rank's window.
@@ -47,8 +47,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._collectives import collective_records, match_collectives
-from .errors import BadInputError
-from .options import Options
+from ..errors import BadInputError
+from ..options import Options
 
 __all__ = ["RankSummary", "MultiRankResult", "expand_traces", "is_multi_target", "analyze_rank",
            "advise_ranks", "combine", "STRAGGLER_SHARE"]
@@ -190,7 +190,7 @@ def analyze_rank(path: str, options: Options | None = None, index: int = 0,
     import time
 
     from .advise import advise
-    from .analyzers._comm import collective_kinds, comm_mask, overlap
+    from ..analyzers._comm import collective_kinds, comm_mask, overlap
 
     t0 = time.perf_counter()
     res = advise(path, options)
@@ -351,7 +351,7 @@ def advise_ranks(paths: list[Path], options: Options | None = None, *, dask: str
     :func:`analyze_rank` (a module-level function or a ``partial`` of one: it travels to
     the workers).
     """
-    from .progress import progress as progress_bar
+    from .._util.progress import progress as progress_bar
 
     options = options or Options()
     paths = [Path(p) for p in paths]

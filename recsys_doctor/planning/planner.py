@@ -47,9 +47,9 @@ from typing import Any
 import pandas as pd
 
 from ._branches import launching_threads, sibling_streams
-from .findings import AnalysisResult, Finding
-from .model import Trace
-from .options import Options
+from ..findings import AnalysisResult, Finding
+from ..model import Trace
+from ..options import Options
 
 __all__ = ["make_plan", "PLAN_SCHEMA", "detect_kind", "sibling_families"]
 

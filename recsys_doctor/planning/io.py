@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._json import json_default
-from .errors import BadInputError
-from .plan_search import plan_candidate
+from .._util.json import json_default
+from ..errors import BadInputError
+from .search import plan_candidate
 from .whatif import Candidate
 
 __all__ = ["write_plan", "read_plan"]

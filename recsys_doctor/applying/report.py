@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .whatif import Candidate, Prediction
+from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables"]
 
@@ -100,7 +100,7 @@ def _trace_util(advise: Any) -> float | None:
         return round(float(v) * 100, 2)
     trace = getattr(advise, "trace", None)
     if trace is not None and len(trace.gpu_activity()):
-        from .whatif import union_ns
+        from ..planning.whatif import union_ns
 
         act = trace.gpu_activity()
         span = int(act["end"].max() - act["start"].min())

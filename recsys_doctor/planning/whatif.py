@@ -58,10 +58,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .analyzers._util import merge_intervals, union_length
-from .errors import BadInputError
-from .model import Trace
-from .plan import Plan
+from ..analyzers._util import merge_intervals, union_length
+from ..errors import BadInputError
+from ..model import Trace
+from ..plan import Plan
 
 __all__ = ["TraceStats", "Candidate", "Prediction", "WhatIfCosts", "trace_stats", "estimate", "rank",
            "union_ns", "host_busy_ns"]
@@ -105,7 +105,7 @@ class WhatIfCosts:
     #: launches leave far more between them.
     graph_node_gap_ns: float = 200.0
     #: a plain script under the start-up hook, whose copies the thread graphs take over
-    #: (``recsys_doctor._autoapply``): host time of one such copy (the hook's ``.to()``:
+    #: (``recsys_doctor.applying._autoapply``): host time of one such copy (the hook's ``.to()``:
     #: its checks and the view it hands out, under 8 threads sharing the interpreter lock)
     #: and GPU time of one memcpy node of the thread's graph (small pinned host-to-device
     #: copies, one after another). Fit on the H100 to the plain script's measured g4 and g1

@@ -1,6 +1,6 @@
 """Plan search: which runtime settings ``profile --apply`` considers and which it measures.
 
-Every candidate (:func:`candidates`) is priced by :mod:`recsys_doctor.whatif`; the best
+Every candidate (:func:`candidates`) is priced by :mod:`recsys_doctor.planning.whatif`; the best
 few by estimate (:func:`select_to_measure`) are measured. :func:`runtime_plan` turns a
 candidate into the runtime settings for a given number of client threads.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from .errors import BadInputError
-from .plan import Plan
+from ..errors import BadInputError
+from ..plan import Plan
 from .whatif import Candidate, Prediction
 
 __all__ = ["GROUP_COUNTS", "candidates", "plan_candidate", "runtime_plan",

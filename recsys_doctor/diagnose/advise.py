@@ -10,11 +10,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._files import file_sha256_started
-from .errors import BadInputError
-from .findings import Finding
-from .model import Trace
-from .options import Options
+from .._util.files import file_sha256_started
+from ..errors import BadInputError
+from ..findings import Finding
+from ..model import Trace
+from ..options import Options
 
 __all__ = ["AdviseResult", "advise", "advise_trace", "SCHEMA_VERSION", "restrict"]
 
@@ -108,10 +108,10 @@ def restrict(trace: Trace, *, nvtx: str | None = None, start_ns: int | None = No
 
 def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool = False) -> AdviseResult:
     """Run the summary, every analyzer and the planner over an already loaded trace."""
-    from .analyzers import ANALYZERS, summarize_and_run_all
-    from .loaders._nsys_columns import release_free_memory
-    from .planner import make_plan
-    from .progress import progress as progress_bar
+    from ..analyzers import ANALYZERS, summarize_and_run_all
+    from ..loaders._nsys_columns import release_free_memory
+    from ..planning.planner import make_plan
+    from .._util.progress import progress as progress_bar
 
     options = options or Options()
     with progress_bar("analyzing", total=len(ANALYZERS) + 1, enabled=None if progress else False) as bar:
@@ -213,8 +213,8 @@ def make_verdict(findings: list[Finding], summary: dict[str, Any], analyses: dic
 def advise(path: str | os.PathLike[str], options: Options | None = None, *, nvtx: str | None = None,
            start_ns: int | None = None, end_ns: int | None = None, progress: bool = False) -> AdviseResult:
     """Load ``path`` (any supported format), optionally restrict it, and diagnose it."""
-    from .loaders import load
-    from .progress import progress as progress_bar
+    from ..loaders import load
+    from .._util.progress import progress as progress_bar
 
     # the file's hash is worked out on a low-priority thread, in the moments when the
     # load or the analysis leaves a core idle

@@ -1,5 +1,5 @@
 """What a rank's worker keeps of its full result for ``advise DIR --html`` and the history:
-its HTML section and its history row (:func:`recsys_doctor.ranks.analyze_rank`'s
+its HTML section and its history row (:func:`recsys_doctor.diagnose.ranks.analyze_rank`'s
 ``finish``). Both are made where the trace is, so the trace never travels."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .advise import AdviseResult
+    from ..diagnose.advise import AdviseResult
 
 __all__ = ["rank_extras"]
 
@@ -19,11 +19,11 @@ def rank_extras(result: "AdviseResult", *, html: bool = False, history: bool = F
     effect: the caller warns and goes on)."""
     out: dict[str, Any] = {}
     if html:
-        from .reports.html import render_section
+        from ..reports.html import render_section
 
         out["html"] = render_section(result, options=options)
     if history:
-        from ._history_row import build_row
+        from ..history.row import build_row
 
         try:
             out["row"] = build_row(result, "advise", options=options)

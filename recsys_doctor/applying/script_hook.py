@@ -1,7 +1,7 @@
 """Applying a plan to a plain script without changing it, and reading what it measured.
 
 :func:`script_env` makes an environment whose generated ``sitecustomize.py`` starts
-:mod:`recsys_doctor._autoapply` at interpreter start; :func:`run_script` runs a program
+:mod:`recsys_doctor.applying._autoapply` at interpreter start; :func:`run_script` runs a program
 and returns the measurement it printed (:func:`parse_script_result`);
 :func:`activate_in_process` starts the same hook in this process (the torch capture
 backend runs the script here). :func:`script_treatment` hands both to capture for the
@@ -20,15 +20,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .capture.treatment import Treatment
-from .errors import BadInputError, WorkloadError
-from .plan_io import read_plan
+from ..capture.treatment import Treatment
+from ..errors import BadInputError, WorkloadError
+from ..planning.io import read_plan
 
 __all__ = ["ENV_PLAN", "script_env", "hook_env", "activate_in_process", "script_treatment",
            "parse_script_result", "run_script"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
-_AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply.py")
+_AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply") / "__init__.py"  # a package, loaded by path
 
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 
@@ -62,7 +62,7 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     """An environment in which any ``python`` applies the plan at interpreter start:
     ``RECSYS_DOCTOR_PLAN`` is the plan's absolute path and ``PYTHONPATH`` starts with a
     folder holding a generated ``sitecustomize.py`` that loads
-    :mod:`recsys_doctor._autoapply` by file path (and then chains to any other
+    :mod:`recsys_doctor.applying._autoapply` by file path (and then chains to any other
     ``sitecustomize``). Nothing is installed; the folder is ``hook_dir`` or a new temp one
     that the caller removes (:func:`hook_env` does that)."""
     plan = Path(plan_path).resolve()
@@ -72,7 +72,7 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(_AUTOAPPLY), here=str(d.resolve())))
     env = dict(os.environ if base_env is None else base_env)
     env[ENV_PLAN] = str(plan)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds recsys_doctor/
     env["PYTHONPATH"] = os.pathsep.join([str(d.resolve()), root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     return env
 

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import IO
 
-from .errors import TraceFormatError
+from ..errors import TraceFormatError
 
 __all__ = ["file_sha256", "file_sha256_started", "used_size", "max_decompressed", "gunzip_into", "gunzip_bytes",
            "private_temp", "DEFAULT_MAX_DECOMPRESSED"]

@@ -5,7 +5,7 @@ branch streams and a whole-step CUDA graph. Used by the candidate measurements a
 "after" profile of ``profile --apply``, through :func:`runtime_treatment`: in this process
 (torch backend) or in a child process run as
 
-    python -m recsys_doctor.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON [...]
+    python -m recsys_doctor.applying.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON [...]
 
 which is the capture child (:mod:`recsys_doctor.capture._child`, same arguments) with the
 settings applied; what the runtime reports (fallbacks, notes) goes to ``RESULT.apply.json``.
@@ -18,21 +18,21 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
-from .capture._child import main as _child_main
-from .capture.treatment import Prepared, Treatment
-from .errors import BadInputError
-from .plan import Plan
+from ..capture._child import main as _child_main
+from ..capture.treatment import Prepared, Treatment
+from ..errors import BadInputError
+from ..plan import Plan
 
 __all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE"]
 
 #: run as the child process of an applied workload (``python -m``)
-CHILD_MODULE = "recsys_doctor.train_runner"
+CHILD_MODULE = "recsys_doctor.applying.train_runner"
 
 
 def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
     """``(run, close, info, workload)`` applying ``runtime`` (a flat runtime dict) to a
-    :class:`~recsys_doctor.workload.Workload`: pass ``run`` and the returned workload
-    (warm-up adjusted) to :func:`~recsys_doctor.workload.measure`, call ``close()`` after.
+    :class:`~recsys_doctor.capture.workload.Workload`: pass ``run`` and the returned workload
+    (warm-up adjusted) to :func:`~recsys_doctor.capture.workload.measure`, call ``close()`` after.
 
     Serving: ``run`` is a :func:`recsys_doctor.runtime.serve` ``ServedModel`` built from
     ``wl.inputs(0)`` (host tensors in, host tensors out, like the default query).
@@ -46,14 +46,14 @@ def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], C
     replay, so the same number of optimizer steps precedes the measurement and the
     measured losses are comparable step for step with the baseline's.
     """
-    from .runtime import RuntimeConfig
+    from ..runtime import RuntimeConfig
 
     cfg = RuntimeConfig.from_plan(runtime)
     # what this path cannot apply is said in the notes, never dropped silently
     notes = Plan.from_dict(runtime).unhonoured("serve" if wl.kind == "serve" else "train")
     info: dict[str, Any] = {"runtime": asdict(cfg), "notes": notes}
     if wl.kind == "serve":
-        from .runtime import serve
+        from ..runtime import serve
 
         ex = wl.inputs(0)
         ex = ex if isinstance(ex, tuple) else (ex,)
@@ -125,7 +125,7 @@ def _branch_streams(model: Any, groups: int, info: dict[str, Any]) -> list[Calla
     if not hasattr(model, "streams"):
         info["notes"].append("the workload's model has no 'streams' attribute: branch streams not applied")
         return []
-    from .runtime import BranchStreams
+    from ..runtime import BranchStreams
 
     bs = BranchStreams(groups)
     prev = model.streams

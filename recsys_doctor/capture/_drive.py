@@ -1,6 +1,6 @@
 """Driving a Workload: the client threads, the measurement window, the per-call timing
 (:func:`measure`), and the NVTX phases that mark them (:func:`phase`). Re-exported by
-:mod:`recsys_doctor.workload`. Nothing here imports torch: it is used only when the
+:mod:`recsys_doctor.capture.workload`. Nothing here imports torch: it is used only when the
 workload already did."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager
 
 from ._workload_types import Measurement, Workload
-from .errors import RecsysDoctorError, WorkloadError, first_line
+from ..errors import RecsysDoctorError, WorkloadError, first_line
 
 __all__ = ["NVTX_DOMAIN", "annotate_with", "phase", "percentile", "measure"]
 

@@ -1,0 +1,131 @@
+"""Apply a stream-group plan to a plain script, with no change to the script.
+
+Activated at interpreter start by a generated ``sitecustomize.py`` (see
+:func:`recsys_doctor.applying.script_hook.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
+this module is loaded by file path, so it imports nothing of ``recsys_doctor`` (whose
+package import pulls in pandas) and never imports torch itself. What it does:
+
+* **a stream per client thread**: every ``threading.Thread`` started once torch has
+  initialized CUDA runs its whole life inside ``torch.cuda.stream(group_stream)``; thread
+  ``i`` (in start order) gets group ``i mod groups``. The script's own copies, kernels and
+  ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one
+  stream shared (and synchronized) by every thread.
+* **CUDA graphs for top-level model calls** (where the plan enables graphs): a call of an
+  ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
+  gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
+  (group, module, argument dtypes/shapes/devices and constants). The first
+  ``WARMUP_CALLS`` calls of a key run eagerly on the group stream, then the call is
+  captured once (on a private capture stream, so that the group's other threads keep
+  using the group stream meanwhile; the capturing thread first runs the call once there,
+  so that its own cuBLAS handle exists before the capture, whichever threads made the
+  warm-up calls) into a graph with static input buffers; later calls
+  copy their inputs
+  into the static buffers (one ``_foreach_copy_``), replay, and return a clone of the
+  static output. A group's copy-in, replay and clone are enqueued under the group's lock,
+  so threads sharing a group never read each other's results. Anything that cannot be
+  captured (a host sync in the forward, data-dependent shapes, non-tensor outputs) runs
+  eagerly from then on; the reason is printed to stderr once per key.
+* **a thread's own graph for its input copies** (graphs on; ``RECSYS_DOCTOR_THREAD_GRAPHS=0``
+  turns it off): once a thread's model call is graphed and every tensor argument of it was
+  copied just before from a pinned CPU tensor with ``.to("cuda", non_blocking=True)`` (or
+  ``.cuda(non_blocking=True)``), the thread captures a graph of those copies and the model.
+  From then on the same copies of the same tensors return at once a view whose data the
+  graph's replay at the model call brings: 28 driver calls and allocations a query become
+  one graph launch. Any other use of such a view first makes the deferred copies, and a
+  view the script keeps from an earlier query is given its own memory before the buffer is
+  written again (the section "a thread's copies in its own graph" below).
+
+A package loaded by file path at interpreter start, before the package can be imported (its
+package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
+``_recsys_doctor_autoapply``, whose modules import one another relatively and nothing of
+``recsys_doctor`` but ``plan.py`` (loaded by path too, the one place that parses plans). One
+module a concern, lowest first: :mod:`._common` (the state), :mod:`.groups` (thread groups and
+the capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.graphs`
+(graphs per call site), :mod:`.staging` (a thread's deferred input copies),
+:mod:`.thread_graphs` (a thread's own graph), :mod:`.interception` (what is patched),
+:mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
+
+The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
+``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from typing import Any
+
+from ._common import ENV_PLAN, ENV_THREAD_GRAPHS, WARMUP_CALLS, _first_line, _lock, _log, _state, _torch
+from .graphs import _key
+from .groups import _Gate
+from .interception import _group_for_new_thread, _wrapped_bootstrap
+from .report import _at_exit, stats
+from .settings import read_runtime, unhonoured
+from .staging import (_copy_in, _cuda_target, _make_lazy_type, _materialize, _to_target, _ThreadCopies,
+                      _ThreadGraph)
+from .thread_graphs import _matches, _template
+
+__all__ = ["activate", "deactivate", "read_runtime", "stats", "ENV_PLAN", "ENV_THREAD_GRAPHS", "WARMUP_CALLS"]
+
+
+def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Start applying ``plan`` (a dict, a path, or ``$RECSYS_DOCTOR_PLAN``) to threads
+    started from now on. Returns the runtime settings used. Idempotent."""
+    if plan is None:
+        plan = os.environ.get(ENV_PLAN)
+        if not plan:
+            raise ValueError(f"{ENV_PLAN} is not set")
+    doc: dict[str, Any]
+    if isinstance(plan, dict):
+        doc = plan
+    else:
+        with open(plan, encoding="utf-8") as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict):
+            raise ValueError("the plan file must hold a JSON object")
+    rt = read_runtime(doc)
+    for line in unhonoured(doc):
+        _log(line)
+    with _lock:
+        if _state["active"]:
+            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
+        _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
+                      patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
+                      thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
+                      thread_replays=0, materialized=0)
+        if hasattr(threading.Thread, "_bootstrap_inner"):
+            _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+            threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]
+        else:  # pragma: no cover - every CPython we support has it
+            raise RuntimeError("threading.Thread has no _bootstrap_inner on this Python")
+    return rt
+
+
+def deactivate() -> None:
+    """Undo :func:`activate` for threads started from now on (and restore ``nn.Module``)."""
+    with _lock:
+        if not _state.get("active"):
+            return
+        threading.Thread._bootstrap_inner = _state.pop("orig_bootstrap")  # type: ignore[attr-defined]
+        if _state.get("patched_module"):
+            torch = _torch()
+            if torch is not None:
+                torch.nn.Module.__call__ = _state["orig_module_call"]
+                for name, fn in _state.pop("orig_tensor_methods", {}).items():
+                    setattr(torch.Tensor, name, fn)
+        _state["active"] = False
+
+
+def _main() -> None:
+    """Entry of the generated ``sitecustomize``: activate from the environment; a bad plan
+    is one line on stderr and the script runs unchanged."""
+    try:
+        rt = activate()
+    except Exception as ex:  # noqa: BLE001 - never break the user's program
+        _log(f"not applied: {_first_line(ex)}")
+        return
+    atexit.register(_at_exit)
+    if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
+        _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}")

@@ -1,0 +1,34 @@
+"""What every part of the hook shares: the environment's names, the one state dict, the
+thread-local group, the log line. Standard library only (loaded by file path at interpreter start)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+ENV_PLAN = "RECSYS_DOCTOR_PLAN"
+#: "0" turns off the per-thread graphs that take over a thread's pinned input copies
+ENV_THREAD_GRAPHS = "RECSYS_DOCTOR_THREAD_GRAPHS"
+
+
+#: eager calls of a key before it is captured (lazy inits: cuBLAS handles, allocator blocks)
+WARMUP_CALLS = 2
+
+_state: dict[str, Any] = {"active": False}
+_tls = threading.local()
+_lock = threading.Lock()
+
+
+def _log(msg: str) -> None:
+    print(f"recsys-doctor apply: {msg}", file=sys.stderr, flush=True)
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _first_line(ex: BaseException) -> str:
+    # not recsys_doctor.errors.first_line: this file runs at interpreter start without the package
+    msg = str(ex).strip().splitlines()
+    return f"{type(ex).__name__}: {msg[0] if msg else ''}"

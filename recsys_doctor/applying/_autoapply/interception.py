@@ -1,0 +1,80 @@
+"""Interception: what the hook patches - ``threading.Thread``'s start (a thread joins a group's
+stream) and ``nn.Module.__call__`` (a top-level call goes to the graphs)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._common import _lock, _state, _tls, _torch
+from .graphs import _graphed_call
+from .groups import _Group
+from .staging import _patch_copies, _ThreadCopies
+from .thread_graphs import _copies_call
+
+
+def _group_for_new_thread() -> _Group | None:
+    torch = _torch()
+    if torch is None or not _state["active"]:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+    except Exception:
+        return None
+    with _lock:
+        i = _state["started"]
+        _state["started"] += 1
+        groups = _state["groups"]
+        k = i % _state["n_groups"]
+        g = groups.get(k)
+        if g is None:
+            g = groups[k] = _Group(k, torch.cuda.Stream())
+        if not _state["patched_module"]:
+            _patch_module(torch)
+    return g
+
+
+def _wrapped_bootstrap(orig: Any) -> Any:
+    def bootstrap_inner(self: threading.Thread) -> None:
+        g = _group_for_new_thread()
+        if g is None:
+            return orig(self)
+        torch = _torch()
+        _tls.group = g
+        _tls.depth = 0
+        if _state.get("thread_graphs") and _state.get("graphs"):
+            _tls.copies = _ThreadCopies(g.stream)
+        with torch.cuda.stream(g.stream):
+            return orig(self)
+
+    bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
+    return bootstrap_inner
+
+
+def _patch_module(torch: Any) -> None:
+    nn = torch.nn
+    orig = nn.Module.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        g = getattr(_tls, "group", None)
+        if g is None or not _state["graphs"]:
+            return orig(self, *args, **kwargs)
+        depth = _tls.depth
+        if depth > 0:
+            return orig(self, *args, **kwargs)
+        _tls.depth = depth + 1
+        try:
+            st: _ThreadCopies | None = getattr(_tls, "copies", None)
+            if st is None:
+                return _graphed_call(orig, self, args, kwargs)
+            return _copies_call(st, orig, self, args, kwargs)
+        finally:
+            _tls.depth = depth
+
+    __call__.__wrapped__ = orig  # type: ignore[attr-defined]
+    nn.Module.__call__ = __call__
+    _state["patched_module"] = True
+    _state["orig_module_call"] = orig
+    if _state.get("thread_graphs") and _state.get("graphs"):
+        _patch_copies(torch)

@@ -1,0 +1,241 @@
+"""A thread's input copies, staged: ``Tensor.to``/``.cuda`` of pinned tensors by a hooked thread
+are remembered, and once its thread graph exists handed out as views whose data the graph brings."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any
+
+from ._common import _state, _tls
+
+# A plain script's query copies its host inputs to the GPU tensor by tensor
+# (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
+# by PyTorch, each copy is a device allocation, a cudaMemcpyAsync and an event for the
+# pinned block: with 8 client threads those calls alone cap the script below 10x its
+# eager throughput (bench/results/script_floor_h100). So once a thread has made the same
+# copies from the same pinned tensors into the same model call, the hook captures a CUDA
+# graph of that thread's own (its "thread graph": the copies, as memcpy nodes from those
+# pinned tensors into device buffers of the thread, then the model) and takes the copies
+# over: a later ``.to()`` of the same tensor, in the same order, returns a view of the
+# thread's device buffer at once, no CUDA call made, and the model call replays the graph,
+# which copies all the inputs and runs the model in one launch.
+#
+# What keeps that the script's own results:
+# * the view is a tensor subclass whose data is only due at the model call: any other
+#   use of it first enqueues the copies this query has deferred (as PyTorch would have
+#   made them, on the thread's stream), then runs as usual; reading its shape, dtype or
+#   device does not need the data. A query whose views were used so (read, or written in
+#   place) calls the model through the group's path, which copies the views as they are;
+#   the graph would copy the pinned tensors again;
+# * a view the script still holds when the same copy comes round again (it kept an
+#   earlier query's input) is given its own memory first, a copy enqueued before the
+#   graph overwrites the buffer;
+# * only ``non_blocking=True`` copies of pinned, contiguous CPU tensors are taken over:
+#   their data may be read by the GPU at any later point in the stream's order already,
+#   so reading it at the model call instead is within their contract; the pinned tensors
+#   stay referenced by the graph;
+# * any other ``.to()`` (a different tensor, order, device or argument) in a query makes
+#   the deferred copies now and leaves the rest to PyTorch; a model call with other
+#   arguments does the same and takes the group's path (above);
+# * the copies, the model and the output's clone of one thread touch only that thread's
+#   buffers and its graph's own memory pool, so threads sharing a group stay apart.
+
+#: the most ``.to()`` results a thread remembers between two model calls, to learn sources
+MAX_COPIES = 256
+
+
+class _ThreadCopies:
+    """The copy state of one hooked thread."""
+
+    __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.recent: list[tuple[Any, Any]] = []  # (result, source) of this query's copies, while learning
+        self.tg: _ThreadGraph | None = None
+        self.n = 0  # views handed out in this query (slots 0..n-1); -1: this query left the graph's order
+        self.pending = False  # those views' copies are deferred (not made yet)
+        self.reason: str | None = None  # why this thread has no graph of its own
+        self.lock = threading.Lock()
+
+
+class _ThreadGraph:
+    __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "tin", "handed", "template", "static_out",
+                 "device")
+
+    def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
+                 device: int) -> None:
+        self.module = module
+        self.graph = graph
+        self.src = src  # the script's pinned tensors (kept alive: the graph reads them)
+        self.src_ptr = [t.data_ptr() for t in src]
+        self.src_shape = [t.shape for t in src]
+        self.tin = tin  # this thread's device buffers, one per copy
+        self.handed: list[Any] = [None] * len(src)  # the view last handed out for each copy
+        self.template = template
+        self.static_out = out
+        self.device = device
+
+
+def _cuda_index(torch: Any, dev: Any) -> int | None:
+    """The CUDA device index ``dev`` names ("cuda", "cuda:1", torch.device, int), else None."""
+    if isinstance(dev, int) and not isinstance(dev, bool):
+        return dev
+    if isinstance(dev, str):
+        if dev == "cuda":
+            return torch.cuda.current_device()
+        if dev.startswith("cuda:") and dev[5:].isdigit():
+            return int(dev[5:])
+        return None
+    if isinstance(dev, torch.device) and dev.type == "cuda":
+        return torch.cuda.current_device() if dev.index is None else dev.index
+    return None
+
+
+def _to_target(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The device of ``Tensor.to(device, non_blocking=True)`` (positional or keyword
+    device, nothing else), else None: any other form is left to PyTorch."""
+    if kwargs.get("non_blocking") is not True or len(kwargs) > 2:
+        return None
+    if len(args) == 1 and len(kwargs) == 1:
+        dev = args[0]
+    elif not args and len(kwargs) == 2 and "device" in kwargs:
+        dev = kwargs["device"]
+    else:
+        return None
+    return None if isinstance(dev, int) else _cuda_index(torch, dev)
+
+
+def _cuda_target(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The device of ``Tensor.cuda(device=None, non_blocking=True)``, else None."""
+    if len(args) > 2 or set(kwargs) - {"device", "non_blocking"}:
+        return None
+    dev = args[0] if args else kwargs.get("device")
+    nb = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
+    if nb is not True or (len(args) >= 1 and "device" in kwargs) or (len(args) == 2 and "non_blocking" in kwargs):
+        return None
+    return torch.cuda.current_device() if dev is None else _cuda_index(torch, dev)
+
+
+def _copy_source(torch: Any, src: Any, out: Any) -> bool:
+    """Whether ``out = src.to(cuda, non_blocking=True)`` is a copy a thread graph can
+    take over: a plain contiguous pinned CPU tensor, same dtype and shape, no grad."""
+    return (type(out) is torch.Tensor and type(src) is torch.Tensor and src.device.type == "cpu"
+            and not src.requires_grad and src.dtype == out.dtype and src.shape == out.shape
+            and src.is_contiguous() and out.is_contiguous() and src.is_pinned())
+
+
+def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    tg = st.tg
+    if tg is not None:
+        i = st.n
+        if (0 <= i < len(tg.src) and src is tg.src[i] and dev == tg.device and src.data_ptr() == tg.src_ptr[i]
+                and src.shape == tg.src_shape[i] and src.is_contiguous()):
+            view = tg.handed[i]
+            # references: the list, this name, getrefcount's argument; one more is the
+            # script's (it kept an earlier query's input): that view gets its own memory
+            if view is None or sys.getrefcount(view) > 3:
+                if view is not None:
+                    _own_memory(torch, view)
+                view = tg.tin[i].as_subclass(_state["lazy_type"])
+                view._rd_copies = st
+                tg.handed[i] = view
+            st.n = i + 1
+            st.pending = True
+            return view
+        # not the copy the graph expects: the deferred ones are made now, PyTorch does the rest
+        _materialize(torch, st)
+        st.n = -1
+        return orig(src, *args, **kwargs)
+    out = orig(src, *args, **kwargs)
+    if st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
+        # weak references: a thread that copies but never calls a model keeps nothing alive
+        st.recent.append((weakref.ref(out), weakref.ref(src)))
+    return out
+
+
+def _own_memory(torch: Any, view: Any) -> None:
+    """Give a view the script kept a copy of the buffer it shows (enqueued on this
+    thread's stream, before the graph writes the buffer again)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        view.set_(view.clone())
+
+
+def _materialize(torch: Any, st: _ThreadCopies) -> None:
+    """Make the copies this query deferred, on the current stream, as PyTorch would have."""
+    with st.lock:
+        tg = st.tg
+        if not st.pending or tg is None or st.n <= 0:
+            st.pending = False
+            return
+        with torch._C.DisableTorchFunctionSubclass():
+            for i in range(st.n):
+                tg.tin[i].copy_(tg.src[i], non_blocking=True)
+        st.pending = False
+        _state["materialized"] += 1
+
+
+def _make_lazy_type(torch: Any) -> type:
+    T = torch.Tensor
+    # what reads only a tensor's metadata: no need for its data
+    meta = {T.shape.__get__, T.dtype.__get__, T.device.__get__, T.is_cuda.__get__, T.ndim.__get__,
+            T.requires_grad.__get__, T.layout.__get__, T.get_device, T.dim, T.size, T.numel, T.stride,
+            T.is_contiguous, T.data_ptr, T.element_size, T.__len__}
+
+    def owners(x: Any, out: list[Any]) -> None:
+        if isinstance(x, T):
+            st = getattr(x, "_rd_copies", None)
+            if st is not None and st.pending and st not in out:
+                out.append(st)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                owners(v, out)
+        elif isinstance(x, dict):
+            for v in x.values():
+                owners(v, out)
+
+    class DeferredCopy(T):  # type: ignore[misc, valid-type]
+        """A view of a thread graph's input buffer whose copy is made by the model call's
+        graph; any other use makes the query's deferred copies first."""
+
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func not in meta:
+                found: list[Any] = []
+                owners(args, found)
+                owners(kwargs, found)
+                for st in found:
+                    _materialize(torch, st)
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+
+    return DeferredCopy
+
+
+def _patch_copies(torch: Any) -> None:
+    T = torch.Tensor
+    _state["orig_tensor_methods"] = {"to": T.to, "cuda": T.cuda}
+    _state["lazy_type"] = _make_lazy_type(torch)
+    T.to = _copy_method(torch, T.to, _to_target)
+    T.cuda = _copy_method(torch, T.cuda, _cuda_target)
+
+
+def _copy_method(torch: Any, orig: Any, target: Any) -> Any:
+    """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy ``target`` recognizes goes
+    through :func:`_copy_in`, everything else straight to PyTorch's ``orig``."""
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        st = getattr(_tls, "copies", None)
+        if st is None or _tls.depth:
+            return orig(self, *args, **kwargs)
+        dev = target(torch, args, kwargs)
+        if dev is None:
+            return orig(self, *args, **kwargs)
+        return _copy_in(torch, st, self, dev, orig, args, kwargs)
+
+    method.__name__ = getattr(orig, "__name__", "method")
+    method.__wrapped__ = orig  # type: ignore[attr-defined]
+    return method

@@ -1,0 +1,163 @@
+"""A thread's own graph: its staged input copies and the model call captured together, replayed
+when the same copies of the same pinned tensors come round again (one launch a query)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import _first_line, _state, _tls, _torch
+from .fallback import _debug_traceback, _fall_back, _synchronize_quietly
+from .graphs import _clone_out, _graph_of, _graphed_call, _key, _rebuild, _static_out
+from .groups import _Group, _run_shared
+from .staging import _materialize, _ThreadCopies, _ThreadGraph
+
+
+class _Seq:
+    """A list or tuple in a thread graph's argument template."""
+
+    __slots__ = ("kind", "items")
+
+    def __init__(self, kind: type, items: tuple[Any, ...]) -> None:
+        self.kind = kind
+        self.items = items
+
+
+class _Map:
+    __slots__ = ("keys", "items")
+
+    def __init__(self, keys: tuple[Any, ...], items: tuple[Any, ...]) -> None:
+        self.keys = keys
+        self.items = items
+
+
+_TENSOR = object()
+
+
+def _template(T: type, x: Any) -> Any:
+    """The argument structure of a model call, its tensors left out (constants kept)."""
+    if isinstance(x, T):
+        return _TENSOR
+    if isinstance(x, (list, tuple)):
+        return _Seq(type(x), tuple(_template(T, v) for v in x))
+    if isinstance(x, dict):
+        keys = tuple(x)
+        return _Map(keys, tuple(_template(T, x[k]) for k in keys))
+    return x
+
+
+def _matches(T: type, tmpl: Any, x: Any, it: Any) -> bool:
+    """Whether ``x`` has the template's structure and constants, its tensors being, in
+    order, the ones ``it`` yields (the very objects)."""
+    if tmpl is _TENSOR:
+        return isinstance(x, T) and x is next(it, None)
+    if isinstance(tmpl, _Seq):
+        return (type(x) is tmpl.kind and len(x) == len(tmpl.items)
+                and all(_matches(T, t, v, it) for t, v in zip(tmpl.items, x)))
+    if isinstance(tmpl, _Map):
+        return (isinstance(x, dict) and tuple(x) == tmpl.keys
+                and all(_matches(T, t, x[k], it) for t, k in zip(tmpl.items, tmpl.keys)))
+    return type(x) is type(tmpl) and x == tmpl
+
+
+def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+    """A top-level model call of a thread whose copies a thread graph may own."""
+    torch = _torch()
+    tg, n = st.tg, st.n
+    st.n = 0
+    # (pending: no operation has touched this query's views, so none was written to since
+    # its copy: the replay's own copies give the model exactly what the script handed it)
+    if (tg is not None and st.pending and n == len(tg.src) and module is tg.module and not module.training
+            and not torch.is_grad_enabled()
+            and _matches(torch.Tensor, tg.template, (args, kwargs), iter(tg.handed))):
+        try:
+            out = _run_shared(_thread_replay, tg)
+            st.pending = False
+            return out
+        except Exception as ex:  # noqa: BLE001 - eager and the group's graphs from now on, with the reason
+            st.n = n
+            _materialize(torch, st)
+            st.tg, st.reason = None, f"thread graph replay failed: {_first_line(ex)}"
+            _fall_back(f"{type(module).__name__}: {st.reason}", st.reason)
+    elif st.pending:
+        st.n = n
+        _materialize(torch, st)
+    st.n = 0
+    recent, st.recent = st.recent, []
+    out = _graphed_call(orig_call, module, args, kwargs)
+    if st.tg is None and st.reason is None and recent:
+        _learn(torch, st, orig_call, module, args, kwargs, recent)
+    return out
+
+
+def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
+           kwargs: dict[str, Any], recent: list[tuple[Any, Any]]) -> None:
+    """Capture this thread's graph once the group's graph of this call exists and every
+    tensor argument of the call is one of this query's copies of a pinned tensor."""
+    if module.training or torch.is_grad_enabled():
+        return
+    kt = _key(torch, module, args, kwargs)
+    g: _Group = _tls.group
+    if kt is None:
+        return
+    e = g.entries.get(kt[0])
+    if e is not None and e.reason is not None:
+        st.reason = "the call runs eagerly"
+    if e is None or e.graph is None:
+        return  # not graphed (yet): nothing to learn
+    copies = {}
+    for out_ref, src_ref in recent:
+        out, s_ = out_ref(), src_ref()
+        if out is not None and s_ is not None:
+            copies[id(out)] = (out, s_)
+    src = []
+    for t in kt[1]:
+        hit = copies.get(id(t))
+        if hit is None or hit[0] is not t:
+            st.reason = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
+            return
+        src.append(hit[1])
+    try:
+        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src)
+        _state["thread_captured"] += 1
+    except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
+        _debug_traceback()
+        st.reason = f"no thread graph: {_first_line(ex)}"
+        _fall_back(f"{type(module).__name__}: {st.reason}", st.reason)
+        _synchronize_quietly(torch)
+
+
+def _h2d(dst: Any, src: Any, stream: Any) -> None:
+    """One host-to-device cudaMemcpyAsync of ``src`` (pinned) into ``dst`` on ``stream``:
+    in a capture, a memcpy node reading the pinned tensor at every replay."""
+    from cuda.bindings import runtime as cudart
+
+    err, = cudart.cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(),
+                                  cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream.cuda_stream)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaMemcpyAsync: {err}")
+
+
+def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: Any, kwargs: Any,
+                    tensors: list[Any], src: list[Any]) -> _ThreadGraph:
+    tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    it = iter(tin)
+    s_args = _rebuild(torch, args, it)
+    s_kwargs = _rebuild(torch, kwargs, it)
+    template = _template(torch.Tensor, (args, kwargs))
+    stream = torch.cuda.Stream()
+    g.stream.synchronize()
+
+    def run() -> Any:  # the copies, then the model
+        for d, s_ in zip(tin, src):
+            _h2d(d, s_, stream)
+        return orig_call(module, *s_args, **s_kwargs)
+
+    graph, out = _graph_of(torch, stream, run)
+    return _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device())
+
+
+def _thread_replay(tg: _ThreadGraph) -> Any:
+    tg.graph.replay()
+    _state["thread_replays"] += 1
+    return _clone_out(tg.static_out)
