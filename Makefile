@@ -14,7 +14,7 @@ NO_CHROMIUM ?= $(RECSYS_DOCTOR_NO_CHROMIUM)
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py recsys_doctor/loaders/_pagecodec.c runtime/_handoff.c
+$(STAMP): pyproject.toml setup.py recsys_doctor/loaders/_pagecodec.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
@@ -30,4 +30,4 @@ bench: $(STAMP)
 	$(PY) bench/scale/scale_trace.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info recsys_doctor/loaders/*.so runtime/*.so
+	rm -rf $(VENV) build *.egg-info recsys_doctor/loaders/*.so

@@ -2,15 +2,9 @@
 
 ``_pagecodec`` is the SQLite page reader's row loop in C (README "The page reader"). It is
 optional: where no C compiler is at hand the install still succeeds and the page reader
-runs its numpy path, which gives the same tables, more slowly.
-
-``_handoff`` is the dynamic batcher's client hand-off (docs/runtime.md, "The host path"):
-a caller's staging copy and its wait in one release of the interpreter lock. Also
-optional: without it (or off POSIX) the batcher stages each batch in its driver thread."""
+runs its numpy path, which gives the same tables, more slowly."""
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("recsys_doctor.loaders._pagecodec", ["recsys_doctor/loaders/_pagecodec.c"],
-                             extra_compile_args=["-O2", "-std=c99"], optional=True),
-                   Extension("recsys_doctor.runtime._handoff", ["runtime/_handoff.c"],
-                             extra_compile_args=["-O2", "-std=c11"], optional=True)])
+                             extra_compile_args=["-O2", "-std=c99"], optional=True)])

@@ -12,7 +12,7 @@ from ..errors import BadInputError
 from ._batchspec import BatchPlan, check_spec, infer_spec
 from ._policy import flatten, out_unflatten, unflatten
 
-__all__ = ["BatchSetup", "buckets_for", "CpuWorker", "Handoff", "make_handoff", "stage_batch", "DEFAULT_BUCKETS", "ENV_HANDOFF"]
+__all__ = ["BatchSetup", "buckets_for", "CpuWorker", "stage_batch", "DEFAULT_BUCKETS"]
 
 #: batch sizes a CUDA graph is captured for (a batch of n runs in the smallest >= n)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -100,103 +100,24 @@ def stage_batch(torch: Any, views: Sequence[Any], m: int, reqs: Sequence[Any]) -
     return ok
 
 
-#: environment variable: ``python`` stages batches in the driver even where the compiled
-#: hand-off is built (to measure one against the other; default ``auto``)
-ENV_HANDOFF = "RECSYS_DOCTOR_HANDOFF"
-
-
-class Handoff:
-    """Staging slots in one (pinned, for CUDA) buffer of ``slots`` query blocks, with the
-    compiled hand-off (``runtime/_handoff.c``): a caller checks its tensors against the
-    example (:meth:`prepare`, GIL held), queues itself, then copies its query into its slot
-    and sleeps until :meth:`post` in ONE release of the GIL (:meth:`copy_wait`); the driver
-    waits for the batch's copies (:meth:`wait_staged`, usually done) and copies the slots to
-    the device. :func:`make_handoff` gives None where the extension is not built."""
-
-    def __init__(self, plan: Any, slots: int, pin: bool) -> None:
-        import torch
-
-        from ._handoff import Slots  # type: ignore[import-not-found]  # optional C extension
-
-        from ._batchspec import _nbytes
-
-        self.block = plan.block
-        self.slots = slots
-        self.buf = torch.empty(slots * plan.block, dtype=torch.uint8, pin_memory=pin).zero_()
-        if pin and not self.buf.is_pinned():
-            raise RuntimeError("the batching staging buffer did not get pinned host memory")
-        self.ptr = self.buf.data_ptr()
-        self.spec = tuple((lf.dtype, _nbytes(lf), lf.offset) for lf in plan.leaves)
-        self.sizes = tuple(nb for _, nb, _ in self.spec)
-        self.offsets = tuple(off for _, _, off in self.spec)
-        self._s = Slots(slots)
-        self.reset, self.post, self.wait_staged = self._s.reset, self._s.post, self._s.wait_staged
-
-    def prepare(self, leaves: Sequence[Any]) -> tuple[tuple[int, ...], Sequence[Any]]:
-        """``(addresses, tensors)``: the tensors' addresses after checking each against the
-        example. A tensor of another dtype, not contiguous or on a GPU is converted first
-        (as the driver's ``_foreach_copy_`` would); one of another size raises ValueError
-        naming it. The tensors returned are the ones to keep alive until the copy."""
-        try:
-            return self._s.prepare(leaves, self.spec), leaves
-        except ValueError:
-            if len(leaves) != len(self.spec):
-                raise
-        conv = [t.to(device="cpu", dtype=dt).contiguous() for t, (dt, _, _) in zip(leaves, self.spec)]
-        return self._s.prepare(conv, self.spec), conv
-
-    def copy_wait(self, slot: int, addrs: tuple[int, ...], timeout_s: float) -> bool:
-        return self._s.copy_wait(slot, self.ptr + slot * self.block, addrs, self.sizes, self.offsets, timeout_s)
-
-    def copy(self, slot: int, addrs: tuple[int, ...]) -> None:
-        self._s.copy(slot, self.ptr + slot * self.block, addrs, self.sizes, self.offsets)
-
-    def rows(self) -> Any:
-        """The buffer as ``[slots, block]`` bytes."""
-        return self.buf.view(self.slots, self.block)
-
-
-def make_handoff(plan: Any, slots: int, pin: bool) -> Handoff | None:
-    """A :class:`Handoff`, or None: the extension is not built (no C compiler at install,
-    not POSIX) or ``RECSYS_DOCTOR_HANDOFF=python``."""
-    import os
-
-    mode = os.environ.get(ENV_HANDOFF, "auto")
-    if mode not in ("auto", "python"):
-        raise BadInputError(f"{ENV_HANDOFF} must be auto or python, got {mode!r}")
-    if mode == "python":
-        return None
-    try:
-        return Handoff(plan, slots, pin)
-    except ImportError:
-        return None
-
-
 class CpuWorker:
     """Runs batches of a CPU model: the batch's tensors staged into a fresh buffer
     (:func:`stage_batch`), :meth:`BatchPlan.regroup` concatenates them (offsets shifted),
     the model runs once, the outputs are split per request. A real runner (CPU serving,
     the batcher's tests); it runs the batch at ``start`` (nothing to overlap on the CPU)."""
 
-    def __init__(self, setup: BatchSetup, max_batch: int, handoff: Handoff | None = None) -> None:
+    def __init__(self, setup: BatchSetup, max_batch: int) -> None:
         import torch
 
         self.torch = torch
         self.setup = setup
-        self.handoff = handoff
         self.m = len(setup.plan.leaves)
         self.shifts = torch.arange(max_batch) * setup.plan.shift
         self._outs: list[Any] | None = None
 
     def start(self, reqs: Sequence[Any]) -> list[Any]:
-        torch, s, h = self.torch, self.setup, self.handoff
-        if h is not None:  # the callers copied their queries into their slots
-            slots = [r.slot for r in reqs]
-            h.wait_staged(slots)
-            # a fresh buffer per batch: an output may be a view of its inputs
-            buf = torch.index_select(h.rows(), 0, torch.tensor(slots)).view(-1)
-            self._outs = self(buf, len(reqs))
-            return list(reqs)
+        torch, s = self.torch, self.setup
+        # a fresh buffer per batch: an output may be a view of its inputs
         buf = torch.empty(len(reqs) * s.plan.block, dtype=torch.uint8)
         ran = stage_batch(torch, s.plan.slot_views(buf, len(reqs)), self.m, reqs)
         if ran:

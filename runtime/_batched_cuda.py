@@ -1,15 +1,12 @@
 """The CUDA batch worker of one stream group. :meth:`CudaWorker.start` copies the ``n``
-queries of a batch to the device: with the compiled hand-off (:class:`~._batched.Handoff`)
-each caller copied its own query into its pinned slot, and each run of consecutive slots
-is ONE host-to-device copy; without it the driver copies the batch into the group's
-pinned staging (one ``_foreach_copy_``), then ONE host-to-device copy. Then it runs ONE
-CUDA graph captured for bucket ``k`` (the smallest bucket >= ``n``; the device blocks past ``n`` hold earlier,
+queries of a batch into the group's pinned staging (one ``_foreach_copy_``, by the driver
+thread), then to the device (ONE host-to-device copy), runs ONE CUDA graph captured for
+bucket ``k`` (the smallest bucket >= ``n``; the device blocks past ``n`` hold earlier,
 valid queries): regroup on the GPU, forward, outputs into one device buffer, copied back
 in ONE device-to-host copy, and records an event; :meth:`CudaWorker.finish` waits on that
 event (the wait releases the GIL). The host outputs are one fresh NumPy copy per output
 and batch, viewed per request with ``torch.from_numpy``. The driver calls keep the GIL
-(:mod:`._fastpath`): a batch gives it up in the wait (and, without the hand-off, in the
-staging copy).
+(:mod:`._fastpath`): a batch gives it up twice, in the staging copy and in the wait.
 
 Graphs are captured largest bucket first into one private pool per group (the group's
 graphs run one after another on its stream, so they share it). Out of memory while
@@ -34,9 +31,9 @@ class CudaWorker:
     """Batches of one stream group ``g`` of served model ``sm`` (see the module docstring).
     ``buckets``: sizes to capture, ascending; :attr:`buckets` keeps the usable ones."""
 
-    def __init__(self, sm: Any, g: Any, setup: BatchSetup, buckets: Sequence[int], handoff: Any = None) -> None:
+    def __init__(self, sm: Any, g: Any, setup: BatchSetup, buckets: Sequence[int]) -> None:
         torch = sm.torch
-        self.torch, self.sm, self.g, self.setup, self.handoff = torch, sm, g, setup, handoff
+        self.torch, self.sm, self.g, self.setup = torch, sm, g, setup
         p = setup.plan
         self.max_k = kmax = max(buckets)
         self.block = p.block
@@ -151,27 +148,13 @@ class CudaWorker:
         """Stage the batch (:func:`~._batched.stage_batch`) and launch it: one H2D copy, the
         bucket's graph, one D2H copy, an event record; :meth:`finish` waits. Returns the
         requests that run."""
-        h = self.handoff
-        if h is None:
-            reqs = stage_batch(self.torch, self.in_views, self.m, reqs)
+        reqs = stage_batch(self.torch, self.in_views, self.m, reqs)
         n = len(reqs)
         if not n:
             return reqs
         sm, fp, s = self.sm, self.sm._fp, self.g.compute_i
         ensure_context(sm.manager.context)
-        blk, dst = self.block, self.dev_in_ptr
-        if h is None:
-            fp.htod(dst, self.host_in_ptr, n * blk, s)
-        else:  # the callers copied their queries into their slots: one copy per run of slots
-            h.wait_staged([r.slot for r in reqs])
-            src, j = h.ptr, 0
-            while j < n:
-                first = reqs[j].slot
-                m = 1
-                while j + m < n and reqs[j + m].slot == first + m:
-                    m += 1
-                fp.htod(dst + j * blk, src + first * blk, m * blk, s)
-                j += m
+        fp.htod(self.dev_in_ptr, self.host_in_ptr, n * self.block, s)
         k = self.table[n]
         ex = self.execs.get(k)
         if ex:

@@ -60,17 +60,16 @@ class Pending:
     """One request: its tensor leaves, and how its caller is woken (a held lock, a
     ``Future``, or an asyncio future with its loop)."""
 
-    __slots__ = ("leaves", "lock", "future", "loop", "out", "err", "slot")
+    __slots__ = ("leaves", "lock", "future", "loop", "out", "err")
 
-    def __init__(self, leaves: Sequence[Any], future: Any = None, loop: Any = None, handoff: bool = False) -> None:
+    def __init__(self, leaves: Sequence[Any], future: Any = None, loop: Any = None) -> None:
         self.leaves = leaves
         self.future = future
         self.loop = loop
         self.out: Any = None
         self.err: BaseException | None = None
         self.lock: Any = None
-        self.slot = -1  # its place in the bounded queue (and its staging slot with a hand-off)
-        if future is None and not handoff:  # a hand-off caller sleeps in the extension instead
+        if future is None:
             self.lock = _thread.allocate_lock()
             self.lock.acquire()
 
@@ -114,7 +113,7 @@ class Batcher:
     thread. See the module docstring."""
 
     def __init__(self, workers: Sequence[Any], *, max_batch: int, max_queue: int = 256, timeout_s: float = 30.0,
-                 max_delay_s: float = 0.0, name: str = "batcher", handoff: Any = None) -> None:
+                 max_delay_s: float = 0.0, name: str = "batcher") -> None:
         if max_batch < 1 or max_queue < 1 or timeout_s <= 0 or max_delay_s < 0 or not workers:
             raise RuntimeCudaError(f"bad batcher settings: max_batch={max_batch} max_queue={max_queue} "
                                    f"timeout_s={timeout_s} max_delay_s={max_delay_s} workers={len(workers)}")
@@ -128,12 +127,7 @@ class Batcher:
         self._cv = threading.Condition(self._lock)  # the driver sleeps here
         self._room = threading.Condition(self._lock)  # callers wait here for room in the queue
         self._free = deque(range(len(workers)))  # groups neither running a batch nor lent to a caller
-        #: places in the bounded queue (with a hand-off, each is a staging slot)
-        self._slots: deque[int] = deque(range(max_queue))
-        self._h = handoff
-        if handoff is not None and handoff.slots < max_queue:
-            raise RuntimeCudaError(f"the hand-off has {handoff.slots} slots for max_queue={max_queue}")
-        self._post = handoff.post if handoff is not None else None
+        self._tickets = max_queue  # requests that may still be queued or running
         self._room_waiters = 0
         self._asleep = False
         self._inflight = 0
@@ -148,15 +142,15 @@ class Batcher:
         return len(self._q)
 
     # -- callers ---------------------------------------------------------------------
-    def _ticket(self) -> int:
+    def _ticket(self) -> None:
         """Under the lock: a place in the bounded queue, waiting up to ``timeout_s``."""
         if self.closed:
             raise RuntimeCudaError("this served model is closed")
-        if not self._slots:
+        if self._tickets <= 0:
             deadline = time.monotonic() + self.timeout_s
             self._room_waiters += 1
             try:
-                while not self._slots and not self.closed:
+                while self._tickets <= 0 and not self.closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise QueueFullError(
@@ -167,38 +161,21 @@ class Batcher:
                     raise RuntimeCudaError("this served model was closed while waiting for room in its queue")
             finally:
                 self._room_waiters -= 1
-        slot = self._slots.popleft()
-        if self._h is not None:
-            self._h.reset(slot)
-        return slot
+        self._tickets -= 1
 
     def put(self, r: Pending) -> None:
-        """Queue ``r`` (its caller is woken through its future). With a hand-off its query
-        is copied into its slot first."""
-        addrs = None
-        if self._h is not None:
-            addrs, r.leaves = self._h.prepare(r.leaves)
+        """Queue ``r`` (its caller is woken through its lock or future)."""
         with self._lock:
-            r.slot = self._ticket()
-        if addrs is not None:
-            self._h.copy(r.slot, addrs)
-        with self._lock:
-            if self.closed:
-                self._slots.append(r.slot)
-                raise RuntimeCudaError("this served model is closed")
+            self._ticket()
             self._q.append(r)
             if self._asleep:
                 self._cv.notify()
 
     def call(self, leaves: Sequence[Any]) -> Any:
         """Run one request and wait for its result (see the module docstring)."""
-        h = self._h
-        r = Pending(leaves, handoff=h is not None)
-        addrs = None
-        if h is not None:  # a query unlike the example fails here, before it is queued
-            addrs, r.leaves = h.prepare(leaves)
+        r = Pending(leaves)
         with self._lock:
-            r.slot = self._ticket()
+            self._ticket()
             if not self._q and not self._inflight and not self.max_delay_s and self._free:
                 w = self._free.popleft()
                 self._lent += 1
@@ -208,14 +185,8 @@ class Batcher:
                 if self._asleep:
                     self._cv.notify()
         if w >= 0:
-            if h is not None:
-                h.copy(r.slot, addrs)
             return self._run_lent(w, r)
-        if h is not None:  # the copy and the wait in one release of the GIL
-            got = h.copy_wait(r.slot, addrs, self.timeout_s)
-        else:
-            got = r.lock.acquire(timeout=self.timeout_s)
-        if not got:
+        if not r.lock.acquire(timeout=self.timeout_s):
             r.err = RequestTimeoutError(f"no result within timeout_s={self.timeout_s:g} s "
                                         f"({len(self._q)} requests queued): raise timeout_s or add groups")
         if r.err is not None:
@@ -231,7 +202,7 @@ class Batcher:
         finally:
             self.stats.add(w, 1)
             with self._lock:
-                self._slots.append(r.slot)
+                self._tickets += 1
                 self._free.appendleft(w)
                 self._lent -= 1
                 if self._room_waiters or self.closed:
@@ -304,14 +275,13 @@ class Batcher:
                     err = e
             if live:
                 self.stats.add(w, len(live))
-            # answer before the slots go back: a hand-off slot is posted, then reused
-            _complete(live, outs, err, self._post)
             with self._lock:
-                self._slots.extend(r.slot for r in batch)
+                self._tickets += len(batch)
                 self._free.append(w)
                 self._inflight = len(inflight)
                 if self._room_waiters:
                     self._room.notify(len(batch))
+            _complete(live, outs, err)
 
     def _start(self, w: int, batch: list[Pending]) -> tuple[int, list[Pending], list[Pending], BaseException | None]:
         """Start ``batch`` on group ``w``: ``(w, batch, the requests running, error)``. A
@@ -329,7 +299,7 @@ class Batcher:
                     kept = set(map(id, ran))
                     for r in live:
                         if id(r) not in kept:
-                            _complete([r], None, r.err, self._post)
+                            _complete([r], None, r.err)
                     live = ran
         return w, batch, live, err
 
@@ -342,11 +312,10 @@ class Batcher:
             self.closed = True
             left = list(self._q)
             self._q.clear()
+            self._tickets += len(left)
             self._cv.notify_all()
-        _complete(left, None, RuntimeCudaError("this served model was closed before the request ran"), self._post)
-        with self._lock:
-            self._slots.extend(r.slot for r in left)
             self._room.notify_all()
+        _complete(left, None, RuntimeCudaError("this served model was closed before the request ran"))
         deadline = time.monotonic() + join_s
         if self._thread is not threading.current_thread():
             self._thread.join(max(0.0, deadline - time.monotonic()))
@@ -355,19 +324,14 @@ class Batcher:
                 self._room.wait(deadline - time.monotonic())
 
 
-def _complete(batch: Sequence[Pending], outs: Sequence[Any] | None, err: BaseException | None,
-              post: Callable[[int], None] | None = None) -> None:
-    """Hand each request its result (or ``err``) and wake its caller (``post``: the
-    hand-off's, for callers sleeping in it)."""
+def _complete(batch: Sequence[Pending], outs: Sequence[Any] | None, err: BaseException | None) -> None:
+    """Hand each request its result (or ``err``) and wake its caller."""
     loops: dict[Any, list[tuple[Any, Any, Any]]] = {}
     for j, r in enumerate(batch):
         out = outs[j] if err is None else None
         if r.lock is not None:
             r.out, r.err = out, err
             r.lock.release()
-        elif r.future is None:
-            r.out, r.err = out, err
-            post(r.slot)  # type: ignore[misc]  # set whenever such a caller exists
         elif r.loop is not None:
             loops.setdefault(r.loop, []).append((r.future, out, err))
         elif r.future.done():  # cancelled while queued (close() fails the queue)

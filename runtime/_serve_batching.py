@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError, first_line
-from ._batched import BatchSetup, buckets_for, make_handoff
+from ._batched import BatchSetup, buckets_for
 from ._batcher import Batcher
 from ._batchspec import SpecRefused
 
@@ -60,11 +60,10 @@ def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tup
         warnings.warn(f"recsys-doctor serve: batching refused, serving unbatched: {reason}", RuntimeWarning, stacklevel=3)
         return None, [], reason
     buckets = buckets_for(opts.max_batch, opts.buckets)
-    handoff = make_handoff(setup.plan, opts.max_queue, pin=True)
     workers: list[Any] = []
     try:
         for g in sm.manager.groups:
-            workers.append(CudaWorker(sm, g, setup, buckets, handoff))
+            workers.append(CudaWorker(sm, g, setup, buckets))
     except BaseException:
         for w in workers:
             w.close()
@@ -72,7 +71,7 @@ def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tup
     # a bucket dropped for memory on any group caps every group's batches
     max_batch = min(max(w.buckets) for w in workers)
     b = Batcher(workers, max_batch=max_batch, max_queue=opts.max_queue, timeout_s=opts.timeout_s,
-                max_delay_s=opts.max_delay_ms / 1e3, name="recsys-doctor-batch", handoff=handoff)
+                max_delay_s=opts.max_delay_ms / 1e3, name="recsys-doctor-batch")
     return b, workers, None
 
 
@@ -85,7 +84,6 @@ def batching_stats(batcher: Batcher | None, workers: Sequence[Any], refused: str
             "buckets": list(w0.buckets), "max_queue": batcher.max_queue, "timeout_s": batcher.timeout_s,
             "max_delay_ms": batcher.max_delay_s * 1e3, "queued": batcher.queued,
             "batch_sizes": batcher.stats.sizes(),
-            "handoff": "compiled" if w0.handoff is not None else "python (the driver stages each batch)",
             "eager_buckets": {str(k): v for w in workers for k, v in w.eager.items()}}
 
 

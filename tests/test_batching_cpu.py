@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from recsys_doctor.runtime._batched import BatchSetup, CpuWorker, Handoff, bucket_table, buckets_for  # noqa: E402
+from recsys_doctor.runtime._batched import BatchSetup, CpuWorker, bucket_table, buckets_for  # noqa: E402
 from recsys_doctor.runtime._batcher import Batcher, QueueFullError, RequestTimeoutError  # noqa: E402
 from recsys_doctor.runtime._batchspec import BatchPlan, SpecRefused, infer_spec  # noqa: E402
 from recsys_doctor.runtime._policy import flatten, out_flatten, out_unflatten  # noqa: E402
@@ -49,31 +49,11 @@ def run(worker, reqs):
     return worker.finish(worker.start(reqs))
 
 
-@pytest.fixture(params=["compiled", "python"], autouse=True)
-def handoff_mode(request):
-    """Every batcher test runs with the compiled hand-off (skipped where it is not built)
-    and with the driver staging batches itself."""
-    if request.param == "compiled" and not HAVE_HANDOFF:
-        pytest.skip("the compiled hand-off (runtime/_handoff.c) is not built here")
-    MODE[0] = request.param
-    yield request.param
-
-
-MODE = ["python"]
-try:
-    from recsys_doctor.runtime import _handoff  # noqa: F401
-
-    HAVE_HANDOFF = True
-except ImportError:
-    HAVE_HANDOFF = False
-
-
 def batcher(setup, workers=1, max_batch=8, max_queue=64, wrap=None, **kw):
     """A batcher over ``workers`` real CPU workers (``wrap``: a gate or spy around each,
-    turning it into a plain ``run(requests)`` callable), with the hand-off of the mode."""
-    h = Handoff(setup.plan, max_queue, pin=False) if MODE[0] == "compiled" else None
-    ws = [CpuWorker(setup, max_batch, h) for _ in range(workers)]
-    return Batcher([wrap(w) if wrap else w for w in ws], max_batch=max_batch, max_queue=max_queue, handoff=h, **kw)
+    turning it into a plain ``run(requests)`` callable)."""
+    ws = [CpuWorker(setup, max_batch) for _ in range(workers)]
+    return Batcher([wrap(w) if wrap else w for w in ws], max_batch=max_batch, max_queue=max_queue, **kw)
 
 
 # ---------------------------------------------------------------------- spec inference
@@ -217,22 +197,16 @@ def test_backpressure_and_timeouts_name_the_setting(wdl):
     b.close()
 
 
-def test_a_request_that_does_not_fit_fails_alone(wdl, handoff_mode):
+def test_a_request_that_does_not_fit_fails_alone(wdl):
     """Three requests in one batch, the middle one with a tensor of another shape: it gets
     its own error, the two others their results."""
     s = BatchSetup(wdl, query(0), "cpu")
     b = batcher(s, max_batch=3, max_delay_s=2.0)
     bad = tensors(query(2))
     bad[0] = torch.randn(B + 1, 13)
-    first = b.submit(tensors(query(1)))
-    if handoff_mode == "compiled":  # checked before it is queued: the caller gets the error at once
-        with pytest.raises(ValueError, match="tensor 0 of a batched query is not like the example's"):
-            b.submit(bad)
-        futs = [first, None, b.submit(tensors(query(3)))]
-    else:  # found when the driver stages the batch
-        futs = [first, b.submit(bad), b.submit(tensors(query(3)))]
-        with pytest.raises(RuntimeError):
-            futs[1].result(10)
+    futs = [b.submit(tensors(query(1))), b.submit(bad), b.submit(tensors(query(3)))]
+    with pytest.raises(RuntimeError):
+        futs[1].result(10)
     with torch.no_grad():
         assert torch.allclose(futs[0].result(10), wdl(*query(1)), atol=1e-6)
         assert torch.allclose(futs[2].result(10), wdl(*query(3)), atol=1e-6)
@@ -242,7 +216,8 @@ def test_a_request_that_does_not_fit_fails_alone(wdl, handoff_mode):
 
 def test_other_dtypes_and_layouts_are_converted_like_the_example(wdl):
     """float64 dense rows, int32 ids and a non-contiguous tensor: converted to the
-    example's dtypes (both modes), the result is the eager model's on the converted query."""
+    example's dtypes by the staging copy, the result is the eager model's on the converted
+    query."""
     s = BatchSetup(wdl, query(0), "cpu")
     b = batcher(s, max_batch=4)
     d, ids, offs = query(7)

@@ -15,8 +15,6 @@ Configs:
   runtime_batched_async   serve(batching=True): Q coroutines on one loop, await served.infer
   runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4
   runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
-  runtime_batched_call_py runtime_batched_call without the compiled hand-off (the driver stages
-                          each batch: RECSYS_DOCTOR_HANDOFF=python)
   runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
 
 Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the window),
@@ -44,8 +42,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 CONFIGS = ["eager", "handroll_prepacked", "runtime_call", "runtime_request", "runtime_batched_call",
-           "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si",
-           "runtime_batched_call_py"]
+           "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si"]
 QS = [1, 4, 8, 16, 32, 64, 128]
 
 
@@ -90,8 +87,7 @@ def _make(config: str, model, queries, served):
         return _make_anchor("eager_1stream", model, queries)[0]
     if config == "handroll_prepacked":
         return [_graph_client(model, a, "graph_prepacked") for a in queries]
-    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si",
-                  "runtime_batched_call_py"):
+    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si"):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
@@ -112,8 +108,6 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         ref = [model(a[0].cuda(), [t.cuda() for t in a[1]], a[2].cuda()).cpu() for a in queries]
     torch.cuda.synchronize()
     served = None
-    if config.endswith("_py"):
-        os.environ["RECSYS_DOCTOR_HANDOFF"] = "python"
     if config.startswith("runtime"):
         from recsys_doctor.runtime import serve
 
