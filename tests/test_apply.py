@@ -266,8 +266,11 @@ def test_estimate_rejects_no_clients():
 
 def test_candidates_cover_the_grid():
     c = candidates("serve")
-    assert len(c) == 4 * 2 * 2 * 2 == len(set(c))
+    assert len(c) == 4 * 2 * 2 * 2 + 4 == len(set(c))
     assert {x.groups for x in c} == {1, 2, 4, 8}
+    # batching at each group count, merged, own pools, graphs
+    assert sorted(x.groups for x in c if x.batching) == [1, 2, 4, 8]
+    assert all(x.merge_streams and x.per_stream_allocator and x.cuda_graphs for x in c if x.batching)
     assert len(candidates("train")) == 8 and len(candidates("script")) == 8
     # scripts: every group count, graphed or not (any number of client threads per group)
     assert sorted((c.groups, c.cuda_graphs) for c in candidates("script")) == [
@@ -289,19 +292,44 @@ def test_rank_prefers_graphs_when_host_bound_and_breaks_ties_with_the_plan():
     g1 = next(p for p in r if p.candidate == Candidate(1))
     assert g1.bound == "gpu" and g1.qps == pytest.approx(1e9 / 88)
     worst_graph = min(p.score for p in r if p.candidate.cuda_graphs and p.candidate.merge_streams
-                      and p.candidate.groups > 1)
+                      and p.candidate.groups > 1 and not p.candidate.batching)
     assert all(p.score < worst_graph for p in r if not p.candidate.cuda_graphs)
     picked = select_to_measure(r, 3, Candidate(4, True, True, True))
     keys = [(p.candidate.groups, p.candidate.merge_streams, p.candidate.cuda_graphs) for p in picked[:3]]
     assert len(set(keys)) == 3  # allocator twins are not among the top k twice
     # ... but the best one is measured with both allocators: g4 own pools, then g4 shared pool
-    assert len(picked) == 4 and picked[0].candidate == Candidate(4, True, True, True)
+    assert len(picked) == 5 and picked[0].candidate == Candidate(4, True, True, True)
     assert picked[3].candidate == Candidate(4, True, False, True)
-    assert len(select_to_measure(r, 3, Candidate(4, True, True, True), allocator_twin=False)) == 3
-    # the advisor's plan is added when it is not among the top k
+    # ... and the best batching candidate, which the estimate ranks low here, is measured too
+    best_batched = next(p for p in r if p.candidate.batching)
+    assert picked[4] is best_batched
+    assert len(select_to_measure(r, 3, Candidate(4, True, True, True), allocator_twin=False)) == 4
+    # the advisor's plan is added when it is not among the top k (then the best batching one)
     eager_plan = Candidate(1, True, True, False)
     picked = select_to_measure(r, 2, eager_plan)
-    assert len(picked) == 4 and picked[-1].candidate == eager_plan
+    assert len(picked) == 5 and picked[-2].candidate == eager_plan and picked[-1].candidate.batching
+
+
+def test_estimate_batching_by_hand():
+    """A batching candidate: mean batch k = 0.5 x 8 clients = 4, one batch's GPU time =
+    one graphed query's x (1 + 3 x 0.1), 2 groups busy (8 clients / 4), overlap 2 / (1 + 1/3)."""
+    st = trace_stats(_trace())
+    costs = WhatIfCosts(graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101, batch_host_ns=1_000,
+                        batch_marginal_share=0.1, batch_fill=0.5, serial_share=1 / 3)
+    one = st.kernel_ns_per_unit + st.kernels_per_unit * 5 + min(2, st.copies_per_unit) * 4 + st.bytes_per_unit / 101
+    batch = one * 1.3
+    x = min(1e9 / 1_000, 1e9 * 1.5 * 4 / batch, 1e9 * 8 / (1_000 + batch))
+    p = estimate(st, Candidate(4, batching=True, max_batch=16), clients=8, costs=costs)
+    assert p.qps == pytest.approx(x) and p.overlap == pytest.approx(1.5)
+    assert p.gpu_ns == pytest.approx(batch / 4) and p.p50_ms == pytest.approx(8 / x * 1e3)
+    assert "mean batch 4 of 8 clients" in p.notes[0]
+    # max_batch caps the batch: 64 clients, max 16
+    p64 = estimate(st, Candidate(8, batching=True, max_batch=16), clients=64, costs=costs)
+    assert "mean batch 16 of 64" in p64.notes[0]
+    # the label and the plan carry it
+    c = Candidate(4, batching=True, max_batch=16)
+    assert c.label == "g4 merged own-pool graphs batched<=16"
+    assert Candidate.from_plan(c.to_plan()) == c and c.to_runtime()["batching"] is True
 
 
 # ------------------------------------------------------------------------------ plan.json

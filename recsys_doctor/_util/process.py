@@ -4,7 +4,7 @@
 numpy's OpenBLAS starts one server thread per CPU when numpy is imported, and they spin
 for a while before they sleep. These commands call no BLAS routine, and on a 2-CPU
 machine those threads take CPU time from the loader's and the analysis's own work: 0.2 to
-0.4 s of a 10-million-row export's 5-6 s (``bench/scale_trace.py``). The library's own
+0.4 s of a 10-million-row export's 5-6 s (``bench/scale/scale_trace.py``). The library's own
 functions leave the setting alone.
 """
 

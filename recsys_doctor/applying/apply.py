@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
-from .report import (ApplyResult, CandidateResult, measured_tables, _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
+from .report import (ApplyResult, CandidateResult, keep_within, measured_tables, _meas_numbers, _pred_numbers,
+                     _summary_point, before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
 from ..capture.nvml import NvmlSampler
@@ -116,20 +117,24 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
                    nvml: bool = True, options: Any = None, history: bool = True,
                    db_path: str | os.PathLike[str] | None = None, device_index: int = 0,
                    progress: Callable[[str], None] | None = None,
-                   costs: WhatIfCosts = WhatIfCosts()) -> tuple[ApplyResult, Any, Any]:
+                   costs: WhatIfCosts = WhatIfCosts(), p99_ms: float | None = None) -> tuple[ApplyResult, Any, Any]:
     """``profile --apply`` for a workload module or a plain script: returns
     ``(ApplyResult, before ProfileResult, after ProfileResult or None)``. See the module
-    docstring for the steps; every measured candidate runs in its own child process."""
+    docstring for the steps; every measured candidate runs in its own child process.
+    ``p99_ms``: a latency budget (serving): the kept plan is the one with the most
+    queries/s among those measured with p99 within it."""
     t0 = time.perf_counter()
     if top_k < 1:
         raise BadInputError(f"--top-k must be >= 1, got {top_k}")
+    if p99_ms is not None and not (p99_ms > 0 and math.isfinite(p99_ms)):
+        raise BadInputError(f"--p99-ms must be a positive number of milliseconds, got {p99_ms}")
     target = Path(target)
     out = Path(out_dir) if out_dir is not None else default_out_dir()
     if not is_workload_module(target):
         check_workload_options(target, False, threads, duration_s, steps)
         return apply_script(target, args, backend=backend, out_dir=out, top_k=top_k, nvml=nvml, options=options,
                             history=history, db_path=db_path, device_index=device_index, progress=progress,
-                            costs=costs)
+                            costs=costs, p99_ms=p99_ms)
     run = _Setup(target, list(args), out, backend, nvml, options, device_index, progress or (lambda s: None),
                  {"threads": threads, "duration_s": duration_s, "steps": steps})
     run.say("profiling the baseline")
@@ -143,12 +148,14 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     ranked = rank(stats, candidates("serve" if kind == "serve" else "train"), clients=clients, prefer=prefer,
                   costs=costs)
     results = _measure_workload_candidates(run, ranked, select_to_measure(ranked, top_k, prefer), clients)
-    best = _keep_best(results, kind)
+    notes: list[str] = []
+    best = _keep_best(results, kind, None if kind == "train" else p99_ms, notes)
     chosen = best.prediction.candidate
     plan_path = write_plan(out / "plan.json", advised, chosen, clients=clients,
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
                            baseline=_meas_numbers(m.to_dict() if m else None))
-    notes: list[str] = []
+    if kind == "train" and p99_ms is not None:
+        notes.append("--p99-ms does not apply to a training loop (its steps have no latency budget): ignored")
     after = _profile_after(run, chosen, notes, baseline=False, treatment=runtime_treatment(runtime_plan(chosen, clients)))
     before_pt = _summary_point(m.to_dict() if m else None, (before.capture.get("baseline") or {}).get("nvml")
                                or before.capture.get("nvml"), before.advise)
@@ -156,7 +163,8 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     if kind == "train":
         _compare_losses(before_pt, after_pt, notes)
     res = ApplyResult(kind=kind, target=str(target), chosen=chosen, before=before_pt, after=after_pt,
-                      candidates=results, stats=stats.to_dict(), notes=notes)
+                      candidates=results, stats=stats.to_dict(), notes=notes,
+                      p99_budget_ms=None if kind == "train" else p99_ms)
     _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
 
@@ -195,7 +203,8 @@ def _measure_candidate_child(run: _Setup, runtime: dict[str, Any],
     return meas, nv, info
 
 
-def _keep_best(results: list[CandidateResult], kind: str) -> CandidateResult:
+def _keep_best(results: list[CandidateResult], kind: str, p99_ms: float | None = None,
+               notes: list[str] | None = None) -> CandidateResult:
     """The best measured candidate: most queries/s (serving, scripts), least step time
     (training). A script's candidate counts as measured only when it printed its q/s."""
     if kind == "script":
@@ -207,6 +216,9 @@ def _keep_best(results: list[CandidateResult], kind: str) -> CandidateResult:
             f"{r.prediction.candidate.label}: {r.error}" for r in results if r.error))
     if kind == "train":
         return min(measured, key=lambda r: (r.measured or {}).get("step_ms") or math.inf)
+    measured, note = keep_within(measured, p99_ms)
+    if note and notes is not None:
+        notes.append(note)
     return max(measured, key=lambda r: (r.measured or {}).get("qps") or 0.0)
 
 
@@ -264,7 +276,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                  options: Any = None, history: bool = True, db_path: str | os.PathLike[str] | None = None,
                  device_index: int = 0, progress: Callable[[str], None] | None = None,
                  costs: WhatIfCosts = WhatIfCosts(), python: str | None = None,
-                 script_timeout_s: float = 90.0) -> tuple[ApplyResult, Any, Any]:
+                 script_timeout_s: float = 90.0, p99_ms: float | None = None) -> tuple[ApplyResult, Any, Any]:
     """``profile --apply`` for a plain script: profile it, rank script candidates (groups x
     graphs), run the script unmodified with the best ``top_k`` plans (and the advisor's),
     each measured by the script's own printed line; keep the best; profile it once more."""
@@ -287,17 +299,18 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
         prefer = None
     results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,
                                          script_timeout_s)
-    best = _keep_best(results, "script")
+    notes: list[str] = []
+    best = _keep_best(results, "script", p99_ms, notes)
     chosen = best.prediction.candidate
     plan_path = write_plan(run.out / "plan.json", advised, chosen, predicted=_pred_numbers(best.prediction),
                            measured=_meas_numbers(best.measured), baseline=_meas_numbers(base))
     units = base.get("queries") or base.get("calls") or base.get("steps")
-    notes: list[str] = [f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}"]
+    notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}")
     after = _profile_after(run, chosen, notes, treatment=script_treatment(plan_path))
     before_pt = _summary_point(base, before.capture.get("nvml"), before.advise)
     after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
-                      candidates=results, stats=stats.to_dict(), notes=notes)
+                      candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
 

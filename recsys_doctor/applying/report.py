@@ -3,12 +3,13 @@ table, the summary points compared, and the HTML block added to ``compare.html``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..planning.whatif import Candidate, Prediction
 
-__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables"]
+__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within"]
 
 
 @dataclass
@@ -41,6 +42,8 @@ class ApplyResult:
     files: dict[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: ``--p99-ms``: the latency budget the kept plan had to meet (None: none)
+    p99_budget_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target,
@@ -48,7 +51,8 @@ class ApplyResult:
                 "before": self.before, "after": self.after,
                 "table": before_after_rows(self.before, self.after),
                 "candidates": [c.to_dict() for c in self.candidates], "what_if_stats": self.stats,
-                "files": self.files, "wall_s": round(self.wall_s, 3), "notes": self.notes}
+                "files": self.files, "wall_s": round(self.wall_s, 3), "notes": self.notes,
+                "p99_budget_ms": self.p99_budget_ms}
 
 
 def _pred_numbers(p: Prediction) -> dict[str, Any]:
@@ -122,4 +126,19 @@ def measured_tables(res: ApplyResult) -> dict[str, Any]:
         cands.append({"plan": c.prediction.candidate.label, "predicted": p.get(key), "measured": m.get(key),
                       "p99_ms": m.get("p99_ms"), "error": c.error})
     return {"chosen": res.chosen.label if res.chosen else None,
-            "rows": before_after_rows(res.before, res.after), "candidates": cands}
+            "rows": before_after_rows(res.before, res.after), "candidates": cands,
+            "p99_budget_ms": res.p99_budget_ms, "kind": res.kind}
+
+
+def keep_within(results: Sequence[CandidateResult], p99_budget_ms: float | None) -> tuple[list[CandidateResult], str | None]:
+    """``(candidates to choose from, note)``: with a budget, the measured ones whose p99 is
+    within it (as Triton's Model Analyzer does: the most throughput under the latency
+    budget); when none is, all of them, with a note saying so."""
+    if p99_budget_ms is None:
+        return list(results), None
+    ok = [r for r in results if r.measured and (r.measured.get("p99_ms") or math.inf) <= p99_budget_ms]
+    if ok:
+        return ok, f"kept the most queries/s among the {len(ok)} measured plans with p99 <= {p99_budget_ms:g} ms"
+    best = min((r.measured.get("p99_ms") or math.inf for r in results if r.measured), default=math.inf)
+    return list(results), (f"no measured plan met p99 <= {p99_budget_ms:g} ms (lowest: {best:.2f} ms): "
+                           "kept the most queries/s regardless")

@@ -46,6 +46,9 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
                    "stream-group runtime, keep the best measured; write plan.json, apply.json, compare.html.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True, metavar="K",
               help="--apply: how many candidate plans to measure (the advisor's own plan is always measured).")
+@click.option("--p99-ms", "p99_ms", type=click.FloatRange(min=0, min_open=True), metavar="MS",
+              help="--apply (serving): a latency budget: keep the plan with the most queries/s among those "
+                   "measured with p99 <= MS (plans with dynamic batching are among the candidates).")
 @click.option("--history/--no-history", default=True, show_default=True,
               help="--apply: record the after-run in the history database (an error without --apply).")
 @click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -53,7 +56,7 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
 def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
                 threads: int | None, duration: float | None, steps: int | None, baseline: bool,
                 no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], host_sample: bool, do_apply: bool,
-                top_k: int, history: bool, db_path: Path | None) -> None:
+                top_k: int, p99_ms: float | None, history: bool, db_path: Path | None) -> None:
     """Run MODEL (a Python file) on the GPU under a profiler and diagnose the trace.
 
     MODEL is a plain script (run as `python MODEL ARGS`, profiled as it is) or a
@@ -64,6 +67,7 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
 
     \b
         recsys-doctor profile examples/wdl_workload.py --threads 8
+        recsys-doctor profile examples/wdl_workload.py --threads 64 --apply --p99-ms 8
         recsys-doctor profile train.py -- --epochs 1
 
     Prints the same report as `advise`, plus the backend used, NVML utilization and the
@@ -88,10 +92,10 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
                                     "window and always measures the baseline without a profiler)")
         _run_apply(model, args, backend=backend, out_dir=out_dir, threads=threads, duration=duration, steps=steps,
                    nvml=not no_nvml, options=options, top_k=top_k, history=history, db_path=db_path,
-                   as_json=as_json)
+                   as_json=as_json, p99_ms=p99_ms)
         return
-    if given & {"top_k", "db_path", "history"}:
-        raise BadInputError("--top-k, --history/--no-history and --db go with --apply")
+    if given & {"top_k", "db_path", "history", "p99_ms"}:
+        raise BadInputError("--top-k, --p99-ms, --history/--no-history and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
                   steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options,
                   host_sample=host_sample)
@@ -150,7 +154,7 @@ def _given(ctx: click.Context) -> set[str]:
 
 def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,
                duration: float | None, steps: int | None, nvml: bool, options: Options, top_k: int,
-               history: bool, db_path: Path | None, as_json: bool) -> None:
+               history: bool, db_path: Path | None, as_json: bool, p99_ms: float | None = None) -> None:
     from ..applying.apply import apply_workload
 
     def say(msg: str) -> None:
@@ -159,7 +163,7 @@ def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Pat
 
     res, before, after = apply_workload(model, args, backend=backend, out_dir=out_dir, threads=threads,
                                         duration_s=duration, steps=steps, top_k=top_k, nvml=nvml, options=options,
-                                        history=history, db_path=db_path, progress=say)
+                                        history=history, db_path=db_path, progress=say, p99_ms=p99_ms)
     d = res.to_dict()
     _report(d, as_json, before, d)
 
@@ -170,15 +174,24 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
 
     train = d["kind"] == "train"
     key, unit = ("step_ms", "step ms") if train else ("qps", "queries/s")
-    t = Table(title="Plan search: predicted vs measured", title_justify="left")
-    for c in ("plan", f"predicted {unit}", f"measured {unit}", "predicted p99 ms", "measured p99 ms", "bound", "note"):
+    budget = d.get("p99_budget_ms")
+    title = "Plan search: predicted vs measured" + (f" (p99 budget {budget:g} ms)" if budget else "")
+    t = Table(title=title, title_justify="left")
+    cols = ["plan", f"predicted {unit}", f"measured {unit}", "predicted p99 ms", "measured p99 ms", "bound", "note"]
+    if budget:
+        cols.insert(5, "p99 <= budget")
+    for c in cols:
         t.add_column(c)
     for c in d["candidates"]:
         if c["measured"] is None and c["error"] is None:
             continue
         p, m = c["predicted"], c["measured"] or {}
-        t.add_row(c["label"], fixed(p.get(key), "", 1), fixed(m.get(key), "", 1), fixed(p.get("p99_ms"), "", 3),
-                  fixed(m.get("p99_ms"), "", 3), str(p.get("bound")), c["error"] or "; ".join(p.get("notes") or []))
+        row = [c["label"], fixed(p.get(key), "", 1), fixed(m.get(key), "", 1), fixed(p.get("p99_ms"), "", 3),
+               fixed(m.get("p99_ms"), "", 3), str(p.get("bound")), c["error"] or "; ".join(p.get("notes") or [])]
+        if budget:
+            mp = m.get("p99_ms")
+            row.insert(5, "-" if mp is None else ("yes" if mp <= budget else "no"))
+        t.add_row(*row)
     console.print(t)
     b = Table(title=f"Before / after (chosen: {(d.get('chosen') or {}).get('label', '-')})", title_justify="left")
     for c in ("metric", "before", "after", "after / before"):

@@ -22,14 +22,15 @@ GROUP_COUNTS = (1, 2, 4, 8)
 
 
 def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS) -> list[Candidate]:
-    """Every plan the search considers. Serving: groups x merge x allocator x graphs (32).
+    """Every plan the search considers. Serving: groups x merge x allocator x graphs (32),
+    plus dynamic batching (merged, own pools, graphs) at each group count.
     Training: branch streams x graphs (copies are not per-step, pools are the step's own).
     A plain script: groups x graphs (its copies are its own, on the group's stream), with
     any number of client threads per group (the hook captures with any, see
     ``docs/profile.md``)."""
     if kind == "serve":
-        return [Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
-                for gr in (True, False)]
+        return ([Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
+                 for gr in (True, False)] + [Candidate(g, batching=True) for g in group_counts])
     if kind in ("script", "train"):
         return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
     raise BadInputError(f"unknown candidate kind {kind!r}")
@@ -54,12 +55,14 @@ def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidat
     same, so only the first of them is taken), then, with ``allocator_twin``, the best
     one's twin with the other allocator setting (own pools per group vs one shared pool
     are measured, not guessed), plus ``prefer`` (the advisor's plan) when it is not among
-    them."""
+    them; and the best batching candidate when none is among them (batching against
+    unbatched is measured, not guessed: the estimate prices the GIL convoy of many
+    unbatched clients only in part, see :mod:`recsys_doctor.planning._batching`)."""
     out: list[Prediction] = []
-    seen: set[tuple[int, bool, bool]] = set()
+    seen: set[tuple[int, bool, bool, bool]] = set()
     for p in ranked:
         c = p.candidate
-        k = (c.groups, c.merge_streams, c.cuda_graphs)
+        k = (c.groups, c.merge_streams, c.cuda_graphs, c.batching)
         if k in seen:
             continue
         if len(out) < top_k:
@@ -71,4 +74,6 @@ def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidat
         out.extend(p for p in ranked if p.candidate == twin and all(q.candidate != twin for q in out))
     if prefer is not None and all(p.candidate != prefer for p in out):
         out.extend(p for p in ranked if p.candidate == prefer)
+    if not any(p.candidate.batching for p in out):
+        out.extend([p for p in ranked if p.candidate.batching][:1])
     return out

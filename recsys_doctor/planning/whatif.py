@@ -16,7 +16,7 @@ can be checked by hand and held to account next to the measured numbers:
      API, as measured), so ``H = ops_per_unit * h``; separate copy streams add
      ``unmerged_extra_ops`` event records/waits. With CUDA graphs the whole unit is one
      query through the runtime's hot path, whose host cost does not depend on the model:
-     ``H = graph_host_ns`` (measured on the H100 by ``bench/serve_anchors.py``; the eager
+     ``H = graph_host_ns`` (measured on the H100 by ``bench/serving/serve_anchors.py``; the eager
      per-operation cost ``h`` says nothing about it, which is why an older form of this
      model, ``graph_host_ops * h``, predicted the same host-bound number for every group
      count). A plain script under the start-up hook keeps its own ``.to()`` calls, which the
@@ -78,7 +78,7 @@ class WhatIfCosts:
     #: inputs, one ``_foreach_copy_`` into pinned staging, slot pool, graph launch and event
     #: record through ctypes, the wait, the output clone): the Python interpreter lock is held
     #: for this long per query, whatever the model. Measured on the H100 as the inverse of
-    #: the host-bound ``serve`` throughput (``bench/results/serve_anchors_h100.json``).
+    #: the host-bound ``serve`` throughput (``bench/serving/results/serve_anchors_h100.json``).
     #: None: use ``graph_host_ops`` eager-sized operations instead (the older model).
     graph_host_ns: float | None = 60_000.0
     #: with ``graph_host_ns=None``: host operations of one graphed query, each costing the
@@ -86,14 +86,14 @@ class WhatIfCosts:
     graph_host_ops: float = 7.0
     #: most units the GPU overlaps usefully at once, eager and training (tiny memory-bound
     #: kernels share the memory system); measured on the H100 with the hand-written
-    #: graph-per-thread server of ``bench/serve_anchors.py`` (8,308 q/s with 8 clients
-    #: against 3,579 with one: 2.3x, ``bench/results/serve_anchors_h100.json``). None: no cap.
+    #: graph-per-thread server of ``bench/serving/serve_anchors.py`` (8,308 q/s with 8 clients
+    #: against 3,579 with one: 2.3x, ``bench/serving/results/serve_anchors_h100.json``). None: no cap.
     max_overlap: float | None = 2.3
     #: graphed serving: the share of a query's GPU time that concurrent groups' graphs
     #: cannot overlap; ``n`` groups overlap ``n / (1 + s (n - 1))``. Fit on the H100 to the
     #: runtime's wide&deep throughput at 2, 4 and 8 groups with 8 clients (5.8k, 7.7-8.4k,
     #: 9.5k q/s against 1 / D = 3.7k: overlaps 1.6, 2.1-2.3, 2.6;
-    #: ``bench/results/apply_i8_h100/``, ``serve_anchors_fastkey_h100/``). None: the
+    #: ``bench/apply/results/apply_i8_h100/``, ``bench/serving/results/serve_anchors_fastkey_h100/``). None: the
     #: eager rule (SM share and ``max_overlap``) for graphs too.
     serial_share: float | None = 1 / 3
     #: extra host operations per unit when copies run on their own streams (2 event records
@@ -110,7 +110,7 @@ class WhatIfCosts:
     #: and GPU time of one memcpy node of the thread's graph (small pinned host-to-device
     #: copies, one after another). Fit on the H100 to the plain script's measured g4 and g1
     #: throughput (4,164 and 2,431 q/s with 8 clients, 30.1 copies a query;
-    #: ``bench/results/thread_graphs_h100/first_run/``): 4,164 q/s is host-bound, so 60 us
+    #: ``bench/apply/results/thread_graphs_h100/first_run/``): 4,164 q/s is host-bound, so 60 us
     #: + 30.1 copies x 6 us = 241 us a query; g1 is GPU-bound, so 411 us = 240 us of kernels
     #: + 88 x 0.2 us + 30.1 x 5 us. None: the older rule, each copy at the trace's eager host
     #: time per operation and the copies packed into one transfer each way.
@@ -128,6 +128,16 @@ class WhatIfCosts:
     #: the GPU time with graphs cannot go below this share of the eager GPU time (keeps the
     #: estimate from promising more than the kernels themselves take).
     min_gpu_share: float = 0.0
+    #: dynamic batching (:mod:`recsys_doctor.planning._batching`), all measured on the H100
+    #: with the wide&deep model of ``bench/serving/serving_sweep.py``: host time per query on
+    #: the batched path (1e9 / 9,488 q/s at 64 clients, host-bound, in
+    #: ``bench/results/serving_sweep_h100.json``); the GPU time one more query adds to a
+    #: batch, as a share of one query alone (bucket GPU times 240 us for 1 query, 766 us for
+    #: 32: (766 - 240) / 31 / 240, ``bench/results/serving_sweep_h100_info.json``); the mean
+    #: batch as a share of the clients (14.4 of 32 and 25.6 of 64 in the driver's trace).
+    batch_host_ns: float = 105_000.0
+    batch_marginal_share: float = 0.071
+    batch_fill: float = 0.4
 
 
 @dataclass
@@ -179,21 +189,27 @@ class Candidate:
     merge_streams: bool = True
     per_stream_allocator: bool = True
     cuda_graphs: bool = True
+    #: dynamic batching of concurrent queries (serving), up to ``max_batch`` a batch
+    batching: bool = False
+    max_batch: int = 32
 
     @property
     def label(self) -> str:
         return (f"g{self.groups} {'merged' if self.merge_streams else 'split'} "
                 f"{'own-pool' if self.per_stream_allocator else 'shared-pool'} "
-                f"{'graphs' if self.cuda_graphs else 'eager'}")
+                f"{'graphs' if self.cuda_graphs else 'eager'}"
+                + (f" batched<={self.max_batch}" if self.batching else ""))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Candidate":
         """The knobs of ``plan`` the estimate prices (the rest of a plan does not change it)."""
-        return cls(plan.groups, plan.merge_streams, plan.per_stream_allocator, plan.cuda_graphs)
+        return cls(plan.groups, plan.merge_streams, plan.per_stream_allocator, plan.cuda_graphs,
+                   plan.batching, plan.max_batch)
 
     def to_plan(self) -> Plan:
         return Plan(groups=self.groups, merge_streams=self.merge_streams,
-                    per_stream_allocator=self.per_stream_allocator, cuda_graphs=self.cuda_graphs)
+                    per_stream_allocator=self.per_stream_allocator, cuda_graphs=self.cuda_graphs,
+                    batching=self.batching, max_batch=self.max_batch)
 
     def to_runtime(self) -> dict[str, Any]:
         """The flat dict :meth:`RuntimeConfig.from_plan` reads (:meth:`Plan.to_runtime`)."""
@@ -351,6 +367,10 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
     q = int(clients if clients is not None else stats.threads)
     if q < 1:
         raise BadInputError(f"clients must be >= 1, got {q}")
+    if cand.batching and stats.kind == "serve" and not script:
+        from ._batching import estimate_batched
+
+        return estimate_batched(stats, cand, q, costs)
     h = stats.host_ns_per_op
     notes: list[str] = []
     packed_copy_ns = 0.0

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import CLOCK_LABEL
 from .breakdown import plot_idle_breakdown, plot_kernel_durations, plot_threads_per_stream
-from .runs import plot_before_after, plot_history_trend
+from .runs import pareto_front, plot_before_after, plot_history_trend, plot_plan_front
 from .timeline import plot_copy_traffic, plot_utilization_timeline
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +38,8 @@ __all__ = [
     "plot_copy_traffic",
     "plot_before_after",
     "plot_history_trend",
+    "plot_plan_front",
+    "pareto_front",
     "report_plots",
     "PlotSpec",
     "CLOCK_LABEL",

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ...diagnose.advise import AdviseResult
 
-__all__ = ['plot_before_after', 'plot_history_trend']
+__all__ = ['plot_before_after', 'plot_history_trend', 'plot_plan_front', 'pareto_front']
 
 
 # --- before / after -------------------------------------------------------------------------
@@ -84,6 +84,59 @@ def plot_before_after(before: "AdviseResult", after: "AdviseResult", before_labe
     out = _render(_draw_before_after, before, after, before_label, after_label)
     assert out is not None
     return out
+
+
+# --- plan search: throughput against p99 ------------------------------------------------
+
+def pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
+    """The labels of the throughput/latency Pareto front of ``(label, qps, p99_ms)``: the
+    points that no other beats on both counts (more q/s at no more p99), by rising p99."""
+    front: list[tuple[str, float, float]] = []
+    for lab, q, p in sorted(points, key=lambda t: (t[2], -t[1])):
+        if not front or q > front[-1][1]:
+            front.append((lab, q, p))
+    return [lab for lab, _, _ in front]
+
+
+def _draw_plan_front(cands: Sequence[Mapping[str, Any]], budget_ms: float | None, chosen: str | None) -> "Figure | None":
+    pts = [(str(c["plan"]), float(c["measured"]), float(c["p99_ms"])) for c in cands
+           if c.get("measured") is not None and c.get("p99_ms") is not None]
+    if len(pts) < 2:
+        return None
+    front = pareto_front(pts)
+    fig = _fig(7.5, 4.2)
+    ax = fig.add_subplot()
+    on = [t for t in pts if t[0] in front]
+    off = [t for t in pts if t[0] not in front]
+    if off:
+        ax.scatter([t[2] for t in off], [t[1] for t in off], color=GREY, label="measured plan", zorder=2)
+    ax.plot([t[2] for t in on], [t[1] for t in on], "o-", color=BUSY, label="Pareto front", zorder=3)
+    for lab, q, p in pts:
+        ax.annotate(_short(lab, 34), (p, q), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if budget_ms:
+        ax.axvline(budget_ms, color=H2D, linestyle="--", label=f"p99 budget {budget_ms:g} ms")
+    for lab, q, p in pts:
+        if lab == chosen:
+            ax.scatter([p], [q], s=220, facecolors="none", edgecolors="black", linewidths=1.5, label="kept", zorder=4)
+    from matplotlib.ticker import FormatStrFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.set_xlabel("measured p99 latency (ms, log)")
+    ax.set_ylabel("measured queries/s")
+    ax.set_title("Plan search: throughput against tail latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+def plot_plan_front(cands: Sequence[Mapping[str, Any]], budget_ms: float | None = None,
+                    chosen: str | None = None) -> bytes | None:
+    """Each measured candidate plan as a point (p99 ms, queries/s), the Pareto front joined,
+    the p99 budget as a vertical line, the kept plan circled. None with fewer than two
+    measured plans."""
+    return _render(_draw_plan_front, cands, budget_ms, chosen)
 
 
 # --- history trend --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from ._common import _state, _tls
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
 # by PyTorch, each copy is a device allocation, a cudaMemcpyAsync and an event for the
 # pinned block: with 8 client threads those calls alone cap the script below 10x its
-# eager throughput (bench/results/script_floor_h100). So once a thread has made the same
+# eager throughput (bench/apply/results/script_floor_h100). So once a thread has made the same
 # copies from the same pinned tensors into the same model call, the hook captures a CUDA
 # graph of that thread's own (its "thread graph": the copies, as memcpy nodes from those
 # pinned tensors into device buffers of the thread, then the model) and takes the copies
