@@ -38,26 +38,30 @@ def _driver() -> Any:
 
 
 class HostBuffer:
-    """Pinned (page-locked) host memory from ``cuMemHostAlloc``, owned; ``close()`` frees."""
+    """Pinned (page-locked) host memory from cuda.core's ``LegacyPinnedMemoryResource``
+    (``cuMemAllocHost``), owned: ``close()`` frees it; one never closed is freed by its
+    ``cuda.core.Buffer`` (no driver call from a ``__del__`` of ours at interpreter exit)."""
+
+    _mr: Any = None
 
     def __init__(self, nbytes: int) -> None:
-        d = _driver()
+        import cuda.core as cc
+
+        if HostBuffer._mr is None:
+            HostBuffer._mr = cc.LegacyPinnedMemoryResource()
         self.nbytes = int(nbytes)
-        self.ptr = int(call(d.cuMemHostAlloc, self.nbytes, 0))
+        with translating(f"cuMemAllocHost({self.nbytes} bytes)"):
+            self._buf: Any = HostBuffer._mr.allocate(self.nbytes)
+        self.ptr = int(self._buf.handle)
         # a writable Python buffer over the memory, for zero-copy CPU views
-        self.ctypes_view = (ctypes.c_char * self.nbytes).from_address(self.ptr)
+        self.ctypes_view: Any = (ctypes.c_char * self.nbytes).from_address(self.ptr)
 
     def close(self) -> None:
-        if self.ptr:
+        if self._buf is not None:
             self.ctypes_view = None
-            call(_driver().cuMemFreeHost, self.ptr)
-            self.ptr = 0
-
-    def __del__(self) -> None:  # best effort; close() is the contract
-        try:
-            self.close()
-        except Exception:
-            pass
+            buf, self._buf, self.ptr = self._buf, None, 0
+            with translating("cuMemFreeHost"):
+                buf.close()
 
 
 class DeviceBuffer:
