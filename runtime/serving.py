@@ -77,11 +77,9 @@ class ServedModel(BatchedCalls):
         for g in self.manager.groups:
             self._ext[g.index] = torch.cuda.ExternalStream(g.stream_handles[0], device=self.device)
             if config.per_stream_allocator:
-                # private pools for the group's activations, one per slot: a slot's eager
-                # forwards allocate from its pool (``use_mem_pool`` routes the running
-                # thread's allocations) and its graphs are captured into it. One per slot,
-                # not one per group, because PyTorch lets only one thread at a time route
-                # allocations to a pool, and a slot is used by one query at a time.
+                # private pools for the group's activations, one per slot (eager forwards
+                # allocate from it, graphs are captured into it): not one per group, as
+                # PyTorch lets one thread at a time route allocations to a pool.
                 for slot in g.slots:
                     key = (g.index, slot.index)
                     if has_mem_pool(torch):
@@ -119,20 +117,25 @@ class ServedModel(BatchedCalls):
                 for slot in g.slots:
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
             if batching is not None:
-                self._batcher, self._bworkers, self.batching_refused = start_batching(self, args, batching)
-                if self._batcher is not None and batching.switch_interval_ms:
-                    self._old_switch = sys.getswitchinterval()
-                    sys.setswitchinterval(batching.switch_interval_ms / 1e3)
-                self._bsig = sig
-                self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-                self._ball = len(self._btensors) == len(leaves)
-                # the batched call's check: leaf count and total elements (the copy into
-                # staging refuses any other shape whose total matches: see _batch_leaves)
-                self._bcount = len(leaves)
-                self._bnumel = sum(x.numel() for x in leaves) if self._ball and self._batcher else 0
+                self._start_batching(args, batching)
         except BaseException:
             self.close()
             raise
+
+    def _start_batching(self, args: tuple[Any, ...], batching: Any) -> None:
+        """The batcher over the groups (or why batching was refused), and the batched
+        call's check: leaf count and total elements (the staging copy refuses any other
+        shape whose total matches: see ``_batch_leaves``)."""
+        leaves, _, sig = self._example
+        self._batcher, self._bworkers, self.batching_refused = start_batching(self, args, batching)
+        if self._batcher is not None and batching.switch_interval_ms:
+            self._old_switch = sys.getswitchinterval()
+            sys.setswitchinterval(batching.switch_interval_ms / 1e3)
+        self._bsig = sig
+        self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, self.torch.Tensor)]
+        self._ball = len(self._btensors) == len(leaves)
+        self._bcount = len(leaves)
+        self._bnumel = sum(x.numel() for x in leaves) if self._ball and self._batcher else 0
 
     # -- keys ----------------------------------------------------------------------------
     def _is_tensor(self, x: Any) -> bool:
