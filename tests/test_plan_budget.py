@@ -107,3 +107,17 @@ def test_compare_page_draws_the_front_under_the_candidates(tmp_path):
     assert doc.index("Pareto front") < doc.index("before/after comparison")
     m["kind"] = "train"  # a training loop has no latency front
     assert render_compare_html(a, a, measured=m).count("<figure>") == 1
+
+
+def test_script_and_training_plans_never_offer_own_pools(tmp_path):
+    """Issue 25: the plain-script hook and the training runner cannot give a group its own
+    allocator, so their candidates never say 'own-pool', and a plan written for a script
+    has nothing the hook would report as not applied."""
+    from recsys_doctor.applying.apply import candidates, read_plan, write_plan
+    from recsys_doctor.plan import Plan
+
+    for kind in ("script", "train"):
+        cs = candidates(kind)
+        assert cs and all(not c.per_stream_allocator and "shared-pool" in c.label for c in cs)
+    p = write_plan(tmp_path / "plan.json", {}, candidates("script")[0])
+    assert Plan.from_dict(read_plan(p)).unhonoured("script") == []

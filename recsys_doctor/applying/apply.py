@@ -145,6 +145,8 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     stats = stats_from_profile(before, kind)
     advised = before.advise.plan or {}
     prefer = plan_candidate(advised)
+    if kind == "train":  # a training step has one allocator (see planning.search.candidates)
+        prefer = Candidate(prefer.groups, True, False, prefer.cuda_graphs)
     ranked = rank(stats, candidates("serve" if kind == "serve" else "train"), clients=clients, prefer=prefer,
                   costs=costs)
     results = _measure_workload_candidates(run, ranked, select_to_measure(ranked, top_k, prefer), clients)
@@ -293,7 +295,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     clients = int(base.get("threads") or stats.threads)
     advised = before.advise.plan or {}
     adv = plan_candidate(advised)
-    prefer: Candidate | None = Candidate(adv.groups, True, True, adv.cuda_graphs)
+    prefer: Candidate | None = Candidate(adv.groups, True, False, adv.cuda_graphs)
     ranked = rank(stats, candidates("script"), clients=clients, prefer=prefer, costs=costs, script=True)
     if prefer not in [p.candidate for p in ranked]:
         prefer = None

@@ -24,15 +24,17 @@ GROUP_COUNTS = (1, 2, 4, 8)
 def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS) -> list[Candidate]:
     """Every plan the search considers. Serving: groups x merge x allocator x graphs (32),
     plus dynamic batching (merged, own pools, graphs) at each group count.
-    Training: branch streams x graphs (copies are not per-step, pools are the step's own).
-    A plain script: groups x graphs (its copies are its own, on the group's stream), with
-    any number of client threads per group (the hook captures with any, see
-    ``docs/profile.md``)."""
+    Training: branch streams x graphs (copies are not per-step). A plain script: groups x
+    graphs (its copies are its own, on the group's stream; any number of client threads per
+    group: the hook captures with any, see ``docs/profile.md``). Both with PyTorch's one
+    shared allocator, the only one they can have."""
     if kind == "serve":
         return ([Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
                  for gr in (True, False)] + [Candidate(g, batching=True) for g in group_counts])
     if kind in ("script", "train"):
-        return [Candidate(g, True, True, gr) for g in group_counts for gr in (True, False)]
+        # shared pool: neither path can give a group its own allocator (Plan.unhonoured), so
+        # the search never offers one there
+        return [Candidate(g, True, False, gr) for g in group_counts for gr in (True, False)]
     raise BadInputError(f"unknown candidate kind {kind!r}")
 
 
