@@ -16,7 +16,6 @@ that ended it (``what``/``row`` in :func:`~._util.op_table`).
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,23 +32,10 @@ __all__ = ["steady_starts", "idle_gaps", "allocator_cover", "allocator_gap", "de
            "gaps_containing", "report", "settle_shared_causes", "ROOT_CAUSE_ORDER", "claims_within"]
 
 
-#: per live trace (by id, dropped when the trace is collected): results of the functions
-#: below per options, so the analyzers that all need the gaps compute them once
-_CACHE: dict[int, dict] = {}
-
-
 def _cached(trace: Trace, key: tuple, make: Any) -> Any:
-    tid = id(trace)
-    if tid not in _CACHE:
-        try:
-            weakref.finalize(trace, _CACHE.pop, tid, None)
-        except TypeError:  # pragma: no cover - not weak-referenceable: no caching
-            return make()
-        _CACHE[tid] = {}
-    d = _CACHE[tid]
-    if key not in d:
-        d[key] = make()
-    return d[key]
+    """The results of the functions below per options, kept with the trace
+    (:meth:`Trace.derived`), so the analyzers that all need the gaps compute them once."""
+    return trace.derived(key, make)
 
 
 def steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -> dict[int, int]:
@@ -266,7 +252,7 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
                             "full": ns, "want": np.minimum(want, ns)})
         if "root" in claims.columns:
             own["root"] = claims["root"].to_numpy(object)
-        setattr(f, "_claims", own)
+        f.claims = own
     return f
 
 
@@ -313,15 +299,14 @@ def settle_shared_causes(findings: list[Finding], window_ns: int, options: Optio
     recommendation), and its recoverable time keeps only what it got (plus its part that is
     not idle time, e.g. the copy time saved by merging copies); its severity follows again.
     The recoverable times of the idle findings then add up to at most the idle time."""
-    claimers = [f for f in findings if getattr(f, "_claims", None) is not None and len(f._claims)]
+    claimers = [f for f in findings if f.claims is not None and len(f.claims)]
     if len(claimers) >= 2:
         wanted, got, lost = _hand_out(claimers)
         for i, f in enumerate(claimers):
             if lost[i]:
                 _share_cause(f, claimers, lost[i], int(wanted[i]), int(got[i]), window_ns, options)
     for f in findings:
-        if hasattr(f, "_claims"):
-            delattr(f, "_claims")
+        f.claims = None
         _say_shared(f)
 
 
@@ -330,19 +315,20 @@ def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dic
     the ns it got, and the ns it lost to each claimer that took a gap first. Dense arrays
     over the distinct gaps, one pass per (finding, root) group: no loop per gap."""
     order = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
-    device, start, full_ns, want_all = (np.concatenate([f._claims[c].to_numpy(np.int64) for f in claimers])
+    device, start, full_ns, want_all = (np.concatenate([f.claims[c].to_numpy(np.int64) for f in claimers])
                                         for c in ("device", "start", "full", "want"))
     code, n_gaps = _gap_codes(device, start)
     full = np.zeros(n_gaps, np.int64)
     full[code] = full_ns
-    groups, at = [], 0
+    groups: list[tuple[float, int, np.ndarray]] = []
+    at = 0
     for i, f in enumerate(claimers):
-        n = len(f._claims)
+        n = len(f.claims)
         own = order.get(f.id, len(order))
-        if "root" not in f._claims:  # one group, at the finding's own rank
+        if "root" not in f.claims:  # one group, at the finding's own rank
             groups.append((own, i, at + np.arange(n)))
         else:
-            rc, roots = pd.factorize(f._claims["root"].to_numpy(object))  # -1: the finding's own rank
+            rc, roots = pd.factorize(f.claims["root"].to_numpy(object))  # -1: the finding's own rank
             for k in np.unique(rc):
                 rank = own if k < 0 else order.get(str(roots[k]), own - 1) + 0.5
                 groups.append((rank, i, at + np.flatnonzero(rc == k)))
@@ -431,7 +417,8 @@ def _say_shared(f: Finding) -> None:
 
 
 def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None, tid: Any = None,
-             device: Any = None, stream: Any = None, what: str | list[str] = "", n: int = 3) -> list[dict[str, Any]]:
+             device: Any = None, stream: Any = None, what: str | list[str] | np.ndarray = "",
+             n: int = 3) -> list[dict[str, Any]]:
     """Up to ``n`` moments to look at, the heaviest first (``weight``, default the duration):
     ``{"what", "start_ns", "duration_ns", "thread", "stream"}`` on the trace's clock."""
     s = np.asarray(start, dtype=np.int64)
@@ -441,14 +428,14 @@ def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None
     w = (e - s) if weight is None else np.asarray(weight, dtype=float)
     pick = np.argsort(-w, kind="stable")[:n]
     p = np.asarray(pid, dtype=np.int64)
-    labels = None
+    labels: list[str | None] | None = None
     if tid is not None:
         tt = np.asarray(tid, dtype=np.float64)
         ok = ~np.isnan(tt[pick])
         labels = [None] * pick.size
         if ok.any():
             lab = thread_labels(trace, p[pick][ok], tt[pick][ok].astype(np.int64))
-            for k, v in zip(np.flatnonzero(ok), lab):
+            for k, v in zip(np.flatnonzero(ok).tolist(), lab):
                 labels[k] = v
     out = []
     for k, i in enumerate(pick):

@@ -236,7 +236,7 @@ def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return (id(module), parts), tensors
 
 
-def _key_part(T: type, x: Any, tensors: list[Any]) -> Any:
+def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     # a module-level function, not a nested one: a recursive closure is a reference cycle
     # (function -> cell -> function) that kept every call's tensor list, and so the
     # script's input tensors, alive until the cyclic garbage collector ran
@@ -675,7 +675,7 @@ class _Seq:
 
     __slots__ = ("kind", "items")
 
-    def __init__(self, kind: type, items: tuple[Any, ...]) -> None:
+    def __init__(self, kind: type[Any], items: tuple[Any, ...]) -> None:
         self.kind = kind
         self.items = items
 
@@ -691,7 +691,7 @@ class _Map:
 _TENSOR = object()
 
 
-def _template(T: type, x: Any) -> Any:
+def _template(T: type[Any], x: Any) -> Any:
     """The argument structure of a model call, its tensors left out (constants kept)."""
     if isinstance(x, T):
         return _TENSOR
@@ -703,7 +703,7 @@ def _template(T: type, x: Any) -> Any:
     return x
 
 
-def _matches(T: type, tmpl: Any, x: Any, it: Any) -> bool:
+def _matches(T: type[Any], tmpl: Any, x: Any, it: Any) -> bool:
     """Whether ``x`` has the template's structure and constants, its tensors being, in
     order, the ones ``it`` yields (the very objects)."""
     if tmpl is _TENSOR:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import os
 import signal
 import sys
@@ -40,7 +41,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         return _digest(f, used_size(path))
 
 
-def _digest(f: IO[bytes], size: int) -> str:
+def _digest(f: io.RawIOBase, size: int) -> str:
     h = hashlib.sha256()
     buf = bytearray(max(1, min(_BLOCK, size)))
     view = memoryview(buf)

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["progress", "ProgressHandle", "progress_enabled"]
 
@@ -57,9 +57,9 @@ def progress_enabled(stream: object | None = None) -> bool:
     """True when a bar should be drawn: stderr is a terminal and ``CI`` is not set."""
     if os.environ.get("CI"):
         return False
-    s = stream if stream is not None else sys.stderr
+    s: Any = stream if stream is not None else sys.stderr  # any file-like: isatty() checked here
     try:
-        return bool(s.isatty())  # type: ignore[attr-defined]
+        return bool(s.isatty())
     except (AttributeError, ValueError):
         return False
 

@@ -37,7 +37,8 @@ def describe(err: Any) -> str:
         num = None
     meaning = " ".join((getattr(err, "__doc__", None) or "").split())
     # An enum *class* docstring (not a member's) is generic; ignore it.
-    if meaning and type(err).__doc__ and meaning == " ".join(type(err).__doc__.split()):
+    generic = type(err).__doc__
+    if meaning and generic and meaning == " ".join(generic.split()):
         meaning = ""
     if not meaning:
         try:  # needs a loaded driver; the CPU box has none

@@ -45,7 +45,7 @@ class HostBuffer:
         self.nbytes = int(nbytes)
         self.ptr = int(call(d.cuMemHostAlloc, self.nbytes, 0))
         # a writable Python buffer over the memory, for zero-copy CPU views
-        self.ctypes_view = (ctypes.c_char * self.nbytes).from_address(self.ptr)
+        self.ctypes_view: Any = (ctypes.c_char * self.nbytes).from_address(self.ptr)
 
     def close(self) -> None:
         if self.ptr:

@@ -88,7 +88,7 @@ class BranchStreams:
         ev.record(cur)
         tens = [t for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda]
         outs: list[Any] = []
-        used = []
+        used: list[Any] = []
         for k, m in enumerate(modules):
             side = self.stream(k)
             if all(side is not u for u in used):

@@ -33,7 +33,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Union
 
 import msgspec
 
@@ -94,7 +94,10 @@ _SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag
                  for ph in OTHER_PHASES)
 for _cls in _SKIPPED:
     globals()[_cls.__name__] = _cls
-PhaseEvent = Union[(Complete, Metadata, *_SKIPPED)]
+if TYPE_CHECKING:  # built at run time from OTHER_PHASES: the checker sees their common base
+    PhaseEvent = Union[Complete, Metadata, msgspec.Struct]
+else:
+    PhaseEvent = Union[(Complete, Metadata, *_SKIPPED)]
 
 
 TOP_KEYS = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "cupti_version",
@@ -117,16 +120,18 @@ class _Doc(msgspec.Struct, gc=False):
 
 
 class _PhaseDoc(_Doc, gc=False):
-    traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET
+    # msgspec decodes by this class's own annotation; nothing writes the field through _Doc
+    traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET  # type: ignore[assignment]
 
 
 _DOC_DECODER = msgspec.json.Decoder(_Doc)  # (the top-level keys only: traceEvents is [] there)
 #: the decoders of the events: float literals as floats (fast), or as their own text
 #: (``float_hook=str``) once :func:`exact_floats` is on: the ns of a float ts of 2**40 µs or
 #: more (epoch or days of uptime, where float64 loses ns) then come from its digits
-_DECODERS = {exact: (msgspec.json.Decoder(list[PhaseEvent], **hook), msgspec.json.Decoder(list[Event], **hook),
-                     msgspec.json.Decoder(_PhaseDoc, **hook), msgspec.json.Decoder(_Doc, **hook))
-             for exact, hook in ((False, {}), (True, {"float_hook": str}))}
+_DECODERS = {exact: (msgspec.json.Decoder(list[PhaseEvent], float_hook=hook),
+                     msgspec.json.Decoder(list[Event], float_hook=hook),
+                     msgspec.json.Decoder(_PhaseDoc, float_hook=hook), msgspec.json.Decoder(_Doc, float_hook=hook))
+             for exact, hook in ((False, None), (True, str))}
 _EXACT = [False]
 
 
@@ -179,6 +184,30 @@ _TYPED_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeErro
 
 #: a sink takes one batch of decoded events (the caller's column builder)
 Sink = Callable[[Sequence[Event]], None]
+
+
+class ColumnSink(Protocol):
+    """The column builder the streamed and split paths fill (the loader's
+    ``EventColumns``): a :data:`Sink` whose columns can be exported from the child and
+    merged in the parent, sharing one string table per process."""
+
+    strings: Any
+
+    def __call__(self, evs: Sequence[Event], /) -> None: ...
+
+    def export(self) -> dict[str, Any]: ...
+
+    def merge(self, other: dict[str, Any], remaps: dict[int, Any] | None = None, /) -> None: ...
+
+
+S = TypeVar("S", bound=ColumnSink)
+S_co = TypeVar("S_co", bound=ColumnSink, covariant=True)
+
+
+class SinkFactory(Protocol[S_co]):
+    """Makes a fresh :class:`ColumnSink`, sharing the string table ``strings`` when given."""
+
+    def __call__(self, strings: Any = None, /) -> S_co: ...
 #: events handed to a sink at a time on the whole-file paths (bounds the sink's temporaries)
 BATCH = 200_000
 #: bytes of JSON decoded at a time by the streamed path: the structs of one chunk (~3x its
@@ -332,8 +361,8 @@ def _hashable(v: Any) -> bool:
 
 # --- streamed ------------------------------------------------------------------------------
 
-def load_streamed(path: str, sink_factory: Callable[[], Sink],
-                  progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Sink] | None:
+def load_streamed(path: str, sink_factory: SinkFactory[S],
+                  progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, S] | None:
     """Large traces: decode ``traceEvents`` a chunk at a time into a fresh sink; ``(top,
     is_array, sink)``, or None when the file is small or not laid out as expected (the
     caller then decodes it whole: same result, more memory; that path also words errors)."""
@@ -359,9 +388,9 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
         if job is None:
             job = SplitDecode.start(tmp or path, sink_factory)
         if job is not None:
-            found = job.finish(progress)
-            if found is not None:
-                return found
+            split = job.finish(progress)
+            if split is not None:
+                return split
         with open(tmp or path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             sink = sink_factory()
             found = decode_streamed(mm, sink, progress)
@@ -407,7 +436,7 @@ def _feed(mm: mmap.mmap, view: memoryview, start: int, end: int, sink: Sink, *, 
 
 # --- shared between two processes ----------------------------------------------------------
 
-class SplitDecode:
+class SplitDecode(Generic[S]):
     """A large events array decoded by this process and a forked child together.
 
     The array is cut into chunks of about :data:`STREAM_CHUNK` bytes, each ending at an
@@ -427,7 +456,7 @@ class SplitDecode:
     which also words the error."""
 
     def __init__(self, path: str, mm: mmap.mmap, f: Any, span: tuple[int, int, dict[str, Any], bool],
-                 bounds: list[tuple[int, int]], sink_factory: Callable[[], Any]) -> None:
+                 bounds: list[tuple[int, int]], sink_factory: SinkFactory[S]) -> None:
         self.path, self.mm, self._file = path, mm, f
         self.arr_start, self.arr_end, self.top, self.is_array = span
         self.bounds, self.sink_factory = bounds, sink_factory
@@ -438,7 +467,7 @@ class SplitDecode:
         self._queue = self._results = -1
 
     @classmethod
-    def start(cls, path: str, sink_factory: Callable[[], Any]) -> "SplitDecode | None":
+    def start(cls, path: str, sink_factory: SinkFactory[S]) -> "SplitDecode[S] | None":
         """Open ``path`` (plain JSON), cut its events array and fork the child; None when
         there is nothing to share (small array, one CPU, unusual layout, fork refused)."""
         if not second_cpu():
@@ -518,7 +547,7 @@ class SplitDecode:
 
         serve_queue(self._take, run, w)
 
-    def finish(self, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Any] | None:
+    def finish(self, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, S] | None:
         """Take chunks here until none is left, then gather the child's; ``(top,
         is_array, sink)`` with every chunk's columns in file order, or None (a chunk
         does not decode: the caller decodes in one process). The job is closed."""
@@ -595,10 +624,10 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 _MISSING = object()
 #: chunk indices in the queue pipe, 4 bytes each, must fit its 64 KiB before anyone reads
 _MAX_CHUNKS = 16_000
-_PREFETCHED: list[SplitDecode] = []
+_PREFETCHED: list[SplitDecode[Any]] = []
 
 
-def prefetch(path: str | os.PathLike[str], sink_factory: Callable[..., Any]) -> bool:
+def prefetch(path: str | os.PathLike[str], sink_factory: SinkFactory[Any]) -> bool:
     """Set the shared decoding of a large plain Kineto file going now (the command line
     calls this before it imports pandas and the analyzers, so the child decodes while this
     process imports); :func:`load_streamed` of the same, unchanged file takes it over.
@@ -619,7 +648,7 @@ def prefetch(path: str | os.PathLike[str], sink_factory: Callable[..., Any]) -> 
     return True
 
 
-def _take_prefetched(path: str) -> SplitDecode | None:
+def _take_prefetched(path: str) -> SplitDecode[Any] | None:
     for job in list(_PREFETCHED):
         if job.matches(path):
             _PREFETCHED.remove(job)
@@ -637,7 +666,7 @@ def chunk_bounds(mm: mmap.mmap, arr_start: int, arr_end: int) -> list[tuple[int,
     bytes (a quarter of that in the last tenth), each from an event's ``{`` to just after an event's ``}``: a cut is a ``},``
     followed by a newline and, after any blanks, the ``{`` of the next event (a nested
     object closed by ``},`` and a newline is followed by a key's ``"`` instead)."""
-    out = []
+    out: list[tuple[int, int]] = []
     pos = arr_start + 1
     tail = arr_end - (arr_end - arr_start) // 10  # the last tenth in quarter chunks: the
     while True:                                   # two processes finish closer together
