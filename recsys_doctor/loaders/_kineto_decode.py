@@ -590,11 +590,11 @@ class SplitDecode(Generic[S]):
 
     def _gather(self) -> dict[int, Any]:
         """The child's chunks (none when it died or sent something unreadable)."""
-        payload = read_all(self._results)
+        payload = read_all(self._results, self.pid)
         self._results = -1
-        code = reap(self.pid, kill=False)
+        code = reap(self.pid, kill=False) if payload is not None else None  # (a hung one is reaped)
         self.pid = 0
-        return load_results(payload) if code == 0 else {}
+        return load_results(payload) if code == 0 and payload is not None else {}
 
     def close(self) -> None:
         """Stop the child (if still running) and let the file go; safe to call twice."""
