@@ -192,7 +192,7 @@ def _group_for_new_thread() -> _Group | None:
     try:
         if not torch.cuda.is_initialized():
             return None
-    except Exception:
+    except (RuntimeError, AttributeError):  # a torch without CUDA (or a broken one): nothing to do
         return None
     with _lock:
         i = _state["started"]
@@ -282,7 +282,7 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
         g.capture_stream = torch.cuda.Stream()
     try:
         graph, out = _graph_of(torch, g.capture_stream, lambda: orig_call(module, *s_args, **s_kwargs))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the stream is dropped, the error re-raised
         g.capture_stream = None  # (its capture broke: never used again)
         raise
     e.static_out = _static_out(torch, out)
@@ -307,7 +307,7 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
         stream.synchronize()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             out = run()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the broken capture is ended, the error re-raised
         # torch.cuda.graph's __exit__ skips restoring the current stream when ending the
         # capture fails: without this the thread would stay on a stream whose capture is
         # broken, and every later copy of the thread would fail. End any capture still
@@ -386,7 +386,7 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
                 e.graph = None
                 try:
                     torch.cuda.synchronize()
-                except Exception:
+                except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): eager says it
                     pass
                 _log(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})")
                 _state["fallbacks"].append(e.reason)
@@ -789,7 +789,7 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         _state["fallbacks"].append(st.reason)
         try:
             torch.cuda.synchronize()
-        except Exception:
+        except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): eager says it
             pass
 
 

@@ -164,7 +164,7 @@ def file_sha256_started(path: str | os.PathLike[str], *, idle: bool = False) -> 
         try:
             with open(path, "rb", buffering=0) as f:
                 out["hex"] = _digest(f, used_size(path))
-        except BaseException as e:  # handed to the caller
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
             out["error"] = e
 
     t = threading.Thread(target=run, name="recsys-doctor-sha256", daemon=True)

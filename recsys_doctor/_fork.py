@@ -60,7 +60,7 @@ def fork() -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the bars are restarted, the error re-raised
         resume()
         raise
     if pid:  # the child draws nothing: its copies of the bars stay stopped

@@ -191,7 +191,7 @@ def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any],
         else:
             e.reason = sm._eager_sigs[sig]
         return e
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the entry is closed, the error re-raised
         try:
             g.synchronize()
         finally:
@@ -252,20 +252,20 @@ def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
                                       capture_error_mode="thread_local"):
                     try:
                         _captured_query(sm, g, e)
-                    except BaseException as ex:
+                    except BaseException as ex:  # noqa: BLE001 - kept as the reason, re-raised
                         first.append(ex)
                         raise
             e.graph = graph
             e.exec_i = int(graph.raw_cuda_graph_exec())
             e.exec_h = _driver().CUgraphExec(e.exec_i)
-        except Exception as ex:
+        except Exception as ex:  # noqa: BLE001 - any capture failure: the eager path, with the reason
             _fall_back(sm, e, sig, _first_line(first[0] if first else ex), graph)
 
 
 def _fall_back(sm: Any, e: Entry, sig: Any, reason: str, graph: Any) -> None:
     try:
         sm.torch.cuda.synchronize(sm.device)
-    except Exception:
+    except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): the fallback goes on
         pass
     if graph is not None:
         # keep a failed capture's graph object alive: PyTorch's RNG state may still refer to it

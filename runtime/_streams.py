@@ -56,7 +56,7 @@ class HostBuffer:
     def __del__(self) -> None:  # best effort; close() is the contract
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - __del__ must not raise; close() is the contract
             pass
 
 

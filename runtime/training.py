@@ -180,6 +180,6 @@ def _close_defaults() -> None:  # pragma: no cover - interpreter exit
     for bs in list(_default.values()):
         try:
             bs.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - interpreter exit: best effort
             pass
     _default.clear()
