@@ -29,13 +29,8 @@ _KEY_BITS = 40  # correlation ids are 32-bit in CUPTI; pids fit in 23 bits on Li
 
 
 def cached(trace: Trace, name: str, make: Any) -> Any:
-    """A per-trace cache for the tables several analyzers build (the trace is read-only
-    to analyzers); entries are keyed to the table objects they were built from."""
-    cache = trace.__dict__.setdefault("_analysis_cache", {})
-    key = (name, id(trace.kernels), id(trace.memcpys), id(trace.memsets), id(trace.graphs), id(trace.api))
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
+    """The tables several analyzers build, once per trace (:meth:`Trace.derived`)."""
+    return trace.derived(name, make)
 
 
 def _build_op_table(trace: Trace, what: Iterable[str]) -> pd.DataFrame:
@@ -98,7 +93,7 @@ def _api_rows_for(trace: Trace, ops: pd.DataFrame) -> np.ndarray:
     idx = _api_index(trace)
     pid = ops["pid"].to_numpy(np.int64)
     k = (_pid_corr_key(pid, corr) if at is None else _pid_corr_key(pid[at], corr[at])) if idx is not None else None
-    if k is None:  # a key does not fit in one int64: the hash join
+    if k is None or idx is None:  # a key does not fit in one int64: the hash join
         return _api_rows_merge(api, ops, np.arange(len(corr)) if at is None else at, out)
     keys, rows = idx
     if len(keys):
@@ -227,7 +222,7 @@ def api_keys_in(trace: Trace, pid: np.ndarray, corr: np.ndarray) -> np.ndarray:
     apid, acorr = api["pid"].to_numpy(np.int64), api["correlation"].to_numpy(np.int64)
     want = _pid_corr_key(np.asarray(pid, np.int64), np.asarray(corr, np.int64))
     have = _pid_corr_key(apid, acorr) if want is not None else None
-    if have is None:
+    if have is None or want is None:
         keys = pd.MultiIndex.from_arrays([np.asarray(pid, np.int64), np.asarray(corr, np.int64)])
         return np.asarray(pd.MultiIndex.from_arrays([apid, acorr]).isin(keys), bool)
     return np.isin(have, np.unique(want))

@@ -16,7 +16,6 @@ that ended it (``what``/``row`` in :func:`~._util.op_table`).
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,23 +32,10 @@ __all__ = ["steady_starts", "idle_gaps", "allocator_cover", "allocator_gap", "de
            "gaps_containing", "report", "claims_within"]
 
 
-#: per live trace (by id, dropped when the trace is collected): results of the functions
-#: below per options, so the analyzers that all need the gaps compute them once
-_CACHE: dict[int, dict] = {}
-
-
 def _cached(trace: Trace, key: tuple, make: Any) -> Any:
-    tid = id(trace)
-    if tid not in _CACHE:
-        try:
-            weakref.finalize(trace, _CACHE.pop, tid, None)
-        except TypeError:  # pragma: no cover - not weak-referenceable: no caching
-            return make()
-        _CACHE[tid] = {}
-    d = _CACHE[tid]
-    if key not in d:
-        d[key] = make()
-    return d[key]
+    """The results of the functions below per options, kept with the trace
+    (:meth:`Trace.derived`), so the analyzers that all need the gaps compute them once."""
+    return trace.derived(key, make)
 
 
 def steady_starts(trace: Trace, options: Options, ops: pd.DataFrame | None = None) -> dict[int, int]:
@@ -266,7 +252,7 @@ def finish(f: Finding, recoverable_ns: float, window_ns: int, options: Options,
                             "full": ns, "want": np.minimum(want, ns)})
         if "root" in claims.columns:
             own["root"] = claims["root"].to_numpy(object)
-        setattr(f, "_claims", own)
+        f.claims = own
     return f
 
 
@@ -294,7 +280,8 @@ def claims_within(trace: Trace, options: Options, pid: Any, start: Any, end: Any
 
 
 def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None, tid: Any = None,
-             device: Any = None, stream: Any = None, what: str | list[str] = "", n: int = 3) -> list[dict[str, Any]]:
+             device: Any = None, stream: Any = None, what: str | list[str] | np.ndarray = "",
+             n: int = 3) -> list[dict[str, Any]]:
     """Up to ``n`` moments to look at, the heaviest first (``weight``, default the duration):
     ``{"what", "start_ns", "duration_ns", "thread", "stream"}`` on the trace's clock."""
     s = np.asarray(start, dtype=np.int64)
@@ -304,14 +291,14 @@ def examples(trace: Trace, *, start: Any, end: Any, pid: Any, weight: Any = None
     w = (e - s) if weight is None else np.asarray(weight, dtype=float)
     pick = np.argsort(-w, kind="stable")[:n]
     p = np.asarray(pid, dtype=np.int64)
-    labels = None
+    labels: list[str | None] | None = None
     if tid is not None:
         tt = np.asarray(tid, dtype=np.float64)
         ok = ~np.isnan(tt[pick])
         labels = [None] * pick.size
         if ok.any():
             lab = thread_labels(trace, p[pick][ok], tt[pick][ok].astype(np.int64))
-            for k, v in zip(np.flatnonzero(ok), lab):
+            for k, v in zip(np.flatnonzero(ok).tolist(), lab):
                 labels[k] = v
     out = []
     for k, i in enumerate(pick):

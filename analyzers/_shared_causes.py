@@ -35,15 +35,14 @@ def settle_shared_causes(findings: list[Finding], window_ns: int, options: Optio
     recommendation), and its recoverable time keeps only what it got (plus its part that is
     not idle time, e.g. the copy time saved by merging copies); its severity follows again.
     The recoverable times of the idle findings then add up to at most the idle time."""
-    claimers = [f for f in findings if getattr(f, "_claims", None) is not None and len(f._claims)]
+    claimers = [f for f in findings if f.claims is not None and len(f.claims)]
     if len(claimers) >= 2:
         wanted, got, lost = _hand_out(claimers)
         for i, f in enumerate(claimers):
             if lost[i]:
                 _share_cause(f, claimers, lost[i], int(wanted[i]), int(got[i]), window_ns, options)
     for f in findings:
-        if hasattr(f, "_claims"):
-            delattr(f, "_claims")
+        f.claims = None
         _say_shared(f)
 
 
@@ -52,19 +51,20 @@ def _hand_out(claimers: list[Finding]) -> tuple[np.ndarray, np.ndarray, list[dic
     the ns it got, and the ns it lost to each claimer that took a gap first. Dense arrays
     over the distinct gaps, one pass per (finding, root) group: no loop per gap."""
     order = {fid: i for i, fid in enumerate(ROOT_CAUSE_ORDER)}
-    device, start, full_ns, want_all = (np.concatenate([f._claims[c].to_numpy(np.int64) for f in claimers])
+    device, start, full_ns, want_all = (np.concatenate([f.claims[c].to_numpy(np.int64) for f in claimers])
                                         for c in ("device", "start", "full", "want"))
     code, n_gaps = _gap_codes(device, start)
     full = np.zeros(n_gaps, np.int64)
     full[code] = full_ns
-    groups, at = [], 0
+    groups: list[tuple[float, int, np.ndarray]] = []
+    at = 0
     for i, f in enumerate(claimers):
-        n = len(f._claims)
+        n = len(f.claims)
         own = order.get(f.id, len(order))
-        if "root" not in f._claims:  # one group, at the finding's own rank
+        if "root" not in f.claims:  # one group, at the finding's own rank
             groups.append((own, i, at + np.arange(n)))
         else:
-            rc, roots = pd.factorize(f._claims["root"].to_numpy(object))  # -1: the finding's own rank
+            rc, roots = pd.factorize(f.claims["root"].to_numpy(object))  # -1: the finding's own rank
             for k in np.unique(rc):
                 rank = own if k < 0 else order.get(str(roots[k]), own - 1) + 0.5
                 groups.append((rank, i, at + np.flatnonzero(rc == k)))

@@ -156,7 +156,7 @@ def _lock_waits(trace: Trace, fc: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     contended streams, inside each thread's span of CUDA calls: their intervals and, per thread, the
     lock-wait ms, the ms in CUDA calls and the span (wall)."""
     ow = trace.os_waits
-    none = (np.zeros(0, np.int64), np.zeros(0, np.int64), [])
+    none: tuple[np.ndarray, np.ndarray, list[dict]] = (np.zeros(0, np.int64), np.zeros(0, np.int64), [])
     if not len(ow):
         return none
     conc = fc[fc["_conc"].to_numpy(bool)]  # (not a warm-up thread that launched before the clients)

@@ -110,9 +110,9 @@ def _sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
     return m | pm, int(pm.sum())
 
 
-def _gaps_after(trace: Trace, sy: pd.DataFrame, options: Options) -> tuple[pd.DataFrame, np.ndarray]:
+def _gaps_after(trace: Trace, sy: pd.DataFrame, options: Options) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """The steady-state idle gaps (of the caller's process) in which a sync call returns:
-    (all steady gaps, positions of those)."""
+    (all steady gaps, positions of those, per sync call the gap it returns into or -1)."""
     gaps = idle_gaps(trace, options)
     gaps = gaps[gaps["steady"].astype(bool)].reset_index(drop=True) if len(gaps) else gaps
     hit = np.full(len(sy), -1, dtype=np.int64)
@@ -137,7 +137,9 @@ def _claims(sy: pd.DataFrame, gaps: pd.DataFrame, used: np.ndarray, hit: np.ndar
     by_sync = np.zeros(len(gaps), bool)
     by_sync[hit[(hit >= 0) & explicit]] = True
     g = gaps.iloc[used]
-    return g.assign(root=np.where(by_sync[used], None, "memcpy-ping-pong"))
+    root = np.full(len(g), "memcpy-ping-pong", dtype=object)
+    root[by_sync[used]] = None
+    return g.assign(root=root)
 
 
 def _evidence(trace: Trace, sy: pd.DataFrame, dur: np.ndarray, pageable_d2h: int, gpu_idle: int,

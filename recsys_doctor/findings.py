@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = ["Finding", "AnalysisResult", "SEVERITIES", "severity_for_share", "severity_for_recoverable"]
@@ -36,9 +36,15 @@ class Finding:
     examples: list[dict[str, Any]] = field(default_factory=list)
     #: the first thing to do, in one short line (the verdict's "first action")
     action: str = ""
+    #: the idle gaps its recoverable time was counted from (a DataFrame set by
+    #: ``analyzers._recoverable.finish``, used and cleared by ``settle_shared_causes``, which
+    #: counts each gap once); internal: never in the output
+    claims: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(replace(self, claims=None) if self.claims is not None else self)
+        del d["claims"]
+        return d
 
 
 @dataclass

@@ -49,8 +49,9 @@ Tables
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -171,6 +172,32 @@ def as_categorical(s: pd.Series) -> pd.Series:
     return pd.Series(pd.Categorical.from_codes(rank[codes], categories=cats), index=s.index)
 
 
+_T = TypeVar("_T")
+
+
+class TraceIndex:
+    """What the analyzers derive from one trace and share (the op table, the idle gaps, the
+    steady-state window...), built on first use (:meth:`Trace.derived`) and kept with
+    the trace. Analyzers treat the trace as read-only; should one of its tables be
+    replaced all the same, every entry is dropped (the tables are compared by identity)."""
+
+    __slots__ = ("_tables", "_entries")
+
+    def __init__(self) -> None:
+        self._tables: tuple[pd.DataFrame, ...] = ()
+        self._entries: dict[Hashable, Any] = {}
+
+    def get(self, tables: tuple[pd.DataFrame, ...], key: Hashable, make: Callable[[], _T]) -> _T:
+        if len(tables) != len(self._tables) or any(a is not b for a, b in zip(tables, self._tables)):
+            self._tables, self._entries = tables, {}
+        if key not in self._entries:
+            self._entries[key] = make()
+        return self._entries[key]  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 @dataclass
 class Trace:
     """A loaded trace in the canonical model (see the module docstring for the tables)."""
@@ -190,6 +217,8 @@ class Trace:
     #: free-form facts about the source: tool version, schema version, notes on what
     #: was missing or repaired while loading (JSON-serializable values only)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: derived data the analyzers share (:meth:`derived`); not part of the trace's content
+    index: TraceIndex = field(default_factory=TraceIndex, init=False, repr=False, compare=False)
 
     TABLES = ("kernels", "memcpys", "memsets", "api", "syncs", "graphs", "ranges", "threads", "devices")
     #: tables that only some traces have, left out of :meth:`counts` (and so of the JSON)
@@ -198,6 +227,11 @@ class Trace:
     def __post_init__(self) -> None:
         for t in self.TABLES + self.OPTIONAL_TABLES:
             setattr(self, t, make_table(t, getattr(self, t)))
+
+    def derived(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """``make()``, computed once per trace and ``key`` (:class:`TraceIndex`): the
+        tables several analyzers build from the same trace are built once."""
+        return self.index.get(tuple(getattr(self, t) for t in self.TABLES + self.OPTIONAL_TABLES), key, make)
 
     # --- small conveniences shared by analyzers -------------------------------------
     def gpu_activity(self) -> pd.DataFrame:

@@ -49,7 +49,9 @@ def _split_name(name: str) -> tuple[str, str]:
     """(qualified kernel name, its template arguments) of a demangled signature, without
     return type and parameter list."""
     s = _ANON.sub("", name.strip())
-    depth, tok, toks = 0, [], []
+    depth = 0
+    tok: list[str] = []
+    toks: list[str] = []
     for ch in s:
         if ch in "<([":
             if ch == "(" and depth == 0:

@@ -78,7 +78,7 @@ class BatchStats:
     """Batches and requests per batch size, per worker (thread-safe enough: one writer each)."""
 
     def __init__(self, workers: int) -> None:
-        self.batches = [dict() for _ in range(workers)]  # size -> batches
+        self.batches: list[dict[int, int]] = [{} for _ in range(workers)]  # size -> batches
 
     def add(self, w: int, n: int) -> None:
         d = self.batches[w]
@@ -328,7 +328,7 @@ def _complete(batch: Sequence[Pending], outs: Sequence[Any] | None, err: BaseExc
     """Hand each request its result (or ``err``) and wake its caller."""
     loops: dict[Any, list[tuple[Any, Any, Any]]] = {}
     for j, r in enumerate(batch):
-        out = outs[j] if err is None else None
+        out = outs[j] if err is None and outs is not None else None
         if r.lock is not None:
             r.out, r.err = out, err
             r.lock.release()

@@ -37,7 +37,8 @@ def describe(err: Any) -> str:
         num = None
     meaning = " ".join((getattr(err, "__doc__", None) or "").split())
     # An enum *class* docstring (not a member's) is generic; ignore it.
-    if meaning and type(err).__doc__ and meaning == " ".join(type(err).__doc__.split()):
+    generic = type(err).__doc__
+    if meaning and generic and meaning == " ".join(generic.split()):
         meaning = ""
     if not meaning:
         try:  # needs a loaded driver; the CPU box has none
@@ -46,7 +47,7 @@ def describe(err: Any) -> str:
             res, s = driver.cuGetErrorString(err)
             if res == driver.CUresult.CUDA_SUCCESS and s:
                 meaning = s.decode() if isinstance(s, bytes) else str(s)
-        except Exception:
+        except Exception:  # noqa: BLE001 - only the wording is lost: the name and number stay
             meaning = ""
     head = f"{name} ({num})" if num is not None else name
     return f"{head}: {meaning}" if meaning else head
@@ -82,7 +83,7 @@ def translating(what: str) -> Iterator[None]:
         yield
     except RuntimeCudaError:
         raise
-    except Exception as e:  # cuda.core raises CUDAError / RuntimeError subclasses
+    except Exception as e:  # noqa: BLE001 - cuda.core raises CUDAError / RuntimeError subclasses: re-raised typed
         raise RuntimeCudaError(f"{what} failed: {e}") from e
 
 
@@ -118,5 +119,5 @@ def ensure_context(ctx: Any) -> None:
 
 try:
     _SUCCESS = _success_values()
-except Exception:  # pragma: no cover - cuda-python is a hard dependency
+except Exception:  # noqa: BLE001  # pragma: no cover - cuda-python is a hard dependency
     _SUCCESS = (0,)

@@ -255,7 +255,7 @@ def input_signature(inputs: Any) -> Hashable:
     (ints, floats, strings, None) are part of the key by value.
     """
     leaves, spec = flatten(inputs, _is_array)
-    key = []
+    key: list[tuple[Any, ...]] = []
     for x in leaves:
         if _is_array(x):
             key.append((str(x.dtype), tuple(int(d) for d in x.shape)))

@@ -70,7 +70,7 @@ class Request:
                 ptr = ctypes.addressof(ctypes.c_char.from_buffer(mv))
         if n > self._entry.n_in:
             raise BadInputError(f"load(): {n} bytes do not fit the slot's {self._entry.n_in}-byte input")
-        _memmove(self._entry.pinned_in.ptr, ptr, n)
+        _memmove(self._entry.pin_in.ptr, ptr, n)
 
     def run(self) -> Any:
         """Copy the staged inputs to the GPU, run the model, bring the outputs back and

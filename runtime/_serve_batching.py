@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError, first_line
 from ._batched import BatchSetup, buckets_for
@@ -64,7 +64,7 @@ def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tup
     try:
         for g in sm.manager.groups:
             workers.append(CudaWorker(sm, g, setup, buckets))
-    except BaseException:
+    except BaseException:  # the groups set up so far are closed, the error re-raised
         for w in workers:
             w.close()
         raise
@@ -91,6 +91,21 @@ class BatchedCalls:
     """The served model's batched entry points beside ``__call__``: :meth:`submit`,
     :meth:`infer`, and how a query is recognized as the batched signature. Mixed into
     :class:`~.serving.ServedModel` (which provides ``_key``, ``_batcher`` and the rest)."""
+
+    if TYPE_CHECKING:  # what ServedModel provides
+        torch: Any
+        closed: bool
+        _batcher: Batcher | None
+        _bworkers: list[Any]
+        _bnumel: int
+        _bcount: int
+        _bsig: Any
+        _ball: bool
+        _btensors: list[int]
+
+        def _key(self, args: tuple[Any, ...]) -> tuple[list[Any], Any, Any]: ...
+
+        def __call__(self, *args: Any) -> Any: ...
 
     def _batch_leaves(self, args: tuple[Any, ...]) -> list[Any] | None:
         """The tensor leaves of a query that the batcher takes, else None. The usual query
@@ -130,7 +145,7 @@ class BatchedCalls:
             raise RuntimeCudaError("this served model is closed")
         b = self._batcher
         got = self._batch_leaves(args) if b is not None else None
-        if got is not None:
+        if b is not None and got is not None:
             return b.submit(got)
         fut: Future = Future()
         try:
@@ -146,7 +161,7 @@ class BatchedCalls:
             raise RuntimeCudaError("this served model is closed")
         b = self._batcher
         got = self._batch_leaves(args) if b is not None else None
-        if got is not None:
+        if b is not None and got is not None:
             return await b.infer(got)
         import asyncio
 

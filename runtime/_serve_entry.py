@@ -72,6 +72,20 @@ class Entry:
                 h.close()
         self.dev_in = self.dev_out = self.pinned_in = self.pinned_out = None
 
+    @property
+    def pin_in(self) -> HostBuffer:
+        """The pinned input buffer (staged before any copy reads it)."""
+        if self.pinned_in is None:
+            raise RuntimeError("the entry's inputs are not staged")
+        return self.pinned_in
+
+    @property
+    def pin_out(self) -> HostBuffer:
+        """The pinned output buffer (staged with the inputs)."""
+        if self.pinned_out is None:
+            raise RuntimeError("the entry's outputs are not staged")
+        return self.pinned_out
+
 
 #: returned by ``ServedModel._execute`` when the outputs are in the slot's staged views
 STAGED = object()
@@ -163,7 +177,7 @@ def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any],
         _stage_inputs(sm, g, e, leaves, spec)
         # warm-up on the group's stream; it also tells the output layout
         sm._pack(e, leaves)
-        check(_driver().cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync")
+        check(_driver().cuMemcpyHtoDAsync(e.dev_in.ptr, e.pin_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync")
         ext = sm._ext[g.index]
         with torch.cuda.stream(ext), torch.no_grad(), sm._activations(g, slot):
             outs, e.out_spec = out_flatten(sm.model(*e.dev_args))
@@ -177,7 +191,7 @@ def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any],
         else:
             e.reason = sm._eager_sigs[sig]
         return e
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the entry is closed, the error re-raised
         try:
             g.synchronize()
         finally:
@@ -213,14 +227,14 @@ def _captured_query(sm: Any, g: StreamGroup, e: Entry) -> None:
     d = _driver()
     copies = g.merge and sm.copies_in_graph
     if copies:
-        check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pinned_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync (captured)")
+        check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pin_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync (captured)")
     outs, _ = out_flatten(sm.model(*e.dev_args))
     if [(o.dtype, tuple(o.shape)) for o in outs] != e.out_shapes:
         raise BadInputError("output shapes differ between runs with equal input shapes")
     for dv, o in zip(e.dev_out_views, outs):
         dv.copy_(o)
     if copies:
-        check(d.cuMemcpyDtoHAsync(e.pinned_out.ptr, e.dev_out.ptr, e.n_out, g.compute_h), "cuMemcpyDtoHAsync (captured)")
+        check(d.cuMemcpyDtoHAsync(e.pin_out.ptr, e.dev_out.ptr, e.n_out, g.compute_h), "cuMemcpyDtoHAsync (captured)")
 
 
 def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
@@ -238,20 +252,20 @@ def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
                                       capture_error_mode="thread_local"):
                     try:
                         _captured_query(sm, g, e)
-                    except BaseException as ex:
+                    except BaseException as ex:  # noqa: BLE001 - kept as the reason, re-raised
                         first.append(ex)
                         raise
             e.graph = graph
             e.exec_i = int(graph.raw_cuda_graph_exec())
             e.exec_h = _driver().CUgraphExec(e.exec_i)
-        except Exception as ex:
+        except Exception as ex:  # noqa: BLE001 - any capture failure: the eager path, with the reason
             _fall_back(sm, e, sig, _first_line(first[0] if first else ex), graph)
 
 
 def _fall_back(sm: Any, e: Entry, sig: Any, reason: str, graph: Any) -> None:
     try:
         sm.torch.cuda.synchronize(sm.device)
-    except Exception:
+    except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): the fallback goes on
         pass
     if graph is not None:
         # keep a failed capture's graph object alive: PyTorch's RNG state may still refer to it

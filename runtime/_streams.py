@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from contextlib import contextmanager
 
 from ..errors import BadInputError, RuntimeCudaError
-from ._cuda import call, check, ensure_context, translating
+from ._cuda import check, ensure_context, translating
 from ._fastpath import driver_fastpath
 from ._policy import FairSlotPool, pick_least_loaded
 

@@ -49,7 +49,7 @@ class ServedModel(BatchedCalls):
     """
 
     #: a call returns once its query is done and the outputs are on the host (the workload
-    #: driver, :func:`recsys_doctor.workload.measure`, adds no synchronize after it)
+    #: driver, :func:`recsys_doctor.capture.workload.measure`, adds no synchronize after it)
     synchronous = True
 
     def __init__(self, model: Any, example_inputs: Any, config: RuntimeConfig, device: int,
@@ -69,8 +69,8 @@ class ServedModel(BatchedCalls):
         self._pool = self.manager._slots
         self._fp = self.manager.fast
         self._ext: dict[int, Any] = {}
-        self._graph_pools: dict[int, Any] = {}
-        self._mem_pools: dict[int, Any] = {}
+        self._graph_pools: dict[tuple[int, int], Any] = {}
+        self._mem_pools: dict[tuple[int, int], Any] = {}
         #: where a group's activations come from: "group" (a private pool per group) or
         #: "shared" (PyTorch's caching allocator, shared by all groups)
         self.activation_pool = "shared"
@@ -118,7 +118,7 @@ class ServedModel(BatchedCalls):
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
             if batching is not None:
                 self._start_batching(args, batching)
-        except BaseException:
+        except BaseException:  # what was set up is closed, the error re-raised
             self.close()
             raise
 
@@ -224,7 +224,7 @@ class ServedModel(BatchedCalls):
         g = self._groups[i]
         try:
             entry = self._entry(g, slot, sig, leaves, spec)
-        except BaseException:
+        except BaseException:  # the slot goes back, the error re-raised
             self._pool.release(i, slot)
             raise
         return Request(self, i, g, slot, entry)
@@ -275,7 +275,7 @@ class ServedModel(BatchedCalls):
         return _STAGED
 
     def _h2d(self, g: StreamGroup, slot: Any, entry: _Entry) -> None:
-        self._fp.htod(entry.dev_in.ptr, entry.pinned_in.ptr, entry.n_in, g.h2d_i)
+        self._fp.htod(entry.dev_in.ptr, entry.pin_in.ptr, entry.n_in, g.h2d_i)
         if not g.merge:
             self._fp.record(slot.h2d_i, g.h2d_i)
             g.wait(g.compute_h, slot.h_h2d)
@@ -284,7 +284,7 @@ class ServedModel(BatchedCalls):
         if not g.merge:
             g.record(slot.h_compute, g.compute_h)
             g.wait(g.d2h_h, slot.h_compute)
-        self._fp.dtoh(entry.pinned_out.ptr, entry.dev_out.ptr, entry.n_out, g.d2h_i)
+        self._fp.dtoh(entry.pin_out.ptr, entry.dev_out.ptr, entry.n_out, g.d2h_i)
         self._fp.record(slot.done_i, g.d2h_i)
 
     def _eager_forward(self, g: StreamGroup, slot: Any, entry: _Entry) -> Any:
@@ -380,7 +380,7 @@ class ServedModel(BatchedCalls):
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a finalizer must not raise; close() is the contract
             pass
 
 

@@ -88,7 +88,7 @@ class BranchStreams:
         ev.record(cur)
         tens = [t for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda]
         outs: list[Any] = []
-        used = []
+        used: list[Any] = []
         for k, m in enumerate(modules):
             side = self.stream(k)
             if all(side is not u for u in used):
@@ -180,6 +180,6 @@ def _close_defaults() -> None:  # pragma: no cover - interpreter exit
     for bs in list(_default.values()):
         try:
             bs.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - interpreter exit: best effort
             pass
     _default.clear()

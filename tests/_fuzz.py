@@ -67,7 +67,7 @@ def nsys_reference(path: Path) -> dict[str, tuple[int, tuple[int, ...]]]:
 def nsys_summary(trace: Any) -> dict[str, tuple[int, tuple[int, ...]]]:
     """The same summary of a loaded trace (its tables, NULLs left out of the sums)."""
     out = {}
-    for t, (name, _, pairs) in NSYS_TABLES.items():
+    for _t, (name, _, pairs) in NSYS_TABLES.items():
         df = getattr(trace, name)
         if df is None or not len(df):  # (an absent table and an empty one alike)
             continue

@@ -5,10 +5,7 @@ lines, the profile command's errors - and the whole nsys path end to end with a 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
-import os
-import shutil
 import sqlite3
 import sys
 import textwrap

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import sqlite3
-import stat
 from pathlib import Path
 
 import pytest

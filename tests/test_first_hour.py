@@ -130,7 +130,7 @@ def test_many_rank_html_has_a_section_per_rank(rank_dir, tmp_path):
     assert sorted(sections) == [("0", html.escape(str(rank_dir / "rank0.sqlite.gz"))),
                                 ("1", html.escape(str(rank_dir / "rank1.sqlite.gz")))]
     # each section is the per-trace report: its plots and its kernel count
-    for part, fixture in zip(page.split('<section id="rank-')[1:], (PINGPONG, LARGE)):
+    for part, _fixture in zip(page.split('<section id="rank-')[1:], (PINGPONG, LARGE)):
         name = re.search(r"<h2>Rank \d+: ([^<]*)</h2>", part).group(1)
         fx = PINGPONG if name.endswith("rank0.sqlite.gz") else LARGE
         assert part.count("<img") >= 2 and "Proposed multi-stream plan" in part

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
 
@@ -15,6 +17,7 @@ import recsys_doctor.diagnose.advise as advise_mod
 from conftest import shared_files
 from recsys_doctor._util.json import json_default
 from recsys_doctor.loaders import load
+from recsys_doctor._util.progress import progress
 
 pytestmark = pytest.mark.skipif(not fork.second_cpu(), reason="needs Linux and a second CPU")
 
@@ -64,6 +67,58 @@ def test_the_first_failing_task_in_list_order_raises():
     tasks = [_task(0), boom("first"), _task(2), boom("second"), _task(4)]
     with pytest.raises(KeyError, match="first"):
         fork.run_in_two(tasks)
+
+
+def test_a_hung_child_is_killed_after_the_timeout_and_its_share_runs_here(tmp_path, monkeypatch, capfd):
+    me = os.getpid()
+    mark = tmp_path / "child_pid"
+    monkeypatch.setenv("RECSYS_DOCTOR_CHILD_TIMEOUT", "0.5")
+
+    def task(i):
+        def f():
+            if os.getpid() != me:  # the child: say who it is, then hang
+                mark.write_text(str(os.getpid()))
+                time.sleep(3600)
+            if i == 0:  # here: the first task waits until the child holds one
+                for _ in range(500):
+                    if mark.exists() and mark.read_text():
+                        break
+                    time.sleep(0.01)
+            return (i, os.getpid())
+        return f
+
+    t0 = time.monotonic()
+    out = fork.run_in_two([task(i) for i in range(4)])
+    took = time.monotonic() - t0
+    assert out == [(i, me) for i in range(4)]  # every task, the hung one's too, ran here
+    assert took < 30  # not the child's hour: the 0.5 s timeout ended the wait
+    child = int(mark.read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped: no such process left
+        os.kill(child, 0)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == [f"recsys-doctor: warning: the helper process {child} sent nothing for 0.5 s: "
+                   "stopped it, its share runs here (RECSYS_DOCTOR_CHILD_TIMEOUT sets the limit)"]
+
+
+def _refresh_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if type(t).__name__ == "_RefreshThread" and t.is_alive()]
+
+
+def test_no_fork_while_a_progress_bar_thread_runs(monkeypatch):
+    real_fork = os.fork
+    at_fork: list[list[threading.Thread]] = []
+
+    def watched_fork():
+        at_fork.append(_refresh_threads())
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", watched_fork)
+    with progress("working", total=4, enabled=True) as bar:
+        assert _refresh_threads()  # the bar's thread runs before the fork...
+        out = fork.run_in_two([_task(i) for i in range(4)], on_done=lambda i: bar.advance())
+        assert _refresh_threads()  # ... and again after it
+    assert out == [(i, i * i) for i in range(4)]
+    assert at_fork == [[]]  # one fork, with no refresh thread alive at it
 
 
 KINETO = shared_files("kineto", ("*.json.gz", "*.json"))

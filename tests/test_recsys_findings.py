@@ -140,7 +140,7 @@ def test_embedding_bound_on_wdl_serial(shared_traces):
     lo, hi = ops[0][0], max(e for _, e, _ in ops)
     cut = lo + 0.1 * (hi - lo)  # the steady state starts at or after the first tenth
     reach, whole, after_cut = ops[0][1], 0, 0
-    for (s0, _, e0), (s1, e1, e_1) in zip(ops, ops[1:]):
+    for (_s0, _, e0), (s1, e1, e_1) in zip(ops, ops[1:]):
         if s1 > reach and e0 and e_1:
             whole += min(s1 - reach, cap)
             after_cut += min(s1 - reach, cap) if reach >= cut else 0

@@ -291,7 +291,7 @@ def _train(streams, graph: bool, steps: int = 50):
     with torch.no_grad():
         m.load_state_dict(init)
         for st in opt.state.values():
-            for k, v in st.items():
+            for _k, v in st.items():
                 if torch.is_tensor(v):
                     v.zero_()
     for a, b in data:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import os
 import signal
 import sys
@@ -40,7 +41,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         return _digest(f, used_size(path))
 
 
-def _digest(f: IO[bytes], size: int) -> str:
+def _digest(f: io.RawIOBase, size: int) -> str:
     h = hashlib.sha256()
     buf = bytearray(max(1, min(_BLOCK, size)))
     view = memoryview(buf)
@@ -163,7 +164,7 @@ def file_sha256_started(path: str | os.PathLike[str], *, idle: bool = False) -> 
         try:
             with open(path, "rb", buffering=0) as f:
                 out["hex"] = _digest(f, used_size(path))
-        except BaseException as e:  # handed to the caller
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
             out["error"] = e
 
     t = threading.Thread(target=run, name="recsys-doctor-sha256", daemon=True)

@@ -14,13 +14,24 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["second_cpu", "fork", "fork_with_queue", "serve_queue", "load_results", "run_in_two"]
+from .progress import pause_live_displays
+
+__all__ = ["second_cpu", "fork", "fork_with_queue", "serve_queue", "load_results", "run_in_two",
+           "read_all", "reap", "child_timeout", "CHILD_TIMEOUT_S"]
+
+#: seconds a child may stay silent, once this process waits for its results, before it is
+#: taken as hung: it is killed, a one-line warning says so and its share is done here. By
+#: then it holds at most one task (an analyzer, a chunk of events: seconds even on the
+#: largest traces). The environment variable ``RECSYS_DOCTOR_CHILD_TIMEOUT`` (seconds)
+#: overrides it.
+CHILD_TIMEOUT_S = 300.0
 
 
 def second_cpu() -> bool:
@@ -38,18 +49,58 @@ def second_cpu() -> bool:
 
 
 def fork() -> int:
-    """:func:`os.fork`, without Python 3.12's warning about forking a process with threads
-    (the children here touch no lock another thread may hold: they compute, pickle and
-    write to their own pipe). Raises ``OSError`` when the system refuses."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return os.fork()
+    """:func:`os.fork`, with no progress bar's refresh thread running at the fork (each is
+    stopped first and restarted after it, here only: see
+    :func:`~recsys_doctor._util.progress.pause_live_displays`) and without Python 3.12's warning
+    about forking a process with threads (the children here touch no lock another thread
+    may hold: they compute, pickle and write to their own pipe). Raises ``OSError`` when
+    the system refuses."""
+    resume = pause_live_displays()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except BaseException:  # noqa: BLE001 - the bars are restarted, the error re-raised
+        resume()
+        raise
+    if pid:  # the child draws nothing: its copies of the bars stay stopped
+        resume()
+    return pid
 
 
-def read_all(fd: int) -> bytes:
-    """Everything written to the pipe ``fd`` until its writer closes it; ``fd`` is closed."""
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+def child_timeout() -> float:
+    """:data:`CHILD_TIMEOUT_S`, or ``RECSYS_DOCTOR_CHILD_TIMEOUT`` where that is a positive number."""
+    raw = os.environ.get("RECSYS_DOCTOR_CHILD_TIMEOUT", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return CHILD_TIMEOUT_S
+    return value if value > 0 else CHILD_TIMEOUT_S
+
+
+def read_all(fd: int, pid: int, timeout: float | None = None) -> bytes | None:
+    """Everything the child ``pid`` writes to the pipe ``fd`` until it closes it; ``fd`` is
+    closed. None when the child sends nothing for ``timeout`` seconds (default
+    :func:`child_timeout`): it is killed then, and a one-line warning says so on stderr
+    (the caller does its share itself)."""
+    wait = child_timeout() if timeout is None else timeout
+    chunks: list[bytes] = []
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        while True:
+            if not poller.poll(wait * 1000):  # (any data, or the writer's close, ends the wait)
+                reap(pid, kill=True)
+                print(f"recsys-doctor: warning: the helper process {pid} sent nothing for {wait:g} s: "
+                      "stopped it, its share runs here (RECSYS_DOCTOR_CHILD_TIMEOUT sets the limit)",
+                      file=sys.stderr, flush=True)
+                return None
+            part = os.read(fd, 1 << 20)
+            if not part:
+                return b"".join(chunks)
+            chunks.append(part)
+    finally:
+        os.close(fd)
 
 
 def reap(pid: int, *, kill: bool) -> int | None:
@@ -133,11 +184,12 @@ def run_in_two(tasks: Sequence[Callable[[], Any]], on_done: Callable[[int], None
             if on_done is not None:
                 on_done(i)
         else:
-            payload = read_all(rr)
+            payload = read_all(rr, pid)
             rr = -1
-            reap(pid, kill=False)
+            if payload is not None:  # (a hung child was killed and reaped)
+                reap(pid, kill=False)
             pid = 0
-            for i, v in sorted(load_results(payload).items()):
+            for i, v in sorted(load_results(payload or b"").items()):
                 try:
                     results[i] = pickle.loads(v)
                 except Exception:  # noqa: BLE001 - run here instead

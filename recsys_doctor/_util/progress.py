@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["progress", "ProgressHandle", "progress_enabled"]
+__all__ = ["progress", "ProgressHandle", "progress_enabled", "pause_live_displays"]
+
+#: the rich progress bars on screen now: :func:`pause_live_displays` stops their refresh
+#: threads around a fork
+_LIVE: list[Any] = []
 
 
 class ProgressHandle(Protocol):
@@ -57,9 +61,9 @@ def progress_enabled(stream: object | None = None) -> bool:
     """True when a bar should be drawn: stderr is a terminal and ``CI`` is not set."""
     if os.environ.get("CI"):
         return False
-    s = stream if stream is not None else sys.stderr
+    s: Any = stream if stream is not None else sys.stderr  # any file-like: isatty() checked here
     try:
-        return bool(s.isatty())  # type: ignore[attr-defined]
+        return bool(s.isatty())
     except (AttributeError, ValueError):
         return False
 
@@ -85,4 +89,28 @@ def progress(description: str, total: float | None = None, *, enabled: bool | No
             TimeElapsedColumn()]
     with Progress(*cols, console=Console(stderr=True), transient=True) as p:
         task = p.add_task(description, total=total)
-        yield _RichHandle(p, task)
+        _LIVE.append(p)
+        try:
+            yield _RichHandle(p, task)
+        finally:
+            _LIVE.remove(p)
+
+
+def pause_live_displays() -> Callable[[], None]:
+    """Stop every bar's refresh thread (and wait for it to end); return what starts them
+    again. :func:`recsys_doctor._util.fork.fork` calls this first: a thread that holds the
+    console's or a stream's lock at the fork leaves that lock held for ever in the child,
+    which would hang there on its first write to stderr."""
+    paused = [p for p in _LIVE if p.live.is_started]
+    for p in paused:
+        thread = getattr(p.live, "_refresh_thread", None)  # (rich's Live drops it in stop())
+        p.stop()
+        if thread is not None:
+            thread.join()
+
+    def resume() -> None:
+        for p in paused:
+            if p in _LIVE:
+                p.start()
+
+    return resume

@@ -257,7 +257,7 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Pat
             write_compare_html(before.advise, after.advise, out / "compare.html", a_label="before", b_label="after",
                                measured=measured_tables(res))
             res.files["html"] = str(out / "compare.html")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a side report: what breaks it becomes a note, the results stay
             res.notes.append(f"no HTML report: {type(e).__name__}: {e}")
     if history:
         try:
@@ -266,7 +266,7 @@ def _finish(res: ApplyResult, before: Any, after: Any, out: Path, plan_path: Pat
             target = after if after is not None else before
             rid = record_run(target.advise, db_path, command="profile --apply")
             res.files["history_row"] = str(rid)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a side record: what fails it becomes a note, the results stay
             res.notes.append(f"no history record: {type(e).__name__}: {e}")
     res.wall_s = time.perf_counter() - t0
     (out / "apply.json").write_text(json.dumps(res.to_dict(), indent=1, default=json_default) + "\n")

@@ -55,9 +55,8 @@ class _Range:
     def __enter__(self) -> None:
         self._domain.push_range(self._attributes)
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         self._domain.pop_range()
-        return False
 
 
 _NO_RANGE = contextlib.nullcontext()

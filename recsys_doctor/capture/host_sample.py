@@ -87,7 +87,7 @@ class HostSamples:
         process's snapshots (one GIL: the threads' shares add up to at most 1, also where a
         thread lived for part of the run only), its running share and its top frames with
         their share of the thread's own snapshots."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         whole = max(self.snapshots, 1)
         for tid, t in self.threads.items():
             n = max(t.snapshots, 1)

@@ -137,7 +137,7 @@ class NvmlSampler:
             self._handle = nv.nvmlDeviceGetHandleByIndex(self.device_index)
             self.result.device_name = _text(nv.nvmlDeviceGetName(self._handle))
             self.result.driver = _text(nv.nvmlSystemGetDriverVersion())
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - NVMLError or our LookupError: kept as the reason, never raised
             self.result.reason = f"NVML: {e or type(e).__name__}"
             self._shutdown()
             return self
@@ -160,7 +160,7 @@ class NvmlSampler:
         while True:
             try:
                 self.result.samples.append(self._sample(t0))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a sampling thread: kept as the reason, never raised into the run
                 self.result.reason = f"NVML sampling stopped: {e or type(e).__name__}"
                 return
             nxt += self.interval_s
@@ -197,7 +197,7 @@ def gpu_environment(device_index: int = 0) -> dict[str, Any]:
         return {"nvml": why}
     try:
         nv.nvmlInit()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...: the reason
         return {"nvml": f"NVML unavailable: {e or type(e).__name__}"}
     try:
         count = nv.nvmlDeviceGetCount()
@@ -207,15 +207,15 @@ def gpu_environment(device_index: int = 0) -> dict[str, Any]:
         try:
             v = nv.nvmlSystemGetCudaDriverVersion()
             out["cuda_driver"] = f"{v // 1000}.{(v % 1000) // 10}"
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - an old driver without it: the field is left out
             pass
         return out
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - environment facts are best effort: the reason instead
         return {"nvml": f"NVML: {e or type(e).__name__}"}
     finally:
         try:
             nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort
             pass
 
 

@@ -86,7 +86,7 @@ def profile_script(script: Path, args: Sequence[str], out_dir: Path) -> Path:
                     raise WorkloadError(f"{script} exited with status {e.code} (output in {log})") from None
             except (KeyboardInterrupt, RecsysDoctorError):
                 raise
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - anything the user's script raises: a WorkloadError
                 raise WorkloadError(f"{script} raised {type(e).__name__}: {first_line(e, with_type=False)} (output in {log})") from e
     finally:
         sys.argv = saved_argv

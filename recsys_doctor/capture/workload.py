@@ -117,7 +117,7 @@ def load_workload(path: str | Path, args: Sequence[str] = ()) -> Workload:
         wl = fn(list(args)) if takes_args else fn()
     except (KeyboardInterrupt, RecsysDoctorError):
         raise
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001 - anything the user's workload() raises: a WorkloadError
         raise WorkloadError(f"{p}: workload() raised {first_line(e)}") from e
     if not isinstance(wl, Workload):
         raise BadInputError(f"{p}: workload() returned {type(wl).__name__}, expected a recsys_doctor.capture.workload.Workload")

@@ -225,7 +225,8 @@ def _per_trace_paths(out: Path | None, results: list[Any]) -> list[Path]:
         return []
     if len(results) == 1:
         return [out]
-    paths, seen = [], {}
+    paths: list[Path] = []
+    seen: dict[str, int] = {}
     for r in results:
         name = Path(str(r.trace_info["path"])).name.split(".")[0]
         seen[name] = seen.get(name, 0) + 1

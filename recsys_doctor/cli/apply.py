@@ -101,6 +101,6 @@ def _inactive_reason() -> str | None:
 
         if not torch.cuda.is_available():
             return "no CUDA device is available to PyTorch"
-    except Exception as e:  # a broken torch install is the same: nothing to apply to
+    except Exception as e:  # noqa: BLE001 - a broken torch install is the same: nothing to apply to
         return f"PyTorch cannot start CUDA: {e}"
     return None

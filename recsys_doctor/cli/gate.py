@@ -15,7 +15,6 @@ from typing import Any
 import click
 
 from .._util.process import import_numpy_quietly
-from .._util.format import fmt
 from ..errors import BadInputError, RecsysDoctorError
 from ..options import Options
 from .._util.json import json_default

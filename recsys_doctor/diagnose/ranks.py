@@ -175,8 +175,8 @@ def _rank_of(meta: dict[str, Any], threads: Any, path: Path) -> tuple[int | None
     names = {m.group(1) for n in threads["name"].dropna().astype(str).unique() if (m := _MPI_RANK_THREAD.match(n))}
     if len(names) == 1:
         return int(names.pop()), "trace"
-    m = _RANK_IN_NAME.findall(path.name)
-    return (int(m[-1]), "file name") if m else (None, "order")
+    found = _RANK_IN_NAME.findall(path.name)
+    return (int(found[-1]), "file name") if found else (None, "order")
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -251,7 +251,7 @@ def combine(ranks: list[RankSummary], engine: str, straggler_share: float = STRA
         for f in r.findings:
             if f["id"] not in ids:
                 ids.append(f["id"])
-    utils = [r.summary.get("gpu_utilization") for r in by_rank if r.summary.get("gpu_utilization") is not None]
+    utils = [u for r in by_rank if (u := r.summary.get("gpu_utilization")) is not None]
     comm = sum(r.comm_ns for r in by_rank)
     totals = {
         "ranks": len(by_rank),

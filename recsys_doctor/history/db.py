@@ -188,7 +188,7 @@ def _write_lock(db: Database) -> Iterator[None]:
     db.execute("BEGIN IMMEDIATE")
     try:
         yield
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - rolled back, then re-raised (Ctrl-C too)
         db.rollback()
         raise
     db.commit()

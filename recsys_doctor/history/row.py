@@ -85,7 +85,7 @@ def _tool_version() -> str:
         from importlib.metadata import version
 
         return version("recsys-doctor")
-    except Exception:
+    except ImportError:  # PackageNotFoundError is one: not installed, the source tree's version
         from .._util import __version__
 
         return __version__

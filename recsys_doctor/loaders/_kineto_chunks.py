@@ -63,7 +63,7 @@ def chunk_bounds(mm: mmap.mmap, arr_start: int, arr_end: int) -> list[tuple[int,
     bytes (a quarter of that in the last tenth), each from an event's ``{`` to just after an event's ``}``: a cut is a ``},``
     followed by a newline and, after any blanks, the ``{`` of the next event (a nested
     object closed by ``},`` and a newline is followed by a key's ``"`` instead)."""
-    out = []
+    out: list[tuple[int, int]] = []
     pos = arr_start + 1
     tail = arr_end - (arr_end - arr_start) // 10  # the last tenth in quarter chunks: the
     while True:                                   # two processes finish closer together

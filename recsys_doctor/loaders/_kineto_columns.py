@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -55,7 +55,7 @@ STRING_FIELDS = frozenset({"name", *(f for fs in ARG_STRINGS.values() for f in f
 
 _PH, _CAT, _ARGS = attrgetter("ph"), attrgetter("cat"), attrgetter("args")
 _PH_CODE = {"X": 1, "M": 2}
-_PH_CODE_OF_TYPE = {Complete: 1, Metadata: 2}  # events decoded by phase
+_PH_CODE_OF_TYPE: dict[type[Any], int] = {Complete: 1, Metadata: 2}  # events decoded by phase
 _NAME = attrgetter("name")
 _FIELD_OF = {f: attrgetter(f) for f in ("pid", "tid")}
 _TIME_OF = {f: attrgetter(f) for f in ("ts", "dur")}
@@ -176,7 +176,7 @@ class EventColumns:
         for k, v in cols.items():
             parts.setdefault(k, []).append(v)
 
-    def _args(self, bucket: str, items: Sequence[Any], getters: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
+    def _args(self, bucket: str, items: Sequence[Any], getters: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
         cols = {f: num_of(getters[f], items) for f in ARG_NUMBERS[bucket]}
         for f in ARG_STRINGS.get(bucket, ()):
             cols[f] = self.strings.codes_of(getters[f], items)

@@ -9,7 +9,7 @@ import contextlib
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
 import msgspec
 
@@ -66,7 +66,10 @@ _SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag
                  for ph in OTHER_PHASES)
 for _cls in _SKIPPED:
     globals()[_cls.__name__] = _cls
-PhaseEvent = Union[(Complete, Metadata, *_SKIPPED)]
+if TYPE_CHECKING:  # built at run time from OTHER_PHASES: the checker sees their common base
+    PhaseEvent = Union[Complete, Metadata, msgspec.Struct]
+else:
+    PhaseEvent = Union[(Complete, Metadata, *_SKIPPED)]
 
 
 TOP_KEYS = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "cupti_version",
@@ -89,16 +92,18 @@ class _Doc(msgspec.Struct, gc=False):
 
 
 class _PhaseDoc(_Doc, gc=False):
-    traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET
+    # msgspec decodes by this class's own annotation; nothing writes the field through _Doc
+    traceEvents: list[PhaseEvent] | msgspec.UnsetType = msgspec.UNSET  # type: ignore[assignment]
 
 
 _DOC_DECODER = msgspec.json.Decoder(_Doc)  # (the top-level keys only: traceEvents is [] there)
 #: the decoders of the events: float literals as floats (fast), or as their own text
 #: (``float_hook=str``) once :func:`exact_floats` is on: the ns of a float ts of 2**40 µs or
 #: more (epoch or days of uptime, where float64 loses ns) then come from its digits
-_DECODERS = {exact: (msgspec.json.Decoder(list[PhaseEvent], **hook), msgspec.json.Decoder(list[Event], **hook),
-                     msgspec.json.Decoder(_PhaseDoc, **hook), msgspec.json.Decoder(_Doc, **hook))
-             for exact, hook in ((False, {}), (True, {"float_hook": str}))}
+_DECODERS = {exact: (msgspec.json.Decoder(list[PhaseEvent], float_hook=hook),
+                     msgspec.json.Decoder(list[Event], float_hook=hook),
+                     msgspec.json.Decoder(_PhaseDoc, float_hook=hook), msgspec.json.Decoder(_Doc, float_hook=hook))
+             for exact, hook in ((False, None), (True, str))}
 _EXACT = [False]
 
 
@@ -151,6 +156,30 @@ _TYPED_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeErro
 
 #: a sink takes one batch of decoded events (the caller's column builder)
 Sink = Callable[[Sequence[Event]], None]
+
+
+class ColumnSink(Protocol):
+    """The column builder the streamed and split paths fill (the loader's
+    ``EventColumns``): a :data:`Sink` whose columns can be exported from the child and
+    merged in the parent, sharing one string table per process."""
+
+    strings: Any
+
+    def __call__(self, evs: Sequence[Event], /) -> None: ...
+
+    def export(self) -> dict[str, Any]: ...
+
+    def merge(self, other: dict[str, Any], remaps: dict[int, Any] | None = None, /) -> None: ...
+
+
+S = TypeVar("S", bound=ColumnSink)
+S_co = TypeVar("S_co", bound=ColumnSink, covariant=True)
+
+
+class SinkFactory(Protocol[S_co]):
+    """Makes a fresh :class:`ColumnSink`, sharing the string table ``strings`` when given."""
+
+    def __call__(self, strings: Any = None, /) -> S_co: ...
 #: events handed to a sink at a time on the whole-file paths (bounds the sink's temporaries)
 BATCH = 200_000
 

@@ -10,8 +10,7 @@ import contextlib
 import gc
 import mmap
 import os
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic
 
 from .._util.files import gunzip_into, private_temp
 from .._util.fork import fork_with_queue, load_results, read_all, reap, second_cpu, serve_queue
@@ -19,7 +18,8 @@ from .._util.progress import ProgressHandle
 import msgspec
 
 from ._kineto_chunks import _events_span, _release, chunk_bounds, decode_streamed
-from ._kineto_events import _EXACT, GZIP_MAGIC, Sink, _no_events_in_array, decode_events, exact_floats, needs_exact
+from ._kineto_events import (_EXACT, GZIP_MAGIC, S, SinkFactory, _no_events_in_array, decode_events, exact_floats,
+                             needs_exact)
 
 
 #: files smaller than this are decoded in one piece (no gain from streaming them)
@@ -32,8 +32,8 @@ SPLIT_MIN = 32 << 20
 
 
 
-def load_streamed(path: str, sink_factory: Callable[[], Sink],
-                  progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Sink] | None:
+def load_streamed(path: str, sink_factory: SinkFactory[S],
+                  progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, S] | None:
     """Large traces: decode ``traceEvents`` a chunk at a time into a fresh sink; ``(top,
     is_array, sink)``, or None when the file is small or not laid out as expected (the
     caller then decodes it whole: same result, more memory; that path also words errors)."""
@@ -59,16 +59,16 @@ def load_streamed(path: str, sink_factory: Callable[[], Sink],
         if job is None:
             job = SplitDecode.start(tmp or path, sink_factory)
         if job is not None:
-            found = job.finish(progress)
-            if found is not None:
-                return found
+            split = job.finish(progress)
+            if split is not None:
+                return split
         with open(tmp or path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             sink = sink_factory()
             found = decode_streamed(mm, sink, progress)
             return None if found is None else (*found, sink)
 
 
-class SplitDecode:
+class SplitDecode(Generic[S]):
     """A large events array decoded by this process and a forked child together.
 
     The array is cut into chunks of about :data:`STREAM_CHUNK` bytes, each ending at an
@@ -88,7 +88,7 @@ class SplitDecode:
     which also words the error."""
 
     def __init__(self, path: str, mm: mmap.mmap, f: Any, span: tuple[int, int, dict[str, Any], bool],
-                 bounds: list[tuple[int, int]], sink_factory: Callable[[], Any]) -> None:
+                 bounds: list[tuple[int, int]], sink_factory: SinkFactory[S]) -> None:
         self.path, self.mm, self._file = path, mm, f
         self.arr_start, self.arr_end, self.top, self.is_array = span
         self.bounds, self.sink_factory = bounds, sink_factory
@@ -99,7 +99,7 @@ class SplitDecode:
         self._queue = self._results = -1
 
     @classmethod
-    def start(cls, path: str, sink_factory: Callable[[], Any]) -> "SplitDecode | None":
+    def start(cls, path: str, sink_factory: SinkFactory[S]) -> "SplitDecode[S] | None":
         """Open ``path`` (plain JSON), cut its events array and fork the child; None when
         there is nothing to share (small array, one CPU, unusual layout, fork refused)."""
         if not second_cpu():
@@ -179,7 +179,7 @@ class SplitDecode:
 
         serve_queue(self._take, run, w)
 
-    def finish(self, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, Any] | None:
+    def finish(self, progress: ProgressHandle | None = None) -> tuple[dict[str, Any], bool, S] | None:
         """Take chunks here until none is left, then gather the child's; ``(top,
         is_array, sink)`` with every chunk's columns in file order, or None (a chunk
         does not decode: the caller decodes in one process). The job is closed."""
@@ -222,11 +222,11 @@ class SplitDecode:
 
     def _gather(self) -> dict[int, Any]:
         """The child's chunks (none when it died or sent something unreadable)."""
-        payload = read_all(self._results)
+        payload = read_all(self._results, self.pid)
         self._results = -1
-        code = reap(self.pid, kill=False)
+        code = reap(self.pid, kill=False) if payload is not None else None  # (a hung one is reaped)
         self.pid = 0
-        return load_results(payload) if code == 0 else {}
+        return load_results(payload) if code == 0 and payload is not None else {}
 
     def close(self) -> None:
         """Stop the child (if still running) and let the file go; safe to call twice."""
@@ -256,10 +256,10 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 _MISSING = object()
 #: chunk indices in the queue pipe, 4 bytes each, must fit its 64 KiB before anyone reads
 _MAX_CHUNKS = 16_000
-_PREFETCHED: list[SplitDecode] = []
+_PREFETCHED: list[SplitDecode[Any]] = []
 
 
-def prefetch(path: str | os.PathLike[str], sink_factory: Callable[..., Any]) -> bool:
+def prefetch(path: str | os.PathLike[str], sink_factory: SinkFactory[Any]) -> bool:
     """Set the shared decoding of a large plain Kineto file going now (the command line
     calls this before it imports pandas and the analyzers, so the child decodes while this
     process imports); :func:`load_streamed` of the same, unchanged file takes it over.
@@ -280,7 +280,7 @@ def prefetch(path: str | os.PathLike[str], sink_factory: Callable[..., Any]) -> 
     return True
 
 
-def _take_prefetched(path: str) -> SplitDecode | None:
+def _take_prefetched(path: str) -> SplitDecode[Any] | None:
     for job in list(_PREFETCHED):
         if job.matches(path):
             _PREFETCHED.remove(job)

@@ -64,7 +64,7 @@ def categorical(codes: np.ndarray, values: np.ndarray) -> pd.Categorical:
     index = {v: i for i, v in enumerate(cats)}
     # the codes come out in the narrowest type pandas keeps them in, checked here: the
     # lookup table holds only -1 and category numbers
-    lut = np.full(n_val + 1, -1, dtype=_code_dtype(len(cats)))  # the extra last slot maps code -1
+    lut: np.ndarray = np.full(n_val + 1, -1, dtype=_code_dtype(len(cats)))  # the extra last slot maps code -1
     lut[used] = [index.get(v, -1) if v in distinct else -1 for v in vals]
     return pd.Categorical.from_codes(lut[codes], categories=pd.Index(cats, dtype=object), validate=False)
 

@@ -118,8 +118,8 @@ class Extras(Schema):
         from whichever GPU table the export has."""
         src = {"kernels": K + "KERNEL", "memcpys": K + "MEMCPY", "memsets": K + "MEMSET",
                "syncs": K + "SYNCHRONIZATION", "graphs": K + "GRAPH_TRACE"}
-        seen = [pd.unique(pd.to_numeric(tables[k]["device"]).dropna()) for k, t in src.items()
-                if tables.get(k) is not None and "deviceId" in self.cols(t)]
+        seen = [pd.unique(pd.to_numeric(df["device"]).dropna()) for k, t in src.items()
+                if (df := tables.get(k)) is not None and "deviceId" in self.cols(t)]
         if not seen:
             return None
         used = sorted({int(d) for arr in seen for d in arr})

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+_c_decode: Callable[..., int] | None
 try:  # the row loop in C (built by pip install where a C compiler is at hand)
     from ._pagecodec import decode as _c_decode
 except ImportError:  # pragma: no cover - an install without a compiler: numpy only
@@ -296,6 +298,8 @@ class PageFile:
         if not len(cols) or cols[0] < 0 or cols[-1] > 126:  # (a record header of one byte holds 126 types)
             raise Unsupported("a record header this reader does not decode, or a short record")
         n = run.rows
+        if _c_decode is None:  # (self.compiled is False then: read() does not come here)
+            raise Unsupported("the C row loop is not built")
         values = np.empty((len(cols), n), np.int64)
         nulls = np.empty((len(cols), n), np.uint8)
         counts = np.zeros(len(cols), np.int64)

@@ -58,6 +58,14 @@ CHUNK_ROWS = 1_000_000
 _FROM = re.compile(r'FROM (\S+) (\w+)$')
 
 
+def _table_of(sql: str) -> str:
+    """The table a read of :func:`tasks` selects from (every job's SQL ends ``FROM t a``)."""
+    m = _FROM.search(sql)
+    if m is None:
+        raise ValueError(f"no FROM clause at the end of {sql!r}")
+    return m.group(1)
+
+
 def load_nsys_sqlite(path: str | os.PathLike[str], *, engine: str | None = None,
                      progress: ProgressHandle | None = None) -> Trace:
     """Load an Nsight Systems SQLite export (``.sqlite``, or gzip-compressed ``.sqlite.gz``).
@@ -187,7 +195,7 @@ class _Reader(TableJobs, Extras):
                 self.check_tree(m.group(1))
             spans = [] if k == "ranges" or m is None else self.rowid_ranges(m.group(1))
             rows[k] = sum(hi - lo for lo, hi in spans) if spans and spans[0][0] > -(2**62) else 0
-            if len(spans) <= 1:
+            if len(spans) <= 1 or m is None:
                 out.append((k, sql, None))
                 continue
             self._ranged.add(k)
@@ -198,7 +206,7 @@ class _Reader(TableJobs, Extras):
     def check_tree(self, table: str) -> None:
         """A table read through SQLite: refuse it where its b-tree breaks the format."""
         root = self.root(table) if self.pages is not None else None
-        if root is not None:
+        if root is not None and self.pages is not None:
             try:
                 self.pages.check(root)
             except Corrupt as e:
@@ -281,7 +289,7 @@ class _Reader(TableJobs, Extras):
         df = Engine(self.engine.uri, "sqlite3").run(job[0])
         n = self.count(job[0])
         if len(df) != n:
-            raise TraceFormatError(f"{self.shown}: {_FROM.search(job[0]).group(1)}: SQLite counts {n} rows, "
+            raise TraceFormatError(f"{self.shown}: {_table_of(job[0])}: SQLite counts {n} rows, "
                                    f"a full scan reads {len(df)}; the file is corrupt")
         sink = TableSink(len(df))
         sink.write(job[1](decode_ids(df)))
@@ -289,16 +297,17 @@ class _Reader(TableJobs, Extras):
 
     def count(self, sql: str) -> int:
         """SQLite's own count of the rows of the table ``sql`` reads."""
-        table = _FROM.search(sql).group(1)
+        table = _table_of(sql)
         return int(self.con.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
 
     def read_rows(self, k: str, sql: str, run: LeafRun | None) -> pd.DataFrame | None:
         """One chunk's raw columns: from its leaf pages (None where the page reader refuses
         them), or through SQL where there are none."""
-        if run is not None:  # (only made where there is a page reader)
+        if run is not None and self.pages is not None:  # (runs are made only where there is one)
             sel, position = self._selects[k]
+            pages = self.pages
             try:
-                return page_frame(sel, position, lambda cols: self.pages.read(run, cols))
+                return page_frame(sel, position, lambda cols: pages.read(run, cols))
             except Corrupt as e:
                 raise TraceFormatError(f"{self.shown}: {sel.table}: {e}; the file is corrupt") from None
             except Unsupported:

@@ -24,10 +24,10 @@ def mean_batch(clients: int, max_batch: int, fill: float) -> int:
     return max(1, min(max_batch, round(fill * clients)))
 
 
-def estimate_batched(stats: Any, cand: Any, q: int, costs: Any) -> Any:
-    """The :class:`~recsys_doctor.planning.whatif.Prediction` of a batching candidate."""
-    from .whatif import Prediction
-
+def estimate_batched(stats: Any, cand: Any, q: int, costs: Any) -> dict[str, Any]:
+    """The numbers of a batching candidate's
+    :class:`~recsys_doctor.planning.whatif.Prediction` (its keyword arguments but the
+    candidate): host and GPU ns per query, overlap, bound, q/s, p50, p99, notes."""
     packed = 0.0
     if stats.copies_per_unit:
         packed = min(2.0, stats.copies_per_unit) * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
@@ -45,5 +45,5 @@ def estimate_batched(stats: Any, cand: Any, q: int, costs: Any) -> Any:
     x = limits[bound]
     p50 = q / x * 1e3 if x > 0 else math.inf
     notes = [f"mean batch {k} of {q} clients: {batch_gpu / 1e3:.0f} us of GPU a batch"]
-    return Prediction(cand, host, batch_gpu / k, ov, bound, qps=x, p50_ms=p50, p99_ms=p50 * stats.p99_over_p50,
-                      score=x, notes=notes)
+    return {"host_ns": host, "gpu_ns": batch_gpu / k, "overlap": ov, "bound": bound, "qps": x, "p50_ms": p50,
+            "p99_ms": p50 * stats.p99_over_p50, "score": x, "notes": notes}

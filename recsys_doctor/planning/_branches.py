@@ -131,7 +131,7 @@ def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
     k = trace.kernels
     api = trace.api
     waits = int(str_contains(api["name"], r"StreamWaitEvent").sum()) if len(api) else 0
-    none = {"streams": 0, "kernels_each": 0, "overlap_ns": 0, "wait_events": waits, "device": None}
+    none: dict[str, Any] = {"streams": 0, "kernels_each": 0, "overlap_ns": 0, "wait_events": waits, "device": None}
     if not len(k):
         return none
     comm = comm_mask(trace)

@@ -370,7 +370,7 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
     if cand.batching and stats.kind == "serve" and not script:
         from ._batching import estimate_batched
 
-        return estimate_batched(stats, cand, q, costs)
+        return Prediction(cand, **estimate_batched(stats, cand, q, costs))
     h = stats.host_ns_per_op
     notes: list[str] = []
     packed_copy_ns = 0.0

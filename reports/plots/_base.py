@@ -11,13 +11,14 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
     from ...diagnose.advise import AdviseResult
 
 __all__ = ['BUSY', 'IDLE', 'GREY', 'H2D', 'D2H', 'OTHER', 'CLOCK_LABEL']
 
 
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "font.size": 10,
     "axes.titlesize": 12,
     "axes.titleweight": "bold",

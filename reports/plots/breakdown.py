@@ -26,7 +26,7 @@ def _draw_kernel_durations(result: "AdviseResult", short_kernel_us: float) -> "F
     d_us = (tr.kernels["end"] - tr.kernels["start"]).to_numpy(dtype=float) / 1000.0
     d_us = np.maximum(d_us, 0.01)
     lo, hi = max(d_us.min(), 0.01), max(d_us.max(), short_kernel_us * 2)
-    bins = np.logspace(np.log10(lo) - 0.01, np.log10(hi) + 0.01, 60)
+    bins = np.logspace(np.log10(lo) - 0.01, np.log10(hi) + 0.01, 60).tolist()
     fig = _fig(11, 3.6)
     ax = fig.add_subplot()
     short = d_us < short_kernel_us

@@ -142,8 +142,8 @@ def plot_plan_front(cands: Sequence[Mapping[str, Any]], budget_ms: float | None 
 # --- history trend --------------------------------------------------------------------------
 
 def _draw_trend(rows: Sequence[Mapping[str, Any]]) -> "Figure | None":
-    pts = [(r.get("when_utc"), r.get("gpu_utilization"), r.get("git_commit")) for r in rows
-           if r.get("gpu_utilization") is not None]
+    pts = [(r.get("when_utc"), u, r.get("git_commit")) for r in rows
+           if (u := r.get("gpu_utilization")) is not None]
     if len(pts) < 2:
         return None
     pts.sort(key=lambda p: str(p[0]))

@@ -31,7 +31,7 @@ def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return (id(module), parts), tensors
 
 
-def _key_part(T: type, x: Any, tensors: list[Any]) -> Any:
+def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     # a module-level function, not a nested one: a recursive closure is a reference cycle
     # (function -> cell -> function) that kept every call's tensor list, and so the
     # script's input tensors, alive until the cyclic garbage collector ran

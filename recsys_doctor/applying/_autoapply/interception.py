@@ -20,7 +20,7 @@ def _group_for_new_thread() -> _Group | None:
     try:
         if not torch.cuda.is_initialized():
             return None
-    except Exception:
+    except (RuntimeError, AttributeError):  # a torch without CUDA (or a broken one): nothing to do
         return None
     with _lock:
         i = _state["started"]

@@ -17,7 +17,7 @@ class _Seq:
 
     __slots__ = ("kind", "items")
 
-    def __init__(self, kind: type, items: tuple[Any, ...]) -> None:
+    def __init__(self, kind: type[Any], items: tuple[Any, ...]) -> None:
         self.kind = kind
         self.items = items
 
@@ -33,7 +33,7 @@ class _Map:
 _TENSOR = object()
 
 
-def _template(T: type, x: Any) -> Any:
+def _template(T: type[Any], x: Any) -> Any:
     """The argument structure of a model call, its tensors left out (constants kept)."""
     if isinstance(x, T):
         return _TENSOR
@@ -45,7 +45,7 @@ def _template(T: type, x: Any) -> Any:
     return x
 
 
-def _matches(T: type, tmpl: Any, x: Any, it: Any) -> bool:
+def _matches(T: type[Any], tmpl: Any, x: Any, it: Any) -> bool:
     """Whether ``x`` has the template's structure and constants, its tensors being, in
     order, the ones ``it`` yields (the very objects)."""
     if tmpl is _TENSOR:
