@@ -115,3 +115,21 @@ def test_training_script_refuses_a_run_with_nothing_to_time():
     p = subprocess.run([sys.executable, str(SCRIPTS / "dataloader_train.py"), "--device", "cpu", "--samples", "100",
                         "--batch", "50", "--epochs", "1", "--warmup", "2"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no step left to time" in p.stderr
+
+
+def test_the_tool_reads_each_run_the_gpu_suite_compares(tmp_path):
+    """What ``profile --apply`` runs a script with (``run_script``: its printed measurement,
+    each run appended to one program.log) and what the GPU suite reads back from that log:
+    every run's checksum, in the order the runs were made."""
+    from recsys_doctor.applying.script_hook import run_script
+    from test_scripts_suite_gpu import _results
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "program.log"
+    dlrm = [sys.executable, str(SCRIPTS / "dlrm_numpy_serve.py"), "--device", "cpu", *SERVE["dlrm_numpy_serve.py"]]
+    a, _ = run_script([*dlrm, "--threads", "2"], env=env, log=log)
+    b, _ = run_script([*dlrm, "--threads", "2", "--seed", "1"], env=env, log=log)
+    t, _ = run_script([sys.executable, str(SCRIPTS / "dataloader_train.py"), "--device", "cpu", *TRAIN],
+                      env=env, log=log)
+    assert a["qps"] > 0 and t["step_ms"] > 0 and "qps" not in t
+    assert [r["checksum"] for r in _results(log)] == [a["checksum"], b["checksum"], t["checksum"]]
