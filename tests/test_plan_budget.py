@@ -121,3 +121,20 @@ def test_script_and_training_plans_never_offer_own_pools(tmp_path):
         assert cs and all(not c.per_stream_allocator and "shared-pool" in c.label for c in cs)
     p = write_plan(tmp_path / "plan.json", {}, candidates("script")[0])
     assert Plan.from_dict(read_plan(p)).unhonoured("script") == []
+
+
+def test_a_plain_training_script_keeps_the_fastest_step():
+    """A plain training loop prints step_ms, not qps: its candidates count as measured by
+    their step time and the fastest step is kept (issue 25's training script)."""
+    def train_res(c, step):
+        r = CandidateResult(Prediction(c, 1.0, 1.0, 1.0, "host", qps=1.0))
+        r.measured = None if step is None else {"step_ms": step, "steps": 10}
+        return r
+
+    rs = [train_res(Candidate(1, True, False), 9.0), train_res(Candidate(2, True, False), 6.5),
+          train_res(Candidate(4, True, False), None)]
+    assert _keep_best(rs, "script-train").prediction.candidate == Candidate(2, True, False)
+    from recsys_doctor.errors import WorkloadError
+
+    with pytest.raises(WorkloadError, match="no candidate plan could be measured"):
+        _keep_best(rs, "script")  # as a serving script: none printed q/s

@@ -208,15 +208,17 @@ def _measure_candidate_child(run: _Setup, runtime: dict[str, Any],
 def _keep_best(results: list[CandidateResult], kind: str, p99_ms: float | None = None,
                notes: list[str] | None = None) -> CandidateResult:
     """The best measured candidate: most queries/s (serving, scripts), least step time
-    (training). A script's candidate counts as measured only when it printed its q/s."""
-    if kind == "script":
-        measured = [r for r in results if r.measured and r.measured.get("qps")]
+    (training, and ``script-train``: a plain training script). A script's candidate counts
+    as measured only when it printed its q/s (its step time)."""
+    if kind in ("script", "script-train"):
+        key = "step_ms" if kind == "script-train" else "qps"
+        measured = [r for r in results if r.measured and r.measured.get(key)]
     else:
         measured = [r for r in results if r.measured is not None]
     if not measured:
         raise WorkloadError("no candidate plan could be measured: " + "; ".join(
             f"{r.prediction.candidate.label}: {r.error}" for r in results if r.error))
-    if kind == "train":
+    if kind in ("train", "script-train"):
         return min(measured, key=lambda r: (r.measured or {}).get("step_ms") or math.inf)
     measured, note = keep_within(measured, p99_ms)
     if note and notes is not None:
@@ -302,7 +304,9 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,
                                          script_timeout_s)
     notes: list[str] = []
-    best = _keep_best(results, "script", p99_ms, notes)
+    # a plain training loop prints its step time, not q/s: the fastest step is kept
+    train = base.get("qps") is None and base.get("step_ms") is not None
+    best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
     chosen = best.prediction.candidate
     plan_path = write_plan(run.out / "plan.json", advised, chosen, predicted=_pred_numbers(best.prediction),
                            measured=_meas_numbers(best.measured), baseline=_meas_numbers(base))
