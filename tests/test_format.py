@@ -33,3 +33,6 @@ def test_fmt_value_takes_the_unit_from_the_key():
     assert fmt_value("window_ns", 649_858_000) == "649.858 ms"
     assert fmt_value("count", 12345) == "12,345"
     assert fmt_value("x", None) == "n/a"
+    # a nested dict keyed by finding ids takes the outer key's unit; its own units win
+    assert fmt_value("shared_idle_ns", {"short-kernels": 1_200_000}) == "short-kernels=1.200 ms"
+    assert fmt_value("shared_idle_ns", {"gap_share": 0.5, "other": 3}) == "gap_share=50.0%, other=3 ns"

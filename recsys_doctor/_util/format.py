@@ -90,6 +90,11 @@ def _float_by_key(key: str, v: float) -> str:
     return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
+def _has_unit(key: str) -> bool:
+    k = key.lower()
+    return k.endswith(("_ns", "_us", "_ms")) or any(t in k for t in ("fraction", "share", "utilization", "ratio_of"))
+
+
 def fmt_value(key: str, v: Any) -> str:
     """A human rendering of one evidence / summary number (shares as %, ns as time)."""
     if v is None:
@@ -103,7 +108,9 @@ def fmt_value(key: str, v: Any) -> str:
     if isinstance(v, int):
         return duration_ns(v) if key.lower().endswith("_ns") else f"{v:,}"
     if isinstance(v, dict):
-        return ", ".join(f"{k}={fmt_value(k, x)}" for k, x in v.items())
+        # a key without a unit of its own (a finding id, a stream) takes the dict's:
+        # ``shared_idle_ns: {"short-kernels": 1200000}`` is a duration, not a count
+        return ", ".join(f"{k}={fmt_value(k if _has_unit(str(k)) else key, x)}" for k, x in v.items())
     if isinstance(v, (list, tuple)):
         return ", ".join(fmt_value(key, x) for x in v[:5]) + (" ..." if len(v) > 5 else "")
     return str(v)
