@@ -400,3 +400,57 @@ def test_close_waits_for_a_caller_running_on_a_lent_group(wdl):
     assert not closer.is_alive() and len(got) == 1
     with torch.no_grad():
         assert torch.allclose(got[0], wdl(*query(5)), atol=1e-6)
+
+
+class Overlapped:
+    """The real CPU worker split the way the CUDA one is: ``start`` computes the batch,
+    ``finish`` returns it after ``delay`` seconds (a batch 'in flight' on its group)."""
+
+    def __init__(self, worker, delay):
+        self.worker, self.delay = worker, delay
+
+    def start(self, reqs):
+        return self.worker.start(reqs)
+
+    def finish(self, reqs):
+        time.sleep(self.delay)
+        return self.worker.finish(reqs)
+
+
+def test_many_clients_close_under_load_answers_everyone(wdl):
+    """64 client threads on 4 groups with batches in flight; close() in the middle: every
+    call returns the eager result or raises the batcher's 'closed' error, none hangs, and
+    the batches started on every group."""
+    s = BatchSetup(wdl, query(0), "cpu")
+    ws = [Overlapped(CpuWorker(s, 8), 0.002) for _ in range(4)]
+    b = Batcher(ws, max_batch=8, max_queue=128)
+    qs = [query(300 + k) for k in range(8)]
+    with torch.no_grad():
+        ref = [wdl(*q) for q in qs]
+    ok, closed, other = [], [], []
+
+    def client(k):
+        for i in range(200):
+            try:
+                out = b.call(tensors(qs[(k + i) % 8]))
+            except RuntimeCudaError as e:
+                closed.append(str(e))
+                return
+            except Exception as e:  # noqa: BLE001 - counted: the test fails on any
+                other.append(repr(e))
+                return
+            ok.append(float((out - ref[(k + i) % 8]).abs().max()))
+
+    ths = [threading.Thread(target=client, args=(k,)) for k in range(64)]
+    for t in ths:
+        t.start()
+    time.sleep(0.5)
+    b.close()
+    for t in ths:
+        t.join(10)
+    assert not any(t.is_alive() for t in ths)
+    assert not other and ok and max(ok) <= 1e-5
+    assert all("closed" in m for m in closed)
+    assert len(ok) + len(closed) >= 64
+    assert len(b.stats.batches) == 4 and all(b.stats.batches)  # every group ran batches
+    assert max(b.stats.sizes()) > 1  # and requests were batched
