@@ -20,7 +20,9 @@ from . import (allocator_churn, comm_exposed, embedding_bound, graph_candidate, 
                memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid, step_variance,
                stream_contention, stream_overlap, sync_api, utilization)
 
-__all__ = ["ANALYZERS", "run_all", "summarize_and_run_all"]
+from ._shared_causes import SHARED_EVIDENCE_UNITS
+
+__all__ = ["ANALYZERS", "EVIDENCE_UNITS", "evidence_units", "run_all", "summarize_and_run_all"]
 
 Analyzer = Callable[[Trace, Options], AnalysisResult]
 
@@ -44,6 +46,23 @@ ANALYZERS: dict[str, Analyzer] = {
     "streams-never-overlap": stream_overlap.analyze,
     "kernel-mix": kernel_mix.analyze,
 }
+
+
+#: finding id -> {evidence key: unit}, as each analyzer declares them (its module's
+#: ``EVIDENCE_UNITS``) plus what every finding may carry (``SHARED_EVIDENCE_UNITS``)
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    fid: {**SHARED_EVIDENCE_UNITS, **units}
+    for m in (allocator_churn, comm_exposed, embedding_bound, graph_candidate, input_stall, kernel_mix, launch_bound,
+              memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid, step_variance,
+              stream_contention, stream_overlap, sync_api)
+    for fid, units in m.EVIDENCE_UNITS.items()
+}
+
+
+def evidence_units(finding_id: str) -> dict[str, str]:
+    """The declared units of a finding's evidence (only the shared ones for an id no
+    analyzer declares)."""
+    return EVIDENCE_UNITS.get(finding_id, SHARED_EVIDENCE_UNITS)
 
 
 #: the order in which two processes take the analyzers: the usually longest first

@@ -11,7 +11,11 @@ from ..findings import Finding
 from ..options import Options
 from ._recoverable import finish
 
-__all__ = ["settle_shared_causes", "ROOT_CAUSE_ORDER"]
+__all__ = ["settle_shared_causes", "ROOT_CAUSE_ORDER", "SHARED_EVIDENCE_UNITS"]
+
+#: the units of the evidence this module adds to any finding (``shared_idle_ns`` holds
+#: ``{also_counted_by | counted_under: {finding id: ns}}``: the ids take its unit)
+SHARED_EVIDENCE_UNITS = {"shared_idle_ns": "ns"}
 
 #: Which finding names the root cause when several count the same idle gap: the first in
 #: this order keeps the shared time, the others only what is left. The specific causes come

@@ -38,6 +38,17 @@ from ._util import coverage_at, r, str_contains, take_str, thread_label_codes
 
 __all__ = ["analyze"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "allocator-churn": {
+        "allocator_gaps": "number", "allocator_idle_ns": "ns", "calls": "number", "count": "number",
+        "idle_ns": "ns", "steady_allocator_idle_ns": "ns", "steady_idle_share": "share",
+        "syncing_frees": "number", "time_ms": "ms", "warmup_calls": "number",
+    },
+}
+
 #: allocator calls that synchronize the device (the frees; the mallocs do not wait for it)
 _SYNCING = re.compile(r"Free")
 

@@ -36,6 +36,17 @@ from ._util import r, share, stream_label_codes
 
 __all__ = ["analyze"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "comm-exposed": {
+        "comm_kernels": "number", "comm_ns": "ns", "comm_share_of_busy": "share", "compute_ns": "ns",
+        "exposed_ns": "ns", "hidden_ns": "ns", "hidden_share": "share", "kernels": "number",
+        "steady_exposed_ns": "ns",
+    },
+}
+
 _REMEDY = (
     "Overlap communication with compute: pipeline the sparse all-to-all of batch i+1 under the dense "
     "forward/backward of batch i (TorchRec TrainPipelineSparseDist), issue collectives asynchronously on "

@@ -35,6 +35,20 @@ from ._util import r, str_contains
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "embedding-bound": {
+        "count": "number", "count_share": "share", "embedding_cpu_ops": "number",
+        "embedding_kernels": "number", "embedding_launches_per_iteration": "number", "embedding_time_us": "us",
+        "gaps_between_lookups": "number", "idle_between_lookups_ns": "ns", "iterations": "number",
+        "kernel_time_us": "us", "kernels": "number", "launch_cost_between_lookups_ns": "ns",
+        "launch_cost_per_lookup_us": "us", "launches_per_iteration": "number", "median_us": "us",
+        "time_share": "share", "total_us": "us",
+    },
+}
+
+
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if not len(trace.kernels):
         return AnalysisResult(name="embedding-bound", data={"kernels": 0})

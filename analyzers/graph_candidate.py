@@ -38,6 +38,19 @@ from ._util import (GRAPH_LAUNCH_RE, group_codes, launches, merge_intervals, r, 
 
 __all__ = ["analyze", "repeated_windows"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "graph-candidate": {
+        "candidate_kernel_time_us": "us", "candidate_kernels": "number", "candidate_share_of_busy": "share",
+        "candidate_share_of_eager": "share", "eager_kernels": "number", "graph_executions": "number",
+        "graph_launch_calls": "number", "graphed_busy_share": "share", "idle_before_candidates_ns": "ns",
+        "in_graph_kernels": "number", "kernels": "number", "min_kernels": "number", "min_repeats": "number",
+        "sequence_length": "number", "sequence_repeats": "number", "share": "share",
+    },
+}
+
 _W = np.random.default_rng(20261121).integers(1, 2**63 - 1, size=4096, dtype=np.int64).astype(np.uint64) | np.uint64(1)
 
 

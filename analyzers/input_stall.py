@@ -29,6 +29,18 @@ from ._util import norm_name, per_value, r, str_is
 
 __all__ = ["analyze", "INPUT_RANGES"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "input-stall": {
+        "copies_in_input": "number", "copy_bytes_in_input": "number", "gpu_idle_between_gpu_work_ms": "ms",
+        "gpu_idle_during_input_ms": "ms", "input_ms_per_step": "number", "input_ranges": "number",
+        "input_time_ms": "ms", "pageable_copies_in_input": "number", "profiler_step_ms": "ms",
+        "profiler_steps": "number", "share_of_step": "share",
+    },
+}
+
 #: names of ranges that load or stage a batch (case-insensitive)
 INPUT_RANGES = (r"(?i)enumerate\(DataLoader\)|DataLoaderIter|copy_batch_to_(?:gpu|device)|batch_to_(?:gpu|device)|"
                 r"wait_for_batch|data_?load(?:er|ing)?\b|next_batch|load_batch|get_batch")

@@ -27,6 +27,20 @@ from ._util import r
 
 __all__ = ["analyze"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "copy-kernels": {
+        "count": "number", "kernel_time_us": "us", "kernels": "number", "median_us": "us",
+        "time_share": "share", "time_us": "us", "total_us": "us",
+    },
+    "fp32-gemm": {
+        "count": "number", "kernel_time_us": "us", "kernels": "number", "median_us": "us",
+        "time_share": "share", "time_us": "us", "total_us": "us",
+    },
+}
+
 _TEXT = {
     "copy-kernels": (
         "{share:.0%} of kernel time is copies and concatenations ({n:,} copy/cat kernels)",

@@ -39,6 +39,20 @@ from ._util import merge_intervals, op_api_rows, op_table, per_key, r, take_str,
 
 __all__ = ["analyze"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "launch-bound": {
+        "allocator_gaps": "number", "allocator_idle_ns": "ns", "allocator_ns": "ns", "gaps": "number",
+        "host_wait_gaps": "number", "host_wait_ns": "ns", "host_wait_share_of_idle": "share",
+        "host_wait_share_of_window": "share", "idle_ns": "ns", "idle_share": "share",
+        "launch_share_of_window": "share", "other_gaps": "number", "other_idle_ns": "ns", "other_ns": "ns",
+        "short_gap_ns": "ns", "short_gap_us": "us", "short_gaps": "number", "steady_launch_wait_ns": "ns",
+        "window_ns": "ns",
+    },
+}
+
 _KINDS = ("host_wait", "short_gap", "allocator", "other")
 
 

@@ -41,6 +41,20 @@ from .summary import direction_switches
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "memcpy-ping-pong": {
+        "copy_time_us": "us", "d2h": "number", "direction_switches": "number", "h2d": "number",
+        "launches_joined": "number", "median_copy_bytes": "bytes", "merge_copies_saving_ns": "ns",
+        "pageable_copies": "number", "pageable_share": "share", "round_trip_idle_ns": "ns",
+        "small_copies": "number", "small_copies_per_unit": "number", "small_copy_bytes": "bytes",
+        "small_share": "share", "switch_share": "share", "sync_copies": "number", "sync_share": "share",
+        "units": "number",
+    },
+}
+
+
 def _units(trace: Trace, region_names: np.ndarray) -> tuple[str | None, int]:
     """The unit of work: the region issuing most copies (count of its instances), else the
     step annotation; ``(None, 1)`` when there are no ranges."""

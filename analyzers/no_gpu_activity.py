@@ -16,6 +16,16 @@ from ._util import str_contains
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "no-gpu-activity": {
+        "api_calls": "number", "graph_executions": "number", "kernels": "number", "launch_calls": "number",
+        "memcpys": "number", "memsets": "number",
+    },
+}
+
+
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="no-gpu-activity")
     n_k, n_g = len(trace.kernels), len(trace.graphs)

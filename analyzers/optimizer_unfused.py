@@ -38,6 +38,19 @@ from ._util import r, take_str
 
 __all__ = ["analyze"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "optimizer-unfused": {
+        "count": "number", "cpu_ms_per_step": "number", "cpu_share_of_step": "share",
+        "foreach_kernels": "number", "fused_kernels": "number", "gpu_time_share": "share",
+        "half_foreach_time_ns": "ns", "idle_in_step_ranges_ns": "ns", "launches_per_step": "number",
+        "median_us": "us", "optimizer_kernels": "number", "optimizer_time_us": "us", "other_kernels": "number",
+        "profiler_step_ms": "ms", "step_ranges": "number", "total_us": "us",
+    },
+}
+
 _STEP = r"^Optimizer\.step#"
 #: torch.optim classes whose update is elementwise, so that foreach and fused forms exist
 #: (fused: Adam, AdamW, SGD, Adagrad); a step of another optimizer (Shampoo, an EMA

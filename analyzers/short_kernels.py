@@ -27,6 +27,19 @@ from ._util import launches, r, stream_label_codes, take_str
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "short-kernels": {
+        "count": "number", "count_share": "share", "idle_before_short_kernels_ns": "ns",
+        "kernel_time_us": "us", "kernels": "number", "launch_to_kernel_ratio": "number",
+        "launches_joined": "number", "median_kernel_us": "us", "median_launch_us": "us", "median_us": "us",
+        "short": "number", "short_time_us": "us", "threshold_us": "us", "time_share": "share",
+        "total_us": "us",
+    },
+}
+
+
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="short-kernels")
     k = trace.kernels

@@ -34,6 +34,19 @@ from ._attribution import where_shares
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "small-grid": {
+        "communication_kernels_excluded": "number", "communication_time_excluded_us": "us", "count": "number",
+        "count_share": "share", "kernels_judged": "number", "median_blocks": "number", "sm_count": "number",
+        "small_grid_alone_time_us": "us", "small_grid_kernels": "number",
+        "small_grid_overlapped_time_us": "us", "small_grid_time_us": "us", "time_share": "share",
+        "total_us": "us", "unused_sm_time_ns": "ns",
+    },
+}
+
+
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     k = trace.kernels
     if not len(k):

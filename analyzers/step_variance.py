@@ -32,6 +32,17 @@ from ._util import coverage_at, merge_intervals, norm_name, per_value, r, str_co
 
 __all__ = ["analyze", "steps"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "step-variance": {
+        "extra_ms": "ms", "idle_inside_ms": "ms", "max_step_ms": "ms", "median_step_ms": "ms", "ms": "number",
+        "p90_step_ms": "ms", "ratio": "number", "share": "share", "step_ms": "ms", "steps": "number",
+        "x_median": "number",
+    },
+}
+
 _NVTX = ("nvtx", "nvtx_pushpop", "nvtx_startend")
 #: up to this many steps, the evidence lists each step's time
 _LIST_STEPS = 50

@@ -44,6 +44,20 @@ from ._util import (coverage_at, group_codes, launches, merge_intervals, pair_co
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "stream-contention": {
+        "concurrent_threads": "number", "cuda_call_ms": "ms", "device": "number",
+        "idle_while_threads_wait_ns": "ns", "launch_time_lost_ns": "ns", "launches": "number",
+        "launches_per_thread": "number", "lock_wait_ms": "ms", "median_launch_us_alone": "us",
+        "median_launch_us_overlapped": "us", "overlap_share": "share", "pid": "number", "score": "number",
+        "share": "share", "slowdown": "number", "stream_id": "number", "switch_rate": "number",
+        "threads": "number", "wall_ms": "ms",
+    },
+}
+
+
 def _overlap_stats(calls: pd.DataFrame) -> tuple[float, np.ndarray]:
     """(overlap share, per-call bool 'another thread was launching during this call')."""
     tids = calls["tid"].to_numpy(np.int64)

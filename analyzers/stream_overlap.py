@@ -32,6 +32,17 @@ from ._util import group_codes, r, stream_label, str_is
 __all__ = ["analyze"]
 
 
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "streams-never-overlap": {
+        "busy_us": "us", "device": "number", "kernel_time_us": "us", "overlap_share": "share",
+        "overlap_us": "us", "pid": "number", "share": "share", "stream_wait_event_calls": "number",
+        "streams": "number", "streams_judged": "number",
+    },
+}
+
+
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="streams-never-overlap")
     k = trace.kernels

@@ -38,6 +38,16 @@ from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_conta
 
 __all__ = ["analyze"]
 
+
+#: the unit of each evidence value this analyzer reports (how the reports print it;
+#: the JSON keeps raw numbers): ns, us, ms, share (0..1), bytes or number
+EVIDENCE_UNITS: dict[str, dict[str, str]] = {
+    "sync-api": {
+        "blocked_share": "share", "blocked_us": "us", "calls": "number", "gpu_idle_after_sync_ns": "ns",
+        "gpu_idle_after_sync_share": "share", "pageable_d2h_copies": "number",
+    },
+}
+
 #: syncs a program makes on purpose, not as the tail of a copy
 _EXPLICIT_SYNC = re.compile(r"(?:Device|Ctx|Context|Event)Synchronize")
 

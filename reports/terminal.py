@@ -14,13 +14,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .._util.format import NAME_WIDTH, duration_ns, fmt_value, shorten
+from .._util.format import NAME_WIDTH, duration_ns, fmt_evidence, fmt_unit, shorten
+from ..analyzers import evidence_units
 from ._common import clock_s, evidence_label, kernel_label, plan_rows, report_kernel_labels, shown_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..diagnose.advise import AdviseResult
 
-__all__ = ["render_terminal", "fmt_value", "NAME_WIDTH"]
+__all__ = ["render_terminal", "NAME_WIDTH"]
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "note": "dim"}
 
@@ -47,36 +48,37 @@ def _summary_table(res: "AdviseResult") -> Table:
     tab.add_column("value")
     util = res.analyses.get("utilization", {})
     rows = [
-        ("kernels", fmt_value("kernels", s.get("kernels"))),
-        ("GPU utilization (kernel busy / window)", fmt_value("gpu_utilization", s.get("gpu_utilization"))),
+        ("kernels", fmt_unit(None, s.get("kernels"))),
+        ("GPU utilization (kernel busy / window)", fmt_unit("share", s.get("gpu_utilization"))),
     ]
     steady = util.get("steady_state_utilization")
     if steady is not None:
-        rows.append(("  steady state (start-up excluded)", fmt_value("utilization", steady)))
+        rows.append(("  steady state (start-up excluded)", fmt_unit("share", steady)))
     from ..diagnose.advise import idle_share
 
     idle = idle_share(s, res.analyses)
     if idle is not None:
-        rows.append(("GPU idle (no kernel, copy or memset running)", fmt_value("share", idle)))
+        rows.append(("GPU idle (no kernel, copy or memset running)", fmt_unit("share", idle)))
     sk = res.analyses.get("short-kernels") or {}
     if sk.get("threshold_us") is not None and sk.get("count_share") is not None:
-        short_row = (f"kernels shorter than {sk['threshold_us']:g} us", fmt_value("share", sk["count_share"]))
+        short_row = (f"kernels shorter than {sk['threshold_us']:g} us", fmt_unit("share", sk["count_share"]))
     else:
-        short_row = ("kernels shorter than 10 us", fmt_value("short_kernel_fraction", s.get("short_kernel_fraction")))
+        short_row = ("kernels shorter than 10 us", fmt_unit("share", s.get("short_kernel_fraction")))
     rows += [
         short_row,
-        ("most CPU threads launching into one stream", fmt_value("n", s.get("launch_threads_per_stream_max"))),
+        ("most CPU threads launching into one stream", fmt_unit(None, s.get("launch_threads_per_stream_max"))),
     ]
     m = s.get("memcpy") or {}
     rows.append(("copies H2D / D2H / direction switches",
                  f"{m.get('h2d', 0):,} / {m.get('d2h', 0):,} / {m.get('direction_switches', 0):,}"))
-    rows.append(("synchronize calls", fmt_value("n", s.get("sync_calls"))))
+    rows.append(("synchronize calls", fmt_unit(None, s.get("sync_calls"))))
     for k, v in rows:
         tab.add_row(k, v)
     return tab
 
 
-def _rows_text(rows: list[dict[str, Any]], limit: int = 5, labels: dict[str, str] | None = None) -> Text:
+def _rows_text(rows: list[dict[str, Any]], limit: int = 5, labels: dict[str, str] | None = None,
+               units: dict[str, str] | None = None) -> Text:
     """Evidence rows (worst kernels, streams, regions), one per line: the name first,
     shortened, then its numbers. Lines wrap cleanly at any terminal width."""
     t = Text()
@@ -93,7 +95,7 @@ def _rows_text(rows: list[dict[str, Any]], limit: int = 5, labels: dict[str, str
             elif k in ("nvtx", "stream", "thread", "region", "sequence"):
                 t.append(shorten(str(v), 70) + "  ", style="bold")
             else:
-                parts.append(f"{evidence_label(k)}={fmt_value(k, v)}")
+                parts.append(f"{evidence_label(k)}={fmt_evidence(units or {}, k, v)}")
         t.append(", ".join(parts))
     if len(rows) > limit:
         t.append(f"\n+{len(rows) - limit} more", style="dim")
@@ -109,12 +111,13 @@ def _finding_panel(f: Any, labels: dict[str, str] | None = None) -> Panel:
     if getattr(f, "recoverable_ns", None) is not None and (f.recoverable_ns or f.severity != "note"):
         body.add_row("to win", Text(f"up to {duration_ns(f.recoverable_ns)} of GPU time "
                                     f"({(f.recoverable_share or 0) * 100:.1f}% of the steady state)"))
-    ev = ", ".join(f"{evidence_label(k)}={fmt_value(k, v)}" for k, v in f.evidence.items()
+    units = evidence_units(f.id)
+    ev = ", ".join(f"{evidence_label(k)}={fmt_evidence(units, k, v)}" for k, v in f.evidence.items()
                    if (not isinstance(v, (list, dict)) or k in ("top",)) and k != "sequence_head")
     body.add_row("evidence", Text(ev))
     for k, v in f.evidence.items():
         if isinstance(v, list) and v and isinstance(v[0], dict):
-            body.add_row(k.replace("_", " "), _rows_text(v, labels=labels))
+            body.add_row(k.replace("_", " "), _rows_text(v, labels=labels, units=units))
     if f.where:
         body.add_row("where", _where_text(f.where))
     if getattr(f, "examples", None):

@@ -6,8 +6,13 @@ tables and the gate's messages (the JSON output keeps raw numbers).
 * :func:`pct`: a share (0..1) as a percentage;
 * :func:`fixed`: a measured number to a fixed number of decimals, with its unit;
 * :func:`duration_ns`: nanoseconds in the unit that reads best (ns, us, ms, s);
-* :func:`fmt_value`: an evidence or summary value, the unit taken from its key
-  (``*_ns``, ``*_us``, ``*_ms``, ``*share*``/``*fraction*``/``*utilization*``).
+* :func:`fmt_unit`: a value in a declared unit (``ns``, ``us``, ``ms``, ``share``,
+  ``bytes``, ``number``);
+* :func:`fmt_evidence`: a finding's evidence value, its unit declared by the analyzer
+  (``EVIDENCE_UNITS`` in each ``analyzers/`` module; a nested value without a unit of its
+  own takes its parent's);
+* :func:`fmt_value`: a plan value, the unit taken from its key (the planner's own field
+  names: ``*_ns``, ``*_us``, ``*_ms``, ``*share*``/``*fraction*``/``*utilization*``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import json
 import math
 from typing import Any
 
-__all__ = ["fmt", "pct", "fixed", "duration_ns", "fmt_value", "shorten"]
+__all__ = ["fmt", "pct", "fixed", "duration_ns", "fmt_value", "fmt_unit", "fmt_evidence", "shorten", "UNITS"]
+
+#: the units an evidence value is declared in
+UNITS = ("ns", "us", "ms", "share", "bytes", "number")
 
 #: kernel names are often several hundred characters of template arguments; the terminal
 #: shows the head (namespace and kernel name), the JSON and HTML reports keep them whole
@@ -88,6 +96,43 @@ def _float_by_key(key: str, v: float) -> str:
     if k.endswith("_ns"):
         return duration_ns(v)
     return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def fmt_unit(unit: str | None, v: Any) -> str:
+    """``v`` in ``unit`` (one of :data:`UNITS`, or None: a plain number): nanoseconds as the
+    duration that reads best, us/ms floats with their unit, a share (0..1) as a percentage,
+    counts with thousands separators."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, str):
+        return shorten(v)
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return duration_ns(v) if unit == "ns" else f"{v:,}"
+    if isinstance(v, float):
+        if unit == "share" and -0.001 <= v <= 1.001:
+            return pct(v)
+        if unit == "us":
+            return f"{v:,.2f} us"
+        if unit == "ms":
+            return f"{v:,.3f} ms"
+        if unit == "ns":
+            return duration_ns(v)
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def fmt_evidence(units: Any, key: str, v: Any, inherited: str | None = None) -> str:
+    """A finding's evidence value ``v`` under ``key``, in the unit ``units`` (the
+    finding's declared ``{key: unit}``) gives ``key``; a key without one takes
+    ``inherited`` (its parent's): ``shared_idle_ns: {finding id: ns}`` is durations."""
+    u = units.get(key, inherited)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={fmt_evidence(units, str(k), x, u)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt_evidence(units, key, x, inherited) for x in v[:5]) + (" ..." if len(v) > 5 else "")
+    return fmt_unit(u, v)
 
 
 def _has_unit(key: str) -> bool:
