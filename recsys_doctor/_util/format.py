@@ -85,17 +85,15 @@ def shorten(s: str, width: int = NAME_WIDTH) -> str:
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def _float_by_key(key: str, v: float) -> str:
+def _suffix_unit(key: str) -> str | None:
+    """The unit a plan field's name ends in (``*_ns``, ``*_us``, ``*_ms``), else None."""
     k = key.lower()
-    if any(t in k for t in ("fraction", "share", "utilization", "ratio_of")) and -0.001 <= v <= 1.001:
-        return pct(v)
-    if k.endswith("_us"):
-        return f"{v:,.2f} us"
-    if k.endswith("_ms"):
-        return f"{v:,.3f} ms"
-    if k.endswith("_ns"):
-        return duration_ns(v)
-    return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return next((u for u in ("ns", "us", "ms") if k.endswith("_" + u)), None)
+
+
+def _is_share_key(key: str) -> bool:
+    k = key.lower()
+    return any(t in k for t in ("fraction", "share", "utilization", "ratio_of"))
 
 
 def fmt_unit(unit: str | None, v: Any) -> str:
@@ -135,27 +133,16 @@ def fmt_evidence(units: Any, key: str, v: Any, inherited: str | None = None) -> 
     return fmt_unit(u, v)
 
 
-def _has_unit(key: str) -> bool:
-    k = key.lower()
-    return k.endswith(("_ns", "_us", "_ms")) or any(t in k for t in ("fraction", "share", "utilization", "ratio_of"))
-
-
 def fmt_value(key: str, v: Any) -> str:
-    """A human rendering of one evidence / summary number (shares as %, ns as time)."""
-    if v is None:
-        return "n/a"
-    if isinstance(v, str):
-        return shorten(v)
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return _float_by_key(key, v)
-    if isinstance(v, int):
-        return duration_ns(v) if key.lower().endswith("_ns") else f"{v:,}"
+    """A human rendering of one plan value, its unit taken from its key: a float under a
+    share key in 0..1 as %, else by the key's suffix (:func:`fmt_unit`)."""
     if isinstance(v, dict):
         # a key without a unit of its own (a finding id, a stream) takes the dict's:
         # ``shared_idle_ns: {"short-kernels": 1200000}`` is a duration, not a count
-        return ", ".join(f"{k}={fmt_value(k if _has_unit(str(k)) else key, x)}" for k, x in v.items())
+        return ", ".join(f"{k}={fmt_value(k if _suffix_unit(str(k)) or _is_share_key(str(k)) else key, x)}"
+                         for k, x in v.items())
     if isinstance(v, (list, tuple)):
         return ", ".join(fmt_value(key, x) for x in v[:5]) + (" ..." if len(v) > 5 else "")
-    return str(v)
+    if isinstance(v, float) and _is_share_key(key) and -0.001 <= v <= 1.001:
+        return pct(v)
+    return fmt_unit(_suffix_unit(key), v)

@@ -24,15 +24,11 @@ def mean_batch(clients: int, max_batch: int, fill: float) -> int:
     return max(1, min(max_batch, round(fill * clients)))
 
 
-def estimate_batched(stats: Any, cand: Any, q: int, costs: Any) -> dict[str, Any]:
+def estimate_batched(stats: Any, cand: Any, q: int, costs: Any, one: float) -> dict[str, Any]:
     """The numbers of a batching candidate's
     :class:`~recsys_doctor.planning.whatif.Prediction` (its keyword arguments but the
-    candidate): host and GPU ns per query, overlap, bound, q/s, p50, p99, notes."""
-    packed = 0.0
-    if stats.copies_per_unit:
-        packed = min(2.0, stats.copies_per_unit) * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
-    one = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + packed
-    one = max(one, costs.min_gpu_share * stats.gpu_ns_per_unit)
+    candidate): host and GPU ns per query, overlap, bound, q/s, p50, p99, notes. ``one``:
+    one query's graphed GPU time, as the unbatched estimate prices it."""
     k = mean_batch(q, cand.max_batch, costs.batch_fill)
     batch_gpu = one * (1 + (k - 1) * costs.batch_marginal_share)
     host = costs.batch_host_ns

@@ -358,6 +358,13 @@ def _overlap(stats: TraceStats, groups: int, clients: int, max_overlap: float | 
     return max(1.0, min(float(groups), float(clients), cap))
 
 
+def _graphed_gpu_ns(stats: TraceStats, costs: WhatIfCosts, copies_ns: float) -> float:
+    """GPU time of one unit replayed as a CUDA graph: its kernels, a node gap each and
+    ``copies_ns``, never below ``min_gpu_share`` of the eager GPU time."""
+    gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + copies_ns
+    return max(gpu, costs.min_gpu_share * stats.gpu_ns_per_unit)
+
+
 def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
              costs: WhatIfCosts = WhatIfCosts(), script: bool = False) -> Prediction:
     """The predicted throughput/latency (serving) or step time (training) of ``cand``; see
@@ -367,16 +374,17 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
     q = int(clients if clients is not None else stats.threads)
     if q < 1:
         raise BadInputError(f"clients must be >= 1, got {q}")
-    if cand.batching and stats.kind == "serve" and not script:
-        from ._batching import estimate_batched
-
-        return Prediction(cand, **estimate_batched(stats, cand, q, costs))
     h = stats.host_ns_per_op
     notes: list[str] = []
     packed_copy_ns = 0.0
     if stats.copies_per_unit:
         directions = min(2.0, stats.copies_per_unit)
         packed_copy_ns = directions * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
+    if cand.batching and stats.kind == "serve" and not script:
+        from ._batching import estimate_batched
+
+        one = _graphed_gpu_ns(stats, costs, packed_copy_ns)
+        return Prediction(cand, **estimate_batched(stats, cand, q, costs, one))
     if cand.cuda_graphs:
         host = costs.graph_host_ns if costs.graph_host_ns is not None else costs.graph_host_ops * h
         copies_ns = packed_copy_ns
@@ -385,8 +393,7 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
             host += stats.copies_per_unit * per_copy
             if costs.script_copy_node_ns is not None:
                 copies_ns = stats.copies_per_unit * costs.script_copy_node_ns
-        gpu = stats.kernel_ns_per_unit + stats.kernels_per_unit * costs.graph_node_gap_ns + copies_ns
-        gpu = max(gpu, costs.min_gpu_share * stats.gpu_ns_per_unit)
+        gpu = _graphed_gpu_ns(stats, costs, copies_ns)
     else:
         host = stats.host_ns_per_unit
         gpu = stats.gpu_ns_per_unit
