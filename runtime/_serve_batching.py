@@ -24,8 +24,8 @@ class BatchingOptions:
     (default 1, 2, 4, ... up to ``max_batch``); ``max_delay_ms``: how long a free group
     waits for more requests when fewer than ``max_batch`` are queued (0: none, a lone
     client never waits); ``max_queue``: requests queued or running at most (callers past it
-    wait for room up to ``timeout_s``, then get ``QueueFullError``; at least ``max_batch``); ``timeout_s``: how long a
-    caller waits for room or for its result; ``batch_spec``: each input tensor's kind
+    wait for room up to ``timeout_s``, then get ``QueueFullError``; at least ``max_batch``);
+    ``timeout_s``: how long a caller waits for room or for its result; ``batch_spec``: each input tensor's kind
     (``rows``, ``indices``, ``offsets``) when it cannot be inferred;
     ``switch_interval_ms``: the interpreter's thread switch interval while the model is
     served (``sys.setswitchinterval``, process-wide, restored by ``close()``; None: left
