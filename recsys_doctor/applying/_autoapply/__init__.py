@@ -43,6 +43,7 @@ module a concern, lowest first: :mod:`._common` (the state), :mod:`.groups` (thr
 the capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.graphs`
 (graphs per call site), :mod:`.staging` (a thread's deferred input copies),
 :mod:`.thread_graphs` (a thread's own graph), :mod:`.interception` (what is patched),
+:mod:`.accounting` (calls taken over and left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
@@ -95,7 +96,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
-                      thread_replays=0, materialized=0)
+                      thread_replays=0, materialized=0, sites={})
         if hasattr(threading.Thread, "_bootstrap_inner"):
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]

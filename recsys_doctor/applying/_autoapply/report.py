@@ -8,15 +8,18 @@ import os
 from typing import Any
 
 from ._common import _log, _state
+from .accounting import sites
 
 
 def stats() -> dict[str, Any]:
-    """Groups created, threads placed, graphs captured, replays, fallback reasons."""
+    """Groups created, threads placed, graphs captured, replays, fallback reasons, and per call
+    site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch."""
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
             "graphs": _state.get("graphs"), "threads": _state.get("started", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
-            "materialized": _state.get("materialized", 0), "fallbacks": list(_state.get("fallbacks", []))}
+            "materialized": _state.get("materialized", 0), "fallbacks": list(_state.get("fallbacks", [])),
+            "sites": sites()}
 
 
 def _at_exit() -> None:
