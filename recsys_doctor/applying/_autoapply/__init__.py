@@ -117,6 +117,8 @@ def deactivate() -> None:
                 torch.nn.Module.__call__ = _state["orig_module_call"]
                 for name, fn in _state.pop("orig_tensor_methods", {}).items():
                     setattr(torch.Tensor, name, fn)
+                for name, fn in _state.pop("orig_torch_functions", {}).items():
+                    setattr(torch, name, fn)
         _state["active"] = False
 
 

@@ -76,5 +76,4 @@ def _patch_module(torch: Any) -> None:
     nn.Module.__call__ = __call__
     _state["patched_module"] = True
     _state["orig_module_call"] = orig
-    if _state.get("thread_graphs") and _state.get("graphs"):
-        _patch_copies(torch)
+    _patch_copies(torch)  # pageable copies always; pinned ones into thread graphs where those are on

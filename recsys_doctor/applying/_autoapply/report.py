@@ -14,12 +14,14 @@ from .accounting import sites
 def stats() -> dict[str, Any]:
     """Groups created, threads placed, graphs captured, replays, fallback reasons, and per call
     site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch."""
+    per_site = sites()
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
             "graphs": _state.get("graphs"), "threads": _state.get("started", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
-            "materialized": _state.get("materialized", 0), "fallbacks": list(_state.get("fallbacks", [])),
-            "sites": sites()}
+            "materialized": _state.get("materialized", 0), "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
+            "fallbacks": list(_state.get("fallbacks", [])),
+            "sites": per_site}
 
 
 def _at_exit() -> None:

@@ -9,6 +9,8 @@ import weakref
 from typing import Any
 
 from ._common import _state, _tls
+from .accounting import script_site
+from .pageable import cuda_args, patch_factories, stage, to_args
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -217,24 +219,37 @@ def _make_lazy_type(torch: Any) -> type:
 
 
 def _patch_copies(torch: Any) -> None:
+    """Patch ``Tensor.to`` / ``Tensor.cuda`` (and, through :mod:`.pageable`, ``torch.as_tensor``
+    / ``torch.tensor``) for hooked threads; other threads get PyTorch's own at once."""
     T = torch.Tensor
     _state["orig_tensor_methods"] = {"to": T.to, "cuda": T.cuda}
     _state["lazy_type"] = _make_lazy_type(torch)
-    T.to = _copy_method(torch, T.to, _to_target)
-    T.cuda = _copy_method(torch, T.cuda, _cuda_target)
+    T.to = _copy_method(torch, T.to, _to_target, to_args)
+    T.cuda = _copy_method(torch, T.cuda, _cuda_target, cuda_args)
+    patch_factories(torch)
 
 
-def _copy_method(torch: Any, orig: Any, target: Any) -> Any:
-    """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy ``target`` recognizes goes
-    through :func:`_copy_in`, everything else straight to PyTorch's ``orig``."""
+def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
+    """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a non-blocking copy of a pinned
+    tensor ``target`` recognizes goes through :func:`_copy_in` (the thread graph) where the
+    thread has one; any other copy of a host tensor to the GPU that ``parse`` recognizes is
+    staged by :func:`.pageable.stage`; everything else goes straight to PyTorch's ``orig``."""
+    T = torch.Tensor
+
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda:
+            return orig(self, *args, **kwargs)
         st = getattr(_tls, "copies", None)
-        if st is None or _tls.depth:
+        if st is not None and not _tls.depth:
+            dev = target(torch, args, kwargs)
+            if dev is not None and self.is_pinned():
+                return _copy_in(torch, st, self, dev, orig, args, kwargs)
+        p = parse(torch, args, kwargs)
+        if p is None or self.device.type != "cpu" or (p[2] and self.is_pinned()):
+            # not a host-to-GPU copy, or one already asynchronous (pinned, non-blocking)
             return orig(self, *args, **kwargs)
-        dev = target(torch, args, kwargs)
-        if dev is None:
-            return orig(self, *args, **kwargs)
-        return _copy_in(torch, st, self, dev, orig, args, kwargs)
+        out = stage(torch, self, p[0], p[1], site=script_site(2))
+        return orig(self, *args, **kwargs) if out is None else out
 
     method.__name__ = getattr(orig, "__name__", "method")
     method.__wrapped__ = orig  # type: ignore[attr-defined]

@@ -1,0 +1,182 @@
+"""The script hook's staging of pageable host-to-device copies, the parts that run without a
+GPU: which calls it recognizes (``Tensor.to`` / ``.cuda``, ``torch.as_tensor``, ``torch.tensor``),
+what it leaves to PyTorch and why, the bytes staged through the thread's two buffers (switching
+when one is full) and the counts per line of the script.
+
+A CPU tensor stands in for the thread's pinned buffers and ``cpu`` for the device: the
+bookkeeping is the same; the GPU side (asynchronous copies on the group's stream, outputs equal
+to PyTorch's copies, the scripts suite) is in ``tests/test_apply_gpu.py``."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from recsys_doctor.applying import _autoapply as hook
+from recsys_doctor.applying._autoapply import accounting, pageable
+
+torch = pytest.importorskip("torch")
+
+FAKE = SimpleNamespace(device=torch.device, Tensor=torch.Tensor, dtype=torch.dtype,
+                       preserve_format=torch.preserve_format, contiguous_format=torch.contiguous_format,
+                       cuda=SimpleNamespace(current_device=lambda: 3))
+C3, C1 = torch.device("cuda", 3), torch.device("cuda", 1)
+F16 = torch.float16
+
+
+@pytest.mark.parametrize("args,kwargs,want", [
+    (("cuda",), {}, (C3, None, False)),
+    (("cuda:1",), {"non_blocking": True}, (C1, None, True)),
+    ((torch.device("cuda"), F16), {}, (C3, F16, False)),
+    (("cuda", F16, True), {}, (C3, F16, True)),
+    ((1,), {}, (C1, None, False)),  # an int is a CUDA index for Tensor.to
+    ((), {"device": "cuda", "dtype": F16}, (C3, F16, False)),
+    (("cuda",), {"copy": True, "memory_format": torch.preserve_format}, (C3, None, False)),
+    (("cuda", True), {"non_blocking": True}, None),  # non_blocking twice
+    (("cuda",), {"memory_format": torch.channels_last}, None),
+    ((F16,), {}, None),  # a cast on the host: no copy to the GPU
+    (("cpu",), {}, None),
+    (("cuda:x",), {}, None),
+    ((-1,), {}, None),
+    (("cuda",), {"pin": True}, None),
+    (("cuda",), {"device": "cuda"}, None),
+])
+def test_which_to_calls_are_staged(args, kwargs, want):
+    assert pageable.to_args(FAKE, args, kwargs) == want
+
+
+def test_to_another_tensor_takes_its_device_and_dtype():
+    other = SimpleNamespace(device=torch.device("cuda", 1), dtype=F16)
+    fake = SimpleNamespace(**{**vars(FAKE), "Tensor": SimpleNamespace})
+    assert pageable.to_args(fake, (other,), {}) == (C1, F16, False)
+    assert pageable.to_args(fake, (other,), {"non_blocking": True}) == (C1, F16, True)
+    assert pageable.to_args(fake, (other,), {"dtype": F16}) is None
+
+
+@pytest.mark.parametrize("args,kwargs,want", [
+    ((), {}, (C3, None, False)),
+    ((1,), {}, (C1, None, False)),
+    ((None, True), {}, (C3, None, True)),
+    ((), {"device": "cuda:1", "non_blocking": True}, (C1, None, True)),
+    ((0,), {"device": 1}, None),
+    ((0, True), {"non_blocking": True}, None),
+    ((), {"memory_format": torch.channels_last}, None),
+    ((1, True, 2), {}, None),
+])
+def test_which_cuda_calls_are_staged(args, kwargs, want):
+    assert pageable.cuda_args(FAKE, args, kwargs) == want
+
+
+@pytest.mark.parametrize("args,kwargs,want", [
+    (([1],), {"device": "cuda"}, (C3, None)),
+    (([1], F16, "cuda:1"), {}, (C1, F16)),
+    ((), {"data": [1], "device": 1}, (C1, None)),
+    (([1],), {}, None),  # a host tensor: nothing to stage
+    (([1],), {"device": "cpu"}, None),
+    (([1], None), {"dtype": F16, "device": "cuda"}, None),  # dtype twice: PyTorch's error
+])
+def test_which_as_tensor_calls_are_staged(args, kwargs, want):
+    assert pageable.as_tensor_args(FAKE, args, kwargs) == want
+
+
+@pytest.mark.parametrize("args,kwargs,want", [
+    (([1],), {"device": "cuda"}, (C3, None)),
+    (([1],), {"device": "cuda", "dtype": F16, "requires_grad": False}, (C3, F16)),
+    (([1],), {"device": "cuda", "requires_grad": True}, None),
+    (([1],), {"device": "cuda", "pin_memory": True}, None),
+    (([1],), {"device": "cuda", "names": None}, None),
+    (([1], [2]), {"device": "cuda"}, None),
+])
+def test_which_tensor_calls_are_staged(args, kwargs, want):
+    assert pageable.tensor_args(FAKE, args, kwargs) == want
+
+
+@pytest.fixture
+def stager(monkeypatch):
+    """A hooked thread's stager over CPU "pinned" buffers of 4 KiB, counts reset."""
+    monkeypatch.setattr(pageable, "ARENA_BYTES", 4096)
+    monkeypatch.setattr(pageable, "MAX_COPY", 2048)
+    monkeypatch.setitem(hook._state, "sites", {})
+    st = pageable._Stager(torch, torch.device("cpu"), host_alloc=lambda n: torch.zeros(n, dtype=torch.uint8))
+    monkeypatch.setattr(pageable._tls, "pageable", st, raising=False)
+    yield st
+    pageable._tls.pageable = None
+
+
+def test_staged_copies_equal_their_sources_and_own_their_memory(stager):
+    srcs = [torch.arange(10, dtype=torch.int64), torch.linspace(0, 1, 7), torch.tensor(True),
+            torch.ones(3, 4, dtype=torch.float16).t(), torch.empty(0, 5), torch.arange(6).reshape(2, 3)[:, 1]]
+    outs = [pageable.stage(torch, s, torch.device("cpu")) for s in srcs]
+    for s, o in zip(srcs, outs):
+        assert o is not None and o.dtype == s.dtype and o.shape == s.shape and torch.equal(o, s)
+        assert o.data_ptr() != s.data_ptr() or s.numel() == 0
+    # each copy starts on the allocator's alignment, one after the other in the first buffer
+    nbytes = [s.numel() * s.element_size() for s in srcs]
+    want_off = 0
+    for n in nbytes:
+        want_off = -(-want_off // 512) * 512 + n
+    assert (stager.cur, stager.off) == (0, want_off)
+    srcs[0].add_(100)  # the script's array changes after the call: the copy does not
+    assert torch.equal(outs[0], torch.arange(10))
+
+
+def test_a_full_buffer_switches_to_the_other_one(stager):
+    src = torch.arange(256, dtype=torch.int64)  # 2 KiB: two fit in a 4 KiB buffer
+    outs = [pageable.stage(torch, src + i, torch.device("cpu")) for i in range(5)]
+    assert [bool(torch.equal(o, src + i)) for i, o in enumerate(outs)] == [True] * 5
+    # buffers 0, 0, 1, 1, 0: the fifth copy went back to the first buffer, at its start
+    assert (stager.cur, stager.off) == (0, 2048)
+
+
+def test_a_conversion_is_made_on_the_host_first(stager):
+    src = torch.tensor([0.1, 1e-8, 70000.0], dtype=torch.float64)
+    out = pageable.stage(torch, src, torch.device("cpu"), torch.float16)
+    assert out.dtype == torch.float16 and torch.equal(out, src.to(torch.float16))
+
+
+def test_what_is_left_to_pytorch_is_counted_with_the_reason_and_the_line(stager):
+    line = sys._getframe().f_lineno + 1
+    assert pageable.stage(torch, torch.ones(3, requires_grad=True), torch.device("cpu")) is None
+    big = torch.zeros(1024, dtype=torch.int64)  # 8 KiB > MAX_COPY
+    assert pageable.stage(torch, big, torch.device("cpu")) is None
+    assert pageable.stage(torch, torch.ones(2), torch.device("cpu")) is not None
+    rows = {r["site"]: r for r in accounting.sites()}
+    here = f"tests/test_autoapply_pageable.py:{line}"
+    assert rows[here]["reasons"] == {"not taken over: a tensor that requires grad": 1}
+    assert rows[here]["fallback"] == 1 and rows[here]["taken_over"] == 0
+    nxt = rows[f"tests/test_autoapply_pageable.py:{line + 2}"]
+    assert nxt["reasons"] == {"not taken over: a copy of 8192 bytes (over 2048)": 1}
+    ok = rows[f"tests/test_autoapply_pageable.py:{line + 3}"]
+    assert (ok["kind"], ok["taken_over"], ok["fallback"]) == ("h2d", 1, 0)
+
+
+def test_factories_make_host_data_with_pytorchs_rules_then_stage_it(stager, monkeypatch):
+    """``torch.as_tensor`` / ``torch.tensor`` of numpy and lists in a hooked thread: the
+    dtype PyTorch's own function picks (int64 numpy stays int64, a list of floats becomes the
+    default float32), the values equal, the numpy array free to change right after."""
+    monkeypatch.setattr(pageable._tls, "group", object(), raising=False)
+    calls = []
+
+    def fake_stage(torch_, host, dev, dtype=None, site=None):
+        calls.append((host.dtype, dev, dtype, site))
+        return pageable._tls.pageable.copy(torch_, pageable._host_tensor(torch_, host, dtype)[0])
+
+    monkeypatch.setattr(pageable, "stage", fake_stage)
+    as_tensor = pageable._factory(torch, torch.as_tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")),
+                                  "as_tensor")
+    tensor = pageable._factory(torch, torch.tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")), "tensor")
+    a = np.arange(5, dtype=np.int64)
+    x = as_tensor(a, device="cuda")
+    a[:] = -1
+    y = tensor([0.5, 1.5], device="cuda")
+    z = as_tensor(np.array([1.0, 2.0]), dtype=torch.float32, device="cuda")
+    assert x.dtype == torch.int64 and x.tolist() == [0, 1, 2, 3, 4]
+    assert y.dtype == torch.get_default_dtype() and y.tolist() == [0.5, 1.5]
+    assert z.dtype == torch.float32 and z.tolist() == [1.0, 2.0]
+    line = sys._getframe().f_lineno
+    assert [c[3] for c in calls] == [f"tests/test_autoapply_pageable.py:{line - 7}",
+                                     f"tests/test_autoapply_pageable.py:{line - 5}",
+                                     f"tests/test_autoapply_pageable.py:{line - 4}"]
