@@ -7,5 +7,5 @@ export CUDA_DEVICE_MAX_CONNECTIONS=32
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/scripts_suite.json
 python3 -m pytest -q -m gpu tests/test_scripts_suite_gpu.py -k "$1" --basetemp=/tmp/suite -p no:cacheprovider > "$OUT/suite.log" 2>&1
 echo "pytest rc $?"; grep -E "^(E  |FAILED|PASSED)|passed|failed" "$OUT/suite.log" | tail -12
-(cd /tmp && find suite \( -name '*.json' -o -name '*.log' -o -name '*.txt' \) -size -2M -print0 | tar czf "$OLDPWD/$OUT/suite_runs.tgz" --null -T -)
+O=$(cd "$OUT" && pwd); (cd /tmp && find suite \( -name '*.json' -o -name '*.log' -o -name '*.txt' \) -size -2M -print0 | tar czf "$O/suite_runs.tgz" --null -T -)
 echo "total $(( $(date +%s) - t0 )) s"
