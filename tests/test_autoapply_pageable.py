@@ -162,7 +162,7 @@ def test_factories_make_host_data_with_pytorchs_rules_then_stage_it(stager, monk
 
     def fake_stage(torch_, host, dev, dtype=None, site=None):
         calls.append((host.dtype, dev, dtype, site))
-        return pageable._tls.pageable.copy(torch_, pageable._host_tensor(torch_, host, dtype)[0])
+        return pageable._tls.pageable.copy(torch_, pageable._host_array(torch_, host, dtype)[0])
 
     monkeypatch.setattr(pageable, "stage", fake_stage)
     as_tensor = pageable._factory(torch, torch.as_tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")),
@@ -180,3 +180,14 @@ def test_factories_make_host_data_with_pytorchs_rules_then_stage_it(stager, monk
     assert [c[3] for c in calls] == [f"tests/test_autoapply_pageable.py:{line - 7}",
                                      f"tests/test_autoapply_pageable.py:{line - 5}",
                                      f"tests/test_autoapply_pageable.py:{line - 4}"]
+
+
+def test_numpy_arrays_are_staged_as_pytorch_would_copy_them(stager):
+    """A numpy array goes in as it is (its dtype; 0-d stays 0-d; a strided view copied in C
+    order); object arrays are left to PyTorch (its own error)."""
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    for x in (a, a[:, 1], np.array(2.5), np.array([True, False])):
+        out = pageable.stage(torch, x, torch.device("cpu"))
+        assert out.shape == x.shape and out.dtype == torch.from_numpy(np.ascontiguousarray(x)).dtype
+        assert np.array_equal(out.numpy(), x)
+    assert pageable.stage(torch, np.array([1, "a"], dtype=object), torch.device("cpu")) is None

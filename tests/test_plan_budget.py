@@ -138,3 +138,21 @@ def test_a_plain_training_script_keeps_the_fastest_step():
 
     with pytest.raises(WorkloadError, match="no candidate plan could be measured"):
         _keep_best(rs, "script")  # as a serving script: none printed q/s
+
+
+def test_a_script_plan_that_loses_is_declined():
+    """A plain script whose best measured plan is slower than the script as it is keeps no
+    plan (issue 25: the hook declines plans that lose); a tie or a win is kept."""
+    from recsys_doctor.applying.apply import _declined
+
+    def res(qps=None, step_ms=None):
+        r = CandidateResult(Prediction(Candidate(2), 0.0, 0.0, 0.0, "", {}))
+        r.measured = {"qps": qps, "step_ms": step_ms}
+        return r
+
+    why = _declined({"qps": 268.0}, res(qps=123.5), train=False)
+    assert why and "g2" in why and "123.5 q/s against 268" in why
+    assert _declined({"qps": 268.0}, res(qps=268.0), train=False) is None
+    assert _declined({"qps": 268.0}, res(qps=900.0), train=False) is None
+    assert "ms a step" in _declined({"step_ms": 3.0}, res(step_ms=3.5), train=True)
+    assert _declined({"step_ms": 3.0}, res(step_ms=2.0), train=True) is None

@@ -97,7 +97,8 @@ def test_script_through_profile_apply_keeps_its_outputs(name, tmp_path):
     speedup = _speedup(kind, res["before"], res["after"])
 
     row = {"script": name, "kind": kind, "launch_bound": launch_bound, "speedup": round(speedup, 3),
-           "outputs_equal": outputs_equal, "threads": reference.get("threads"), "chosen": res["chosen"]["label"],
+           "outputs_equal": outputs_equal, "threads": reference.get("threads"),
+           "chosen": (res["chosen"] or {}).get("label", "none: declined"),
            "before": {k: res["before"].get(k) for k in ("qps", "p50_ms", "p99_ms", "step_ms") if k in res["before"]},
            "after": {k: res["after"].get(k) for k in ("qps", "p50_ms", "p99_ms", "step_ms") if k in res["after"]},
            "checksum": reference["checksum"], "checksum_max_rel_diff": max(diffs), "hooked_runs": len(hooked),
@@ -106,6 +107,6 @@ def test_script_through_profile_apply_keeps_its_outputs(name, tmp_path):
         _write_row(os.environ["RECSYS_DOCTOR_WRITE_SUITE"], row)
 
     assert outputs_equal, f"{name}: checksums {[r['checksum'] for r in runs + hooked]} vs {reference['checksum']}"
-    assert speedup >= 0.95, f"{name}: the kept plan loses ({speedup:.3f}x, {res['chosen']['label']})"
+    assert speedup >= 0.95, f"{name}: the kept plan loses ({speedup:.3f}x, {row['chosen']})"
     if kind == "serve" and launch_bound:
-        assert speedup >= 8.0, f"{name}: launch-bound baseline, only {speedup:.2f}x ({res['chosen']['label']})"
+        assert speedup >= 8.0, f"{name}: launch-bound baseline, only {speedup:.2f}x ({row['chosen']})"

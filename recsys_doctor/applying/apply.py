@@ -307,18 +307,38 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     # a plain training loop prints its step time, not q/s: the fastest step is kept
     train = base.get("qps") is None and base.get("step_ms") is not None
     best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
-    chosen = best.prediction.candidate
-    plan_path = write_plan(run.out / "plan.json", advised, chosen, predicted=_pred_numbers(best.prediction),
-                           measured=_meas_numbers(best.measured), baseline=_meas_numbers(base))
     units = base.get("queries") or base.get("calls") or base.get("steps")
     notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}")
-    after = _profile_after(run, chosen, notes, treatment=script_treatment(plan_path))
     before_pt = _summary_point(base, before.capture.get("nvml"), before.advise)
-    after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
+    chosen: Candidate | None = best.prediction.candidate
+    plan_path = write_plan(run.out / "plan.json", advised, best.prediction.candidate,
+                           predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
+                           baseline=_meas_numbers(base))
+    decline = _declined(base, best, train)
+    if decline:
+        # no plan beat the script as it is: it is left unchanged (after = its own run)
+        notes.append(decline)
+        chosen, after, after_pt = None, None, dict(before_pt)
+    else:
+        after = _profile_after(run, best.prediction.candidate, notes, treatment=script_treatment(plan_path))
+        after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
+
+
+def _declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str | None:
+    """Why the best measured plan is declined (it is slower than the script as it is: fewer
+    queries/s, or a longer step), or None where it wins or ties."""
+    m = best.measured or {}
+    key = "step_ms" if train else "qps"
+    b, a = base.get(key), m.get(key)
+    if not b or not a or (a <= b if train else a >= b):
+        return None
+    unit = "ms a step" if train else "q/s"
+    return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {a:g} {unit} against "
+            f"{b:g} for the script as it is; the script is left unchanged (plan.json keeps that plan for reference)")
 
 
 def _script_stats(before: Any, base: dict[str, Any]) -> TraceStats:

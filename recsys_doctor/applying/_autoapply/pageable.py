@@ -27,6 +27,7 @@ unusual layouts, forms of the call this module does not parse, and copies larger
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from ._common import _first_line, _state, _tls
@@ -41,33 +42,44 @@ MAX_COPY = 2 << 20
 ALIGN = 512
 
 
-class _Stager:
-    """The pinned buffers of one hooked thread and where the next copy goes."""
+def _np() -> Any:
+    import numpy  # what torch itself imports; loaded only when a copy is staged
 
-    __slots__ = ("arenas", "views", "events", "streams", "cur", "off", "device", "size")
+    return numpy
+
+
+class _Stager:
+    """The pinned buffers of one hooked thread and where the next copy goes.
+
+    Every step but the last holds the GIL (numpy, ``memoryview``, ``torch.from_numpy``): with
+    many client threads each release of the GIL may hand it to another thread for a while, so
+    a staged copy releases it once (the asynchronous copy), as often as PyTorch's own copy."""
+
+    __slots__ = ("arenas", "views", "nps", "events", "streams", "cur", "off", "device", "size", "to")
 
     def __init__(self, torch: Any, device: Any, host_alloc: Any = None) -> None:
         alloc = host_alloc or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
         self.size = int(os.environ.get(ENV_STAGING_BYTES) or ARENA_BYTES)
         self.arenas = [alloc(self.size), alloc(self.size)]
-        self.views = [memoryview(a.numpy()) for a in self.arenas]
+        self.nps = [a.numpy() for a in self.arenas]
+        self.views = [memoryview(a) for a in self.nps]
         self.events: list[list[Any]] = [[], []]  # per arena: events after its copies (one per stream)
         self.streams: list[dict[int, Any]] = [{}, {}]  # per arena: the streams its copies went to
         self.cur = 0
         self.off = 0
         self.device = device
+        self.to = _state.get("orig_tensor_methods", {}).get("to", torch.Tensor.to)
 
     def _switch(self, torch: Any) -> None:
         """Close the current buffer (an event on each stream it was copied on) and move to the
         other one once its last copies have completed."""
         i = self.cur
-        if self.device.type == "cuda":
-            evs = []
-            for s in self.streams[i].values():
-                ev = torch.cuda.Event()
-                ev.record(s)
-                evs.append(ev)
-            self.events[i] = evs
+        evs = []
+        for s in self.streams[i].values():
+            ev = torch.cuda.Event()
+            ev.record(s)
+            evs.append(ev)
+        self.events[i] = evs
         self.streams[i] = {}
         self.cur = j = 1 - i
         for ev in self.events[j]:
@@ -75,77 +87,86 @@ class _Stager:
         self.events[j] = []
         self.off = 0
 
-    def copy(self, torch: Any, t: Any) -> Any:
-        """A device tensor equal to the contiguous CPU tensor ``t``, filled asynchronously."""
-        n = t.numel() * t.element_size()
+    def copy(self, torch: Any, a: Any, stream: Any = None) -> Any:
+        """A device tensor equal to the C-contiguous numpy array ``a``, filled asynchronously
+        on ``stream`` (the current stream; None on the CPU)."""
+        np = _np()
+        n = a.nbytes
         start = -(-self.off // ALIGN) * ALIGN
         if start + n > self.size:
             self._switch(torch)
             start = 0
-        src = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-        self.views[self.cur][start:start + n] = src
-        self.off = start + n
-        out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+        cur = self.cur
         if n:
-            staged = self.arenas[self.cur][start:start + n].view(t.dtype).view(t.shape)
-            out.copy_(staged, non_blocking=True)
-        if self.device.type == "cuda":
-            s = torch.cuda.current_stream(self.device)
-            self.streams[self.cur].setdefault(s.cuda_stream, s)
+            self.views[cur][start:start + n] = memoryview(a.reshape(-1).view(np.uint8))
+        self.off = start + n
+        host = torch.from_numpy(self.nps[cur][start:start + n].view(a.dtype).reshape(a.shape))
+        out = self.to(host, self.device, non_blocking=True, copy=True)
+        if stream is not None:
+            self.streams[cur].setdefault(stream.cuda_stream, stream)
         return out
 
 
-def _stager(torch: Any, device: Any) -> _Stager | None:
+def _stager(torch: Any, device: Any) -> _Stager:
     st = getattr(_tls, "pageable", None)
     if st is None or st.device != device:
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         st = _tls.pageable = _Stager(torch, device)
     return st
 
 
-def _host_tensor(torch: Any, t: Any, dtype: Any) -> tuple[Any, str | None]:
-    """(contiguous CPU tensor with ``dtype``, None) or (None, why it is left to PyTorch)."""
-    if t.requires_grad:
+def _c_order(a: Any) -> Any:
+    """``a`` as a C-contiguous array, copied only where it is not (0-d stays 0-d, unlike
+    ``numpy.ascontiguousarray``)."""
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def _host_array(torch: Any, x: Any, dtype: Any) -> tuple[Any, str | None]:
+    """(C-contiguous numpy array of the copy's bytes, None) or (None, why it is left to
+    PyTorch). ``x``: a numpy array (``dtype`` None) or a CPU tensor, converted to ``dtype`` on
+    the CPU first, as PyTorch converts for a copy between host and device."""
+    np = _np()
+    if isinstance(x, np.ndarray):
+        if x.dtype.hasobject or not x.dtype.isnative:
+            return None, f"a numpy array of dtype {x.dtype}"
+        return _c_order(x), None
+    if x.requires_grad:
         return None, "a tensor that requires grad"
-    if t.layout != torch.strided or t.is_complex() or t.is_quantized:
-        return None, f"a {t.layout} / {t.dtype} tensor"
-    if dtype is not None and dtype != t.dtype:
-        if dtype.is_complex:
-            return None, f"a conversion to {dtype}"
-        t = t.to(dtype)  # on the CPU, as PyTorch converts for a copy between host and device
-    if not t.is_contiguous():
-        t = t.contiguous()
-    n = t.numel() * t.element_size()
-    if n > MAX_COPY:
-        return None, f"a copy of {n} bytes (over {MAX_COPY})"
-    return t, None
+    if dtype is not None and dtype != x.dtype:
+        x = x.to(dtype)
+    try:
+        a = x.numpy()
+    except (TypeError, RuntimeError) as ex:  # a dtype or layout numpy has not (bfloat16, sparse, ...)
+        return None, f"a {x.dtype} tensor ({_first_line(ex)})"
+    return _c_order(a), None
 
 
-def stage(torch: Any, t: Any, device: Any, dtype: Any = None, site: str | None = None) -> Any:
-    """The device copy of host tensor ``t`` through the thread's pinned buffers, or None where
-    it is left to PyTorch (counted with the reason at the script's line)."""
+def stage(torch: Any, x: Any, device: Any, dtype: Any = None, site: str | None = None) -> Any:
+    """The device copy of ``x`` (a CPU tensor, or a numpy array when ``dtype`` is None) through
+    the thread's pinned buffers, or None where it is left to PyTorch (counted with the reason
+    at the script's line)."""
     site = site or script_site(2)
+    stream = None
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             fell_back("h2d", site, "a copy during a CUDA graph capture")
             return None
+        stream = torch.cuda.current_stream(device)
         g = getattr(_tls, "group", None)
-        if g is not None and torch.cuda.current_stream(device).cuda_stream != g.stream.cuda_stream:
+        if g is not None and stream.cuda_stream != g.stream.cuda_stream:
             # the script runs this on a stream of its own: it may use the result on yet another
             fell_back("h2d", site, "a copy on a stream the script set")
             return None
-    h, why = _host_tensor(torch, t, dtype)
-    if h is None:
+    a, why = _host_array(torch, x, dtype)
+    if a is None:
         fell_back("h2d", site, f"not taken over: {why}")
         return None
     try:
         st = _stager(torch, device)
-        assert st is not None
-        if h.numel() * h.element_size() > st.size:
-            fell_back("h2d", site, f"not taken over: a copy larger than the staging buffer ({st.size} bytes)")
+        limit = min(MAX_COPY, st.size)
+        if a.nbytes > limit:
+            fell_back("h2d", site, f"not taken over: a copy of {a.nbytes} bytes (over {limit})")
             return None
-        out = st.copy(torch, h)
+        out = st.copy(torch, a, stream)
     except (RuntimeError, TypeError, ValueError, BufferError) as ex:
         fell_back("h2d", site, f"staging failed: {_first_line(ex)}")
         return None
@@ -264,8 +285,12 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
             return orig(*args, **kwargs)
         dev, dtype = p
         site = script_site(2)
+        np = sys.modules.get("numpy")
         try:
-            host = data if isinstance(data, T) else orig(data, dtype=dtype)
+            if isinstance(data, T) or (dtype is None and np is not None and isinstance(data, np.ndarray)):
+                host = data  # a numpy array's bytes and dtype are what PyTorch would copy
+            else:
+                host = orig(data, dtype=dtype)
         except (TypeError, ValueError, RuntimeError):
             return orig(*args, **kwargs)  # PyTorch says what is wrong with the data
         out = stage(torch, host, dev, dtype, site=site)
