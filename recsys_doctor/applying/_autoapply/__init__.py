@@ -58,7 +58,7 @@ import os
 import threading
 from typing import Any
 
-from ._common import ENV_PLAN, ENV_THREAD_GRAPHS, WARMUP_CALLS, _first_line, _lock, _log, _state, _torch
+from ._common import ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CALLS, _first_line, _lock, _log, _state, _torch
 # the private names re-exported here are the ones tests and benchmarks reach through the package
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
@@ -69,7 +69,8 @@ from .staging import (_copy_in, _cuda_target, _make_lazy_type, _materialize, _to
                       _ThreadGraph)
 from .thread_graphs import _matches, _template  # noqa: F401
 
-__all__ = ["activate", "deactivate", "read_runtime", "stats", "ENV_PLAN", "ENV_THREAD_GRAPHS", "WARMUP_CALLS"]
+__all__ = ["activate", "deactivate", "read_runtime", "stats", "ENV_PLAN", "ENV_THREAD_GRAPHS", "ENV_STAGE_PAGEABLE",
+           "WARMUP_CALLS"]
 
 
 def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -96,7 +97,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
-                      thread_replays=0, materialized=0, sites={})
+                      thread_replays=0, materialized=0, sites={},
+                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "1") != "0")
         if hasattr(threading.Thread, "_bootstrap_inner"):
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]

@@ -10,6 +10,8 @@ from typing import Any
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 #: "0" turns off the per-thread graphs that take over a thread's pinned input copies
 ENV_THREAD_GRAPHS = "RECSYS_DOCTOR_THREAD_GRAPHS"
+#: "0" leaves every host-to-device copy from pageable memory to PyTorch (see pageable.py)
+ENV_STAGE_PAGEABLE = "RECSYS_DOCTOR_STAGE_PAGEABLE"
 
 
 #: eager calls of a key before it is captured (lazy inits: cuBLAS handles, allocator blocks)

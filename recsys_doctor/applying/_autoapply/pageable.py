@@ -277,7 +277,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
     T = torch.Tensor
 
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None:
+        if getattr(_tls, "group", None) is None or not _state.get("stage_pageable", True):
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")

@@ -244,7 +244,7 @@ def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
             dev = target(torch, args, kwargs)
             if dev is not None and self.is_pinned():
                 return _copy_in(torch, st, self, dev, orig, args, kwargs)
-        p = parse(torch, args, kwargs)
+        p = parse(torch, args, kwargs) if _state.get("stage_pageable", True) else None
         if p is None or self.device.type != "cpu" or (p[2] and self.is_pinned()):
             # not a host-to-GPU copy, or one already asynchronous (pinned, non-blocking)
             return orig(self, *args, **kwargs)
