@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from .._util.format import fmt
+from .._util.format import fmt, shorten
 
 __all__ = ["evidence_view", "sites_table", "render_evidence", "KIND_WORDS", "MAX_SITES"]
 
@@ -56,7 +56,8 @@ def _hook_line(st: Mapping[str, Any] | None, run: str) -> str:
     else:
         parts.append("no CUDA graphs in this plan")
     n = len(st.get("fallbacks") or [])
-    parts.append(f"{n} fallback{'s' if n != 1 else ''}" + (f" ({st['fallbacks'][0]}{', ...' if n > 1 else ''})" if n else ""))
+    first = f" ({shorten(str(st['fallbacks'][0]), 80)}{', ...' if n > 1 else ''})" if n else ""
+    parts.append(f"{n} fallback{'s' if n != 1 else ''}{first}")
     return f"Hook ({run}): " + "; ".join(parts)
 
 

@@ -304,3 +304,21 @@ def test_compare_page_shows_the_evidence(tmp_path):
     assert "&lt;script&gt;x&lt;/script&gt;.py:1" in doc and "<script>" not in doc
     assert "<td class='num'>3,984</td>" in doc and "Hook (the after profile): 8 threads" in doc
     assert "<h2>Evidence</h2>" not in render_compare_html(a, a, measured={**m, "evidence": {}})
+
+
+def test_profile_apply_report_shows_the_evidence_under_the_table():
+    """The whole --apply part of the terminal report, from apply.json's dict."""
+    from recsys_doctor.applying.report import ApplyResult
+    from recsys_doctor.cli.profile import render_apply
+
+    before = {"qps": 1000.0, "trace_util": 31.5, "syncs_per_query": 3.0}
+    after = {"qps": 8000.0, "trace_util": 72.25, "syncs_per_query": 0.25}
+    d = ApplyResult(kind="script", target="serve.py", chosen=Candidate(2, True, False, True), before=before,
+                    after=after, candidates=[], stats={}, evidence=EVIDENCE).to_dict()
+    assert json.loads(json.dumps(d))["evidence"]["hook"]["measured"]["sites"][0]["site"] == "serve.py:41"
+    buf = io.StringIO()
+    render_apply(d, Console(file=buf, width=140, color_system=None))
+    out = buf.getvalue()
+    row = next(ln for ln in out.splitlines() if ln.startswith("│ syncs per query (trace)"))
+    assert [c.strip() for c in row.split("│")[1:-1]] == ["syncs per query (trace)", "3.000", "0.250", "0.083x"]
+    assert out.index("Before / after") < out.index("Synchronizing CUDA calls per query") < out.index("serve.py:41")
