@@ -93,7 +93,7 @@ def evidence_view(ev: Mapping[str, Any] | None) -> dict[str, Any] | None:
         lines.append(_hook_line(hook["profiled"], "the after profile"))
     rows = _site_rows(st)
     if st is not None and st.get("active") and not rows:
-        lines.append("No call of the script went through the hook's model calls or copies.")
+        lines.append("The hook counted no model call, copy or read-back at any line of the script.")
     view.update(sites=rows[:MAX_SITES], more=max(0, len(rows) - MAX_SITES), sites_of=run)
     return view
 
