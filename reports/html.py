@@ -158,8 +158,9 @@ def render_compare_html(a: "AdviseResult", b: "AdviseResult", *, a_label: str = 
 
     ``measured`` (from ``apply``) adds the measured tables above the plot:
     ``{"chosen": label, "rows": [{metric, before, after, ratio}],
-    "candidates": [{plan, predicted, measured, p99_ms, error}], "p99_budget_ms", "kind"}``;
-    serving candidates are also drawn as queries/s against p99 with their Pareto front.
+    "candidates": [{plan, predicted, measured, p99_ms, error}], "p99_budget_ms", "kind", "evidence"}``;
+    serving candidates are also drawn as queries/s against p99 with their Pareto front, and the
+    evidence (:func:`.apply_evidence.evidence_view`) is written out under it.
     """
     from ..gate import compare
 
@@ -167,9 +168,12 @@ def render_compare_html(a: "AdviseResult", b: "AdviseResult", *, a_label: str = 
     if measured and measured.get("kind") != "train":
         front = plots.plot_plan_front(measured.get("candidates") or [], measured.get("p99_budget_ms"),
                                       measured.get("chosen"))
+    from .apply_evidence import evidence_view
+
     return _ENV.get_template("compare.html.j2").render(
         a_label=a_label, b_label=b_label, measured=measured, c=compare(a, b, a_name=a_label, b_name=b_label),
-        png=plots.plot_before_after(a, b, a_label, b_label), front=front)
+        png=plots.plot_before_after(a, b, a_label, b_label), front=front,
+        ev=evidence_view((measured or {}).get("evidence")))
 
 
 def write_compare_html(a: "AdviseResult", b: "AdviseResult", path: str | os.PathLike[str], *,

@@ -102,10 +102,20 @@ def test_script_through_profile_apply_keeps_its_outputs(name, tmp_path):
            "before": {k: res["before"].get(k) for k in ("qps", "p50_ms", "p99_ms", "step_ms") if k in res["before"]},
            "after": {k: res["after"].get(k) for k in ("qps", "p50_ms", "p99_ms", "step_ms") if k in res["after"]},
            "checksum": reference["checksum"], "checksum_max_rel_diff": max(diffs), "hooked_runs": len(hooked),
-           "findings": sorted({f["id"] for f in findings}), "args": args}
+           "findings": sorted({f["id"] for f in findings}), "args": args,
+           # the after-state evidence (apply.json evidence): syncs per query (step), GPU busy, hooked lines
+           "syncs_per_unit": res["evidence"]["syncs_per_unit"], "gpu_busy_pct": res["evidence"]["gpu_busy_pct"],
+           "hook_sites": [{k: s[k] for k in ("site", "kind", "taken_over", "fallback")}
+                          for s in ((res["evidence"]["hook"] or {}).get("measured") or {}).get("sites", [])]}
     if os.environ.get("RECSYS_DOCTOR_WRITE_SUITE"):
         _write_row(os.environ["RECSYS_DOCTOR_WRITE_SUITE"], row)
 
+    ev = res["evidence"]
+    assert ev["syncs_per_unit"]["before"] is not None, ev
+    if res["chosen"] is not None:  # a declined plan leaves the script as it is: no after profile
+        assert ev["syncs_per_unit"]["after"] is not None, ev
+        assert ev["hook"]["measured"] is not None and ev["hook"]["measured"]["active"], ev["hook"]
+        assert f"Synchronizing CUDA calls per {ev['unit']}:" in p.stdout
     assert outputs_equal, f"{name}: checksums {[r['checksum'] for r in runs + hooked]} vs {reference['checksum']}"
     assert speedup >= 0.95, f"{name}: the kept plan loses ({speedup:.3f}x, {row['chosen']})"
     if kind == "serve" and launch_bound:

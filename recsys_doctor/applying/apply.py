@@ -44,7 +44,8 @@ from ..capture.nvml import NvmlSampler
 from ..errors import BadInputError, RecsysDoctorError, WorkloadError
 from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
-from .script_hook import ENV_PLAN, parse_script_result, run_script, script_env, script_treatment
+from .evidence import HOOK_STATS_FILE, sync_evidence
+from .script_hook import ENV_PLAN, parse_script_result, read_hook_stats, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
 from ..planning.whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
 from ..capture.workload import is_workload_module
@@ -166,7 +167,8 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
         _compare_losses(before_pt, after_pt, notes)
     res = ApplyResult(kind=kind, target=str(target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes,
-                      p99_budget_ms=None if kind == "train" else p99_ms)
+                      p99_budget_ms=None if kind == "train" else p99_ms,
+                      evidence=_evidence(before, after, before_pt, after_pt))
     _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
 
@@ -234,6 +236,16 @@ def _profile_after(run: _Setup, chosen: Candidate, notes: list[str], **kw: Any) 
     except RecsysDoctorError as e:
         notes.append(f"the after-profile failed: {e}")
         return None
+
+
+def _evidence(before: Any, after: Any, before_pt: dict[str, Any], after_pt: dict[str, Any]) -> dict[str, Any]:
+    """:func:`.evidence.sync_evidence` of the two profiles; its syncs per query (step) also go
+    into the before/after points, so the table shows them beside GPU busy."""
+    ev = sync_evidence(before, after)
+    for side, pt in (("before", before_pt), ("after", after_pt)):
+        if ev["syncs_per_unit"][side] is not None:
+            pt[f"syncs_per_{ev['unit']}"] = ev["syncs_per_unit"][side]
+    return ev
 
 
 def _compare_losses(before_pt: dict[str, Any], after_pt: dict[str, Any], notes: list[str]) -> None:
@@ -314,16 +326,21 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     plan_path = write_plan(run.out / "plan.json", advised, best.prediction.candidate,
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
                            baseline=_meas_numbers(base))
+    hook_stats = run.out / "after" / HOOK_STATS_FILE
     decline = _declined(base, best, train)
     if decline:
         # no plan beat the script as it is: it is left unchanged (after = its own run)
         notes.append(decline)
         chosen, after, after_pt = None, None, dict(before_pt)
     else:
-        after = _profile_after(run, best.prediction.candidate, notes, treatment=script_treatment(plan_path))
+        after = _profile_after(run, best.prediction.candidate, notes,
+                               treatment=script_treatment(plan_path, stats_path=hook_stats))
         after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
+    ev = _evidence(before, after, before_pt, after_pt)
+    ev["hook"] = {"measured": None if decline else best.info.get("hook"),
+                  "profiled": read_hook_stats(hook_stats) if after else None}
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
-                      candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms)
+                      candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
 
@@ -359,11 +376,13 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
         run.say(f"running the script with candidate {i + 1}/{len(todo)}: {p.candidate.label}")
         r = by_cand[p.candidate]
         pp = write_plan(run.out / f"cand_{i + 1}.plan.json", advised, p.candidate)
+        sp = run.out / f"cand_{i + 1}.{HOOK_STATS_FILE}"
         try:
             with NvmlSampler(run.device_index, 0.05, enabled=run.nvml) as smp:
-                r.measured, _ = run_script(argv, env=script_env(pp, hook_dir=run.out / "hook"),
+                r.measured, _ = run_script(argv, env=script_env(pp, hook_dir=run.out / "hook", stats_path=sp),
                                            log=run.out / "program.log", timeout_s=timeout_s)
             r.nvml = smp.result.summary() if run.nvml else None
         except RecsysDoctorError as e:
             r.error = str(e)
+        r.info["hook"] = read_hook_stats(sp)
     return results

@@ -44,6 +44,9 @@ class ApplyResult:
     notes: list[str] = field(default_factory=list)
     #: ``--p99-ms``: the latency budget the kept plan had to meet (None: none)
     p99_budget_ms: float | None = None
+    #: syncs per query (step) and GPU busy before and after (:func:`.evidence.sync_evidence`)
+    #: and, for a script, ``hook``: the hook's stats in the kept plan's measured and profiled runs
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target,
@@ -52,7 +55,7 @@ class ApplyResult:
                 "table": before_after_rows(self.before, self.after),
                 "candidates": [c.to_dict() for c in self.candidates], "what_if_stats": self.stats,
                 "files": self.files, "wall_s": round(self.wall_s, 3), "notes": self.notes,
-                "p99_budget_ms": self.p99_budget_ms}
+                "p99_budget_ms": self.p99_budget_ms, "evidence": self.evidence}
 
 
 def _pred_numbers(p: Prediction) -> dict[str, Any]:
@@ -71,7 +74,8 @@ def before_after_rows(before: dict[str, Any], after: dict[str, Any] | None) -> l
     """The before/after table: one row per metric with both values and after/before."""
     rows = []
     for key, label in (("qps", "queries/s"), ("step_ms", "step ms"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
-                       ("trace_util", "GPU busy (trace) %"), ("nvml_util", "GPU util (NVML) %")):
+                       ("trace_util", "GPU busy (trace) %"), ("nvml_util", "GPU util (NVML) %"),
+                       ("syncs_per_query", "syncs per query (trace)"), ("syncs_per_step", "syncs per step (trace)")):
         a = before.get(key)
         b = (after or {}).get(key)
         if a is None and b is None:
@@ -115,8 +119,8 @@ def _trace_util(advise: Any) -> float | None:
 
 def measured_tables(res: ApplyResult) -> dict[str, Any]:
     """What the compare page shows above its plot (``reports.html.render_compare_html``'s
-    ``measured``): the measured before/after rows and each measured candidate's predicted
-    and measured numbers."""
+    ``measured``): the measured before/after rows, each measured candidate's predicted
+    and measured numbers, and the evidence (syncs, the hook's call sites)."""
     key = "qps" if res.kind != "train" else "step_ms"
     cands = []
     for c in res.candidates:
@@ -127,7 +131,7 @@ def measured_tables(res: ApplyResult) -> dict[str, Any]:
                       "p99_ms": m.get("p99_ms"), "error": c.error})
     return {"chosen": res.chosen.label if res.chosen else None,
             "rows": before_after_rows(res.before, res.after), "candidates": cands,
-            "p99_budget_ms": res.p99_budget_ms, "kind": res.kind}
+            "p99_budget_ms": res.p99_budget_ms, "kind": res.kind, "evidence": res.evidence}
 
 
 def keep_within(results: Sequence[CandidateResult], p99_budget_ms: float | None) -> tuple[list[CandidateResult], str | None]:

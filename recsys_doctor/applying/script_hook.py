@@ -5,7 +5,9 @@
 and returns the measurement it printed (:func:`parse_script_result`);
 :func:`activate_in_process` starts the same hook in this process (the torch capture
 backend runs the script here). :func:`script_treatment` hands both to capture for the
-"after" profile of a script.
+"after" profile of a script. With ``stats_path`` either way writes the hook's ``stats()`` to that
+file when the program ends (:func:`read_hook_stats` reads it back): what the hook took over, per
+line of the script.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any, Callable, Iterator, Sequence
 from ..capture.treatment import Treatment
 from ..errors import BadInputError, WorkloadError
 from ..planning.io import read_plan
+from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
-__all__ = ["ENV_PLAN", "script_env", "hook_env", "activate_in_process", "script_treatment",
-           "parse_script_result", "run_script"]
+__all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
+           "read_hook_stats", "parse_script_result", "run_script"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
 _AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply") / "__init__.py"  # a package, loaded by path
@@ -58,13 +61,16 @@ _chain()
 
 
 def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | None = None,
-               hook_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
+               hook_dir: str | os.PathLike[str] | None = None,
+               stats_path: str | os.PathLike[str] | None = None) -> dict[str, str]:
     """An environment in which any ``python`` applies the plan at interpreter start:
     ``RECSYS_DOCTOR_PLAN`` is the plan's absolute path and ``PYTHONPATH`` starts with a
     folder holding a generated ``sitecustomize.py`` that loads
     :mod:`recsys_doctor.applying._autoapply` by file path (and then chains to any other
     ``sitecustomize``). Nothing is installed; the folder is ``hook_dir`` or a new temp one
-    that the caller removes (:func:`hook_env` does that)."""
+    that the caller removes (:func:`hook_env` does that). ``stats_path``: the hook writes its
+    stats there at exit (``RECSYS_DOCTOR_HOOK_STATS``; a file left from an earlier run is
+    removed first, so what is read back is this run's)."""
     plan = Path(plan_path).resolve()
     read_plan(plan)
     d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix="recsys-doctor-hook-"))
@@ -72,6 +78,11 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(_AUTOAPPLY), here=str(d.resolve())))
     env = dict(os.environ if base_env is None else base_env)
     env[ENV_PLAN] = str(plan)
+    env.pop(ENV_STATS_PID, None)  # the program's first interpreter writes the stats, not an ancestor
+    if stats_path is not None:
+        sp = Path(stats_path).resolve()
+        sp.unlink(missing_ok=True)
+        env[ENV_STATS] = str(sp)
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds recsys_doctor/
     env["PYTHONPATH"] = os.pathsep.join([str(d.resolve()), root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     return env
@@ -99,12 +110,36 @@ def activate_in_process(plan_path: str | os.PathLike[str]) -> Callable[[], None]
     return mod.deactivate  # type: ignore[no-any-return]
 
 
-def script_treatment(plan_path: str | os.PathLike[str]) -> Treatment:
+def script_treatment(plan_path: str | os.PathLike[str], stats_path: str | os.PathLike[str] | None = None) -> Treatment:
     """A plain script profiled with ``plan_path`` applied: under nsys through
     :func:`script_env` (the hook folder inside the capture's output), under torch.profiler
-    through :func:`activate_in_process`."""
-    return Treatment("script", script_env=lambda env, d: script_env(plan_path, base_env=env, hook_dir=d),
-                     activate=lambda: activate_in_process(plan_path))
+    through :func:`activate_in_process`. ``stats_path``: where the hook's stats go when the
+    script ends (the child's exit, or the in-process hook's stop)."""
+    def activate() -> Callable[[], None]:
+        stop = activate_in_process(plan_path)
+        if stats_path is None:
+            return stop
+        Path(stats_path).unlink(missing_ok=True)
+
+        def stop_and_write() -> None:
+            sys.modules["_recsys_doctor_autoapply"].write_stats(stats_path)
+            stop()
+
+        return stop_and_write
+
+    return Treatment("script", script_env=lambda env, d: script_env(plan_path, base_env=env, hook_dir=d,
+                                                                    stats_path=stats_path),
+                     activate=activate)
+
+
+def read_hook_stats(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The stats a hooked run wrote (:func:`script_env`'s ``stats_path``), or None where it
+    wrote none (the program ended through ``os._exit`` or a signal, or the file is unreadable)."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def parse_script_result(output: str) -> dict[str, Any]:

@@ -169,8 +169,11 @@ def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Pat
 
 
 def render_apply(d: dict[str, Any], console: Any) -> None:
-    """The --apply part of the report: candidates (predicted vs measured), before/after."""
+    """The --apply part of the report: candidates (predicted vs measured), before/after,
+    the evidence (syncs per query, GPU busy, what the script hook took over per line)."""
     from rich.table import Table
+
+    from ..reports.apply_evidence import render_evidence
 
     train = d["kind"] == "train"
     key, unit = ("step_ms", "step ms") if train else ("qps", "queries/s")
@@ -199,6 +202,7 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
     for r in d["table"]:
         b.add_row(r["metric"], fixed(r["before"], "", 3), fixed(r["after"], "", 3), fixed(r["ratio"], "x", 3))
     console.print(b)
+    render_evidence(d.get("evidence"), console)
     for n in d.get("notes") or []:
         console.print(f"note: {n}")
     files = d.get("files") or {}

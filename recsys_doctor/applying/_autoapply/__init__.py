@@ -47,7 +47,8 @@ the capture gate), :mod:`.fallback` (failures: the reason logged and counted), :
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
-``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit.
+``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit, and
+``RECSYS_DOCTOR_HOOK_STATS=FILE`` writes it to FILE as JSON (what ``profile --apply`` reads back).
 """
 
 from __future__ import annotations
@@ -63,14 +64,14 @@ from ._common import ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CAL
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
 from .interception import _group_for_new_thread, _wrapped_bootstrap  # noqa: F401
-from .report import _at_exit, stats
+from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
 from .settings import read_runtime, unhonoured
 from .staging import (_copy_in, _cuda_target, _make_lazy_type, _materialize, _to_target, _ThreadCopies,  # noqa: F401
                       _ThreadGraph)
 from .thread_graphs import _matches, _template  # noqa: F401
 
-__all__ = ["activate", "deactivate", "read_runtime", "stats", "ENV_PLAN", "ENV_THREAD_GRAPHS", "ENV_STAGE_PAGEABLE",
-           "WARMUP_CALLS"]
+__all__ = ["activate", "deactivate", "read_runtime", "stats", "write_stats", "ENV_PLAN", "ENV_STATS", "ENV_THREAD_GRAPHS",
+           "ENV_STAGE_PAGEABLE", "WARMUP_CALLS"]
 
 
 def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -126,12 +127,15 @@ def deactivate() -> None:
 
 def _main() -> None:
     """Entry of the generated ``sitecustomize``: activate from the environment; a bad plan
-    is one line on stderr and the script runs unchanged."""
+    is one line on stderr and the script runs unchanged. The stats are written at exit
+    either way (``$RECSYS_DOCTOR_HOOK_STATS``, :mod:`.report`): a plan not applied says why."""
+    claim_stats_file()
+    atexit.register(_at_exit)
     try:
         rt = activate()
     except Exception as ex:  # noqa: BLE001 - never break the user's program
-        _log(f"not applied: {_first_line(ex)}")
+        _state["not_applied"] = _first_line(ex)
+        _log(f"not applied: {_state['not_applied']}")
         return
-    atexit.register(_at_exit)
     if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
         _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}")

@@ -1,5 +1,10 @@
-"""What the hook did: groups, threads placed, graphs captured and replayed, fallback reasons;
-printed at exit where ``RECSYS_DOCTOR_AUTOAPPLY_LOG`` is set."""
+"""What the hook did: groups, threads placed, graphs captured and replayed, fallback reasons, and
+per call site of the script the calls taken over and left to PyTorch (``stats()``).
+
+At exit the first hooked interpreter writes ``stats()`` as JSON to the file that
+``RECSYS_DOCTOR_HOOK_STATS`` names (``profile --apply`` sets it for every hooked run it makes and
+reads it back), and prints it on stderr where ``RECSYS_DOCTOR_AUTOAPPLY_LOG`` is set.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,63 @@ import json
 import os
 from typing import Any
 
-from ._common import _log, _state
+from ._common import _first_line, _log, _state
 from .accounting import sites
+
+#: the file the stats are written to at exit (JSON); unset: none is written
+ENV_STATS = "RECSYS_DOCTOR_HOOK_STATS"
+#: the process that writes that file: the first hooked interpreter sets it to its own id, and the
+#: interpreters it starts (a spawned DataLoader worker, a subprocess) inherit it and write nothing,
+#: so a child's exit never replaces the script's numbers
+ENV_STATS_PID = "RECSYS_DOCTOR_HOOK_STATS_PID"
 
 
 def stats() -> dict[str, Any]:
     """Groups created, threads placed, graphs captured, replays, fallback reasons, and per call
-    site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch."""
+    site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch.
+    ``not_applied``: why the plan did nothing (a bad plan file), else None."""
     per_site = sites()
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
             "graphs": _state.get("graphs"), "threads": _state.get("started", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
-            "materialized": _state.get("materialized", 0), "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
-            "fallbacks": list(_state.get("fallbacks", [])),
-            "sites": per_site}
+            "materialized": _state.get("materialized", 0),
+            "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
+            "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site}
+
+
+def claim_stats_file() -> None:
+    """Make this interpreter the one that writes ``$RECSYS_DOCTOR_HOOK_STATS``, unless the
+    interpreter that started it already is (see :data:`ENV_STATS_PID`)."""
+    if os.environ.get(ENV_STATS) and not os.environ.get(ENV_STATS_PID):
+        os.environ[ENV_STATS_PID] = str(os.getpid())
+
+
+def write_stats(path: str | os.PathLike[str]) -> bool:
+    """:func:`stats` as JSON into ``path``, through a temp file beside it renamed over it (a
+    reader never sees half a file). A failure is one line on stderr and False, never an
+    exception: the user's program ends as it would have without the hook."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(stats(), f, default=str)
+        os.replace(tmp, path)
+        return True
+    except Exception as ex:  # noqa: BLE001 - never break the user's program
+        _log(f"could not write the hook's stats to {os.fspath(path)}: {_first_line(ex)}")
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return False
 
 
 def _at_exit() -> None:
+    """Registered at interpreter start, so it runs after the script's non-daemon threads are
+    joined (and ``concurrent.futures``' workers, which ``threading`` joins first) and after any
+    ``atexit`` function registered later (PyTorch's): the counts are final."""
     if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
         _log(json.dumps(stats()))
+    path = os.environ.get(ENV_STATS)
+    if path and os.environ.get(ENV_STATS_PID) == str(os.getpid()):
+        write_stats(path)
