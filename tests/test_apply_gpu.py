@@ -151,17 +151,20 @@ def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, t
 
 
 
-def test_pageable_copies_are_staged_and_outputs_equal_eager(tmp_path, monkeypatch):
+@pytest.mark.parametrize("staging", ["1", "0"])
+def test_pageable_copies_are_staged_and_outputs_equal_eager(tmp_path, monkeypatch, staging):
     """The copies real scripts make (issue 25): numpy and lists moved with
     ``torch.from_numpy(a).cuda()``, ``torch.as_tensor(a, device=...)``, ``torch.tensor(list,
     device=...)`` and ``.to("cuda", dtype)``. Under the hook they are staged through each
     thread's pinned buffers (64 KiB here, so the two are reused every few queries) and copied
     asynchronously; every output equals eager's although each numpy array is overwritten right
-    after its copy, and every copy is counted as taken over at this function's lines."""
+    after its copy, and every copy is counted as taken over at this function's lines. With
+    staging off (the default) the same copies are PyTorch's, counted as left to it."""
     torch = pytest.importorskip("torch")
     import numpy as np
 
     monkeypatch.setenv("RECSYS_DOCTOR_STAGING_BYTES", str(64 << 10))
+    monkeypatch.setenv("RECSYS_DOCTOR_STAGE_PAGEABLE", staging)
     model, host_query = _wdl()
     threads, rounds = 6, 12
     qs = []
@@ -196,10 +199,20 @@ def test_pageable_copies_are_staged_and_outputs_equal_eager(tmp_path, monkeypatc
         assert torch.equal(got[key], want), key
     h2d = [s for s in st["sites"] if s["kind"] == "h2d"]
     assert h2d and all(s["site"].startswith("tests/test_apply_gpu.py:") for s in h2d), h2d
-    assert not any(s["fallback"] for s in h2d), h2d
     # per query: the dense copy, 26 ids, the offsets, the second dense copy
-    assert sum(s["taken_over"] for s in h2d) == threads * rounds * (1 + 26 + 1 + 1)
-    assert st["staged_copies"] == threads * rounds * 29
+    n = threads * rounds * (1 + 26 + 1 + 1)
+    if staging == "1":
+        assert not any(s["fallback"] for s in h2d), h2d
+        assert sum(s["taken_over"] for s in h2d) == n and st["staged_copies"] == n
+    else:
+        assert sum(s["fallback"] for s in h2d) == n and st["staged_copies"] == 0
+        assert all(list(s["reasons"]) == [pageable_reason()] for s in h2d), h2d
+
+def pageable_reason() -> str:
+    import sys
+
+    return sys.modules["_recsys_doctor_autoapply.pageable"].LEFT_SYNCHRONOUS
+
 
 def test_served_workload_equals_default_query():
     torch = pytest.importorskip("torch")

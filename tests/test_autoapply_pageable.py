@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from recsys_doctor.applying import _autoapply as hook
 from recsys_doctor.applying._autoapply import accounting, pageable
 
 torch = pytest.importorskip("torch")
@@ -99,7 +98,8 @@ def stager(monkeypatch):
     """A hooked thread's stager over CPU "pinned" buffers of 4 KiB, counts reset."""
     monkeypatch.setattr(pageable, "ARENA_BYTES", 4096)
     monkeypatch.setattr(pageable, "MAX_COPY", 2048)
-    monkeypatch.setitem(hook._state, "sites", {})
+    accounting.reset()
+    monkeypatch.setitem(pageable._state, "stage_pageable", True)
     st = pageable._Stager(torch, torch.device("cpu"), host_alloc=lambda n: torch.zeros(n, dtype=torch.uint8))
     monkeypatch.setattr(pageable._tls, "pageable", st, raising=False)
     yield st

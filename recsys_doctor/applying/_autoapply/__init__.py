@@ -61,6 +61,7 @@ from typing import Any
 
 from ._common import ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CALLS, _first_line, _lock, _log, _state, _torch
 # the private names re-exported here are the ones tests and benchmarks reach through the package
+from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
 from .interception import _group_for_new_thread, _wrapped_bootstrap  # noqa: F401
@@ -98,9 +99,10 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
-                      thread_replays=0, materialized=0, sites={},
-                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "1") != "0")
+                      thread_replays=0, materialized=0,
+                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1")
         if hasattr(threading.Thread, "_bootstrap_inner"):
+            reset_sites()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]
         else:  # pragma: no cover - every CPython we support has it

@@ -10,7 +10,8 @@ from typing import Any
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 #: "0" turns off the per-thread graphs that take over a thread's pinned input copies
 ENV_THREAD_GRAPHS = "RECSYS_DOCTOR_THREAD_GRAPHS"
-#: "0" leaves every host-to-device copy from pageable memory to PyTorch (see pageable.py)
+#: "1" stages host-to-device copies from pageable memory (pageable.py); off by default: on the
+#: H100 it measured slower than PyTorch's own copies (bench/apply/results/staging_ab_h100/)
 ENV_STAGE_PAGEABLE = "RECSYS_DOCTOR_STAGE_PAGEABLE"
 
 

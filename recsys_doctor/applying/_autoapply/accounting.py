@@ -9,12 +9,14 @@ import sys
 import threading
 from typing import Any
 
-from ._common import _state
+from ._common import _state, _tls
 
 _sites_lock = threading.Lock()
 #: file name -> whether frames of that file are ours or PyTorch's (skipped when finding the script's line)
 _skip_cache: dict[str, bool] = {}
 _shown: dict[str, str] = {}
+#: (code, line) of a script's calling frame -> its ``file:line``
+_line_cache: dict[tuple[Any, int], str] = {}
 
 
 def _skip_prefixes() -> tuple[str, ...]:
@@ -50,43 +52,79 @@ def _display(filename: str) -> str:
 
 def script_site(depth: int = 2) -> str:
     """``file:line`` of the script's frame that made the current call: the first frame, from
-    ``depth`` frames up, that is neither PyTorch's nor the hook's (``"?"`` if none is)."""
+    ``depth`` frames up, that is neither PyTorch's nor the hook's (``"?"`` if none is). Cached
+    per calling line where that line is the script's own (the common case: no walk)."""
     try:
         f: Any = sys._getframe(depth)
     except ValueError:
         return "?"
+    key = (f.f_code, f.f_lineno)
+    site = _line_cache.get(key)
+    if site is not None:
+        return site
+    own = not _skipped(f.f_code.co_filename)
     while f is not None and _skipped(f.f_code.co_filename):
         f = f.f_back
-    if f is None:
-        return "?"
-    return f"{_display(f.f_code.co_filename)}:{f.f_lineno}"
+    site = "?" if f is None else f"{_display(f.f_code.co_filename)}:{f.f_lineno}"
+    if own:
+        _line_cache[key] = site
+    return site
 
 
-def _site(kind: str, site: str) -> dict[str, Any]:
-    sites: dict[tuple[str, str], dict[str, Any]] = _state.setdefault("sites", {})
-    s = sites.get((kind, site))
-    if s is None:
-        s = sites[(kind, site)] = {"kind": kind, "site": site, "taken_over": 0, "fallback": 0, "reasons": {}}
-    return s
+def _table() -> dict[tuple[str, str], list[Any]]:
+    """This thread's counters (no lock on the hot path; :func:`sites` adds every thread's up).
+    A new activation (``_state["sites_gen"]``) starts new ones."""
+    gen = _state.get("sites_gen", 0)
+    t: dict[tuple[str, str], list[Any]] | None = getattr(_tls, "site_table", None)
+    if t is None or getattr(_tls, "site_gen", None) != gen:
+        t = _tls.site_table = {}
+        _tls.site_gen = gen
+        with _sites_lock:
+            _state.setdefault("site_tables", []).append(t)
+    return t
 
 
 def taken_over(kind: str, site: str, n: int = 1) -> None:
     """``n`` calls of ``kind`` (``"model"``, ``"h2d"``, ``"d2h"``) at ``site`` were taken over."""
-    with _sites_lock:
-        _site(kind, site)["taken_over"] += n
+    t = _table()
+    c = t.get((kind, site))
+    if c is None:
+        c = t[(kind, site)] = [0, 0, {}]
+    c[0] += n
 
 
 def fell_back(kind: str, site: str, reason: str, n: int = 1) -> None:
     """``n`` calls of ``kind`` at ``site`` were left to PyTorch (run eagerly), because of ``reason``."""
+    t = _table()
+    c = t.get((kind, site))
+    if c is None:
+        c = t[(kind, site)] = [0, 0, {}]
+    c[1] += n
+    c[2][reason] = c[2].get(reason, 0) + n
+
+
+def reset() -> None:
+    """Forget every count (a new activation)."""
     with _sites_lock:
-        s = _site(kind, site)
-        s["fallback"] += n
-        s["reasons"][reason] = s["reasons"].get(reason, 0) + n
+        _state["sites_gen"] = _state.get("sites_gen", 0) + 1
+        _state["site_tables"] = []
 
 
 def sites() -> list[dict[str, Any]]:
-    """Every call site seen, most calls first: kind, site, taken_over, fallback, reasons."""
+    """Every call site seen, by all threads together, most calls first: kind, site,
+    taken_over, fallback, reasons."""
     with _sites_lock:
-        rows = [dict(s, reasons=dict(s["reasons"])) for s in _state.get("sites", {}).values()]
+        tables = list(_state.get("site_tables", []))
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in tables:
+        for (kind, site), (took, fell, reasons) in list(t.items()):
+            m = merged.get((kind, site))
+            if m is None:
+                m = merged[(kind, site)] = {"kind": kind, "site": site, "taken_over": 0, "fallback": 0, "reasons": {}}
+            m["taken_over"] += took
+            m["fallback"] += fell
+            for r, k in list(reasons.items()):
+                m["reasons"][r] = m["reasons"].get(r, 0) + k
+    rows = list(merged.values())
     rows.sort(key=lambda s: (-(s["taken_over"] + s["fallback"]), s["kind"], s["site"]))
     return rows

@@ -33,6 +33,9 @@ from typing import Any
 from ._common import _first_line, _state, _tls
 from .accounting import fell_back, script_site, taken_over
 
+#: why a copy from host memory is PyTorch's while staging is off (the default)
+LEFT_SYNCHRONOUS = ("a synchronous copy from host memory, left to PyTorch (staging it measured slower; "
+                    "RECSYS_DOCTOR_STAGE_PAGEABLE=1 stages it)")
 #: bytes of each of a thread's two pinned buffers (``RECSYS_DOCTOR_STAGING_BYTES`` sets it)
 ARENA_BYTES = 8 << 20
 ENV_STAGING_BYTES = "RECSYS_DOCTOR_STAGING_BYTES"
@@ -277,7 +280,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
     T = torch.Tensor
 
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None or not _state.get("stage_pageable", True):
+        if getattr(_tls, "group", None) is None:
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")
@@ -285,6 +288,9 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
             return orig(*args, **kwargs)
         dev, dtype = p
         site = script_site(2)
+        if not _state.get("stage_pageable"):
+            fell_back("h2d", site, LEFT_SYNCHRONOUS)
+            return orig(*args, **kwargs)
         np = sys.modules.get("numpy")
         try:
             if isinstance(data, T) or (dtype is None and np is not None and isinstance(data, np.ndarray)):

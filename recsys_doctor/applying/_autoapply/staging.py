@@ -9,8 +9,8 @@ import weakref
 from typing import Any
 
 from ._common import _state, _tls
-from .accounting import script_site
-from .pageable import cuda_args, patch_factories, stage, to_args
+from .accounting import fell_back, script_site
+from .pageable import LEFT_SYNCHRONOUS, cuda_args, patch_factories, stage, to_args
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -244,9 +244,12 @@ def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
             dev = target(torch, args, kwargs)
             if dev is not None and self.is_pinned():
                 return _copy_in(torch, st, self, dev, orig, args, kwargs)
-        p = parse(torch, args, kwargs) if _state.get("stage_pageable", True) else None
+        p = parse(torch, args, kwargs)
         if p is None or self.device.type != "cpu" or (p[2] and self.is_pinned()):
             # not a host-to-GPU copy, or one already asynchronous (pinned, non-blocking)
+            return orig(self, *args, **kwargs)
+        if not _state.get("stage_pageable"):
+            fell_back("h2d", script_site(2), LEFT_SYNCHRONOUS)
             return orig(self, *args, **kwargs)
         out = stage(torch, self, p[0], p[1], site=script_site(2))
         return orig(self, *args, **kwargs) if out is None else out
