@@ -205,8 +205,65 @@ def test_pageable_copies_are_staged_and_outputs_equal_eager(tmp_path, monkeypatc
         assert not any(s["fallback"] for s in h2d), h2d
         assert sum(s["taken_over"] for s in h2d) == n and st["staged_copies"] == n
     else:
-        assert sum(s["fallback"] for s in h2d) == n and st["staged_copies"] == 0
-        assert all(list(s["reasons"]) == [pageable_reason()] for s in h2d), h2d
+        # the first queries of each thread go through its slots, until its model call is
+        # known not to take its copies straight (d + 0 * d2): PyTorch's copies from then on
+        took, left = sum(s["taken_over"] for s in h2d), sum(s["fallback"] for s in h2d)
+        assert took + left == n and left >= n - threads * 3 * 29, (took, left)
+        assert all(list(s["reasons"]) in ([], [pageable_reason()]) for s in h2d), h2d
+
+
+@pytest.mark.parametrize("groups,threads", [(2, 6), (4, 4)])
+def test_pageable_copies_straight_into_the_model_join_the_thread_graph(tmp_path, groups, threads):
+    """The DLRM script's pattern: numpy arrays moved with ``torch.from_numpy(a).cuda()``,
+    ``torch.as_tensor(a, device=...)`` and ``torch.tensor(list, device=...)`` straight into the
+    model call. The hook copies them into the thread's own pinned slots (the same every query)
+    and the thread graph takes the copies over with the model: each thread captures its graph
+    and replays it, every output equals eager's although each array is overwritten right after
+    its copy, and a copy the script keeps from an earlier query keeps its values."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    model, host_query = _wdl()
+    rounds, keep_at = 12, 7
+    qs = []
+    for k in range(threads):
+        torch.manual_seed(110 + k)
+        d, i, o = host_query(32, 1000)
+        qs.append((d.numpy().copy(), [t.numpy().copy() for t in i], o.tolist()))
+
+    def query(k, r):
+        dense, idx, offs = qs[k]
+        d_np = dense * (1 + r)
+        i_np = [(a + r) % 1000 for a in idx]
+        with torch.no_grad():
+            d = torch.from_numpy(d_np).cuda()
+            d_np[:] = -7.0
+            ii = [torch.as_tensor(a, device="cuda") for a in i_np]
+            for a in i_np:
+                a[:] = 0
+            o = torch.tensor(offs, device="cuda")
+            return model(d, ii, o).cpu(), ii
+
+    ref = {(k, r): query(k, r)[0] for k in range(threads) for r in range(rounds)}
+    got: dict = {}
+
+    def client(k: int) -> None:
+        for r in range(rounds):
+            out, ii = query(k, r)
+            got[k, r] = out
+            if r == keep_at:
+                got[k, "kept"] = ii
+
+    st = _run_hooked(tmp_path, groups, threads, client)
+    assert not st["fallbacks"], st["fallbacks"]
+    assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 5), st
+    for k in range(threads):
+        for r in range(rounds):
+            assert torch.equal(got[k, r], ref[k, r]), (k, r)
+        kept = [t.cpu().numpy() for t in got[k, "kept"]]
+        assert all(np.array_equal(a, (b + keep_at) % 1000) for a, b in zip(kept, qs[k][1])), k
+    h2d = [s for s in st["sites"] if s["kind"] == "h2d"]
+    assert sum(s["taken_over"] for s in h2d) == threads * rounds * 28 and not any(s["fallback"] for s in h2d)
 
 def pageable_reason() -> str:
     import sys

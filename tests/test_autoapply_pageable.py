@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from recsys_doctor.applying._autoapply import accounting, pageable
+from recsys_doctor.applying._autoapply import accounting, pageable, staging
 
 torch = pytest.importorskip("torch")
 
@@ -164,10 +164,10 @@ def test_factories_make_host_data_with_pytorchs_rules_then_stage_it(stager, monk
         calls.append((host.dtype, dev, dtype, site))
         return pageable._tls.pageable.copy(torch_, pageable._host_array(torch_, host, dtype)[0])
 
-    monkeypatch.setattr(pageable, "stage", fake_stage)
-    as_tensor = pageable._factory(torch, torch.as_tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")),
-                                  "as_tensor")
-    tensor = pageable._factory(torch, torch.tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")), "tensor")
+    monkeypatch.setattr(staging, "stage", fake_stage)
+    as_tensor = staging._factory(torch, torch.as_tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")),
+                                 "as_tensor")
+    tensor = staging._factory(torch, torch.tensor, lambda t, a, k: (torch.device("cpu"), k.get("dtype")), "tensor")
     a = np.arange(5, dtype=np.int64)
     x = as_tensor(a, device="cuda")
     a[:] = -1

@@ -9,7 +9,7 @@ from typing import Any
 from ._common import _lock, _state, _tls, _torch
 from .graphs import _graphed_call
 from .groups import _Group
-from .staging import _patch_copies, _ThreadCopies
+from .staging import _patch_copies, _ThreadCopies, slots_read
 from .thread_graphs import _copies_call
 
 
@@ -68,7 +68,10 @@ def _patch_module(torch: Any) -> None:
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
             if st is None:
                 return _graphed_call(orig, self, args, kwargs)
-            return _copies_call(st, orig, self, args, kwargs)
+            try:
+                return _copies_call(st, orig, self, args, kwargs)
+            finally:
+                slots_read(torch, st)
         finally:
             _tls.depth = depth
 

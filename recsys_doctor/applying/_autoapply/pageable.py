@@ -27,7 +27,6 @@ unusual layouts, forms of the call this module does not parse, and copies larger
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from ._common import _first_line, _state, _tls
@@ -272,43 +271,3 @@ def tensor_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     d = _cuda_device(torch, dev) if dev is not None else None
     return None if d is None else (d, kwargs.get("dtype"))
 
-
-def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
-    """``torch.as_tensor`` / ``torch.tensor`` for hooked threads: host data (numpy, lists, a CPU
-    tensor) asked for on the GPU is made on the CPU by PyTorch's own function (same dtype rules)
-    and staged by :func:`stage`; anything else goes straight to ``orig``."""
-    T = torch.Tensor
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None:
-            return orig(*args, **kwargs)
-        p = parse(torch, args, kwargs)
-        data = args[0] if args else kwargs.get("data")
-        if p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
-            return orig(*args, **kwargs)
-        dev, dtype = p
-        site = script_site(2)
-        if not _state.get("stage_pageable"):
-            fell_back("h2d", site, LEFT_SYNCHRONOUS)
-            return orig(*args, **kwargs)
-        np = sys.modules.get("numpy")
-        try:
-            if isinstance(data, T) or (dtype is None and np is not None and isinstance(data, np.ndarray)):
-                host = data  # a numpy array's bytes and dtype are what PyTorch would copy
-            else:
-                host = orig(data, dtype=dtype)
-        except (TypeError, ValueError, RuntimeError):
-            return orig(*args, **kwargs)  # PyTorch says what is wrong with the data
-        out = stage(torch, host, dev, dtype, site=site)
-        return orig(*args, **kwargs) if out is None else out
-
-    factory.__name__ = name
-    factory.__wrapped__ = orig  # type: ignore[attr-defined]
-    return factory
-
-
-def patch_factories(torch: Any) -> None:
-    """Patch ``torch.as_tensor`` and ``torch.tensor`` (the originals kept for ``deactivate``)."""
-    _state["orig_torch_functions"] = {"as_tensor": torch.as_tensor, "tensor": torch.tensor}
-    torch.as_tensor = _factory(torch, torch.as_tensor, as_tensor_args, "as_tensor")
-    torch.tensor = _factory(torch, torch.tensor, tensor_args, "tensor")

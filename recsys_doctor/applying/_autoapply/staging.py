@@ -9,8 +9,9 @@ import weakref
 from typing import Any
 
 from ._common import _state, _tls
-from .accounting import fell_back, script_site
-from .pageable import LEFT_SYNCHRONOUS, cuda_args, patch_factories, stage, to_args
+from .accounting import fell_back, script_site, taken_over
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _host_array, as_tensor_args, cuda_args, stage, tensor_args,
+                       to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -51,7 +52,8 @@ MAX_COPIES = 256
 class _ThreadCopies:
     """The copy state of one hooked thread."""
 
-    __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock")
+    __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
+                 "slot_churn")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -61,6 +63,10 @@ class _ThreadCopies:
         self.pending = False  # those views' copies are deferred (not made yet)
         self.reason: str | None = None  # why this thread has no graph of its own
         self.lock = threading.Lock()
+        self.slots: list[tuple[Any, Any]] = []  # (pinned tensor, its numpy view): host copies staged, in order
+        self.slot_n = 0  # slots filled in this query
+        self.slot_event: Any = None  # recorded after the last model call that read the slots
+        self.slot_churn = 0  # slots given a new shape or dtype
 
 
 class _ThreadGraph:
@@ -226,7 +232,9 @@ def _patch_copies(torch: Any) -> None:
     _state["lazy_type"] = _make_lazy_type(torch)
     T.to = _copy_method(torch, T.to, _to_target, to_args)
     T.cuda = _copy_method(torch, T.cuda, _cuda_target, cuda_args)
-    patch_factories(torch)
+    _state["orig_torch_functions"] = {"as_tensor": torch.as_tensor, "tensor": torch.tensor}
+    torch.as_tensor = _factory(torch, torch.as_tensor, as_tensor_args, "as_tensor")
+    torch.tensor = _factory(torch, torch.tensor, tensor_args, "tensor")
 
 
 def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
@@ -248,6 +256,11 @@ def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
         if p is None or self.device.type != "cpu" or (p[2] and self.is_pinned()):
             # not a host-to-GPU copy, or one already asynchronous (pinned, non-blocking)
             return orig(self, *args, **kwargs)
+        if st is not None and not _tls.depth:
+            out = _slot_copy(torch, st, self, p[0], p[1])
+            if out is not None:
+                taken_over("h2d", script_site(2))
+                return out
         if not _state.get("stage_pageable"):
             fell_back("h2d", script_site(2), LEFT_SYNCHRONOUS)
             return orig(self, *args, **kwargs)
@@ -257,3 +270,97 @@ def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
     method.__name__ = getattr(orig, "__name__", "method")
     method.__wrapped__ = orig  # type: ignore[attr-defined]
     return method
+
+
+#: slots given a new shape or dtype before a thread stops staging into slots (shapes that vary)
+SLOT_CHURN = 16
+
+
+def _slot_copy(torch: Any, st: _ThreadCopies, x: Any, dev: Any, dtype: Any) -> Any:
+    """A host-to-GPU copy of ``x`` (a CPU tensor or a numpy array) through the thread's own
+    pinned slot for the query's ``slot_n``-th such copy, handed to :func:`_copy_in` as a
+    non-blocking copy of that slot: the same slots every query, so the thread graph takes the
+    copies over (one launch for the copies and the model). None where the thread has no graph
+    of its own to aim at (``st.reason``), the shapes keep changing, or the data is not plain:
+    the caller leaves the copy to PyTorch."""
+    if st.reason is not None or st.slot_churn > SLOT_CHURN or st.slot_n >= MAX_COPIES:
+        return None
+    a, _why = _host_array(torch, x, dtype)
+    if a is None or a.nbytes > MAX_COPY:
+        return None
+    i = st.slot_n
+    if i == 0 and st.slot_event is not None:
+        # the last model call read the slots (a replay's memcpy nodes, or copies made
+        # before it): they are written again only once that is done
+        if not st.slot_event.query():
+            st.slot_event.synchronize()
+    slots = st.slots
+    if i < len(slots) and slots[i][1].shape == a.shape and slots[i][1].dtype == a.dtype:
+        slot, arr = slots[i]
+        arr[...] = a
+    else:
+        slot = torch.from_numpy(a).pin_memory()  # a new pinned slot, filled
+        if i < len(slots):
+            slots[i] = (slot, slot.numpy())
+            st.slot_churn += 1
+        else:
+            slots.append((slot, slot.numpy()))
+    st.slot_n = i + 1
+    orig_to = _state["orig_tensor_methods"]["to"]
+    return _copy_in(torch, st, slot, dev.index, orig_to, (dev,), {"non_blocking": True})
+
+
+def slots_read(torch: Any, st: _ThreadCopies) -> None:
+    """After a top-level model call: the slots this query filled are read by work queued up to
+    now on the thread's stream; an event marks it (waited for before they are written again)."""
+    if st.slot_n:
+        st.slot_n = 0
+        if st.slot_event is None:
+            st.slot_event = torch.cuda.Event()
+        st.slot_event.record()
+
+
+def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
+    """``torch.as_tensor`` / ``torch.tensor`` for hooked threads: host data (numpy, lists, a CPU
+    tensor) asked for on the GPU goes to the thread's slots (:func:`_slot_copy`) or, with
+    staging on, to :func:`.pageable.stage`; either way made on the CPU first by PyTorch's own
+    function (its dtype rules), but for a numpy array copied as it is. Anything else, and every
+    call where neither applies, goes straight to ``orig`` (counted)."""
+    T = torch.Tensor
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_tls, "group", None) is None:
+            return orig(*args, **kwargs)
+        p = parse(torch, args, kwargs)
+        data = args[0] if args else kwargs.get("data")
+        if p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
+            return orig(*args, **kwargs)
+        dev, dtype = p
+        site = script_site(2)
+        st = getattr(_tls, "copies", None)
+        slots = st is not None and not _tls.depth and st.reason is None
+        if not slots and not _state.get("stage_pageable"):
+            fell_back("h2d", site, LEFT_SYNCHRONOUS)
+            return orig(*args, **kwargs)
+        np = sys.modules.get("numpy")
+        try:
+            if isinstance(data, T) or (dtype is None and np is not None and isinstance(data, np.ndarray)):
+                host = data  # a numpy array's bytes and dtype are what PyTorch would copy
+            else:
+                host = orig(data, dtype=dtype)
+        except (TypeError, ValueError, RuntimeError):
+            return orig(*args, **kwargs)  # PyTorch says what is wrong with the data
+        if slots and st is not None:
+            out = _slot_copy(torch, st, host, dev, dtype if isinstance(host, T) else None)
+            if out is not None:
+                taken_over("h2d", site)
+                return out
+            if not _state.get("stage_pageable"):
+                fell_back("h2d", site, LEFT_SYNCHRONOUS)
+                return orig(*args, **kwargs)
+        out = stage(torch, host, dev, dtype if isinstance(host, T) else None, site=site)
+        return orig(*args, **kwargs) if out is None else out
+
+    factory.__name__ = name
+    factory.__wrapped__ = orig  # type: ignore[attr-defined]
+    return factory
