@@ -7,7 +7,7 @@ from typing import Any
 
 from ._common import WARMUP_CALLS, _first_line, _state, _tls, _torch
 from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly
-from .groups import _Gate, _Group, _run_shared
+from .groups import _capture_stream, _Gate, _Group, _run_shared
 
 
 class _Entry:
@@ -73,10 +73,8 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     # group keep enqueuing their copies on the group stream meanwhile, and work from
     # another thread must not land in (or invalidate) this capture. Replays then run on
     # the group stream (the current stream of the calling thread).
-    if g.capture_stream is None:
-        g.capture_stream = torch.cuda.Stream()
     try:
-        graph, out = _graph_of(torch, g.capture_stream, lambda: orig_call(module, *s_args, **s_kwargs))
+        graph, out = _graph_of(torch, _capture_stream(g), lambda: orig_call(module, *s_args, **s_kwargs))
     except BaseException:
         g.capture_stream = None  # (its capture broke: never used again)
         raise

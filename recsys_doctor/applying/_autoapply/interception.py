@@ -1,5 +1,5 @@
 """Interception: what the hook patches - ``threading.Thread``'s start (a thread joins a group's
-stream) and ``nn.Module.__call__`` (a top-level call goes to the graphs)."""
+stream, one of the runtime's) and ``nn.Module.__call__`` (a top-level call goes to the graphs)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from ._common import _lock, _state, _tls, _torch
 from .graphs import _graphed_call
-from .groups import _Group
+from .groups import _Group, _streams
 from .staging import _patch_copies, _ThreadCopies
 from .thread_graphs import _copies_call
 
@@ -23,13 +23,16 @@ def _group_for_new_thread() -> _Group | None:
     except (RuntimeError, AttributeError):  # a torch without CUDA (or a broken one): nothing to do
         return None
     with _lock:
+        streams = _streams(torch)
+        if streams is None:
+            return None
         i = _state["started"]
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
         g = groups.get(k)
         if g is None:
-            g = groups[k] = _Group(k, torch.cuda.Stream())
+            g = groups[k] = _Group(k, streams.streams[k])
         if not _state["patched_module"]:
             _patch_module(torch)
     return g
@@ -45,8 +48,14 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         _tls.depth = 0
         if _state.get("thread_graphs") and _state.get("graphs"):
             _tls.copies = _ThreadCopies(g.stream)
-        with torch.cuda.stream(g.stream):
-            return orig(self)
+        with _lock:  # (the runtime's streams are closed at exit only when no hooked thread runs)
+            _state["live_threads"] = _state.get("live_threads", 0) + 1
+        try:
+            with torch.cuda.stream(g.stream):
+                return orig(self)
+        finally:
+            with _lock:
+                _state["live_threads"] -= 1
 
     bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
     return bootstrap_inner
