@@ -3,7 +3,11 @@
 
 * the groups are the runtime's: every hooked thread's current stream is its group's
   stream of one ``streams_only`` ``StreamManager`` (thread ``i`` -> group ``i mod groups``,
-  the threads of a group on one stream), bridged as ``torch.cuda.ExternalStream``.
+  the threads of a group on one stream), bridged as ``torch.cuda.ExternalStream``;
+* a model called with 5 row counts is graphed per row bucket (padded rows, verified first),
+  a model that mixes rows (softmax over the batch) per exact shape, never padded; outputs
+  equal the unhooked eager ones, graphs stay within the bound, and every call is counted at
+  the test's line, taken over or left to PyTorch with the reason.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import sys
 
 import pytest
 from test_apply_gpu import _run_hooked
+
+from recsys_doctor.applying._autoapply import buckets
 
 pytestmark = pytest.mark.gpu
 
@@ -58,3 +64,104 @@ def test_streams_only_manager_has_its_streams_alone():
     mgr.close()  # idempotent
     with pytest.raises(RuntimeCudaError, match="closed"):
         mgr.side_stream()
+
+
+ROWS = (37, 50, 64, 100, 128)  # buckets 64 and 128
+ROUNDS = 6
+
+
+def _models(torch):
+    nn = torch.nn
+
+    class PerRow(nn.Module):
+        """Rows independent, elementwise only (no reduction, no matrix product, whose kernels
+        may change with the row count): padded rows give bit-equal real rows. Its second
+        output is one value a call, the same for any row count (never cut)."""
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1000, 16)
+
+        def forward(self, idx, w):
+            return torch.sigmoid(self.emb(idx[:, 0]) * w[:, :1] + self.emb(idx[:, 1])), self.emb.weight[0, 0] * 2
+
+    class SoftmaxOverBatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1000, 16)
+
+        def forward(self, idx, w):
+            return torch.softmax((self.emb(idx) * w.unsqueeze(2)).sum((1, 2)), dim=0)
+
+    return PerRow, SoftmaxOverBatch
+
+
+def _hooked_rows(tmp_path, torch, model, groups=2, threads=4):
+    """Every client calls ``model`` ROUNDS times with each row count of ROWS; returns the
+    outputs by (client, round, rows), the unhooked eager ones by rows, and the hook's stats."""
+    g = torch.Generator().manual_seed(3)
+    qs = {n: (torch.randint(0, 1000, (n, 4), generator=g).cuda(), torch.rand(n, 4, generator=g).cuda())
+          for n in ROWS}
+    with torch.no_grad():
+        ref = {n: model(*q) for n, q in qs.items()}
+    torch.cuda.synchronize()
+    got: dict = {}
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            for r in range(ROUNDS):
+                for n in ROWS:
+                    got[k, r, n] = model(*qs[n])
+        torch.cuda.current_stream().synchronize()
+
+    st = _run_hooked(tmp_path, groups, threads, client)
+    return got, ref, st
+
+
+def _model_sites(st):
+    rows = [s for s in st["sites"] if s["kind"] == "model"]
+    assert rows and all("test_autoapply_gpu.py:" in s["site"] for s in rows), rows
+    return rows
+
+
+def test_varying_rows_are_graphed_per_bucket(tmp_path):
+    torch = pytest.importorskip("torch")
+    PerRow, _ = _models(torch)
+    torch.manual_seed(0)
+    model = PerRow().cuda().eval()
+    got, ref, st = _hooked_rows(tmp_path, torch, model)
+    for (k, r, n), out in got.items():
+        assert torch.equal(out[0], ref[n][0]), (k, r, n)
+        assert torch.equal(out[1], ref[n][1]), (k, r, n)  # a per-call scalar, not cut
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    for g in hook._state["groups"].values():
+        site = g.sites[id(model)]
+        assert site.no_pad is None and len(site.verified) == 2, (site.no_pad, site.verified)
+        assert len(site.keys) <= buckets.MAX_GRAPHS_PER_SITE
+    assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
+    sites = _model_sites(st)
+    calls = 4 * ROUNDS * len(ROWS)
+    assert sum(s["taken_over"] + s["fallback"] for s in sites) == calls
+    assert sum(s["taken_over"] for s in sites) > calls // 2
+    reasons = {r for s in sites for r in s["reasons"]}
+    assert reasons <= {buckets.VERIFYING, buckets.WARMING_UP}, reasons
+
+
+def test_a_model_that_mixes_rows_gets_exact_shapes_only(tmp_path):
+    torch = pytest.importorskip("torch")
+    _, SoftmaxOverBatch = _models(torch)
+    torch.manual_seed(0)
+    model = SoftmaxOverBatch().cuda().eval()
+    got, ref, st = _hooked_rows(tmp_path, torch, model)
+    for (k, r, n), out in got.items():
+        assert out.shape == (n,) and torch.equal(out, ref[n]), (k, r, n)
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    for g in hook._state["groups"].values():
+        site = g.sites[id(model)]
+        assert site.no_pad == buckets.MIXES_ROWS and not site.verified
+        assert len(site.keys) == len(ROWS) <= buckets.MAX_GRAPHS_PER_SITE
+    assert st["captured"] == 2 * len(ROWS)  # one graph per exact shape on each of 2 groups
+    assert buckets.MIXES_ROWS in st["fallbacks"]
+    sites = _model_sites(st)
+    assert sum(s["taken_over"] + s["fallback"] for s in sites) == 4 * ROUNDS * len(ROWS)
+    assert sum(s["taken_over"] for s in sites) > 0

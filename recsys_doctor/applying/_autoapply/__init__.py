@@ -21,7 +21,13 @@ this module is loaded by file path, so at interpreter start it imports nothing o
 * **CUDA graphs for top-level model calls** (where the plan enables graphs): a call of an
   ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
   gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
-  (group, module, argument dtypes/shapes/devices and constants). The first
+  (group, module, argument dtypes/shapes/devices and constants). Where the row count varies,
+  rows are padded up to the next power of two (copies of the last row) once a first padded
+  call of that bucket, run eagerly both ways, gave the same real rows; a model that mixes
+  rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
+  a group and all graphs at most ``GRAPH_MEMORY_BUDGET`` bytes; a call without a graph runs
+  eagerly (:mod:`.buckets`). Every call is counted at the script's line that made it, taken
+  over or left to PyTorch with the reason (``stats()["sites"]``). The first
   ``WARMUP_CALLS`` calls of a key run eagerly on the group stream, then the call is
   captured once (on a private capture stream, so that the group's other threads keep
   using the group stream meanwhile; the capturing thread first runs the call once there,
@@ -47,12 +53,13 @@ A package loaded by file path at interpreter start, before the package can be im
 package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
 ``_recsys_doctor_autoapply``, whose modules import one another relatively and nothing of
 ``recsys_doctor`` but ``plan.py`` (loaded by path too, the one place that parses plans) and,
-on the first hooked thread, ``recsys_doctor.runtime``. One
-module a concern, lowest first: :mod:`._common` (the state), :mod:`.groups` (thread groups on
-the runtime's streams, and the capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.graphs`
-(graphs per call site), :mod:`.staging` (a thread's deferred input copies),
-:mod:`.thread_graphs` (a thread's own graph), :mod:`.interception` (what is patched),
-:mod:`.accounting` (calls taken over and left, per line of the script),
+on the first hooked thread, ``recsys_doctor.runtime``. One module a concern, lowest first:
+:mod:`._common` (the state), :mod:`.groups` (thread groups on the runtime's streams, and the
+capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.buckets`
+(shapes: row buckets, padding verified, the bounds), :mod:`.graphs` (graphs per call site),
+:mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
+graph), :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
+left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
@@ -105,7 +112,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
-                      thread_replays=0, materialized=0, sites={}, streams=None, streams_failed=None)
+                      thread_replays=0, materialized=0, sites={}, streams=None, streams_failed=None,
+                      graph_bytes=0)
         if hasattr(threading.Thread, "_bootstrap_inner"):
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]

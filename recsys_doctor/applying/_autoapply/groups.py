@@ -67,6 +67,8 @@ class _Group:
         self.stream = stream
         self.lock = threading.Lock()
         self.entries: dict[Any, Any] = {}
+        #: id(module) -> its shapes here (:class:`.buckets._Site`: graphs bounded, padding verified)
+        self.sites: dict[int, Any] = {}
         self.capture_stream: Any = None
 
 

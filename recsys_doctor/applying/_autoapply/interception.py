@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from ._common import _lock, _state, _tls, _torch
+from .accounting import script_site
 from .graphs import _graphed_call
 from .groups import _Group, _streams
 from .staging import _patch_copies, _ThreadCopies
@@ -74,10 +75,11 @@ def _patch_module(torch: Any) -> None:
             return orig(self, *args, **kwargs)
         _tls.depth = depth + 1
         try:
+            site = script_site(2)  # the script's line that called the model
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
             if st is None:
-                return _graphed_call(orig, self, args, kwargs)
-            return _copies_call(st, orig, self, args, kwargs)
+                return _graphed_call(orig, self, args, kwargs, site)
+            return _copies_call(st, orig, self, args, kwargs, site)
         finally:
             _tls.depth = depth
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._common import _first_line, _state, _tls, _torch
+from .accounting import taken_over
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _rebuild, _static_out
 from .groups import _Group, _run_shared
@@ -60,8 +61,8 @@ def _matches(T: type[Any], tmpl: Any, x: Any, it: Any) -> bool:
 
 
 def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
-    """A top-level model call of a thread whose copies a thread graph may own."""
+                 kwargs: dict[str, Any], site: str = "?") -> Any:
+    """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
     tg, n = st.tg, st.n
     st.n = 0
@@ -73,6 +74,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
         try:
             out = _run_shared(_thread_replay, tg)
             st.pending = False
+            taken_over("model", site)
             return out
         except Exception as ex:  # noqa: BLE001 - eager and the group's graphs from now on, with the reason
             st.n = n
@@ -84,7 +86,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
         _materialize(torch, st)
     st.n = 0
     recent, st.recent = st.recent, []
-    out = _graphed_call(orig_call, module, args, kwargs)
+    out = _graphed_call(orig_call, module, args, kwargs, site)
     if st.tg is None and st.reason is None and recent:
         _learn(torch, st, orig_call, module, args, kwargs, recent)
     return out
