@@ -14,6 +14,7 @@ import pytest
 from recsys_doctor.applying import _autoapply as hook
 from recsys_doctor.applying._autoapply import accounting, buckets, graphs
 from recsys_doctor.applying._autoapply._common import _tls
+from recsys_doctor.applying._autoapply.fallback import failure_reason
 from recsys_doctor.applying._autoapply.groups import _Gate, _Group
 
 torch = pytest.importorskip("torch")
@@ -190,3 +191,41 @@ def test_rows_all_equal_verify_nothing(group):
     s, out = _verify(group, m, torch.ones(3, 4), 3, 4)
     assert s.verified == set() and s.no_pad is None  # the next padded call verifies
     assert torch.allclose(out, torch.full((3,), 1 / 3))
+
+
+# ------------------------------------------------------------------------------ why a call is eager
+
+MSG = "CUDA error: operation not permitted when stream is capturing\nduring aten::nonzero"
+
+
+def _forward_that_fails():
+    raise RuntimeError(MSG)
+
+
+def test_failure_reason_names_the_op_and_the_scripts_line():
+    try:
+        _forward_that_fails()
+    except RuntimeError as ex:
+        reason = failure_reason(ex)
+    line = _forward_that_fails.__code__.co_firstlineno + 1
+    assert reason.startswith("RuntimeError: CUDA error: operation not permitted when stream is capturing (aten::nonzero; at ")
+    assert reason.endswith(f"test_autoapply_buckets.py:{line}: raise RuntimeError(MSG))")
+    # an exception never raised through the script's code: its first line alone
+    assert failure_reason(ValueError("bad\nmore")) == "ValueError: bad"
+
+
+class _FailsOnMoreRows(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] > 5:
+            raise ValueError("no more than 5 rows")
+        return x * 2
+
+
+def test_a_model_that_fails_on_padded_rows_is_never_padded(group):
+    m = _FailsOnMoreRows()
+    x = torch.randn(5, 4)
+    s, out = _verify(group, m, x, 5, 8)
+    assert torch.equal(out, x * 2)
+    line = _FailsOnMoreRows.forward.__code__.co_firstlineno + 2
+    assert s.no_pad.startswith("padded rows fail: ValueError: no more than 5 rows (at ")
+    assert s.no_pad.endswith(f"test_autoapply_buckets.py:{line}: raise ValueError(\"no more than 5 rows\"))")

@@ -3,10 +3,16 @@ logged once and counted in ``stats()['fallbacks']``, and the call runs eagerly f
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 from typing import Any
 
-from ._common import _log, _state
+from ._common import _first_line, _log, _state
+from .accounting import _display, _skipped
+
+#: an ATen operator named in an exception's text (``aten::nonzero``, ``aten::_local_scalar_dense``)
+_OP = re.compile(r"\baten::[\w.]+")
 
 
 def _end_broken_capture(stream: Any) -> None:
@@ -41,3 +47,35 @@ def _synchronize_quietly(torch: Any) -> None:
         torch.cuda.synchronize()
     except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): eager says it
         pass
+
+
+def failure_reason(ex: BaseException) -> str:
+    """Why a capture or a replay failed, for the log and the accounting: the exception's first
+    line, then the operator where its text names one (``aten::...``) and the line of the
+    script's own code (a model's ``forward``, not PyTorch's or the hook's) it was raised
+    from, with that line's source, where the traceback passes through such code."""
+    reason = _first_line(ex)
+    extra = []
+    op = _OP.search(str(ex))
+    if op is not None and op.group(0) not in reason:
+        extra.append(op.group(0))
+    where = _raised_at(ex)
+    if where:
+        extra.append(f"at {where}")
+    return f"{reason} ({'; '.join(extra)})" if extra else reason
+
+
+def _raised_at(ex: BaseException) -> str | None:
+    """``file:line: source`` of the innermost frame of ``ex``'s traceback in the script's code."""
+    tb, last = ex.__traceback__, None
+    while tb is not None:
+        if not _skipped(tb.tb_frame.f_code.co_filename):
+            last = tb
+        tb = tb.tb_next
+    if last is None:
+        return None
+    fn, line = last.tb_frame.f_code.co_filename, last.tb_lineno
+    src = linecache.getline(fn, line).strip()
+    if len(src) > 60:
+        src = src[:57] + "..."
+    return f"{_display(fn)}:{line}" + (f": {src}" if src else "")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import WARMUP_CALLS, _first_line, _state, _tls, _torch
+from ._common import WARMUP_CALLS, _state, _tls, _torch
 from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MIXES_ROWS, VERIFYING, WARMING_UP, _Site,
                       bucket_rows, call_rows, cut_rows, pad_rows, rows_differ, same_rows)
-from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly
+from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason
 from .groups import _capture_stream, _Gate, _Group, _run_shared
 
 #: why a call with gradients on, or of a module in training mode, is never graphed
@@ -207,7 +207,7 @@ def _verify_padding(torch: Any, s: _Site, orig_call: Any, module: Any, args: Any
         ok = same_rows(torch, out, _run_shared(orig_call, module, *pargs, **pkwargs), n, b)
         why = MIXES_ROWS
     except Exception as ex:  # noqa: BLE001 - a model that fails on padded rows: exact shapes only
-        ok, why = False, f"padded rows fail: {_first_line(ex)}"
+        ok, why = False, f"padded rows fail: {failure_reason(ex)}"
     if ok:
         s.verified.add(pkey)
     elif s.no_pad is None:
@@ -237,26 +237,28 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
                 return _eager(orig_call, module, args, kwargs, site, WARMING_UP)
             if _state.get("graph_bytes", 0) >= GRAPH_MEMORY_BUDGET:
                 e.reason = BUDGET_SPENT
-                _fall_back(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})", e.reason)
+                _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})",
+                           e.reason)
                 return _eager(orig_call, module, args, kwargs, site, e.reason)
             try:
                 _capture(torch, g, e, orig_call, module, gargs, gkwargs, tensors)
                 _state["captured"] += 1
             except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
                 _debug_traceback()
-                e.reason = _first_line(ex)
+                e.reason = f"capture failed: {failure_reason(ex)}"
                 e.graph = None
                 _synchronize_quietly(torch)
-                _fall_back(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})", e.reason)
+                _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})",
+                           e.reason)
                 return _eager(orig_call, module, args, kwargs, site, e.reason)
         try:
             out = _run_shared(_replay, e, tensors, rows)
             taken_over("model", site)
             return out
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
-            e.reason = f"replay failed: {_first_line(ex)}"
+            e.reason = f"replay failed: {failure_reason(ex)}"
             e.graph = None
-            _fall_back(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})", e.reason)
+            _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})", e.reason)
     return _eager(orig_call, module, args, kwargs, site, e.reason)
 
 

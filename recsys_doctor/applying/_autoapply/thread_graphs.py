@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import _first_line, _state, _tls, _torch
+from ._common import _state, _tls, _torch
 from .accounting import taken_over
-from .fallback import _debug_traceback, _fall_back, _synchronize_quietly
+from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _rebuild, _static_out
 from .groups import _Group, _run_shared
 from .staging import _materialize, _ThreadCopies, _ThreadGraph
@@ -79,8 +79,8 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
         except Exception as ex:  # noqa: BLE001 - eager and the group's graphs from now on, with the reason
             st.n = n
             _materialize(torch, st)
-            st.tg, st.reason = None, f"thread graph replay failed: {_first_line(ex)}"
-            _fall_back(f"{type(module).__name__}: {st.reason}", st.reason)
+            st.tg, st.reason = None, f"thread graph replay failed: {failure_reason(ex)}"
+            _fall_back(f"{type(module).__name__} ({site}): {st.reason}", st.reason)
     elif st.pending:
         st.n = n
         _materialize(torch, st)
@@ -88,12 +88,12 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     recent, st.recent = st.recent, []
     out = _graphed_call(orig_call, module, args, kwargs, site)
     if st.tg is None and st.reason is None and recent:
-        _learn(torch, st, orig_call, module, args, kwargs, recent)
+        _learn(torch, st, orig_call, module, args, kwargs, recent, site)
     return out
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-           kwargs: dict[str, Any], recent: list[tuple[Any, Any]]) -> None:
+           kwargs: dict[str, Any], recent: list[tuple[Any, Any]], site: str = "?") -> None:
     """Capture this thread's graph once the group's graph of this call exists and every
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
@@ -124,8 +124,8 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()
-        st.reason = f"no thread graph: {_first_line(ex)}"
-        _fall_back(f"{type(module).__name__}: {st.reason}", st.reason)
+        st.reason = f"no thread graph: {failure_reason(ex)}"
+        _fall_back(f"{type(module).__name__} ({site}): {st.reason}", st.reason)
         _synchronize_quietly(torch)
 
 
