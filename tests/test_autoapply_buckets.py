@@ -214,6 +214,25 @@ def test_failure_reason_names_the_op_and_the_scripts_line():
     assert failure_reason(ValueError("bad\nmore")) == "ValueError: bad"
 
 
+def _end_capture():
+    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+
+def test_failure_reason_of_a_capture_ended_after_an_error_names_the_first():
+    try:
+        try:
+            _forward_that_fails()
+        finally:
+            _end_capture()  # raised while the first is handled: the first is its __context__
+    except RuntimeError as ex:
+        reason = failure_reason(ex)
+    line = _forward_that_fails.__code__.co_firstlineno + 1
+    assert reason.startswith("RuntimeError: CUDA error: operation failed due to a previous error during capture; "
+                             "first RuntimeError: CUDA error: operation not permitted when stream is capturing "
+                             "(aten::nonzero; at ")
+    assert reason.endswith(f"test_autoapply_buckets.py:{line}: raise RuntimeError(MSG))")
+
+
 class _FailsOnMoreRows(torch.nn.Module):
     def forward(self, x):
         if x.shape[0] > 5:

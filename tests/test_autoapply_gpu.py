@@ -7,7 +7,9 @@
 * a model called with 5 row counts is graphed per row bucket (padded rows, verified first),
   a model that mixes rows (softmax over the batch) per exact shape, never padded; outputs
   equal the unhooked eager ones, graphs stay within the bound, and every call is counted at
-  the test's line, taken over or left to PyTorch with the reason.
+  the test's line, taken over or left to PyTorch with the reason;
+* a model with a host sync in its forward cannot be captured: it runs eagerly, with equal
+  outputs, and the reason names the line of the forward that synchronized.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def test_hook_groups_are_the_runtimes_streams(tmp_path):
     assert len(set(handles)) == 2 and all(g.stream_handles == (h, h, h) for g, h in zip(mgr.groups, handles))
     assert all(isinstance(s, torch.cuda.ExternalStream) for s in streams.streams)
     assert [s.cuda_stream for s in streams.streams] == handles
+    groups = sys.modules["_recsys_doctor_autoapply"]._state["groups"]
+    assert all(g.streams is streams and g.stream is streams.streams[k] for k, g in groups.items())
     # thread k (in start order) on group k mod 2: threads 0 and 2 share a stream, 1 and 3 the other
     assert [seen[k] for k in range(4)] == [handles[0], handles[1], handles[0], handles[1]]
     assert torch.cuda.default_stream().cuda_stream not in handles
@@ -165,3 +169,34 @@ def test_a_model_that_mixes_rows_gets_exact_shapes_only(tmp_path):
     sites = _model_sites(st)
     assert sum(s["taken_over"] + s["fallback"] for s in sites) == 4 * ROUNDS * len(ROWS)
     assert sum(s["taken_over"] for s in sites) > 0
+
+
+def test_an_uncapturable_model_runs_eagerly_and_says_where(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class SyncsInForward(torch.nn.Module):
+        def forward(self, x):
+            return x * x.sum().item()
+
+    model = SyncsInForward().eval()
+    qs = [torch.rand(16, 4, device="cuda") for _ in range(4)]
+    ref = [model(q) for q in qs]
+    torch.cuda.synchronize()
+    got: dict = {}
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            for r in range(6):
+                got[k, r] = model(qs[k])
+        torch.cuda.current_stream().synchronize()
+
+    st = _run_hooked(tmp_path, 2, 4, client)
+    for (k, r), out in got.items():
+        assert torch.equal(out, ref[k]), (k, r)
+    line = SyncsInForward.forward.__code__.co_firstlineno + 1
+    assert st["captured"] == 0 and len(st["fallbacks"]) == 2, st["fallbacks"]  # one a group
+    for reason in st["fallbacks"]:
+        assert reason.startswith("capture failed: ") and f"test_autoapply_gpu.py:{line}: return x * x.sum().item()" in reason
+    sites = _model_sites(st)
+    assert sum(s["fallback"] for s in sites) == 4 * 6 and sum(s["taken_over"] for s in sites) == 0
+    assert {r for s in sites for r in s["reasons"]} == {buckets.WARMING_UP, *st["fallbacks"]}

@@ -51,17 +51,27 @@ def _synchronize_quietly(torch: Any) -> None:
 
 def failure_reason(ex: BaseException) -> str:
     """Why a capture or a replay failed, for the log and the accounting: the exception's first
-    line, then the operator where its text names one (``aten::...``) and the line of the
-    script's own code (a model's ``forward``, not PyTorch's or the hook's) it was raised
-    from, with that line's source, where the traceback passes through such code."""
+    line; where it was raised while handling an earlier one (a capture's end fails after an
+    operation inside it did), the first line of the earliest raised through the script's own
+    code; then the operator where their text names one (``aten::...``) and the line of the
+    script's code (a model's ``forward``, not PyTorch's or the hook's) that exception was
+    raised from, with that line's source."""
+    chain = [ex]
+    while len(chain) < 8:
+        prev = chain[-1].__cause__ or chain[-1].__context__
+        if prev is None or prev in chain:
+            break
+        chain.append(prev)
+    root = next((c for c in reversed(chain) if _raised_at(c)), None)
     reason = _first_line(ex)
+    if root is not None and root is not ex:
+        reason += f"; first {_first_line(root)}"
     extra = []
-    op = _OP.search(str(ex))
-    if op is not None and op.group(0) not in reason:
-        extra.append(op.group(0))
-    where = _raised_at(ex)
-    if where:
-        extra.append(f"at {where}")
+    op = next((m.group(0) for c in chain if (m := _OP.search(str(c))) is not None), None)
+    if op is not None and op not in reason:
+        extra.append(op)
+    if root is not None:
+        extra.append(f"at {_raised_at(root)}")
     return f"{reason} ({'; '.join(extra)})" if extra else reason
 
 

@@ -62,9 +62,11 @@ def _run_shared(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class _Group:
-    def __init__(self, index: int, stream: Any) -> None:
+    def __init__(self, index: int, stream: Any, streams: Any = None) -> None:
         self.index = index
         self.stream = stream
+        #: the :class:`_Streams` the group's stream is one of (its side streams: the captures')
+        self.streams = streams
         self.lock = threading.Lock()
         self.entries: dict[Any, Any] = {}
         #: id(module) -> its shapes here (:class:`.buckets._Site`: graphs bounded, padding verified)
@@ -141,5 +143,5 @@ def _capture_stream(g: _Group) -> Any:
     stream of the runtime's, made on first use; a capture that broke on it sets
     ``g.capture_stream`` to None, and the next gets a new one."""
     if g.capture_stream is None:
-        g.capture_stream = _state["streams"].side_stream()
+        g.capture_stream = g.streams.side_stream()
     return g.capture_stream

@@ -33,7 +33,7 @@ def _group_for_new_thread() -> _Group | None:
         k = i % _state["n_groups"]
         g = groups.get(k)
         if g is None:
-            g = groups[k] = _Group(k, streams.streams[k])
+            g = groups[k] = _Group(k, streams.streams[k], streams)
         if not _state["patched_module"]:
             _patch_module(torch)
     return g

@@ -150,7 +150,7 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     # a side stream of the runtime's for this thread's one capture, not the group's capture
     # stream: the group's capture (under the group's lock, not this thread's) may be
     # synchronizing that stream when this capture begins on it
-    stream = _state["streams"].side_stream()
+    stream = g.streams.side_stream()
     g.stream.synchronize()
 
     def run() -> Any:  # the copies, then the model
