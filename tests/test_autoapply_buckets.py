@@ -40,12 +40,14 @@ def test_padding_repeats_the_last_real_row():
     assert pd.shape == (8, 3) and torch.equal(pd[:5], dense)
     assert torch.equal(pd[5:], torch.tensor([[12.0, 13.0, 14.0]] * 3))
     assert pi.tolist() == [4, 1, 9, 2, 6, 6, 6, 6]  # every padded value one of the script's own
+    assert buckets.pad_rows(torch, [items], 5, 8, row=0)[0].tolist() == [4, 1, 9, 2, 6, 4, 4, 4]
 
 
-def test_rows_must_differ_in_every_padded_tensor_to_verify():
+def test_first_and_last_rows_must_differ_in_every_padded_tensor_to_verify():
     a, same = torch.arange(6.0).reshape(3, 2), torch.ones(3, 2)
     assert buckets.rows_differ(torch, [a, torch.tensor([1, 2, 3])], 3)
     assert not buckets.rows_differ(torch, [a, same], 3)  # a mean over `same`'s rows could not tell
+    assert not buckets.rows_differ(torch, [torch.tensor([1, 2, 1])], 3)  # both paddings would be 1s
     assert not buckets.rows_differ(torch, [torch.tensor([[1.0, 2.0]])], 1)
 
 
@@ -184,6 +186,21 @@ def test_a_model_that_mixes_rows_is_never_padded(group, capsys):
     assert s.verified == set() and s.no_pad == buckets.MIXES_ROWS
     assert hook._state["fallbacks"] == [buckets.MIXES_ROWS]
     assert buckets.MIXES_ROWS in capsys.readouterr().err
+
+
+class _MinusSumOverRows(torch.nn.Module):
+    def forward(self, x):
+        return x - x.sum(0)
+
+
+def test_a_sum_over_rows_is_caught_when_the_last_row_adds_nothing(group):
+    # copies of the last row (zeros) leave the sum as it is; copies of the first do not
+    m = _MinusSumOverRows()
+    x = torch.tensor([[1.0, 2.0], [3.0, 5.0], [0.0, 0.0]])
+    with torch.no_grad():
+        assert torch.equal(m(buckets.pad_rows(torch, [x], 3, 4)[0])[:3], m(x))
+    s, out = _verify(group, m, x, 3, 4)
+    assert torch.equal(out, m(x)) and s.no_pad == buckets.MIXES_ROWS and not s.verified
 
 
 def test_rows_all_equal_verify_nothing(group):

@@ -23,8 +23,8 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
   (group, module, argument dtypes/shapes/devices and constants). Where the row count varies,
   rows are padded up to the next power of two (copies of the last row) once a first padded
-  call of that bucket, run eagerly both ways, gave the same real rows; a model that mixes
-  rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
+  call of that bucket, run eagerly as it is and padded two ways, gave the same real rows; a
+  model that mixes rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
   a group and all graphs at most ``GRAPH_MEMORY_BUDGET`` bytes; a call without a graph runs
   eagerly (:mod:`.buckets`). Every call is counted at the script's line that made it, taken
   over or left to PyTorch with the reason (``stats()["sites"]``). The first

@@ -10,11 +10,13 @@ Why padding is safe where it is used:
 * the padding rows are copies of the last real row, so every value the model sees is one of
   the script's own (an index stays in range, offsets stay non-decreasing), and a reduction
   over rows that ignores repeats (max, min, any, all) gives the same result for any input;
-* the first padded call of each bucket runs eagerly twice, as it is and padded, and the real
-  rows of the outputs must be equal (``torch.equal``; floats within ``PAD_RTOL``/``PAD_ATOL``),
-  on a call whose padded tensors each have rows that differ (with equal rows, a mean over
-  rows could not tell): a model that mixes rows (softmax over the batch, BatchNorm in train
-  mode, a sum over rows) then fails, and its call site gets exact-shape graphs only;
+* the first padded call of each bucket runs eagerly three times: as it is, padded with copies
+  of its last row, and padded with copies of its first row; the real rows of the outputs
+  must be equal (``torch.equal``; floats within ``PAD_RTOL``/``PAD_ATOL``), on a call whose
+  padded tensors each have a first row unlike their last (so that the two paddings differ,
+  and a sum or mean over rows cannot stay the same under both unless both rows add nothing):
+  a model that mixes rows (softmax over the batch, BatchNorm in train mode, a sum over rows)
+  then fails, and its call site gets exact-shape graphs only;
 * an output is cut back to the real rows only where its leading dimension is the padded row
   count, and the verification checks the cut outputs' shapes against the unpadded ones.
 
@@ -41,7 +43,7 @@ BOUND_REACHED = f"no graph for this shape: the call site holds {MAX_GRAPHS_PER_S
 BUDGET_SPENT = "no graph for this shape: the graphs' memory budget is spent"
 VERIFYING = "padding rows to a bucket being verified on this call"
 WARMING_UP = "the first calls of a shape run eagerly before its capture"
-MIXES_ROWS = "padding rows changes the real rows (the model mixes rows): exact shapes only"
+MIXES_ROWS = "padded rows change the real rows' outputs (rows mixed): exact shapes only"
 
 
 def call_rows(tensors: list[Any]) -> int:
@@ -60,16 +62,18 @@ def row_tensors(tensors: list[Any], n: int) -> list[bool]:
     return [t.dim() > 0 and int(t.shape[0]) == n for t in tensors]
 
 
-def pad_rows(torch: Any, tensors: list[Any], n: int, b: int) -> list[Any]:
-    """``tensors`` with those of ``n`` rows padded to ``b`` rows by copies of their last row."""
-    return [torch.cat([t, t[n - 1:n].expand(b - n, *t.shape[1:])]) if padded else t
+def pad_rows(torch: Any, tensors: list[Any], n: int, b: int, row: int = -1) -> list[Any]:
+    """``tensors`` with those of ``n`` rows padded to ``b`` rows by copies of their last row
+    (``row=0``: of their first, for the verification)."""
+    k = n - 1 if row == -1 else row
+    return [torch.cat([t, t[k:k + 1].expand(b - n, *t.shape[1:])]) if padded else t
             for t, padded in zip(tensors, row_tensors(tensors, n))]
 
 
 def rows_differ(torch: Any, tensors: list[Any], n: int) -> bool:
-    """Whether every padded tensor has two real rows that differ (a verification needs it)."""
+    """Whether every padded tensor's first row differs from its last (a verification needs it)."""
     rows = [t for t, padded in zip(tensors, row_tensors(tensors, n)) if padded]
-    return n >= 2 and bool(rows) and all(not torch.equal(t[1:n], t[:1].expand(n - 1, *t.shape[1:])) for t in rows)
+    return n >= 2 and bool(rows) and all(not torch.equal(t[0], t[n - 1]) for t in rows)
 
 
 def _outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:

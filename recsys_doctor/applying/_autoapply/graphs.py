@@ -197,14 +197,19 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
 
 def _verify_padding(torch: Any, s: _Site, orig_call: Any, module: Any, args: Any, kwargs: Any, site: str,
                     pargs: Any, pkwargs: Any, pkey: Any, tensors: list[Any], n: int, b: int) -> Any:
-    """The first padded call of a bucket: the call as it is (its result is the one returned)
-    and padded, both eager; padding stays on for the site only if the real rows are the same
-    (:func:`.buckets.same_rows`), on a call whose padded tensors have rows that differ."""
+    """The first padded call of a bucket: the call as it is (its result is the one returned),
+    padded with copies of the last row (as replays are) and with copies of the first, all
+    eager; padding stays on for the site only if the real rows are the same each time
+    (:func:`.buckets.same_rows`), on a call whose padded tensors' first and last rows differ."""
     out = _eager(orig_call, module, args, kwargs, site, VERIFYING)
     if not rows_differ(torch, tensors, n):
         return out  # no evidence either way: the next padded call of the bucket verifies
     try:
         ok = same_rows(torch, out, _run_shared(orig_call, module, *pargs, **pkwargs), n, b)
+        if ok:
+            it = iter(pad_rows(torch, tensors, n, b, row=0))
+            fargs, fkwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+            ok = same_rows(torch, out, _run_shared(orig_call, module, *fargs, **fkwargs), n, b)
         why = MIXES_ROWS
     except Exception as ex:  # noqa: BLE001 - a model that fails on padded rows: exact shapes only
         ok, why = False, f"padded rows fail: {failure_reason(ex)}"
