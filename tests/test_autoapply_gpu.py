@@ -135,12 +135,16 @@ def test_varying_rows_are_graphed_per_bucket(tmp_path):
     model = PerRow().cuda().eval()
     got, ref, st = _hooked_rows(tmp_path, torch, model)
     for (k, r, n), out in got.items():
-        assert torch.equal(out[0], ref[n][0]), (k, r, n)
+        # the padded graph's real rows: within the verification's tolerance (elementwise kernels
+        # give the same bits on the GPU for any row count; a CPU's vector tails may not)
+        assert out[0].shape == ref[n][0].shape, (k, r, n)
+        assert torch.allclose(out[0], ref[n][0], rtol=buckets.PAD_RTOL, atol=buckets.PAD_ATOL), (k, r, n)
         assert torch.equal(out[1], ref[n][1]), (k, r, n)  # a per-call scalar, not cut
     hook = sys.modules["_recsys_doctor_autoapply"]
     for g in hook._state["groups"].values():
         site = g.sites[id(model)]
         assert site.no_pad is None and len(site.verified) == 2, (site.no_pad, site.verified)
+        assert all(site.padded_ok(k) for k in site.verified)
         assert len(site.keys) <= buckets.MAX_GRAPHS_PER_SITE
     assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
     sites = _model_sites(st)

@@ -22,9 +22,9 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
   gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
   (group, module, argument dtypes/shapes/devices and constants). Where the row count varies,
-  rows are padded up to the next power of two (copies of the last row) once a first padded
-  call of that bucket, run eagerly as it is and padded two ways, gave the same real rows; a
-  model that mixes rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
+  rows are padded up to the next power of two (copies of the last row) once the first two
+  padded calls of that bucket, each run eagerly as it is and padded, gave the same real rows;
+  a model that mixes rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
   a group and all graphs at most ``GRAPH_MEMORY_BUDGET`` bytes; a call without a graph runs
   eagerly (:mod:`.buckets`). Every call is counted at the script's line that made it, taken
   over or left to PyTorch with the reason (``stats()["sites"]``). The first

@@ -188,7 +188,7 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     pkt = _key_or_reason(torch, module, pargs, pkwargs)
     if isinstance(pkt, str):  # (never: the same structure, on the same devices) exact shapes then
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
-    if pkt[0] not in s.verified:
+    if not s.padded_ok(pkt[0]):
         return _verify_padding(torch, s, orig_call, module, args, kwargs, site, pargs, pkwargs, pkt[0], tensors,
                                n, b)
     return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, pkt[0], ptensors, pargs, pkwargs,
@@ -197,24 +197,19 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
 
 def _verify_padding(torch: Any, s: _Site, orig_call: Any, module: Any, args: Any, kwargs: Any, site: str,
                     pargs: Any, pkwargs: Any, pkey: Any, tensors: list[Any], n: int, b: int) -> Any:
-    """The first padded call of a bucket: the call as it is (its result is the one returned),
-    padded with copies of the last row (as replays are) and with copies of the first, all
-    eager; padding stays on for the site only if the real rows are the same each time
-    (:func:`.buckets.same_rows`), on a call whose padded tensors' first and last rows differ."""
+    """One of the first padded calls of a bucket: the call as it is (its result is the one
+    returned) and padded, both eager; padding stays on for the site only if the real rows are
+    the same (:func:`.buckets.same_rows`), on a call whose padded tensors have rows that differ."""
     out = _eager(orig_call, module, args, kwargs, site, VERIFYING)
     if not rows_differ(torch, tensors, n):
         return out  # no evidence either way: the next padded call of the bucket verifies
     try:
         ok = same_rows(torch, out, _run_shared(orig_call, module, *pargs, **pkwargs), n, b)
-        if ok:
-            it = iter(pad_rows(torch, tensors, n, b, row=0))
-            fargs, fkwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
-            ok = same_rows(torch, out, _run_shared(orig_call, module, *fargs, **fkwargs), n, b)
         why = MIXES_ROWS
     except Exception as ex:  # noqa: BLE001 - a model that fails on padded rows: exact shapes only
         ok, why = False, f"padded rows fail: {failure_reason(ex)}"
     if ok:
-        s.verified.add(pkey)
+        s.verified[pkey] = s.verified.get(pkey, 0) + 1
     elif s.no_pad is None:
         s.no_pad = why
         _fall_back(f"{type(module).__name__} ({site}): {why}", why)
