@@ -9,7 +9,9 @@
   equal the unhooked eager ones, graphs stay within the bound, and every call is counted at
   the test's line, taken over or left to PyTorch with the reason;
 * a model with a host sync in its forward cannot be captured: it runs eagerly, with equal
-  outputs, and the reason names the line of the forward that synchronized.
+  outputs, and the reason names the line of the forward that synchronized;
+* at exit the runtime's streams are closed (without a word on stderr), unless a hooked
+  (daemon) thread still runs.
 """
 
 from __future__ import annotations
@@ -204,3 +206,43 @@ def test_an_uncapturable_model_runs_eagerly_and_says_where(tmp_path):
     sites = _model_sites(st)
     assert sum(s["fallback"] for s in sites) == 4 * 6 and sum(s["taken_over"] for s in sites) == 0
     assert {r for s in sites for r in s["reasons"]} == {buckets.WARMING_UP, *st["fallbacks"]}
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+import torch
+torch.zeros(1, device="cuda")  # CUDA initialized: the threads started from now on are hooked
+m = torch.nn.Linear(4, 4).cuda().eval()
+def work():
+    with torch.no_grad():
+        for _ in range(4):
+            m(torch.ones(8, 4, device="cuda")).sum().item()
+t = threading.Thread(target=work)
+t.start()
+t.join()
+if sys.argv[1] == "daemon":  # a hooked thread still running at exit
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+hook = sys.modules["_recsys_doctor_autoapply"]
+mgr = hook._state["streams"].manager
+atexit._run_exitfuncs()  # the exit handlers now (the hook's among them), to look at the manager after
+print("closed" if mgr.closed else "open", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode,want", [("join", "closed"), ("daemon", "open")])
+def test_the_runtime_streams_are_closed_at_exit_unless_a_hooked_thread_runs(tmp_path, mode, want):
+    pytest.importorskip("torch")
+    import subprocess
+
+    from recsys_doctor.applying.apply import write_plan
+    from recsys_doctor.applying.script_hook import script_env
+    from recsys_doctor.planning.whatif import Candidate
+
+    plan = write_plan(tmp_path / "plan.json", {"schema": 1, "stream_groups": {"count": 2},
+                                               "cuda_graphs": {"enabled": True}}, Candidate(2, True, True, True))
+    env = script_env(plan, hook_dir=tmp_path / "hook")
+    out = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, mode], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [want]
+    assert "closing the stream groups" not in out.stderr and "Traceback" not in out.stderr, out.stderr

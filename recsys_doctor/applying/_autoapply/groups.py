@@ -98,8 +98,12 @@ class _Streams:
         self.torch = torch
         self.device = torch.device("cuda", dev)
         self.manager = StreamManager(n_groups, device=dev, merge=True, streams_only=True, probe_idle=False)
-        self.streams = [torch.cuda.ExternalStream(g.stream_handles[0], device=self.device)
-                        for g in self.manager.groups]
+        try:
+            self.streams = [torch.cuda.ExternalStream(g.stream_handles[0], device=self.device)
+                            for g in self.manager.groups]
+        except BaseException:
+            self.manager.close()
+            raise
 
     def side_stream(self) -> Any:
         """A new stream of the manager's (owned by it), for PyTorch."""
@@ -133,6 +137,9 @@ def _close_at_exit(st: _Streams) -> None:
     if _state.get("live_threads", 0):
         return
     try:
+        from recsys_doctor.runtime._cuda import ensure_context
+
+        ensure_context(st.manager.context)  # (the main thread may never have used CUDA itself)
         st.manager.close()
     except Exception as ex:  # noqa: BLE001 - at exit: one line, never a traceback
         _log(f"closing the stream groups at exit: {type(ex).__name__}: {ex}")
