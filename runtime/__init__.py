@@ -2,7 +2,8 @@
 
 * :class:`StreamManager` / :class:`StreamGroup` - N groups of (compute, H2D, D2H) streams
   or one merged stream each, per-group memory pools and pinned staging, least-loaded
-  dispatch; on cuda-python (``cuda.core`` / ``cuda.bindings``).
+  dispatch; on cuda-python (``cuda.core`` / ``cuda.bindings``). ``streams_only=True``: the
+  groups' streams alone, and ``side_stream()`` one more (the plain-script hook's groups).
 * :func:`serve` - a PyTorch model as a thread-safe callable whose every query is one CUDA
   graph launch on a group's stream (H2D + forward + D2H captured together).
 * :func:`stream_scope`, :func:`parallel_branches`, :class:`BranchStreams` - training

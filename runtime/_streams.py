@@ -9,7 +9,10 @@ are only CUDA events (record / wait); the host waits only on the event that ends
 A :class:`StreamManager` owns N groups on one device and hands out the least-loaded one
 without blocking (in-flight counts; equal counts are broken by a non-blocking event query).
 When every slot of every group is in flight, waiters are served first come first served
-(:class:`~recsys_doctor.runtime._policy.FairSlotPool`).
+(:class:`~recsys_doctor.runtime._policy.FairSlotPool`). With ``streams_only`` a manager is
+its groups' streams alone (no slots, pools or events): the plain-script hook's groups, whose
+copies and memory stay PyTorch's. :meth:`StreamManager.side_stream` makes one more owned
+stream (the hook captures its CUDA graphs there).
 
 Every handle is owned explicitly: ``close()`` (idempotent) or ``with``.
 """
@@ -164,6 +167,8 @@ class StreamGroup:
 
     def allocate(self, nbytes: int) -> DeviceBuffer:
         """Device memory from this group's pool, ordered on the compute stream."""
+        if self.mr is None:
+            raise RuntimeCudaError("this stream group has no memory pool (streams_only)")
         return DeviceBuffer(self.mr, nbytes, self.compute)
 
     # -- slots -----------------------------------------------------------------------
@@ -171,11 +176,11 @@ class StreamGroup:
         """A free slot of this group; blocks (in arrival order, behind older waiters) only
         when all of this group's slots are in flight. Prefer
         :meth:`StreamManager.acquire_slot`, which may take any group's slot."""
-        return self.manager._slots.acquire(only=self.index)[1]
+        return self.manager.slot_pool.acquire(only=self.index)[1]
 
     def give_slot(self, slot: Slot) -> None:
         self._last_done = slot.done_i
-        self.manager._slots.release(self.index, slot)
+        self.manager.slot_pool.release(self.index, slot)
 
     def idle(self) -> bool:
         """Non-blocking: has the device finished this group's last query? (one
@@ -232,13 +237,21 @@ class StreamManager:
     contention on one allocator, reuse within a group); otherwise one pool is shared.
     ``pool_limit_bytes`` caps the pools together: split evenly over per-group pools (each
     pool's ``maxSize``), or the shared pool's ``maxSize``.
+
+    ``streams_only``: the groups' streams and nothing else (no slots, pools or events;
+    ``slots`` and the pool options are ignored): :meth:`acquire` works, :meth:`acquire_slot`
+    and :meth:`StreamGroup.allocate` raise :class:`RuntimeCudaError`.
     """
 
     def __init__(self, groups: int = 4, *, device: int = 0, merge: bool = True, slots: int = 2,
                  per_group_pool: bool = True, pool_limit_bytes: int | None = None,
-                 probe_idle: bool = True) -> None:
-        if groups < 1 or slots < 1:
-            raise BadInputError(f"need at least one group and one slot, got groups={groups} slots={slots}")
+                 probe_idle: bool = True, streams_only: bool = False) -> None:
+        if streams_only:
+            slots, per_group_pool, pool_limit_bytes = 0, False, None
+        elif slots < 1:
+            raise BadInputError(f"need at least one slot per group, got slots={slots}")
+        if groups < 1:
+            raise BadInputError(f"need at least one group, got groups={groups}")
         import cuda.core as cc
 
         with translating(f"cuDevicePrimaryCtxRetain / cuCtxSetCurrent (device {device})"):
@@ -252,19 +265,25 @@ class StreamManager:
         self._lock = threading.Lock()
         self._rr = 0
         self._pools: list[Any] = []
+        self._side: list[Any] = []
         self.closed = False
-        n_pools = groups if per_group_pool else 1
+        #: no slots, pools or events: the groups' streams alone (see the module's docstring)
+        self.streams_only = streams_only
+        n_pools = 0 if streams_only else groups if per_group_pool else 1
         max_size = (pool_limit_bytes // n_pools) if pool_limit_bytes else 0
         with translating("cuMemPoolCreate"):
             for _ in range(n_pools):
                 opts = cc.DeviceMemoryResourceOptions(max_size=max_size) if max_size else cc.DeviceMemoryResourceOptions()
                 self._pools.append(cc.DeviceMemoryResource(self.device, options=opts))
-        self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools]) for i in range(groups)]
+        self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools] if n_pools else None)
+                       for i in range(groups)]
         # ``probe_idle``: break ties between equally loaded groups by an event query (the
         # served model turns it off: on its hot path, in-flight counts and round-robin are
         # enough, and every probe is a driver call)
-        self._slots = FairSlotPool([g.slots for g in self.groups],
-                                   idle=[g.idle for g in self.groups] if probe_idle else None)
+        self._slots: FairSlotPool | None = None
+        if not streams_only:
+            self._slots = FairSlotPool([g.slots for g in self.groups],
+                                       idle=[g.idle for g in self.groups] if probe_idle else None)
         self.merge = merge
         self.per_group_pool = per_group_pool
         self.pool_limit_bytes = pool_limit_bytes
@@ -294,12 +313,20 @@ class StreamManager:
         finally:
             self.release(g)
 
+    @property
+    def slot_pool(self) -> FairSlotPool:
+        """The slots of every group (:class:`RuntimeCudaError` for a ``streams_only`` manager)."""
+        if self._slots is None:
+            raise RuntimeCudaError("this stream manager has no slots (streams_only)")
+        return self._slots
+
     @contextmanager
     def acquire_slot(self) -> Iterator[tuple[StreamGroup, Slot]]:
         """``(group, slot)`` for one query, served in arrival order when all are busy."""
         if self.closed:
             raise RuntimeCudaError("the stream manager is closed")
-        i, slot = self._slots.acquire()
+        pool = self.slot_pool
+        i, slot = pool.acquire()
         g = self.groups[i]
         with self._lock:
             g.in_flight += 1
@@ -310,7 +337,20 @@ class StreamManager:
             with self._lock:
                 g.in_flight -= 1
                 g.served += 1
-            self._slots.release(i, slot)
+            pool.release(i, slot)
+
+    def side_stream(self) -> int:
+        """A new non-blocking stream on the manager's device, owned by the manager (destroyed
+        by :meth:`close`), as an integer handle for ``torch.cuda.ExternalStream``."""
+        import cuda.core as cc
+
+        if self.closed:
+            raise RuntimeCudaError("the stream manager is closed")
+        with translating("cuStreamCreate (side stream)"):
+            s = self.device.create_stream(options=cc.StreamOptions(nonblocking=True))
+        with self._lock:
+            self._side.append(s)
+        return int(s.handle)
 
     def pool_stats(self) -> list[dict[str, int]]:
         """Reserved / used bytes of each pool (``cuMemPoolGetAttribute``)."""
@@ -333,9 +373,15 @@ class StreamManager:
         if self.closed:
             return
         self.closed = True
-        self._slots.close()
+        if self._slots is not None:
+            self._slots.close()
         for g in self.groups:
             g.close()
+        for s in self._side:
+            with translating("cuStreamSynchronize / cuStreamDestroy (side stream)"):
+                s.sync()
+                s.close()
+        self._side = []
         for mr in self._pools:
             with translating("cuMemPoolDestroy"):
                 mr.close()

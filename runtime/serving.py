@@ -66,7 +66,7 @@ class ServedModel(BatchedCalls):
                                      per_group_pool=config.per_stream_allocator,
                                      pool_limit_bytes=config.pool_limit_bytes)
         self._groups = self.manager.groups
-        self._pool = self.manager._slots
+        self._pool = self.manager.slot_pool
         self._fp = self.manager.fast
         self._ext: dict[int, Any] = {}
         self._graph_pools: dict[tuple[int, int], Any] = {}

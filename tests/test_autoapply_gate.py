@@ -97,15 +97,20 @@ def test_threads_go_round_robin_to_groups_without_a_limit(capsys):
 
     from recsys_doctor.applying import _autoapply as aa
 
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True, Stream=lambda: object()))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
+    # the runtime's streams of the activation (made by the first hooked thread on a GPU)
+    streams = types.SimpleNamespace(streams=[object(), object()])
     saved = dict(aa._state)
     try:
         aa._state.clear()
-        aa._state.update(active=True, n_groups=2, graphs=True, groups={}, started=0, patched_module=True)
+        aa._state.update(active=True, n_groups=2, graphs=True, groups={}, started=0, patched_module=True,
+                         streams=streams, streams_failed=None)
         real = sys.modules.get("torch")
         sys.modules["torch"] = fake  # the hook reads torch from sys.modules only
         try:
-            placed = [aa._group_for_new_thread().index for _ in range(8)]
+            got = [aa._group_for_new_thread() for _ in range(8)]
+            placed = [g.index for g in got]
+            assert all(g.stream is streams.streams[g.index] for g in got)
         finally:
             if real is None:
                 sys.modules.pop("torch", None)

@@ -2,18 +2,32 @@
 
 Activated at interpreter start by a generated ``sitecustomize.py`` (see
 :func:`recsys_doctor.applying.script_hook.script_env`) when ``RECSYS_DOCTOR_PLAN`` names a plan JSON file;
-this module is loaded by file path, so it imports nothing of ``recsys_doctor`` (whose
-package import pulls in pandas) and never imports torch itself. What it does:
+this module is loaded by file path, so at interpreter start it imports nothing of
+``recsys_doctor`` but ``plan.py`` (below), and it never imports torch itself. What it does:
 
 * **a stream per client thread**: every ``threading.Thread`` started once torch has
   initialized CUDA runs its whole life inside ``torch.cuda.stream(group_stream)``; thread
   ``i`` (in start order) gets group ``i mod groups``. The script's own copies, kernels and
   ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one
-  stream shared (and synchronized) by every thread.
+  stream shared (and synchronized) by every thread. The groups are the runtime's: the first
+  such thread makes one :class:`recsys_doctor.runtime.StreamManager` with the plan's group
+  count (merged, ``streams_only``: the script's copies and memory stay PyTorch's), and a
+  group's stream is a ``torch.cuda.ExternalStream`` over its group's stream handle, as
+  :func:`recsys_doctor.runtime.serve` bridges them; the capture streams are the manager's
+  side streams (:mod:`.groups`). ``recsys_doctor.runtime`` is imported then, not before
+  (a light import: ``cuda.core``, no pandas); where it cannot be, the hook says why on
+  stderr and the script runs as it is. The manager is closed at exit (``atexit``, before
+  the interpreter's teardown) unless a hooked thread still runs.
 * **CUDA graphs for top-level model calls** (where the plan enables graphs): a call of an
   ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
   gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
-  (group, module, argument dtypes/shapes/devices and constants). The first
+  (group, module, argument dtypes/shapes/devices and constants). Where the row count varies,
+  rows are padded up to the next power of two (copies of the last row) once the first two
+  padded calls of that bucket, each run eagerly as it is and padded, gave the same real rows;
+  a model that mixes rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
+  a group and all graphs at most ``GRAPH_MEMORY_BUDGET`` bytes; a call without a graph runs
+  eagerly (:mod:`.buckets`). Every call is counted at the script's line that made it, taken
+  over or left to PyTorch with the reason (``stats()["sites"]``). The first
   ``WARMUP_CALLS`` calls of a key run eagerly on the group stream, then the call is
   captured once (on a private capture stream, so that the group's other threads keep
   using the group stream meanwhile; the capturing thread first runs the call once there,
@@ -38,12 +52,14 @@ package import pulls in pandas) and never imports torch itself. What it does:
 A package loaded by file path at interpreter start, before the package can be imported (its
 package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
 ``_recsys_doctor_autoapply``, whose modules import one another relatively and nothing of
-``recsys_doctor`` but ``plan.py`` (loaded by path too, the one place that parses plans). One
-module a concern, lowest first: :mod:`._common` (the state), :mod:`.groups` (thread groups and
-the capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.graphs`
-(graphs per call site), :mod:`.staging` (a thread's deferred input copies),
-:mod:`.thread_graphs` (a thread's own graph), :mod:`.interception` (what is patched),
-:mod:`.accounting` (calls taken over and left, per line of the script),
+``recsys_doctor`` but ``plan.py`` (loaded by path too, the one place that parses plans) and,
+on the first hooked thread, ``recsys_doctor.runtime``. One module a concern, lowest first:
+:mod:`._common` (the state), :mod:`.groups` (thread groups on the runtime's streams, and the
+capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.buckets`
+(shapes: row buckets, padding verified, the bounds), :mod:`.graphs` (graphs per call site),
+:mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
+graph), :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
+left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
@@ -99,7 +115,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
-                      thread_replays=0, materialized=0,
+                      thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1")
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()

@@ -3,10 +3,16 @@ logged once and counted in ``stats()['fallbacks']``, and the call runs eagerly f
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 from typing import Any
 
-from ._common import _log, _state
+from ._common import _first_line, _log, _state
+from .accounting import _display, _skipped
+
+#: an ATen operator named in an exception's text (``aten::nonzero``, ``aten::_local_scalar_dense``)
+_OP = re.compile(r"\baten::[\w.]+")
 
 
 def _end_broken_capture(stream: Any) -> None:
@@ -41,3 +47,45 @@ def _synchronize_quietly(torch: Any) -> None:
         torch.cuda.synchronize()
     except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): eager says it
         pass
+
+
+def failure_reason(ex: BaseException) -> str:
+    """Why a capture or a replay failed, for the log and the accounting: the exception's first
+    line; where it was raised while handling an earlier one (a capture's end fails after an
+    operation inside it did), the first line of the earliest raised through the script's own
+    code; then the operator where their text names one (``aten::...``) and the line of the
+    script's code (a model's ``forward``, not PyTorch's or the hook's) that exception was
+    raised from, with that line's source."""
+    chain = [ex]
+    while len(chain) < 8:
+        prev = chain[-1].__cause__ or chain[-1].__context__
+        if prev is None or prev in chain:
+            break
+        chain.append(prev)
+    root = next((c for c in reversed(chain) if _raised_at(c)), None)
+    reason = _first_line(ex)
+    if root is not None and root is not ex:
+        reason += f"; first {_first_line(root)}"
+    extra = []
+    op = next((m.group(0) for c in chain if (m := _OP.search(str(c))) is not None), None)
+    if op is not None and op not in reason:
+        extra.append(op)
+    if root is not None:
+        extra.append(f"at {_raised_at(root)}")
+    return f"{reason} ({'; '.join(extra)})" if extra else reason
+
+
+def _raised_at(ex: BaseException) -> str | None:
+    """``file:line: source`` of the innermost frame of ``ex``'s traceback in the script's code."""
+    tb, last = ex.__traceback__, None
+    while tb is not None:
+        if not _skipped(tb.tb_frame.f_code.co_filename):
+            last = tb
+        tb = tb.tb_next
+    if last is None:
+        return None
+    fn, line = last.tb_frame.f_code.co_filename, last.tb_lineno
+    src = linecache.getline(fn, line).strip()
+    if len(src) > 60:
+        src = src[:57] + "..."
+    return f"{_display(fn)}:{line}" + (f": {src}" if src else "")

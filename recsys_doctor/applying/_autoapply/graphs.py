@@ -1,13 +1,22 @@
 """CUDA graphs per call site: a top-level model call of a hooked thread, keyed by its module and
-its arguments' dtypes/shapes/devices, runs eagerly ``WARMUP_CALLS`` times, is captured once, then replays."""
+its arguments' dtypes/shapes/devices (rows padded to a bucket where that is verified safe:
+:mod:`.buckets`), runs eagerly ``WARMUP_CALLS`` times, is captured once, then replays. Every call
+is counted at the script's line that made it (:mod:`.accounting`): taken over when a graph
+replays it, left to PyTorch with the reason otherwise."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._common import WARMUP_CALLS, _first_line, _state, _tls, _torch
-from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly
-from .groups import _Gate, _Group, _run_shared
+from ._common import WARMUP_CALLS, _state, _tls, _torch
+from .accounting import fell_back, taken_over
+from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MIXES_ROWS, VERIFYING, WARMING_UP, _Site,
+                      bucket_rows, call_rows, cut_rows, pad_rows, rows_differ, same_rows)
+from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason
+from .groups import _capture_stream, _Gate, _Group, _run_shared
+
+#: why a call with gradients on, or of a module in training mode, is never graphed
+GRAD_ON = "gradients on or the module in training mode"
 
 
 class _Entry:
@@ -23,11 +32,17 @@ class _Entry:
 
 def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
     """(hashable key, flat tensor list) or None when an argument is not graph-friendly."""
+    kt = _key_or_reason(torch, module, args, kwargs)
+    return None if isinstance(kt, str) else kt
+
+
+def _key_or_reason(torch: Any, module: Any, args: Any, kwargs: Any) -> tuple[Any, list[Any]] | str:
+    """:func:`_key`, or why an argument is not graph-friendly."""
     tensors: list[Any] = []
     try:
         parts = (_key_part(torch.Tensor, args, tensors), _key_part(torch.Tensor, kwargs, tensors))
-    except TypeError:
-        return None
+    except TypeError as ex:
+        return f"not graphed: {ex}"
     return (id(module), parts), tensors
 
 
@@ -73,10 +88,8 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     # group keep enqueuing their copies on the group stream meanwhile, and work from
     # another thread must not land in (or invalidate) this capture. Replays then run on
     # the group stream (the current stream of the calling thread).
-    if g.capture_stream is None:
-        g.capture_stream = torch.cuda.Stream()
     try:
-        graph, out = _graph_of(torch, g.capture_stream, lambda: orig_call(module, *s_args, **s_kwargs))
+        graph, out = _graph_of(torch, _capture_stream(g), lambda: orig_call(module, *s_args, **s_kwargs))
     except BaseException:
         g.capture_stream = None  # (its capture broke: never used again)
         raise
@@ -100,8 +113,15 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
         with torch.cuda.stream(stream):
             run()
         stream.synchronize()
+        # what the graph holds (counted against GRAPH_MEMORY_BUDGET): the growth of the memory
+        # PyTorch reserves over the capture, from an emptied cache (torch.cuda.graph empties it
+        # too, so the growth is not hidden): the graph's private pool, and what other threads
+        # allocated meanwhile (an estimate that errs high)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             out = run()
+        _state["graph_bytes"] = _state.get("graph_bytes", 0) + max(0, torch.cuda.memory_reserved() - before)
     except BaseException:
         # torch.cuda.graph's __exit__ skips restoring the current stream when ending the
         # capture fails: without this the thread would stay on a stream whose capture is
@@ -125,54 +145,126 @@ def _static_out(torch: Any, out: Any) -> Any:
     raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
 
 
-def _clone_out(static_out: Any) -> Any:
-    """What a replay returns: a clone of the static output (the next replay overwrites it)."""
+def _clone_out(static_out: Any, rows: tuple[int, int] | None = None) -> Any:
+    """What a replay returns: a clone of the static output (the next replay overwrites it);
+    with ``rows`` ``(n, b)``, of its first ``n`` rows where it has ``b`` (padded) rows."""
     if isinstance(static_out, tuple):
-        return tuple(o.clone() for o in static_out)
-    return static_out.clone()
+        return tuple(_clone_out(o, rows) for o in static_out)
+    return (cut_rows(static_out, *rows) if rows else static_out).clone()
 
 
-def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _eager(orig_call: Any, module: Any, args: Any, kwargs: Any, site: str, reason: str) -> Any:
+    """The call as the script made it, on the group's stream, counted as left to PyTorch."""
+    fell_back("model", site, reason)
+    return _run_shared(orig_call, module, *args, **kwargs)
+
+
+def _site_of(g: _Group, module: Any) -> _Site:
+    s: _Site | None = g.sites.get(id(module))
+    if s is None:
+        s = g.sites[id(module)] = _Site()
+    return s
+
+
+def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  site: str = "?") -> Any:
+    """A top-level model call of a hooked thread, made at ``site`` (the script's line)."""
     torch = _torch()
     g: _Group = _tls.group
     if module.training or torch.is_grad_enabled():
-        return _run_shared(orig_call, module, *args, **kwargs)
-    kt = _key(torch, module, args, kwargs)
-    if kt is None:
-        return _run_shared(orig_call, module, *args, **kwargs)
+        return _eager(orig_call, module, args, kwargs, site, GRAD_ON)
+    kt = _key_or_reason(torch, module, args, kwargs)
+    if isinstance(kt, str):
+        return _eager(orig_call, module, args, kwargs, site, kt)
     key, tensors = kt
+    s = _site_of(g, module)
+    n = call_rows(tensors)
+    b = bucket_rows(n)
+    if b == n or s.no_pad is not None:
+        return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
+    ptensors = pad_rows(torch, tensors, n, b)
+    it = iter(ptensors)
+    pargs, pkwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+    pkt = _key_or_reason(torch, module, pargs, pkwargs)
+    if isinstance(pkt, str):  # (never: the same structure, on the same devices) exact shapes then
+        return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
+    if not s.padded_ok(pkt[0]):
+        return _verify_padding(torch, s, orig_call, module, args, kwargs, site, pargs, pkwargs, pkt[0], tensors,
+                               n, b)
+    return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, pkt[0], ptensors, pargs, pkwargs,
+                       (n, b))
+
+
+def _verify_padding(torch: Any, s: _Site, orig_call: Any, module: Any, args: Any, kwargs: Any, site: str,
+                    pargs: Any, pkwargs: Any, pkey: Any, tensors: list[Any], n: int, b: int) -> Any:
+    """One of the first padded calls of a bucket: the call as it is (its result is the one
+    returned) and padded, both eager; padding stays on for the site only if the real rows are
+    the same (:func:`.buckets.same_rows`), on a call whose padded tensors have rows that differ."""
+    out = _eager(orig_call, module, args, kwargs, site, VERIFYING)
+    if not rows_differ(torch, tensors, n):
+        return out  # no evidence either way: the next padded call of the bucket verifies
+    try:
+        ok = same_rows(torch, out, _run_shared(orig_call, module, *pargs, **pkwargs), n, b)
+        why = MIXES_ROWS
+    except Exception as ex:  # noqa: BLE001 - a model that fails on padded rows: exact shapes only
+        ok, why = False, f"padded rows fail: {failure_reason(ex)}"
+    if ok:
+        s.verified[pkey] = s.verified.get(pkey, 0) + 1
+    elif s.no_pad is None:
+        s.no_pad = why
+        _fall_back(f"{type(module).__name__} ({site}): {why}", why)
+    return out
+
+
+def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, args: Any, kwargs: Any, site: str,
+                key: Any, tensors: list[Any], gargs: Any, gkwargs: Any, rows: tuple[int, int] | None) -> Any:
+    """The call through the group's graph of ``key``: ``tensors``, ``gargs`` and ``gkwargs`` are
+    the arguments at the key's shapes (``args``/``kwargs`` padded from ``n`` to ``b`` rows
+    where ``rows`` is ``(n, b)``). Where it has no graph (warming up, the bound or the memory
+    budget reached, a failed capture or replay), the call as the script made it, eagerly."""
     e = g.entries.get(key)
     if e is None:
-        e = g.entries[key] = _Entry()
+        with g.lock:
+            e = g.entries.setdefault(key, _Entry()) if s.admit(key) else None
+        if e is None:
+            return _eager(orig_call, module, args, kwargs, site, BOUND_REACHED)
     if e.reason is not None:
-        return _run_shared(orig_call, module, *args, **kwargs)
+        return _eager(orig_call, module, args, kwargs, site, e.reason)
     with g.lock:
         if e.graph is None:
             e.calls += 1
             if e.calls <= WARMUP_CALLS:
-                return _run_shared(orig_call, module, *args, **kwargs)
+                return _eager(orig_call, module, args, kwargs, site, WARMING_UP)
+            if _state.get("graph_bytes", 0) >= GRAPH_MEMORY_BUDGET:
+                e.reason = BUDGET_SPENT
+                _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})",
+                           e.reason)
+                return _eager(orig_call, module, args, kwargs, site, e.reason)
             try:
-                _capture(torch, g, e, orig_call, module, args, kwargs, tensors)
+                _capture(torch, g, e, orig_call, module, gargs, gkwargs, tensors)
                 _state["captured"] += 1
             except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
                 _debug_traceback()
-                e.reason = _first_line(ex)
+                e.reason = f"capture failed: {failure_reason(ex)}"
                 e.graph = None
                 _synchronize_quietly(torch)
-                _fall_back(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})", e.reason)
-                return _run_shared(orig_call, module, *args, **kwargs)
+                _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})",
+                           e.reason)
+                return _eager(orig_call, module, args, kwargs, site, e.reason)
         try:
-            return _run_shared(_replay, e, tensors)
+            out = _run_shared(_replay, e, tensors, rows)
+            taken_over("model", site)
+            return out
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
-            e.reason = f"replay failed: {_first_line(ex)}"
+            e.reason = f"replay failed: {failure_reason(ex)}"
             e.graph = None
-            _fall_back(f"{type(module).__name__} on group {g.index}: running eagerly ({e.reason})", e.reason)
-    return _run_shared(orig_call, module, *args, **kwargs)
+            _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})", e.reason)
+    return _eager(orig_call, module, args, kwargs, site, e.reason)
 
 
-def _replay(e: _Entry, tensors: list[Any]) -> Any:
+def _replay(e: _Entry, tensors: list[Any], rows: tuple[int, int] | None = None) -> Any:
     torch = _torch()
     torch._foreach_copy_(e.static_in, tensors)
     e.graph.replay()
     _state["replays"] += 1
-    return _clone_out(e.static_out)
+    return _clone_out(e.static_out, rows)

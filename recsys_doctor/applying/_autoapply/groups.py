@@ -1,12 +1,13 @@
-"""Thread groups: a group is a stream with its lock and its graphs; the gate keeps a capture
-from running beside any other model execution of the hooked threads."""
+"""Thread groups: a group is a stream of the runtime's with its lock and its graphs; the gate
+keeps a capture from running beside any other model execution of the hooked threads."""
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Any
 
-from ._common import _state
+from ._common import _log, _state
 
 
 class _Gate:
@@ -61,9 +62,93 @@ def _run_shared(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class _Group:
-    def __init__(self, index: int, stream: Any) -> None:
+    def __init__(self, index: int, stream: Any, streams: Any = None) -> None:
         self.index = index
         self.stream = stream
+        #: the :class:`_Streams` the group's stream is one of (its side streams: the captures')
+        self.streams = streams
         self.lock = threading.Lock()
         self.entries: dict[Any, Any] = {}
+        #: id(module) -> its shapes here (:class:`.buckets._Site`: graphs bounded, padding verified)
+        self.sites: dict[int, Any] = {}
         self.capture_stream: Any = None
+
+
+class _Streams:
+    """The hook's streams, every one the runtime's: one
+    :class:`recsys_doctor.runtime.StreamManager` with the plan's group count, merged (a
+    group's copies and kernels on its one stream) and ``streams_only`` (the script's copies
+    and memory stay PyTorch's: no slots, pools or events), bridged to PyTorch with
+    ``torch.cuda.ExternalStream`` as :func:`recsys_doctor.runtime.serve` does; the capture
+    streams are the manager's side streams. Made on the first hooked thread, once torch has
+    initialized CUDA, on that thread's current device.
+
+    ``recsys_doctor.runtime`` is imported here, not at interpreter start: the hook is loaded
+    by file path before any import of the package, and the runtime's import is light (the
+    package's ``__init__`` is lazy; ``cuda.core``, no pandas, no torch). It is an ordinary
+    import of the installed package rather than a load by path (as ``settings`` loads
+    ``plan.py``): the runtime is a package of modules importing one another and
+    ``recsys_doctor.errors``, which only the package's own import machinery lays out right
+    (``runtime/`` is installed as ``recsys_doctor.runtime`` through ``package-dir``)."""
+
+    def __init__(self, torch: Any, n_groups: int) -> None:
+        from recsys_doctor.runtime import StreamManager
+
+        dev = torch.cuda.current_device()
+        self.torch = torch
+        self.device = torch.device("cuda", dev)
+        self.manager = StreamManager(n_groups, device=dev, merge=True, streams_only=True, probe_idle=False)
+        try:
+            self.streams = [torch.cuda.ExternalStream(g.stream_handles[0], device=self.device)
+                            for g in self.manager.groups]
+        except BaseException:
+            self.manager.close()
+            raise
+
+    def side_stream(self) -> Any:
+        """A new stream of the manager's (owned by it), for PyTorch."""
+        return self.torch.cuda.ExternalStream(self.manager.side_stream(), device=self.device)
+
+
+def _streams(torch: Any) -> _Streams | None:
+    """The runtime's streams of this activation, made on first use (under ``_lock``); None,
+    with the reason logged once and counted, where the runtime cannot give them (the
+    script then runs as it is)."""
+    st = _state.get("streams")
+    if st is None and _state.get("streams_failed") is None:
+        try:
+            st = _state["streams"] = _Streams(torch, _state["n_groups"])
+        except Exception as ex:  # noqa: BLE001 - ImportError, RuntimeCudaError...: never break the script
+            reason = f"no stream groups from the runtime: {type(ex).__name__}: {ex}"
+            _state["streams_failed"] = reason
+            _log(f"not applied: {reason}")
+            _state["fallbacks"].append(reason)
+            return None
+        atexit.register(_close_at_exit, st)
+    return st  # type: ignore[no-any-return]
+
+
+def _close_at_exit(st: _Streams) -> None:
+    """Close the runtime's streams at the interpreter's exit: ``atexit`` runs before the
+    interpreter tears itself down (the driver is whole; no ``__del__`` of ours calls it), and
+    after Python has joined every non-daemon thread. A hooked thread still running (a daemon
+    thread) may enqueue on its stream up to the end: then the streams are left to the
+    process's end, as cuda.core leaves a handle never closed."""
+    if _state.get("live_threads", 0):
+        return
+    try:
+        from recsys_doctor.runtime._cuda import ensure_context
+
+        ensure_context(st.manager.context)  # (the main thread may never have used CUDA itself)
+        st.manager.close()
+    except Exception as ex:  # noqa: BLE001 - at exit: one line, never a traceback
+        _log(f"closing the stream groups at exit: {type(ex).__name__}: {ex}")
+
+
+def _capture_stream(g: _Group) -> Any:
+    """The stream the group's captures run on (under the group's lock, one at a time): a side
+    stream of the runtime's, made on first use; a capture that broke on it sets
+    ``g.capture_stream`` to None, and the next gets a new one."""
+    if g.capture_stream is None:
+        g.capture_stream = g.streams.side_stream()
+    return g.capture_stream

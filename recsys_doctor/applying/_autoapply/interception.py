@@ -1,5 +1,5 @@
 """Interception: what the hook patches - ``threading.Thread``'s start (a thread joins a group's
-stream) and ``nn.Module.__call__`` (a top-level call goes to the graphs)."""
+stream, one of the runtime's) and ``nn.Module.__call__`` (a top-level call goes to the graphs)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import threading
 from typing import Any
 
 from ._common import _lock, _state, _tls, _torch
+from .accounting import script_site
 from .graphs import _graphed_call
-from .groups import _Group
+from .groups import _Group, _streams
 from .staging import _patch_copies, _ThreadCopies, slots_read
 from .thread_graphs import _copies_call
 
@@ -23,13 +24,16 @@ def _group_for_new_thread() -> _Group | None:
     except (RuntimeError, AttributeError):  # a torch without CUDA (or a broken one): nothing to do
         return None
     with _lock:
+        streams = _streams(torch)
+        if streams is None:
+            return None
         i = _state["started"]
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
         g = groups.get(k)
         if g is None:
-            g = groups[k] = _Group(k, torch.cuda.Stream())
+            g = groups[k] = _Group(k, streams.streams[k], streams)
         if not _state["patched_module"]:
             _patch_module(torch)
     return g
@@ -45,8 +49,14 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         _tls.depth = 0
         if _state.get("thread_graphs") and _state.get("graphs"):
             _tls.copies = _ThreadCopies(g.stream)
-        with torch.cuda.stream(g.stream):
-            return orig(self)
+        with _lock:  # (the runtime's streams are closed at exit only when no hooked thread runs)
+            _state["live_threads"] = _state.get("live_threads", 0) + 1
+        try:
+            with torch.cuda.stream(g.stream):
+                return orig(self)
+        finally:
+            with _lock:
+                _state["live_threads"] -= 1
 
     bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
     return bootstrap_inner
@@ -65,11 +75,12 @@ def _patch_module(torch: Any) -> None:
             return orig(self, *args, **kwargs)
         _tls.depth = depth + 1
         try:
+            site = script_site(2)  # the script's line that called the model
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
             if st is None:
-                return _graphed_call(orig, self, args, kwargs)
+                return _graphed_call(orig, self, args, kwargs, site)
             try:
-                return _copies_call(st, orig, self, args, kwargs)
+                return _copies_call(st, orig, self, args, kwargs, site)
             finally:
                 slots_read(torch, st)
         finally:

@@ -53,7 +53,7 @@ class _ThreadCopies:
     """The copy state of one hooked thread."""
 
     __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
-                 "slot_churn")
+                 "slot_churn", "learn_tries")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -67,6 +67,7 @@ class _ThreadCopies:
         self.slot_n = 0  # slots filled in this query
         self.slot_event: Any = None  # recorded after the last model call that read the slots
         self.slot_churn = 0  # slots given a new shape or dtype
+        self.learn_tries = 0  # model calls since the copies were first seen, with no thread graph yet
 
 
 class _ThreadGraph:

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import _first_line, _state, _tls, _torch
-from .fallback import _debug_traceback, _fall_back, _synchronize_quietly
+from ._common import _state, _tls, _torch
+from .accounting import taken_over
+from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _rebuild, _static_out
 from .groups import _Group, _run_shared
 from .staging import _materialize, _ThreadCopies, _ThreadGraph
+
+
+#: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
+LEARN_TRIES = 8
 
 
 class _Seq:
@@ -60,8 +65,8 @@ def _matches(T: type[Any], tmpl: Any, x: Any, it: Any) -> bool:
 
 
 def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
-    """A top-level model call of a thread whose copies a thread graph may own."""
+                 kwargs: dict[str, Any], site: str = "?") -> Any:
+    """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
     tg, n = st.tg, st.n
     st.n = 0
@@ -73,25 +78,26 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
         try:
             out = _run_shared(_thread_replay, tg)
             st.pending = False
+            taken_over("model", site)
             return out
         except Exception as ex:  # noqa: BLE001 - eager and the group's graphs from now on, with the reason
             st.n = n
             _materialize(torch, st)
-            st.tg, st.reason = None, f"thread graph replay failed: {_first_line(ex)}"
-            _fall_back(f"{type(module).__name__}: {st.reason}", st.reason)
+            st.tg, st.reason = None, f"thread graph replay failed: {failure_reason(ex)}"
+            _fall_back(f"{type(module).__name__} ({site}): {st.reason}", st.reason)
     elif st.pending:
         st.n = n
         _materialize(torch, st)
     st.n = 0
     recent, st.recent = st.recent, []
-    out = _graphed_call(orig_call, module, args, kwargs)
+    out = _graphed_call(orig_call, module, args, kwargs, site)
     if st.tg is None and st.reason is None and recent:
-        _learn(torch, st, orig_call, module, args, kwargs, recent)
+        _learn(torch, st, orig_call, module, args, kwargs, recent, site)
     return out
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-           kwargs: dict[str, Any], recent: list[tuple[Any, Any]]) -> None:
+           kwargs: dict[str, Any], recent: list[tuple[Any, Any]], site: str = "?") -> None:
     """Capture this thread's graph once the group's graph of this call exists and every
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
@@ -104,7 +110,12 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     if e is not None and e.reason is not None:
         st.reason = "the call runs eagerly"
     if e is None or e.graph is None:
-        return  # not graphed (yet): nothing to learn
+        # not graphed (yet): nothing to learn; a call that never gets a graph of its exact
+        # shapes (padded to a bucket, the bound reached) leaves the thread's copies to PyTorch
+        st.learn_tries += 1
+        if st.learn_tries > LEARN_TRIES:
+            st.reason = f"no graph of the call's own shapes after {LEARN_TRIES} calls"
+        return
     copies = {}
     for out_ref, src_ref in recent:
         out, s_ = out_ref(), src_ref()
@@ -122,8 +133,8 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()
-        st.reason = f"no thread graph: {_first_line(ex)}"
-        _fall_back(f"{type(module).__name__}: {st.reason}", st.reason)
+        st.reason = f"no thread graph: {failure_reason(ex)}"
+        _fall_back(f"{type(module).__name__} ({site}): {st.reason}", st.reason)
         _synchronize_quietly(torch)
 
 
@@ -145,7 +156,10 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     s_args = _rebuild(torch, args, it)
     s_kwargs = _rebuild(torch, kwargs, it)
     template = _template(torch.Tensor, (args, kwargs))
-    stream = torch.cuda.Stream()
+    # a side stream of the runtime's for this thread's one capture, not the group's capture
+    # stream: the group's capture (under the group's lock, not this thread's) may be
+    # synchronizing that stream when this capture begins on it
+    stream = g.streams.side_stream()
     g.stream.synchronize()
 
     def run() -> Any:  # the copies, then the model

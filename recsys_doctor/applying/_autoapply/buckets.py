@@ -1,0 +1,142 @@
+"""Varying shapes, bounded: a model call whose row count varies (the last partial batch,
+per-request candidate counts) is graphed per row *bucket* - its rows padded up to the next
+power of two - where padding is verified to leave the real rows as they are, and per exact
+shape otherwise; a call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group, all the
+hook's group graphs at most ``GRAPH_MEMORY_BUDGET`` bytes. The pure logic (no CUDA) is here;
+the flow is :func:`.graphs._graphed_call`.
+
+Why padding is safe where it is used:
+
+* the padding rows are copies of the last real row, so every value the model sees is one of
+  the script's own (an index stays in range, offsets stay non-decreasing), and a reduction
+  over rows that ignores repeats (max, min, any, all) gives the same result for any input;
+* the first ``VERIFY_CALLS`` padded calls of each bucket run eagerly twice, as they are and
+  padded, and the real rows of the outputs must be equal each time (``torch.equal``; floats
+  within ``PAD_RTOL``/``PAD_ATOL``), on calls whose padded tensors each have rows that differ
+  (with equal rows, a mean over rows could not tell; on two calls, a sum over rows whose
+  last row added nothing on one is caught on the other): a model that mixes rows (softmax
+  over the batch, BatchNorm in train mode, a sum over rows) then fails, and its call site
+  gets exact-shape graphs only (another padding, copies of the first row say, would make a
+  non-decreasing input such as EmbeddingBag offsets decrease: not a valid input);
+* an output is cut back to the real rows only where its leading dimension is the padded row
+  count, and the verification checks the cut outputs' shapes against the unpadded ones.
+
+A site whose padding failed a verification keeps the graphs of the buckets verified before
+(their keys keep their places in the bound; a graph is never freed while it may replay) and
+takes no padded path again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: graphs one call site (a module, in one group) may hold: one per row bucket or exact shape
+MAX_GRAPHS_PER_SITE = 8
+#: bytes the hook's group graphs may hold together (their private pools, measured as the growth
+#: of ``torch.cuda.memory_reserved`` over each capture); no capture starts beyond it
+GRAPH_MEMORY_BUDGET = 2 << 30
+#: padded calls of a bucket verified (run eagerly as they are and padded) before its graph is used
+VERIFY_CALLS = 2
+#: how close a padded call's real rows must be to the unpadded call's (float outputs; others equal)
+PAD_RTOL = 1e-6
+PAD_ATOL = 1e-6
+
+#: why a call ran eagerly (``accounting.fell_back`` reasons; stable texts, counted per site)
+BOUND_REACHED = f"no graph for this shape: the call site holds {MAX_GRAPHS_PER_SITE} graphs already"
+BUDGET_SPENT = "no graph for this shape: the graphs' memory budget is spent"
+VERIFYING = "padding rows to a bucket being verified on this call"
+WARMING_UP = "the first calls of a shape run eagerly before its capture"
+MIXES_ROWS = "padded rows change the real rows' outputs (rows mixed): exact shapes only"
+
+
+def call_rows(tensors: list[Any]) -> int:
+    """A call's row count: the largest leading dimension of its tensor arguments (0 if none
+    has a dimension). On every graphed call: a plain loop over the shapes (half the time of
+    ``max()`` over ``dim()``/``shape[0]``, 28 tensors)."""
+    n = 0
+    for t in tensors:
+        s = t.shape
+        if s and s[0] > n:
+            n = s[0]
+    return n
+
+
+def bucket_rows(n: int) -> int:
+    """The bucket of ``n`` rows: the smallest power of two >= n (0 for 0)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def row_tensors(tensors: list[Any], n: int) -> list[bool]:
+    """Which tensors are padded: those whose leading dimension is the row count ``n``."""
+    return [t.dim() > 0 and int(t.shape[0]) == n for t in tensors]
+
+
+def pad_rows(torch: Any, tensors: list[Any], n: int, b: int) -> list[Any]:
+    """``tensors`` with those of ``n`` rows padded to ``b`` rows by copies of their last row."""
+    return [torch.cat([t, t[n - 1:n].expand(b - n, *t.shape[1:])]) if padded else t
+            for t, padded in zip(tensors, row_tensors(tensors, n))]
+
+
+def rows_differ(torch: Any, tensors: list[Any], n: int) -> bool:
+    """Whether every padded tensor has two real rows that differ (a verification needs it)."""
+    rows = [t for t, padded in zip(tensors, row_tensors(tensors, n)) if padded]
+    return n >= 2 and bool(rows) and all(not torch.equal(t[1:n], t[:1].expand(n - 1, *t.shape[1:])) for t in rows)
+
+
+def _outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return tuple(out)
+    return None
+
+
+def cut_rows(o: Any, n: int, b: int) -> Any:
+    """An output as the script gets it: its first ``n`` rows where its leading dimension is the
+    padded row count ``b``, as it is otherwise."""
+    return o[:n] if o.dim() > 0 and int(o.shape[0]) == b else o
+
+
+def same_rows(torch: Any, out: Any, padded_out: Any, n: int, b: int) -> bool:
+    """Whether a padded call's outputs, cut back to the real rows, are the unpadded call's:
+    the same structure, shapes and dtypes, and values equal (floats within the tolerance)."""
+    u, p = _outputs(torch, out), _outputs(torch, padded_out)
+    if u is None or p is None or len(u) != len(p) or type(out) is not type(padded_out):
+        return False
+    for a, c in zip(u, p):
+        c = cut_rows(c, n, b)
+        if a.shape != c.shape or a.dtype != c.dtype or a.device != c.device:
+            return False
+        if a.is_floating_point() or a.is_complex():
+            if not torch.allclose(a, c, rtol=PAD_RTOL, atol=PAD_ATOL, equal_nan=True):
+                return False
+        elif not torch.equal(a, c):
+            return False
+    return True
+
+
+class _Site:
+    """A call site's shapes in one group (a module called by the group's threads): the keys
+    that hold (or may get) a graph, the padded keys' verifications passed, and why padding
+    is off."""
+
+    __slots__ = ("keys", "verified", "no_pad")
+
+    def __init__(self) -> None:
+        self.keys: set[Any] = set()
+        self.verified: dict[Any, int] = {}
+        self.no_pad: str | None = None
+
+    def padded_ok(self, key: Any) -> bool:
+        """Whether padded calls of ``key`` may use its graph (``VERIFY_CALLS`` verifications passed)."""
+        return self.verified.get(key, 0) >= VERIFY_CALLS
+
+    def admit(self, key: Any) -> bool:
+        """Whether ``key`` may have a graph here: one already admitted, or a new one within
+        ``MAX_GRAPHS_PER_SITE`` (then admitted)."""
+        if key in self.keys:
+            return True
+        if len(self.keys) >= MAX_GRAPHS_PER_SITE:
+            return False
+        self.keys.add(key)
+        return True

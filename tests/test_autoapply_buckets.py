@@ -1,0 +1,267 @@
+"""The script hook's graphs per shape bucket, the parts that run without a GPU: the bucket of a
+row count, which tensors are padded and with what, when a padded call's real rows count as
+the unpadded call's, the bound per call site and the memory budget, the verification of a
+padded call (a per-row model passes, a model that mixes rows turns padding off for its site),
+and every model call counted at the script's line (``stats()["sites"]``).
+
+CPU tensors stand in where the flow never reaches a capture (warm-up, bound, budget,
+verification); capture and replay with padded rows are in ``tests/test_autoapply_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from recsys_doctor.applying import _autoapply as hook
+from recsys_doctor.applying._autoapply import accounting, buckets, graphs
+from recsys_doctor.applying._autoapply._common import _tls
+from recsys_doctor.applying._autoapply.fallback import failure_reason
+from recsys_doctor.applying._autoapply.groups import _Gate, _Group
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("n,want", [(0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (50, 64),
+                                    (127, 128), (128, 128), (129, 256), (400, 512)])
+def test_bucket_is_the_next_power_of_two(n, want):
+    assert buckets.bucket_rows(n) == want
+
+
+def test_rows_are_the_largest_leading_dimension():
+    ts = [torch.zeros(1), torch.zeros(5, 3), torch.zeros(()), torch.zeros(5)]
+    assert buckets.call_rows(ts) == 5
+    assert buckets.row_tensors(ts, 5) == [False, True, False, True]
+    assert buckets.call_rows([torch.zeros(())]) == 0
+
+
+def test_padding_repeats_the_last_real_row():
+    user, dense, items = torch.tensor([7]), torch.arange(15.0).reshape(5, 3), torch.tensor([4, 1, 9, 2, 6])
+    pu, pd, pi = buckets.pad_rows(torch, [user, dense, items], 5, 8)
+    assert pu is user  # one row: not a row tensor of a 5-row call
+    assert pd.shape == (8, 3) and torch.equal(pd[:5], dense)
+    assert torch.equal(pd[5:], torch.tensor([[12.0, 13.0, 14.0]] * 3))
+    assert pi.tolist() == [4, 1, 9, 2, 6, 6, 6, 6]  # every padded value one of the script's own
+
+
+def test_rows_must_differ_in_every_padded_tensor_to_verify():
+    a, same = torch.arange(6.0).reshape(3, 2), torch.ones(3, 2)
+    assert buckets.rows_differ(torch, [a, torch.tensor([1, 2, 1])], 3)
+    assert not buckets.rows_differ(torch, [a, same], 3)  # a mean over `same`'s rows could not tell
+    assert not buckets.rows_differ(torch, [torch.tensor([[1.0, 2.0]])], 1)
+
+
+def test_outputs_are_cut_only_where_their_leading_dimension_is_the_bucket():
+    assert buckets.cut_rows(torch.zeros(8, 2), 5, 8).shape == (5, 2)
+    assert buckets.cut_rows(torch.zeros(4, 2), 5, 8).shape == (4, 2)
+    assert buckets.cut_rows(torch.zeros(()), 5, 8).shape == ()
+
+
+def test_same_rows():
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    xp = buckets.pad_rows(torch, [x], 5, 8)[0]
+    lin = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        assert buckets.same_rows(torch, lin(x), lin(xp), 5, 8)
+        # a tuple with a per-call scalar: the scalar must be equal too
+        assert buckets.same_rows(torch, (lin(x), x.new_tensor(1.0)), (lin(xp), x.new_tensor(1.0)), 5, 8)
+        # rows mixed: softmax over the batch, a mean over rows (each padded row repeats row 4)
+        assert not buckets.same_rows(torch, x.softmax(0), xp.softmax(0), 5, 8)
+        assert not buckets.same_rows(torch, x - x.mean(0), xp - xp.mean(0), 5, 8)
+        # another structure, shape or dtype
+        assert not buckets.same_rows(torch, (lin(x),), [lin(xp)], 5, 8)
+        assert not buckets.same_rows(torch, x.sum(1), xp.sum(), 5, 8)
+        assert not buckets.same_rows(torch, x.long(), xp, 5, 8)
+        assert not buckets.same_rows(torch, {"a": x}, {"a": xp}, 5, 8)
+    # integers exactly
+    assert buckets.same_rows(torch, torch.tensor([1, 2]), torch.tensor([1, 2, 2, 2]), 2, 4)
+    assert not buckets.same_rows(torch, torch.tensor([1, 2]), torch.tensor([1, 3, 2, 2]), 2, 4)
+    # floats within the tolerance, not beyond
+    assert buckets.same_rows(torch, torch.tensor([1.0]), torch.tensor([1.0 + 1e-7, 5.0]), 1, 2)
+    assert not buckets.same_rows(torch, torch.tensor([1.0]), torch.tensor([1.0 + 1e-4, 5.0]), 1, 2)
+
+
+def test_a_site_admits_at_most_the_bound():
+    s = buckets._Site()
+    assert all(s.admit(("k", i)) for i in range(buckets.MAX_GRAPHS_PER_SITE))
+    assert not s.admit(("k", "one more"))
+    assert s.admit(("k", 0))  # one admitted before stays admitted
+    assert len(s.keys) == buckets.MAX_GRAPHS_PER_SITE
+
+
+# ------------------------------------------------------------------------------ the flow on the CPU
+
+
+@pytest.fixture
+def group(monkeypatch):
+    """A hooked thread's group (no stream: nothing here reaches a capture) and a fresh state."""
+    for k, v in {"gate": _Gate(), "fallbacks": [], "graph_bytes": 0, "captured": 0, "replays": 0}.items():
+        monkeypatch.setitem(hook._state, k, v)
+    accounting.reset()
+    g = _Group(0, stream=None)
+    _tls.group = g
+    yield g
+    del _tls.group
+
+
+def _counts(site):
+    rows = [s for s in accounting.sites() if s["kind"] == "model" and s["site"] == site]
+    assert len(rows) == 1
+    return rows[0]["taken_over"], rows[0]["fallback"], rows[0]["reasons"]
+
+
+def test_calls_never_graphed_are_counted_with_the_reason(group):
+    lin = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    want = lin(x)
+    got = graphs._graphed_call(type(lin).__call__, lin, (x,), {}, "s.py:7")  # grad on, training mode
+    lin.eval()
+    with torch.no_grad():
+        got2 = graphs._graphed_call(type(lin).__call__, lin, (x,), {}, "s.py:7")  # a CPU tensor
+    assert torch.equal(got, want) and torch.equal(got2, want)
+    assert _counts("s.py:7") == (0, 2, {graphs.GRAD_ON: 1, "not graphed: a CPU tensor argument": 1})
+
+
+def _call(g, module, key, x, site="s.py:9"):
+    s = graphs._site_of(g, module)
+    return graphs._keyed_call(torch, g, s, type(module).__call__, module, (x,), {}, site, key, [x], (x,), {}, None)
+
+
+def test_shapes_beyond_the_bound_run_eagerly_and_are_counted(group):
+    lin = torch.nn.Linear(4, 2).eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        want = lin(x)
+        for i in range(buckets.MAX_GRAPHS_PER_SITE + 3):
+            assert torch.equal(_call(group, lin, ("shape", i), x), want)
+    assert len(group.entries) == buckets.MAX_GRAPHS_PER_SITE
+    assert _counts("s.py:9") == (0, buckets.MAX_GRAPHS_PER_SITE + 3,
+                                 {buckets.WARMING_UP: buckets.MAX_GRAPHS_PER_SITE, buckets.BOUND_REACHED: 3})
+
+
+def test_no_capture_beyond_the_memory_budget(group, monkeypatch, capsys):
+    monkeypatch.setitem(hook._state, "graph_bytes", buckets.GRAPH_MEMORY_BUDGET)
+    lin = torch.nn.Linear(4, 2).eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(graphs.WARMUP_CALLS + 2):
+            _call(group, lin, "k", x)
+    e = group.entries["k"]
+    assert e.graph is None and e.reason == buckets.BUDGET_SPENT and hook._state["captured"] == 0
+    assert _counts("s.py:9") == (0, graphs.WARMUP_CALLS + 2,
+                                 {buckets.WARMING_UP: graphs.WARMUP_CALLS, buckets.BUDGET_SPENT: 2})
+    assert hook._state["fallbacks"] == [buckets.BUDGET_SPENT]
+    assert capsys.readouterr().err.count(buckets.BUDGET_SPENT) == 1
+
+
+def _verify(group, model, x, n, b, site="s.py:11"):
+    s = graphs._site_of(group, model)
+    xp = buckets.pad_rows(torch, [x], n, b)[0]
+    with torch.no_grad():
+        out = graphs._verify_padding(torch, s, type(model).__call__, model, (x,), {}, site, (xp,), {}, "pkey",
+                                     [x], n, b)
+    return s, out
+
+
+class _SoftmaxOverBatch(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x.sum(1), dim=0)
+
+
+def test_padding_of_a_per_row_model_is_verified(group):
+    lin = torch.nn.Linear(4, 2).eval()
+    for k in range(buckets.VERIFY_CALLS):
+        x = torch.randn(5, 4)
+        s, out = _verify(group, lin, x, 5, 8)
+        with torch.no_grad():
+            assert torch.equal(out, lin(x))  # the call's own result is the unpadded one
+        assert s.padded_ok("pkey") == (k + 1 == buckets.VERIFY_CALLS) and s.no_pad is None
+    assert _counts("s.py:11") == (0, buckets.VERIFY_CALLS, {buckets.VERIFYING: buckets.VERIFY_CALLS})
+
+
+def test_a_model_that_mixes_rows_is_never_padded(group, capsys):
+    m = _SoftmaxOverBatch()
+    x = torch.randn(5, 4)
+    s, out = _verify(group, m, x, 5, 8)
+    assert torch.equal(out, m(x))
+    assert not s.verified and s.no_pad == buckets.MIXES_ROWS
+    assert hook._state["fallbacks"] == [buckets.MIXES_ROWS]
+    assert buckets.MIXES_ROWS in capsys.readouterr().err
+
+
+class _MinusSumOverRows(torch.nn.Module):
+    def forward(self, x):
+        return x - x.sum(0)
+
+
+def test_a_sum_over_rows_is_caught_on_the_second_call(group):
+    # copies of a last row of zeros leave the sum as it is: one call passes, the next fails
+    m = _MinusSumOverRows()
+    x = torch.tensor([[1.0, 2.0], [3.0, 5.0], [0.0, 0.0]])
+    s, out = _verify(group, m, x, 3, 4)
+    assert torch.equal(out, m(x)) and s.verified == {"pkey": 1} and not s.padded_ok("pkey")
+    y = torch.tensor([[1.0, 2.0], [3.0, 5.0], [1.0, 1.0]])
+    s, out = _verify(group, m, y, 3, 4)
+    assert torch.equal(out, m(y)) and s.no_pad == buckets.MIXES_ROWS and not s.padded_ok("pkey")
+
+
+def test_rows_all_equal_verify_nothing(group):
+    m = _SoftmaxOverBatch()
+    s, out = _verify(group, m, torch.ones(3, 4), 3, 4)
+    assert not s.verified and s.no_pad is None  # the next padded call verifies
+    assert torch.allclose(out, torch.full((3,), 1 / 3))
+
+
+# ------------------------------------------------------------------------------ why a call is eager
+
+MSG = "CUDA error: operation not permitted when stream is capturing\nduring aten::nonzero"
+
+
+def _forward_that_fails():
+    raise RuntimeError(MSG)
+
+
+def test_failure_reason_names_the_op_and_the_scripts_line():
+    try:
+        _forward_that_fails()
+    except RuntimeError as ex:
+        reason = failure_reason(ex)
+    line = _forward_that_fails.__code__.co_firstlineno + 1
+    assert reason.startswith("RuntimeError: CUDA error: operation not permitted when stream is capturing (aten::nonzero; at ")
+    assert reason.endswith(f"test_autoapply_buckets.py:{line}: raise RuntimeError(MSG))")
+    # an exception never raised through the script's code: its first line alone
+    assert failure_reason(ValueError("bad\nmore")) == "ValueError: bad"
+
+
+def _end_capture():
+    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+
+def test_failure_reason_of_a_capture_ended_after_an_error_names_the_first():
+    try:
+        try:
+            _forward_that_fails()
+        finally:
+            _end_capture()  # raised while the first is handled: the first is its __context__
+    except RuntimeError as ex:
+        reason = failure_reason(ex)
+    line = _forward_that_fails.__code__.co_firstlineno + 1
+    assert reason.startswith("RuntimeError: CUDA error: operation failed due to a previous error during capture; "
+                             "first RuntimeError: CUDA error: operation not permitted when stream is capturing "
+                             "(aten::nonzero; at ")
+    assert reason.endswith(f"test_autoapply_buckets.py:{line}: raise RuntimeError(MSG))")
+
+
+class _FailsOnMoreRows(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] > 5:
+            raise ValueError("no more than 5 rows")
+        return x * 2
+
+
+def test_a_model_that_fails_on_padded_rows_is_never_padded(group):
+    m = _FailsOnMoreRows()
+    x = torch.randn(5, 4)
+    s, out = _verify(group, m, x, 5, 8)
+    assert torch.equal(out, x * 2)
+    line = _FailsOnMoreRows.forward.__code__.co_firstlineno + 2
+    assert s.no_pad.startswith("padded rows fail: ValueError: no more than 5 rows (at ")
+    assert s.no_pad.endswith(f"test_autoapply_buckets.py:{line}: raise ValueError(\"no more than 5 rows\"))")

@@ -1,0 +1,248 @@
+"""The script hook on a real GPU, its groups and its graphs per shape (run on the GPU machine:
+``pytest -m gpu tests/test_autoapply_gpu.py``).
+
+* the groups are the runtime's: every hooked thread's current stream is its group's
+  stream of one ``streams_only`` ``StreamManager`` (thread ``i`` -> group ``i mod groups``,
+  the threads of a group on one stream), bridged as ``torch.cuda.ExternalStream``;
+* a model called with 5 row counts is graphed per row bucket (padded rows, verified first),
+  a model that mixes rows (softmax over the batch) per exact shape, never padded; outputs
+  equal the unhooked eager ones, graphs stay within the bound, and every call is counted at
+  the test's line, taken over or left to PyTorch with the reason;
+* a model with a host sync in its forward cannot be captured: it runs eagerly, with equal
+  outputs, and the reason names the line of the forward that synchronized;
+* at exit the runtime's streams are closed (without a word on stderr), unless a hooked
+  (daemon) thread still runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from test_apply_gpu import _run_hooked
+
+from recsys_doctor.applying._autoapply import buckets
+
+pytestmark = pytest.mark.gpu
+
+
+def test_hook_groups_are_the_runtimes_streams(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.zeros(1, device="cuda")  # the hook takes threads started once CUDA is initialized
+    seen: dict[int, int] = {}
+
+    def client(k: int) -> None:
+        seen[k] = torch.cuda.current_stream().cuda_stream
+
+    st = _run_hooked(tmp_path, 2, 4, client)
+    assert st["threads"] == 4 and not st["fallbacks"], st
+    streams = sys.modules["_recsys_doctor_autoapply"]._state["streams"]
+    mgr = streams.manager
+    assert mgr.streams_only and mgr.merge and len(mgr.groups) == 2 and not mgr.closed
+    handles = [g.stream_handles[0] for g in mgr.groups]
+    assert len(set(handles)) == 2 and all(g.stream_handles == (h, h, h) for g, h in zip(mgr.groups, handles))
+    assert all(isinstance(s, torch.cuda.ExternalStream) for s in streams.streams)
+    assert [s.cuda_stream for s in streams.streams] == handles
+    groups = sys.modules["_recsys_doctor_autoapply"]._state["groups"]
+    assert all(g.streams is streams and g.stream is streams.streams[k] for k, g in groups.items())
+    # thread k (in start order) on group k mod 2: threads 0 and 2 share a stream, 1 and 3 the other
+    assert [seen[k] for k in range(4)] == [handles[0], handles[1], handles[0], handles[1]]
+    assert torch.cuda.default_stream().cuda_stream not in handles
+
+
+def test_streams_only_manager_has_its_streams_alone():
+    pytest.importorskip("torch")
+    from recsys_doctor.errors import RuntimeCudaError
+    from recsys_doctor.runtime import StreamManager
+
+    mgr = StreamManager(2, streams_only=True)
+    assert all(not g.slots and g.mr is None for g in mgr.groups) and mgr.pool_stats() == []
+    with pytest.raises(RuntimeCudaError, match="no slots"):
+        with mgr.acquire_slot():
+            pass
+    with pytest.raises(RuntimeCudaError, match="no memory pool"):
+        mgr.groups[0].allocate(16)
+    with mgr.acquire() as g:
+        assert g in mgr.groups
+    side = mgr.side_stream()
+    assert side not in {g.stream_handles[0] for g in mgr.groups}
+    mgr.close()
+    mgr.close()  # idempotent
+    with pytest.raises(RuntimeCudaError, match="closed"):
+        mgr.side_stream()
+
+
+ROWS = (37, 50, 64, 100, 128)  # buckets 64 and 128
+ROUNDS = 6
+
+
+def _models(torch):
+    nn = torch.nn
+
+    class PerRow(nn.Module):
+        """Rows independent, elementwise only (no reduction, no matrix product, whose kernels
+        may change with the row count): padded rows give bit-equal real rows. Its second
+        output is one value a call, the same for any row count (never cut)."""
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1000, 16)
+
+        def forward(self, idx, w):
+            return torch.sigmoid(self.emb(idx[:, 0]) * w[:, :1] + self.emb(idx[:, 1])), self.emb.weight[0, 0] * 2
+
+    class SoftmaxOverBatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1000, 16)
+
+        def forward(self, idx, w):
+            return torch.softmax((self.emb(idx) * w.unsqueeze(2)).sum((1, 2)), dim=0)
+
+    return PerRow, SoftmaxOverBatch
+
+
+def _hooked_rows(tmp_path, torch, model, groups=2, threads=4):
+    """Every client calls ``model`` ROUNDS times with each row count of ROWS; returns the
+    outputs by (client, round, rows), the unhooked eager ones by rows, and the hook's stats."""
+    g = torch.Generator().manual_seed(3)
+    qs = {n: (torch.randint(0, 1000, (n, 4), generator=g).cuda(), torch.rand(n, 4, generator=g).cuda())
+          for n in ROWS}
+    with torch.no_grad():
+        ref = {n: model(*q) for n, q in qs.items()}
+    torch.cuda.synchronize()
+    got: dict = {}
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            for r in range(ROUNDS):
+                for n in ROWS:
+                    got[k, r, n] = model(*qs[n])
+        torch.cuda.current_stream().synchronize()
+
+    st = _run_hooked(tmp_path, groups, threads, client)
+    return got, ref, st
+
+
+def _model_sites(st):
+    rows = [s for s in st["sites"] if s["kind"] == "model"]
+    assert rows and all("test_autoapply_gpu.py:" in s["site"] for s in rows), rows
+    return rows
+
+
+def test_varying_rows_are_graphed_per_bucket(tmp_path):
+    torch = pytest.importorskip("torch")
+    PerRow, _ = _models(torch)
+    torch.manual_seed(0)
+    model = PerRow().cuda().eval()
+    got, ref, st = _hooked_rows(tmp_path, torch, model)
+    for (k, r, n), out in got.items():
+        # the padded graph's real rows: within the verification's tolerance (elementwise kernels
+        # give the same bits on the GPU for any row count; a CPU's vector tails may not)
+        assert out[0].shape == ref[n][0].shape, (k, r, n)
+        assert torch.allclose(out[0], ref[n][0], rtol=buckets.PAD_RTOL, atol=buckets.PAD_ATOL), (k, r, n)
+        assert torch.equal(out[1], ref[n][1]), (k, r, n)  # a per-call scalar, not cut
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    for g in hook._state["groups"].values():
+        site = g.sites[id(model)]
+        assert site.no_pad is None and len(site.verified) == 2, (site.no_pad, site.verified)
+        assert all(site.padded_ok(k) for k in site.verified)
+        assert len(site.keys) <= buckets.MAX_GRAPHS_PER_SITE
+    assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
+    sites = _model_sites(st)
+    calls = 4 * ROUNDS * len(ROWS)
+    assert sum(s["taken_over"] + s["fallback"] for s in sites) == calls
+    assert sum(s["taken_over"] for s in sites) > calls // 2
+    reasons = {r for s in sites for r in s["reasons"]}
+    assert reasons <= {buckets.VERIFYING, buckets.WARMING_UP}, reasons
+
+
+def test_a_model_that_mixes_rows_gets_exact_shapes_only(tmp_path):
+    torch = pytest.importorskip("torch")
+    _, SoftmaxOverBatch = _models(torch)
+    torch.manual_seed(0)
+    model = SoftmaxOverBatch().cuda().eval()
+    got, ref, st = _hooked_rows(tmp_path, torch, model)
+    for (k, r, n), out in got.items():
+        assert out.shape == (n,) and torch.equal(out, ref[n]), (k, r, n)
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    for g in hook._state["groups"].values():
+        site = g.sites[id(model)]
+        assert site.no_pad == buckets.MIXES_ROWS and not site.verified
+        assert len(site.keys) == len(ROWS) <= buckets.MAX_GRAPHS_PER_SITE
+    assert st["captured"] == 2 * len(ROWS)  # one graph per exact shape on each of 2 groups
+    assert buckets.MIXES_ROWS in st["fallbacks"]
+    sites = _model_sites(st)
+    assert sum(s["taken_over"] + s["fallback"] for s in sites) == 4 * ROUNDS * len(ROWS)
+    assert sum(s["taken_over"] for s in sites) > 0
+
+
+def test_an_uncapturable_model_runs_eagerly_and_says_where(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class SyncsInForward(torch.nn.Module):
+        def forward(self, x):
+            return x * x.sum().item()
+
+    model = SyncsInForward().eval()
+    qs = [torch.rand(16, 4, device="cuda") for _ in range(4)]
+    ref = [model(q) for q in qs]
+    torch.cuda.synchronize()
+    got: dict = {}
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            for r in range(6):
+                got[k, r] = model(qs[k])
+        torch.cuda.current_stream().synchronize()
+
+    st = _run_hooked(tmp_path, 2, 4, client)
+    for (k, r), out in got.items():
+        assert torch.equal(out, ref[k]), (k, r)
+    line = SyncsInForward.forward.__code__.co_firstlineno + 1
+    assert st["captured"] == 0 and len(st["fallbacks"]) == 2, st["fallbacks"]  # one a group
+    for reason in st["fallbacks"]:
+        assert reason.startswith("capture failed: ") and f"test_autoapply_gpu.py:{line}: return x * x.sum().item()" in reason
+    sites = _model_sites(st)
+    assert sum(s["fallback"] for s in sites) == 4 * 6 and sum(s["taken_over"] for s in sites) == 0
+    assert {r for s in sites for r in s["reasons"]} == {buckets.WARMING_UP, *st["fallbacks"]}
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+import torch
+torch.zeros(1, device="cuda")  # CUDA initialized: the threads started from now on are hooked
+m = torch.nn.Linear(4, 4).cuda().eval()
+def work():
+    with torch.no_grad():
+        for _ in range(4):
+            m(torch.ones(8, 4, device="cuda")).sum().item()
+t = threading.Thread(target=work)
+t.start()
+t.join()
+if sys.argv[1] == "daemon":  # a hooked thread still running at exit
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+hook = sys.modules["_recsys_doctor_autoapply"]
+mgr = hook._state["streams"].manager
+atexit._run_exitfuncs()  # the exit handlers now (the hook's among them), to look at the manager after
+print("closed" if mgr.closed else "open", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode,want", [("join", "closed"), ("daemon", "open")])
+def test_the_runtime_streams_are_closed_at_exit_unless_a_hooked_thread_runs(tmp_path, mode, want):
+    pytest.importorskip("torch")
+    import subprocess
+
+    from recsys_doctor.applying.apply import write_plan
+    from recsys_doctor.applying.script_hook import script_env
+    from recsys_doctor.planning.whatif import Candidate
+
+    plan = write_plan(tmp_path / "plan.json", {"schema": 1, "stream_groups": {"count": 2},
+                                               "cuda_graphs": {"enabled": True}}, Candidate(2, True, True, True))
+    env = script_env(plan, hook_dir=tmp_path / "hook")
+    out = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, mode], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [want]
+    assert "closing the stream groups" not in out.stderr and "Traceback" not in out.stderr, out.stderr
