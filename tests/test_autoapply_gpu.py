@@ -10,8 +10,8 @@
   the test's line, taken over or left to PyTorch with the reason;
 * a model with a host sync in its forward cannot be captured: it runs eagerly, with equal
   outputs, and the reason names the line of the forward that synchronized;
-* at exit the runtime's streams are closed (without a word on stderr), unless a hooked
-  (daemon) thread still runs.
+* the runtime's streams stay open to the process's end (PyTorch's allocator may still
+  use them while it tears down), and a hooked script exits cleanly, with no word on stderr.
 """
 
 from __future__ import annotations
@@ -229,8 +229,8 @@ print("closed" if mgr.closed else "open", flush=True)
 """
 
 
-@pytest.mark.parametrize("mode,want", [("join", "closed"), ("daemon", "open")])
-def test_the_runtime_streams_are_closed_at_exit_unless_a_hooked_thread_runs(tmp_path, mode, want):
+@pytest.mark.parametrize("mode,want", [("join", "open"), ("daemon", "open")])
+def test_the_runtime_streams_stay_open_and_the_script_exits_cleanly(tmp_path, mode, want):
     pytest.importorskip("torch")
     import subprocess
 
@@ -245,4 +245,4 @@ def test_the_runtime_streams_are_closed_at_exit_unless_a_hooked_thread_runs(tmp_
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [want]
-    assert "closing the stream groups" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not out.stderr.strip(), out.stderr

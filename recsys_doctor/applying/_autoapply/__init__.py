@@ -16,8 +16,9 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   :func:`recsys_doctor.runtime.serve` bridges them; the capture streams are the manager's
   side streams (:mod:`.groups`). ``recsys_doctor.runtime`` is imported then, not before
   (a light import: ``cuda.core``, no pandas); where it cannot be, the hook says why on
-  stderr and the script runs as it is. The manager is closed at exit (``atexit``, before
-  the interpreter's teardown) unless a hooked thread still runs.
+  stderr and the script runs as it is. The streams are never closed: PyTorch's allocator
+  keeps blocks used on them up to its own teardown (closing them at exit crashed
+  ``plain_serving_script.py`` on exit on the H200), and the process's end frees them.
 * **CUDA graphs for top-level model calls** (where the plan enables graphs): a call of an
   ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
   gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by

@@ -3,7 +3,6 @@ keeps a capture from running beside any other model execution of the hooked thre
 
 from __future__ import annotations
 
-import atexit
 import threading
 from typing import Any
 
@@ -124,25 +123,7 @@ def _streams(torch: Any) -> _Streams | None:
             _log(f"not applied: {reason}")
             _state["fallbacks"].append(reason)
             return None
-        atexit.register(_close_at_exit, st)
     return st  # type: ignore[no-any-return]
-
-
-def _close_at_exit(st: _Streams) -> None:
-    """Close the runtime's streams at the interpreter's exit: ``atexit`` runs before the
-    interpreter tears itself down (the driver is whole; no ``__del__`` of ours calls it), and
-    after Python has joined every non-daemon thread. A hooked thread still running (a daemon
-    thread) may enqueue on its stream up to the end: then the streams are left to the
-    process's end, as cuda.core leaves a handle never closed."""
-    if _state.get("live_threads", 0):
-        return
-    try:
-        from recsys_doctor.runtime._cuda import ensure_context
-
-        ensure_context(st.manager.context)  # (the main thread may never have used CUDA itself)
-        st.manager.close()
-    except Exception as ex:  # noqa: BLE001 - at exit: one line, never a traceback
-        _log(f"closing the stream groups at exit: {type(ex).__name__}: {ex}")
 
 
 def _capture_stream(g: _Group) -> Any:

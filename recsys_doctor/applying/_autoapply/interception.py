@@ -49,14 +49,8 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         _tls.depth = 0
         if _state.get("thread_graphs") and _state.get("graphs"):
             _tls.copies = _ThreadCopies(g.stream)
-        with _lock:  # (the runtime's streams are closed at exit only when no hooked thread runs)
-            _state["live_threads"] = _state.get("live_threads", 0) + 1
-        try:
-            with torch.cuda.stream(g.stream):
-                return orig(self)
-        finally:
-            with _lock:
-                _state["live_threads"] -= 1
+        with torch.cuda.stream(g.stream):
+            return orig(self)
 
     bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
     return bootstrap_inner
