@@ -231,6 +231,8 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
     if e.reason is not None:
         return _eager(orig_call, module, args, kwargs, site, e.reason)
     with g.lock:
+        if e.reason is not None:  # another thread's capture of this key failed meanwhile
+            return _eager(orig_call, module, args, kwargs, site, e.reason)
         if e.graph is None:
             e.calls += 1
             if e.calls <= WARMUP_CALLS:

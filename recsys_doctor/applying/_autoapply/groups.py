@@ -109,6 +109,11 @@ class _Streams:
         return self.torch.cuda.ExternalStream(self.manager.side_stream(), device=self.device)
 
 
+#: every activation's streams, kept to the process's end: a stream PyTorch has used must outlive
+#: its allocator's blocks and graphs (a later activation's new streams do not replace them)
+_KEPT: list[_Streams] = []
+
+
 def _streams(torch: Any) -> _Streams | None:
     """The runtime's streams of this activation, made on first use (under ``_lock``); None,
     with the reason logged once and counted, where the runtime cannot give them (the
@@ -117,6 +122,7 @@ def _streams(torch: Any) -> _Streams | None:
     if st is None and _state.get("streams_failed") is None:
         try:
             st = _state["streams"] = _Streams(torch, _state["n_groups"])
+            _KEPT.append(st)  # never collected (its streams closed): see _KEPT
         except Exception as ex:  # noqa: BLE001 - ImportError, RuntimeCudaError...: never break the script
             reason = f"no stream groups from the runtime: {type(ex).__name__}: {ex}"
             _state["streams_failed"] = reason
