@@ -11,17 +11,18 @@ that moves five arrays waits five times. What the hook does instead, with the sa
 * the bytes are copied at once, on the host, into a pinned buffer of the thread (so the
   script may change or free its array as soon as the call returns, as after PyTorch's copy);
   a dtype asked for is converted first on the CPU, as PyTorch does for a host-to-device copy;
-* the device tensor is allocated on the current stream and filled there by one asynchronous
-  copy from that pinned buffer: every later use of it on that stream is ordered after the
-  copy, and a use on another stream is made to wait for it (an event) - as a synchronous copy
-  would have allowed;
+* the device tensor is allocated on the thread's group stream and filled there by one
+  asynchronous copy from that pinned buffer: every later use of it on that stream is ordered
+  after the copy (a copy made on a stream the script set itself is left to PyTorch, since the
+  script may then use the result on yet another stream);
 * each thread has two pinned buffers used in turn; before one is written again, the copies
   made from it last time have completed (events on every stream that copied from it).
 
 Left to PyTorch (and counted per line of the script, :mod:`.accounting`): copies during a CUDA
-graph capture, tensors that need gradients, complex or quantized dtypes, sparse or otherwise
-unusual layouts, forms of the call this module does not parse, and copies larger than
-``MAX_COPY`` bytes.
+graph capture or on a stream the script set, tensors that need gradients, dtypes and layouts
+numpy cannot hold (bfloat16, quantized, sparse, ...), numpy object or non-native byte-order
+arrays, forms of the call this module does not parse, and copies larger than ``MAX_COPY``
+bytes (or the staging buffer).
 """
 
 from __future__ import annotations
@@ -176,20 +177,26 @@ def stage(torch: Any, x: Any, device: Any, dtype: Any = None, site: str | None =
     return out
 
 
-def _cuda_device(torch: Any, dev: Any) -> Any:
-    """The CUDA ``torch.device`` that ``dev`` names (str, torch.device, int index), else None."""
-    if isinstance(dev, bool):
-        return None
-    if isinstance(dev, int):
-        return torch.device("cuda", dev) if dev >= 0 else None
+def _cuda_index(torch: Any, dev: Any) -> int | None:
+    """The CUDA device index ``dev`` names ("cuda", "cuda:1", torch.device, int), else None."""
+    if isinstance(dev, int) and not isinstance(dev, bool):
+        return dev
     if isinstance(dev, str):
-        try:
-            dev = torch.device(dev)
-        except RuntimeError:
-            return None
+        if dev == "cuda":
+            return torch.cuda.current_device()
+        if dev.startswith("cuda:") and dev[5:].isdigit():
+            return int(dev[5:])
+        return None
     if isinstance(dev, torch.device) and dev.type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+        return torch.cuda.current_device() if dev.index is None else dev.index
     return None
+
+
+def _cuda_device(torch: Any, dev: Any) -> Any:
+    """The CUDA ``torch.device`` that ``dev`` names (:func:`_cuda_index`; a negative index
+    names none), else None."""
+    i = _cuda_index(torch, dev)
+    return None if i is None or i < 0 else torch.device("cuda", i)
 
 
 _KEEP_FORMATS = ("preserve_format", "contiguous_format")

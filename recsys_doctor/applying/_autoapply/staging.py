@@ -10,8 +10,8 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _host_array, as_tensor_args, cuda_args, stage, tensor_args,
-                       to_args)
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _cuda_index, _host_array, as_tensor_args, cuda_args, stage,
+                       tensor_args, to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -86,21 +86,6 @@ class _ThreadGraph:
         self.template = template
         self.static_out = out
         self.device = device
-
-
-def _cuda_index(torch: Any, dev: Any) -> int | None:
-    """The CUDA device index ``dev`` names ("cuda", "cuda:1", torch.device, int), else None."""
-    if isinstance(dev, int) and not isinstance(dev, bool):
-        return dev
-    if isinstance(dev, str):
-        if dev == "cuda":
-            return torch.cuda.current_device()
-        if dev.startswith("cuda:") and dev[5:].isdigit():
-            return int(dev[5:])
-        return None
-    if isinstance(dev, torch.device) and dev.type == "cuda":
-        return torch.cuda.current_device() if dev.index is None else dev.index
-    return None
 
 
 def _to_target(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
