@@ -242,15 +242,7 @@ def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
         if p is None or self.device.type != "cpu" or (p[2] and self.is_pinned()):
             # not a host-to-GPU copy, or one already asynchronous (pinned, non-blocking)
             return orig(self, *args, **kwargs)
-        if st is not None and not _tls.depth:
-            out = _slot_copy(torch, st, self, p[0], p[1])
-            if out is not None:
-                taken_over("h2d", script_site(2))
-                return out
-        if not _state.get("stage_pageable"):
-            fell_back("h2d", script_site(2), LEFT_SYNCHRONOUS)
-            return orig(self, *args, **kwargs)
-        out = stage(torch, self, p[0], p[1], site=script_site(2))
+        out = _take_copy(torch, self, p[0], p[1], script_site(2))
         return orig(self, *args, **kwargs) if out is None else out
 
     method.__name__ = getattr(orig, "__name__", "method")
@@ -306,6 +298,23 @@ def slots_read(torch: Any, st: _ThreadCopies) -> None:
         st.slot_event.record()
 
 
+def _take_copy(torch: Any, x: Any, dev: Any, dtype: Any, site: str) -> Any:
+    """A hooked thread's copy of host data ``x`` to ``dev``, taken over: into the thread's
+    slots (:func:`_slot_copy`), else, with staging on, through :func:`.pageable.stage`. None
+    where neither takes it: the caller makes PyTorch's copy (counted at ``site`` here or by
+    ``stage``)."""
+    st = getattr(_tls, "copies", None)
+    if st is not None and not _tls.depth:
+        out = _slot_copy(torch, st, x, dev, dtype)
+        if out is not None:
+            taken_over("h2d", site)
+            return out
+    if not _state.get("stage_pageable"):
+        fell_back("h2d", site, LEFT_SYNCHRONOUS)
+        return None
+    return stage(torch, x, dev, dtype, site=site)
+
+
 def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
     """``torch.as_tensor`` / ``torch.tensor`` for hooked threads: host data (numpy, lists, a CPU
     tensor) asked for on the GPU goes to the thread's slots (:func:`_slot_copy`) or, with
@@ -325,7 +334,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
         site = script_site(2)
         st = getattr(_tls, "copies", None)
         slots = st is not None and not _tls.depth and st.reason is None
-        if not slots and not _state.get("stage_pageable"):
+        if not slots and not _state.get("stage_pageable"):  # nothing would take it: no host tensor made
             fell_back("h2d", site, LEFT_SYNCHRONOUS)
             return orig(*args, **kwargs)
         np = sys.modules.get("numpy")
@@ -336,15 +345,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
                 host = orig(data, dtype=dtype)
         except (TypeError, ValueError, RuntimeError):
             return orig(*args, **kwargs)  # PyTorch says what is wrong with the data
-        if slots and st is not None:
-            out = _slot_copy(torch, st, host, dev, dtype if isinstance(host, T) else None)
-            if out is not None:
-                taken_over("h2d", site)
-                return out
-            if not _state.get("stage_pageable"):
-                fell_back("h2d", site, LEFT_SYNCHRONOUS)
-                return orig(*args, **kwargs)
-        out = stage(torch, host, dev, dtype if isinstance(host, T) else None, site=site)
+        out = _take_copy(torch, host, dev, dtype if isinstance(host, T) else None, site)
         return orig(*args, **kwargs) if out is None else out
 
     factory.__name__ = name
