@@ -83,7 +83,9 @@ def rows_differ(torch: Any, tensors: list[Any], n: int) -> bool:
     return n >= 2 and bool(rows) and all(not torch.equal(t[1:n], t[:1].expand(n - 1, *t.shape[1:])) for t in rows)
 
 
-def _outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:
+def outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:
+    """A model output's tensors: ``(out,)`` for a tensor, the tuple of a tuple or list of
+    tensors; None for any other output (not graphed, not padded)."""
     if isinstance(out, torch.Tensor):
         return (out,)
     if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
@@ -100,7 +102,7 @@ def cut_rows(o: Any, n: int, b: int) -> Any:
 def same_rows(torch: Any, out: Any, padded_out: Any, n: int, b: int) -> bool:
     """Whether a padded call's outputs, cut back to the real rows, are the unpadded call's:
     the same structure, shapes and dtypes, and values equal (floats within the tolerance)."""
-    u, p = _outputs(torch, out), _outputs(torch, padded_out)
+    u, p = outputs(torch, out), outputs(torch, padded_out)
     if u is None or p is None or len(u) != len(p) or type(out) is not type(padded_out):
         return False
     for a, c in zip(u, p):

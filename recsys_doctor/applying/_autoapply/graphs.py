@@ -11,7 +11,7 @@ from typing import Any
 from ._common import WARMUP_CALLS, _state, _tls, _torch
 from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MIXES_ROWS, VERIFYING, WARMING_UP, _Site,
-                      bucket_rows, call_rows, cut_rows, pad_rows, rows_differ, same_rows)
+                      bucket_rows, call_rows, cut_rows, outputs, pad_rows, rows_differ, same_rows)
 from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason
 from .groups import _capture_stream, _Gate, _Group, _run_shared
 
@@ -137,12 +137,12 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
 
 
 def _static_out(torch: Any, out: Any) -> Any:
-    """A captured model's output as replays hand it out: a tensor, or a tuple of tensors."""
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        return tuple(out)
-    raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
+    """A captured model's output as replays hand it out: a tensor, or a tuple of tensors
+    (:func:`.buckets.outputs`)."""
+    outs = outputs(torch, out)
+    if outs is None:
+        raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
+    return out if isinstance(out, torch.Tensor) else outs
 
 
 def _clone_out(static_out: Any, rows: tuple[int, int] | None = None) -> Any:
