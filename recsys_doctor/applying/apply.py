@@ -322,16 +322,16 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     units = base.get("queries") or base.get("calls") or base.get("steps")
     notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}")
     before_pt = _summary_point(base, before.capture.get("nvml"), before.advise)
-    chosen: Candidate | None = best.prediction.candidate
     plan_path = write_plan(run.out / "plan.json", advised, best.prediction.candidate,
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
                            baseline=_meas_numbers(base))
     hook_stats = run.out / "after" / HOOK_STATS_FILE
     decline = _declined(base, best, train)
+    chosen = None if decline else best.prediction.candidate
     if decline:
         # no plan beat the script as it is: it is left unchanged (after = its own run)
         notes.append(decline)
-        chosen, after, after_pt = None, None, dict(before_pt)
+        after, after_pt = None, dict(before_pt)
     else:
         after = _profile_after(run, best.prediction.candidate, notes,
                                treatment=script_treatment(plan_path, stats_path=hook_stats))
