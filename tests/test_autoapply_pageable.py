@@ -191,3 +191,21 @@ def test_numpy_arrays_are_staged_as_pytorch_would_copy_them(stager):
         assert out.shape == x.shape and out.dtype == torch.from_numpy(np.ascontiguousarray(x)).dtype
         assert np.array_equal(out.numpy(), x)
     assert pageable.stage(torch, np.array([1, "a"], dtype=object), torch.device("cpu")) is None
+
+
+def test_take_copy_looks_for_hazards_only_where_it_could_take_the_copy(monkeypatch):
+    """The default path (no slots for the thread, staging off) counts the copy as PyTorch's
+    without looking at streams; where the copy could be taken, a hazard (a capture, a stream
+    the script set) leaves it to PyTorch with that reason, before any slot or staging."""
+    accounting.reset()
+    dev = torch.device("cpu")
+    monkeypatch.setattr(staging._tls, "copies", None, raising=False)
+    monkeypatch.setitem(staging._state, "stage_pageable", False)
+    monkeypatch.setattr(staging, "copy_hazard", lambda *a: pytest.fail("looked at streams"))
+    assert staging._take_copy(torch, torch.ones(2), dev, None, "s.py:1") is None
+    monkeypatch.setitem(staging._state, "stage_pageable", True)
+    monkeypatch.setattr(staging, "copy_hazard", lambda *a: "a copy on a stream the script set")
+    monkeypatch.setattr(staging, "stage", lambda *a, **k: pytest.fail("staged despite the hazard"))
+    assert staging._take_copy(torch, torch.ones(2), dev, None, "s.py:2") is None
+    rows = {r["site"]: r["reasons"] for r in accounting.sites()}
+    assert rows == {"s.py:1": {pageable.LEFT_SYNCHRONOUS: 1}, "s.py:2": {"a copy on a stream the script set": 1}}

@@ -143,22 +143,26 @@ def _host_array(torch: Any, x: Any, dtype: Any) -> tuple[Any, str | None]:
     return _c_order(a), None
 
 
+def copy_hazard(torch: Any, device: Any) -> str | None:
+    """Why no copy to ``device`` may be taken over now (every way the hook takes one over is
+    asynchronous on the current stream), else None: a CUDA graph capture is running, or the
+    script set a stream of its own (it may use the result on yet another)."""
+    if device.type != "cuda":
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return "a copy during a CUDA graph capture"
+    g = getattr(_tls, "group", None)
+    if g is not None and torch.cuda.current_stream(device).cuda_stream != g.stream.cuda_stream:
+        return "a copy on a stream the script set"
+    return None
+
+
 def stage(torch: Any, x: Any, device: Any, dtype: Any = None, site: str | None = None) -> Any:
     """The device copy of ``x`` (a CPU tensor, or a numpy array when ``dtype`` is None) through
     the thread's pinned buffers, or None where it is left to PyTorch (counted with the reason
-    at the script's line)."""
+    at the script's line). The caller has checked :func:`copy_hazard`."""
     site = site or script_site(2)
-    stream = None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            fell_back("h2d", site, "a copy during a CUDA graph capture")
-            return None
-        stream = torch.cuda.current_stream(device)
-        g = getattr(_tls, "group", None)
-        if g is not None and stream.cuda_stream != g.stream.cuda_stream:
-            # the script runs this on a stream of its own: it may use the result on yet another
-            fell_back("h2d", site, "a copy on a stream the script set")
-            return None
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     a, why = _host_array(torch, x, dtype)
     if a is None:
         fell_back("h2d", site, f"not taken over: {why}")

@@ -10,8 +10,8 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _cuda_index, _host_array, as_tensor_args, cuda_args, stage,
-                       tensor_args, to_args)
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _cuda_index, _host_array, as_tensor_args, copy_hazard, cuda_args,
+                       stage, tensor_args, to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -299,17 +299,27 @@ def slots_read(torch: Any, st: _ThreadCopies) -> None:
 
 
 def _take_copy(torch: Any, x: Any, dev: Any, dtype: Any, site: str) -> Any:
-    """A hooked thread's copy of host data ``x`` to ``dev``, taken over: into the thread's
-    slots (:func:`_slot_copy`), else, with staging on, through :func:`.pageable.stage`. None
-    where neither takes it: the caller makes PyTorch's copy (counted at ``site`` here or by
-    ``stage``)."""
+    """A hooked thread's copy of host data ``x`` to ``dev``, taken over where no
+    :func:`.pageable.copy_hazard` forbids it: into the thread's slots (:func:`_slot_copy`),
+    else, with staging on, through :func:`.pageable.stage`. None where neither takes it: the
+    caller makes PyTorch's copy (counted at ``site`` here or by ``stage``). Where neither could
+    (no slots for this thread, staging off: the default path) nothing more is looked at."""
     st = getattr(_tls, "copies", None)
-    if st is not None and not _tls.depth:
+    slots = st is not None and not _tls.depth and st.reason is None
+    staging = bool(_state.get("stage_pageable"))
+    if not slots and not staging:
+        fell_back("h2d", site, LEFT_SYNCHRONOUS)
+        return None
+    hazard = copy_hazard(torch, dev)
+    if hazard is not None:
+        fell_back("h2d", site, hazard)
+        return None
+    if slots and st is not None:
         out = _slot_copy(torch, st, x, dev, dtype)
         if out is not None:
             taken_over("h2d", site)
             return out
-    if not _state.get("stage_pageable"):
+    if not staging:
         fell_back("h2d", site, LEFT_SYNCHRONOUS)
         return None
     return stage(torch, x, dev, dtype, site=site)
@@ -334,7 +344,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
         site = script_site(2)
         st = getattr(_tls, "copies", None)
         slots = st is not None and not _tls.depth and st.reason is None
-        if not slots and not _state.get("stage_pageable"):  # nothing would take it: no host tensor made
+        if not slots and not _state.get("stage_pageable"):  # as in _take_copy, before a host tensor is made
             fell_back("h2d", site, LEFT_SYNCHRONOUS)
             return orig(*args, **kwargs)
         np = sys.modules.get("numpy")
