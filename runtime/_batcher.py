@@ -21,6 +21,10 @@ batch in flight made batches of 14-26 queries and served 7.3-8.3k (p99 6-8 ms, f
   are set; the results of one batch reach an event loop with one ``call_soon_threadsafe``);
 * otherwise sleep until a request comes.
 
+``drivers=N`` runs N such driver threads over the same queue and groups (while one waits
+to get the GIL back, another can start a batch; measured in
+``bench/serving/results/batching/drivers_h100/``: a gain at 64 clients, a loss at 8).
+
 A synchronous caller that finds nothing queued and nothing in flight runs its request on
 a free group itself (no thread hand-off: a lone client costs what a hand-written loop
 does). ``submit`` gives a :class:`concurrent.futures.Future`; ``infer`` is awaitable.
@@ -113,10 +117,12 @@ class Batcher:
     thread. See the module docstring."""
 
     def __init__(self, workers: Sequence[Any], *, max_batch: int, max_queue: int = 256, timeout_s: float = 30.0,
-                 max_delay_s: float = 0.0, name: str = "batcher") -> None:
-        if max_batch < 1 or max_queue < 1 or timeout_s <= 0 or max_delay_s < 0 or not workers:
+                 max_delay_s: float = 0.0, name: str = "batcher", drivers: int = 1) -> None:
+        if (max_batch < 1 or max_queue < 1 or timeout_s <= 0 or max_delay_s < 0 or not workers
+                or not 1 <= drivers <= len(workers)):
             raise RuntimeCudaError(f"bad batcher settings: max_batch={max_batch} max_queue={max_queue} "
-                                   f"timeout_s={timeout_s} max_delay_s={max_delay_s} workers={len(workers)}")
+                                   f"timeout_s={timeout_s} max_delay_s={max_delay_s} workers={len(workers)} "
+                                   f"drivers={drivers}")
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -129,13 +135,15 @@ class Batcher:
         self._free = deque(range(len(workers)))  # groups neither running a batch nor lent to a caller
         self._tickets = max_queue  # requests that may still be queued or running
         self._room_waiters = 0
-        self._asleep = False
-        self._inflight = 0
+        self._asleep = 0  # drivers asleep on _cv
+        self._inflight = 0  # batches in flight, all drivers
         self._lent = 0
         self.closed = False
         self.stats = BatchStats(len(workers))
-        self._thread = threading.Thread(target=self._drive, name=f"{name}-driver", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._drive, name=f"{name}-driver{'' if d == 0 else d}", daemon=True)
+                         for d in range(drivers)]
+        for t in self._threads:
+            t.start()
 
     @property
     def queued(self) -> int:
@@ -235,18 +243,18 @@ class Batcher:
                 return None
             if self.closed and not self._lent:
                 raise StopIteration
-            self._asleep = True
+            self._asleep += 1
             self._cv.wait()
-            self._asleep = False
+            self._asleep -= 1
         if self.max_delay_s and len(q) < self.max_batch and not self.closed:
             deadline = time.monotonic() + self.max_delay_s
-            self._asleep = True
+            self._asleep += 1
             while len(q) < self.max_batch and not self.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cv.wait(left)
-            self._asleep = False
+            self._asleep -= 1
             if not (q and self._free):  # close() emptied the queue, or a caller took the group
                 return None if inflight else self._next(inflight)
         w = self._free.popleft()
@@ -261,8 +269,11 @@ class Batcher:
                 try:
                     got = self._next(inflight)
                 except StopIteration:
+                    if self.closed and self._asleep:
+                        self._cv.notify_all()  # the other drivers see the close too
                     return
-                self._inflight = len(inflight) + (got is not None)
+                if got is not None:
+                    self._inflight += 1
             if got is not None:
                 inflight.append(self._start(*got))
                 continue
@@ -278,9 +289,11 @@ class Batcher:
             with self._lock:
                 self._tickets += len(batch)
                 self._free.append(w)
-                self._inflight = len(inflight)
+                self._inflight -= 1
                 if self._room_waiters:
                     self._room.notify(len(batch))
+                if self._asleep and self._q:
+                    self._cv.notify()  # a free group for a driver asleep with requests queued
             _complete(live, outs, err)
 
     def _start(self, w: int, batch: list[Pending]) -> tuple[int, list[Pending], list[Pending], BaseException | None]:
@@ -317,8 +330,9 @@ class Batcher:
             self._room.notify_all()
         _complete(left, None, RuntimeCudaError("this served model was closed before the request ran"))
         deadline = time.monotonic() + join_s
-        if self._thread is not threading.current_thread():
-            self._thread.join(max(0.0, deadline - time.monotonic()))
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             while self._lent and time.monotonic() < deadline:
                 self._room.wait(deadline - time.monotonic())

@@ -30,7 +30,9 @@ class BatchingOptions:
     ``switch_interval_ms``: the interpreter's thread switch interval while the model is
     served (``sys.setswitchinterval``, process-wide, restored by ``close()``; None: left
     alone). A thread that waits for the GIL forces the holder to drop it only after this
-    interval (5 ms by default), which many client threads turn into queueing."""
+    interval (5 ms by default), which many client threads turn into queueing;
+    ``drivers``: driver threads sharing the queue and the groups (1 to the group count):
+    while one waits to get the GIL back from a staging copy, another can start a batch."""
 
     max_batch: int = 32
     buckets: tuple[int, ...] | None = None
@@ -39,10 +41,13 @@ class BatchingOptions:
     timeout_s: float = 30.0
     batch_spec: tuple[str, ...] | None = None
     switch_interval_ms: float | None = None
+    drivers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise BadInputError(f"max_batch must be a positive integer, got {self.max_batch!r}")
+        if not isinstance(self.drivers, int) or self.drivers < 1:
+            raise BadInputError(f"drivers must be a positive integer, got {self.drivers!r}")
         if self.max_delay_ms < 0 or self.timeout_s <= 0 or self.max_queue < self.max_batch:
             raise BadInputError(f"bad batching settings: max_delay_ms={self.max_delay_ms} "
                                 f"timeout_s={self.timeout_s} max_queue={self.max_queue}")
@@ -71,7 +76,8 @@ def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tup
     # a bucket dropped for memory on any group caps every group's batches
     max_batch = min(max(w.buckets) for w in workers)
     b = Batcher(workers, max_batch=max_batch, max_queue=opts.max_queue, timeout_s=opts.timeout_s,
-                max_delay_s=opts.max_delay_ms / 1e3, name="recsys-doctor-batch")
+                max_delay_s=opts.max_delay_ms / 1e3, name="recsys-doctor-batch",
+                drivers=max(1, min(opts.drivers, len(workers))))
     return b, workers, None
 
 

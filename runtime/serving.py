@@ -390,7 +390,7 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
           pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool | None = None,
           max_batch: int | None = None, buckets: Sequence[int] | None = None, max_delay_ms: float | None = None,
           max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
-          switch_interval_ms: float | None = None) -> ServedModel:
+          switch_interval_ms: float | None = None, drivers: int = 1) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
     ``example_inputs`` is the tuple of positional arguments of one query (host tensors,
@@ -406,8 +406,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     at most ``timeout_s``. How inputs combine is inferred (rows, EmbeddingBag indices and
     offsets) or given by ``batch_spec``, and checked against the eager model; when it does
     not hold, a warning says why and queries are served unbatched (``batching_refused``).
-    ``switch_interval_ms`` sets the interpreter's thread switch interval while served (see
-    :class:`~._serve_batching.BatchingOptions`).
+    ``switch_interval_ms`` sets the interpreter's thread switch interval while served and
+    ``drivers`` the number of batch driver threads (see :class:`~._serve_batching.BatchingOptions`).
     """
     torch = _torch()
     cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
@@ -421,6 +421,6 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
                             max_delay_ms=cfg.max_delay_ms,
                             max_queue=max_queue, timeout_s=timeout_s,
                             batch_spec=tuple(batch_spec) if batch_spec is not None else None,
-                            switch_interval_ms=switch_interval_ms) if cfg.batching else None)
+                            switch_interval_ms=switch_interval_ms, drivers=drivers) if cfg.batching else None)
     return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts)
 

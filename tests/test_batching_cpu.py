@@ -417,13 +417,16 @@ class Overlapped:
         return self.worker.finish(reqs)
 
 
-def test_many_clients_close_under_load_answers_everyone(wdl):
-    """64 client threads on 4 groups with batches in flight; close() in the middle: every
-    call returns the eager result or raises the batcher's 'closed' error, none hangs, and
-    the batches started on every group."""
+@pytest.mark.parametrize("drivers", [1, 3])
+def test_many_clients_close_under_load_answers_everyone(wdl, drivers):
+    """64 client threads on 4 groups with batches in flight (one driver thread, or three
+    sharing the queue and the groups); close() in the middle: every call returns the eager
+    result or raises the batcher's 'closed' error, none hangs, the batches started on every
+    group, and every driver thread has ended."""
     s = BatchSetup(wdl, query(0), "cpu")
     ws = [Overlapped(CpuWorker(s, 8), 0.002) for _ in range(4)]
-    b = Batcher(ws, max_batch=8, max_queue=128)
+    b = Batcher(ws, max_batch=8, max_queue=128, drivers=drivers)
+    assert len(b._threads) == drivers
     qs = [query(300 + k) for k in range(8)]
     with torch.no_grad():
         ref = [wdl(*q) for q in qs]
@@ -454,3 +457,10 @@ def test_many_clients_close_under_load_answers_everyone(wdl):
     assert len(ok) + len(closed) >= 64
     assert len(b.stats.batches) == 4 and all(b.stats.batches)  # every group ran batches
     assert max(b.stats.sizes()) > 1  # and requests were batched
+    assert not any(t.is_alive() for t in b._threads)
+
+
+def test_more_drivers_than_groups_refused(wdl):
+    s = BatchSetup(wdl, query(0), "cpu")
+    with pytest.raises(RuntimeCudaError, match="drivers=3"):
+        Batcher([CpuWorker(s, 8), CpuWorker(s, 8)], max_batch=8, drivers=3)

@@ -16,6 +16,8 @@ Configs:
   runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4
   runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
   runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
+  runtime_batched_call_dr2, _dr4, _g8dr4  runtime_batched_call with 2 / 4 driver threads
+                          (4 groups; 8 groups and 4 drivers) (not in the default list)
 
 Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the window),
 for batched configs the batch sizes seen and ``gpu_busy_est`` (sum over batches of the
@@ -87,7 +89,8 @@ def _make(config: str, model, queries, served):
         return _make_anchor("eager_1stream", model, queries)[0]
     if config == "handroll_prepacked":
         return [_graph_client(model, a, "graph_prepacked") for a in queries]
-    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si"):
+    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si",
+                  "runtime_batched_call_dr2", "runtime_batched_call_dr4", "runtime_batched_call_g8dr4"):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
@@ -112,7 +115,8 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         from recsys_doctor.runtime import serve
 
         batched = "batched" in config
-        served = serve(model, queries[0], groups=8 if config.endswith("_g8") or not batched else 4, merge=True, graphs=True, slots_per_group=2,
+        served = serve(model, queries[0], groups=8 if "_g8" in config or not batched else 4, merge=True, graphs=True, slots_per_group=2,
+                       drivers=int(config[-1]) if "_dr" in config or "dr4" in config else 1,
                        batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
                        switch_interval_ms=0.2 if config.endswith("_si") else None,
                        max_delay_ms=0.5 if config.endswith("_d") else 0.0)
