@@ -77,7 +77,7 @@ def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tup
     max_batch = min(max(w.buckets) for w in workers)
     b = Batcher(workers, max_batch=max_batch, max_queue=opts.max_queue, timeout_s=opts.timeout_s,
                 max_delay_s=opts.max_delay_ms / 1e3, name="recsys-doctor-batch",
-                drivers=max(1, min(opts.drivers, len(workers))))
+                drivers=min(opts.drivers, len(workers)))
     return b, workers, None
 
 

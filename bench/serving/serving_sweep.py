@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,8 +90,7 @@ def _make(config: str, model, queries, served):
         return _make_anchor("eager_1stream", model, queries)[0]
     if config == "handroll_prepacked":
         return [_graph_client(model, a, "graph_prepacked") for a in queries]
-    if config in ("runtime_call", "runtime_batched_call", "runtime_batched_call_g8", "runtime_batched_call_si",
-                  "runtime_batched_call_dr2", "runtime_batched_call_dr4", "runtime_batched_call_g8dr4"):
+    if config == "runtime_call" or config.startswith("runtime_batched_call"):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
@@ -115,8 +115,9 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         from recsys_doctor.runtime import serve
 
         batched = "batched" in config
+        drivers = re.search(r"dr(\d+)$", config)
         served = serve(model, queries[0], groups=8 if "_g8" in config or not batched else 4, merge=True, graphs=True, slots_per_group=2,
-                       drivers=int(config[-1]) if "_dr" in config or "dr4" in config else 1,
+                       drivers=int(drivers.group(1)) if drivers else 1,
                        batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
                        switch_interval_ms=0.2 if config.endswith("_si") else None,
                        max_delay_ms=0.5 if config.endswith("_d") else 0.0)
