@@ -258,10 +258,10 @@ def _slot_copy(torch: Any, st: _ThreadCopies, x: Any, dev: Any, dtype: Any) -> A
     """A host-to-GPU copy of ``x`` (a CPU tensor or a numpy array) through the thread's own
     pinned slot for the query's ``slot_n``-th such copy, handed to :func:`_copy_in` as a
     non-blocking copy of that slot: the same slots every query, so the thread graph takes the
-    copies over (one launch for the copies and the model). None where the thread has no graph
-    of its own to aim at (``st.reason``), the shapes keep changing, or the data is not plain:
-    the caller leaves the copy to PyTorch."""
-    if st.reason is not None or st.slot_churn > SLOT_CHURN or st.slot_n >= MAX_COPIES:
+    copies over (one launch for the copies and the model). ``st`` is :func:`_slot_thread`'s (a
+    thread not refused a graph of its own). None where the shapes keep changing or the data is
+    not plain: the caller leaves the copy to PyTorch."""
+    if st.slot_churn > SLOT_CHURN or st.slot_n >= MAX_COPIES:
         return None
     a, _why = _host_array(torch, x, dtype)
     if a is None or a.nbytes > MAX_COPY:
@@ -298,23 +298,29 @@ def slots_read(torch: Any, st: _ThreadCopies) -> None:
         st.slot_event.record()
 
 
+def _slot_thread() -> _ThreadCopies | None:
+    """This thread's copy state where its slots may take a host copy (outside a nested model
+    call, and the thread not refused a graph of its own), else None."""
+    st = getattr(_tls, "copies", None)
+    return st if st is not None and not _tls.depth and st.reason is None else None
+
+
 def _take_copy(torch: Any, x: Any, dev: Any, dtype: Any, site: str) -> Any:
     """A hooked thread's copy of host data ``x`` to ``dev``, taken over where no
     :func:`.pageable.copy_hazard` forbids it: into the thread's slots (:func:`_slot_copy`),
     else, with staging on, through :func:`.pageable.stage`. None where neither takes it: the
     caller makes PyTorch's copy (counted at ``site`` here or by ``stage``). Where neither could
     (no slots for this thread, staging off: the default path) nothing more is looked at."""
-    st = getattr(_tls, "copies", None)
-    slots = st is not None and not _tls.depth and st.reason is None
+    st = _slot_thread()
     staging = bool(_state.get("stage_pageable"))
-    if not slots and not staging:
+    if st is None and not staging:
         fell_back("h2d", site, LEFT_SYNCHRONOUS)
         return None
     hazard = copy_hazard(torch, dev)
     if hazard is not None:
         fell_back("h2d", site, hazard)
         return None
-    if slots and st is not None:
+    if st is not None:
         out = _slot_copy(torch, st, x, dev, dtype)
         if out is not None:
             taken_over("h2d", site)
@@ -342,9 +348,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
             return orig(*args, **kwargs)
         dev, dtype = p
         site = script_site(2)
-        st = getattr(_tls, "copies", None)
-        slots = st is not None and not _tls.depth and st.reason is None
-        if not slots and not _state.get("stage_pageable"):  # as in _take_copy, before a host tensor is made
+        if _slot_thread() is None and not _state.get("stage_pageable"):  # as in _take_copy, before a host tensor is made
             fell_back("h2d", site, LEFT_SYNCHRONOUS)
             return orig(*args, **kwargs)
         np = sys.modules.get("numpy")
