@@ -238,30 +238,32 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
             if e.calls <= WARMUP_CALLS:
                 return _eager(orig_call, module, args, kwargs, site, WARMING_UP)
             if _state.get("graph_bytes", 0) >= GRAPH_MEMORY_BUDGET:
-                e.reason = BUDGET_SPENT
-                _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})",
-                           e.reason)
-                return _eager(orig_call, module, args, kwargs, site, e.reason)
+                _eager_from_now(g, e, module, site, BUDGET_SPENT)
+                return _eager(orig_call, module, args, kwargs, site, BUDGET_SPENT)
             try:
                 _capture(torch, g, e, orig_call, module, gargs, gkwargs, tensors)
                 _state["captured"] += 1
             except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
                 _debug_traceback()
-                e.reason = f"capture failed: {failure_reason(ex)}"
-                e.graph = None
                 _synchronize_quietly(torch)
-                _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})",
-                           e.reason)
-                return _eager(orig_call, module, args, kwargs, site, e.reason)
+                why = _eager_from_now(g, e, module, site, f"capture failed: {failure_reason(ex)}")
+                return _eager(orig_call, module, args, kwargs, site, why)
         try:
             out = _run_shared(_replay, e, tensors, rows)
             taken_over("model", site)
             return out
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
-            e.reason = f"replay failed: {failure_reason(ex)}"
-            e.graph = None
-            _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({e.reason})", e.reason)
-    return _eager(orig_call, module, args, kwargs, site, e.reason)
+            why = _eager_from_now(g, e, module, site, f"replay failed: {failure_reason(ex)}")
+    return _eager(orig_call, module, args, kwargs, site, why)
+
+
+def _eager_from_now(g: _Group, e: _Entry, module: Any, site: str, reason: str) -> str:
+    """Key ``e`` of group ``g`` has no graph from now on, for ``reason`` (said once, as a
+    fallback of the hook); returns ``reason``."""
+    e.reason = reason
+    e.graph = None
+    _fall_back(f"{type(module).__name__} ({site}) on group {g.index}: running eagerly ({reason})", reason)
+    return reason
 
 
 def _replay(e: _Entry, tensors: list[Any], rows: tuple[int, int] | None = None) -> Any:
