@@ -25,6 +25,7 @@ clamped). Needs torch (CPU is enough); no CUDA.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import BadInputError
@@ -35,15 +36,15 @@ __all__ = ["JAGGED_KINDS", "JaggedShape", "jagged_shape", "merge_offsets_total",
 JAGGED_KINDS = ("jagged_values", "jagged_lengths", "jagged_offsets")
 
 
+@dataclass(frozen=True)
 class JaggedShape:
     """One query's jagged feature: ``keys`` (F), ``rows`` (B), ``values`` (V, values per
     query), and whether it comes as ``offsets`` (``jagged_offsets``) or lengths."""
 
-    def __init__(self, keys: int, rows: int, values: int, offsets: bool) -> None:
-        self.keys, self.rows, self.values, self.offsets = keys, rows, values, offsets
-
-    def __repr__(self) -> str:
-        return f"JaggedShape(keys={self.keys}, rows={self.rows}, values={self.values}, offsets={self.offsets})"
+    keys: int
+    rows: int
+    values: int
+    offsets: bool
 
 
 def _is_int(t: Any) -> bool:

@@ -111,6 +111,22 @@ def test_malformed_lengths_never_index_out_of_range():
     assert out[1].numel() == 12 and set(out[1].tolist()) <= staged
 
 
+@pytest.mark.parametrize("as_offsets", [False, True])
+def test_regroup_needs_no_data_on_the_host(as_offsets):
+    """regroup on 'meta' tensors (shapes, no data): a host read (``.item()``, ``.tolist()``)
+    or a shape that depends on the data would raise, as they would break a CUDA graph."""
+    q = list(kjt_query(1, B, VOCABS, NNZ, as_offsets, weighted=True))
+    plan = BatchPlan(q, kjt_spec(as_offsets, weighted=True))
+    meta = torch.empty(3 * plan.block, dtype=torch.uint8, device="meta")
+    out = plan.regroup(meta, 3, torch.arange(3, device="meta") * plan.shift)
+    assert [tuple(o.shape) for o in out] == [(3 * B, 13), (3 * NNZ,), (3 * 3 * B + as_offsets,), (3 * NNZ,)]
+    d, idx, off = bag_total_query(0, B, VOCAB)
+    plan = BatchPlan(tensors((d, idx, off)), ["rows", *["indices"] * 3, "offsets_total"])
+    meta = torch.empty(3 * plan.block, dtype=torch.uint8, device="meta")
+    out = plan.regroup(meta, 3, torch.arange(3, device="meta") * plan.shift)
+    assert tuple(out[-1].shape) == (3 * B + 1,) and tuple(out[1].shape) == (3 * 2 * B,)
+
+
 # ---------------------------------------------------------------------- inference and checks
 
 def test_infer_spec_offsets_total_where_it_ends_at_the_index_count():
