@@ -26,7 +26,8 @@ class BatchingOptions:
     client never waits); ``max_queue``: requests queued or running at most (callers past it
     wait for room up to ``timeout_s``, then get ``QueueFullError``; at least ``max_batch``);
     ``timeout_s``: how long a caller waits for room or for its result; ``batch_spec``: each input tensor's kind
-    (``rows``, ``indices``, ``offsets``) when it cannot be inferred;
+    (``rows``, ``indices``, ``offsets``, ``offsets_total``, ``jagged_values``,
+    ``jagged_lengths``, ``jagged_offsets``: :mod:`._batchspec`) when it cannot be inferred;
     ``switch_interval_ms``: the interpreter's thread switch interval while the model is
     served (``sys.setswitchinterval``, process-wide, restored by ``close()``; None: left
     alone). A thread that waits for the GIL forces the holder to drop it only after this

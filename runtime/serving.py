@@ -404,7 +404,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     of up to ``max_batch`` (a CUDA graph per bucket size per group, ``buckets``), waiting
     at most ``max_delay_ms`` for company (0: never); at most ``max_queue`` wait, each caller
     at most ``timeout_s``. How inputs combine is inferred (rows, EmbeddingBag indices and
-    offsets) or given by ``batch_spec``, and checked against the eager model; when it does
+    offsets, with or without a trailing total) or given by ``batch_spec`` (also
+    KeyedJaggedTensor-style ``jagged_values`` and ``jagged_lengths``/``jagged_offsets``), and checked against the eager model; when it does
     not hold, a warning says why and queries are served unbatched (``batching_refused``).
     ``switch_interval_ms`` sets the interpreter's thread switch interval while served and
     ``drivers`` the number of batch driver threads (see :class:`~._serve_batching.BatchingOptions`).

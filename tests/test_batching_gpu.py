@@ -1,6 +1,7 @@
 """GPU tests of dynamic batching (marker ``gpu``): every request's result against eager,
 output structures, faults (a failing batch, abandoned futures, close under load, out of
-memory while capturing a large bucket), 128 clients with the defaults, refusal."""
+memory while capturing a large bucket), 128 clients with the defaults, refusal; inputs
+with offsets ending in a total and KeyedJaggedTensor-style features, batched in graphs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ nn = torch.nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from wdl_serving import WideDeep  # noqa: E402
+
+from _jagged_models import BagTotal, KJTNet, bag_total_query, kjt_query, kjt_spec  # noqa: E402
 
 from recsys_doctor.errors import RuntimeCudaError  # noqa: E402
 
@@ -240,3 +243,77 @@ def test_other_signature_served_unbatched_and_switch_interval_restored(wdl):
         assert max(s.stats()["batching"]["batch_sizes"] or {0: 0}) <= 1
         assert (s(*q) - reference(wdl, q)).abs().max() <= 1e-5
     assert sys.getswitchinterval() == before
+
+
+# ---------------------------------------------------------------------- include_last_offset and jagged features
+
+
+VOCABS = [200, 70, 300]  # a table per key, of different sizes
+NNZ = 3 * B
+
+
+def eager_on_cuda(model, q):
+    """The model run alone on query ``q`` (host tensors) on the GPU: the reference."""
+    from torch.utils._pytree import tree_map
+
+    with torch.no_grad():
+        return model(*tree_map(lambda t: t.cuda(), q)).cpu()
+
+
+def batched_count(s):
+    return sum(n * c for n, c in s.stats()["batching"]["batch_sizes"].items())
+
+
+def test_embedding_bag_include_last_offset_batched_in_graphs():
+    torch.manual_seed(0)
+    m = BagTotal(1000).cuda().eval()
+    qs = [bag_total_query(500 + k, B, 1000) for k in range(24)]
+    ref = [eager_on_cuda(m, q) for q in qs]
+    with serve(m, qs[0]) as s:
+        st = s.stats()["batching"]
+        assert st["enabled"], s.batching_refused
+        assert st["kinds"] == ["rows", "indices", "indices", "indices", "offsets_total"]
+        assert st["eager_buckets"] == {}  # every bucket replays a CUDA graph
+        res, errs = hammer(lambda k: s(*qs[k]), 24, 20)
+        sizes = s.stats()["batching"]["batch_sizes"]
+    assert not errs and len(res) == 480
+    assert max(float((o - ref[k]).abs().max()) for k, o in res) <= 1e-5
+    assert max(sizes) > 1
+
+
+@pytest.mark.parametrize("as_offsets,weighted", [(False, False), (True, False), (False, True), (True, True)])
+def test_kjt_features_batched_in_graphs(as_offsets, weighted):
+    torch.manual_seed(0)
+    m = KJTNet(VOCABS, as_offsets=as_offsets, weighted=weighted).cuda().eval()
+    qs = [kjt_query(600 + k, B, VOCABS, NNZ, as_offsets, weighted) for k in range(24)]
+    ref = [eager_on_cuda(m, q) for q in qs]
+    with serve(m, qs[0], batch_spec=kjt_spec(as_offsets, weighted)) as s:
+        st = s.stats()["batching"]
+        assert st["enabled"], s.batching_refused
+        assert st["eager_buckets"] == {}  # the key-major merge is captured with the model
+        res, errs = hammer(lambda k: s(*qs[k]), 24, 20)
+        sizes = s.stats()["batching"]["batch_sizes"]
+        futs = [s.submit(*q) for q in qs]
+        for f, r in zip(futs, ref):
+            assert (f.result(30) - r).abs().max() <= 1e-5
+    assert not errs and len(res) == 480
+    assert max(float((o - ref[k]).abs().max()) for k, o in res) <= 1e-5
+    assert max(sizes) > 1
+
+
+def test_kjt_query_with_another_values_count_served_unbatched():
+    """More or fewer values than the example: another element total, so not the batched
+    signature; served unbatched (its own graph), right, and the batches are untouched."""
+    torch.manual_seed(0)
+    m = KJTNet(VOCABS).cuda().eval()
+    q = kjt_query(700, B, VOCABS, NNZ)
+    odd = [kjt_query(701, B, VOCABS, NNZ + 5), kjt_query(702, B, VOCABS, NNZ - 7)]
+    with serve(m, q, batch_spec=kjt_spec()) as s:
+        assert s.stats()["batching"]["enabled"], s.batching_refused
+        before = batched_count(s)
+        for o in odd:
+            assert (s(*o) - eager_on_cuda(m, o)).abs().max() <= 1e-5
+            assert (s.submit(*o).result(30) - eager_on_cuda(m, o)).abs().max() <= 1e-5
+        assert batched_count(s) == before
+        assert (s(*q) - eager_on_cuda(m, q)).abs().max() <= 1e-5
+        assert batched_count(s) == before + 1
