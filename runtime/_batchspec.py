@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from ..errors import BadInputError, first_line
 from ._jagged import JAGGED_KINDS, JaggedShape, gather_index, jagged_shape, merge_offsets_total, merged_lengths, \
-    perturb_jagged, query_lengths
+    own_offsets, perturb_jagged, query_lengths
 from ._policy import pack_layout
 
 __all__ = ["KINDS", "infer_spec", "BatchPlan", "check_spec", "SpecRefused"]
@@ -184,7 +184,7 @@ class BatchPlan:
         out = []
         for lf, v in zip(self.leaves, views):
             if lf.kind == "offsets":
-                out.append((v + shifts[:k, None]).to(lf.dtype).reshape(-1))
+                out.append((own_offsets(v, self.shift) + shifts[:k, None]).to(lf.dtype).reshape(-1))
             elif lf.kind == "offsets_total":
                 out.append(merge_offsets_total(v, k, shifts, self.shift))
             elif lf.kind in ("jagged_lengths", "jagged_offsets"):

@@ -18,9 +18,10 @@ example, and how :func:`~._batchspec.perturbed` varies them.
   segment with ``torch.searchsorted`` and is gathered from the request-major blocks.
 
 A query's lengths must sum to its values count, as a KJT's do (TorchRec refuses others);
-a query that breaks this has no defined batched answer and can move the values of the
-other queries of its batch, but the merge never reads out of bounds (the gather index is
-clamped). Needs torch (CPU is enough); no CUDA.
+a query that breaks this has no defined batched answer, but it moves nothing of the
+other queries of its batch: each query's offsets and lengths are kept inside its own
+indices and values (:func:`own_offsets`, :func:`query_lengths`), and the gather index is
+clamped. Needs torch (CPU is enough); no CUDA.
 """
 
 from __future__ import annotations
@@ -90,18 +91,44 @@ def jagged_shape(tensors: Sequence[Any], kinds: Sequence[str], rows: int | None,
     return JaggedShape(n // rows, rows, v, as_off)
 
 
+def own_offsets(v: Any, indices: int) -> Any:
+    """``k`` queries' offsets (``v``: ``[k, n]``) kept inside each query's own ``indices``
+    indices: clamped into ``[0, indices]``, the first set to 0, never decreasing (a
+    running maximum; EmbeddingBag refuses decreasing offsets, which would fail the whole
+    batch). A well-formed query's are
+    unchanged; a malformed one's bags then read only its own indices, so it cannot move
+    the bags of the queries next to it in the batch (an offset past its indices would read
+    the next query's, a first offset above 0 would lend the previous query's last bag some
+    of its indices). Static-shape: runs inside a CUDA graph."""
+    out = v.clamp(0, indices)
+    out[:, 0] = 0
+    return out.cummax(1).values
+
+
 def merge_offsets_total(v: Any, k: int, shifts: Any, shift: int) -> Any:
     """``k`` queries' offsets with a trailing total (``v``: ``[k, B + 1]``) as one: each
-    query's first ``B`` shifted by ``shifts[j]`` (``j * shift``), then the total ``k * shift``."""
+    query's first ``B`` (kept inside its own indices, :func:`own_offsets`) shifted by
+    ``shifts[j]`` (``j * shift``), then the total ``k * shift``."""
     torch = _torch()
-    head = (v[:, :-1] + shifts[:k, None]).to(v.dtype).reshape(-1)
+    head = (own_offsets(v[:, :-1], shift) + shifts[:k, None]).to(v.dtype).reshape(-1)
     return torch.cat([head, torch.full((1,), k * shift, dtype=v.dtype, device=v.device)])
 
 
 def query_lengths(v: Any, js: JaggedShape) -> Any:
     """Per query, key and row, the lengths ``[k, F, B]`` of ``k`` queries' lengths or
-    offsets (``v``: ``[k, F * B (+ 1)]``)."""
+    offsets (``v``: ``[k, F * B (+ 1)]``), each query's summing to exactly its own ``V``
+    values: no length below 0, the running sum capped at ``V``, and the last (key, row)
+    ending at ``V``. A well-formed query's are unchanged; a malformed one (lengths summing
+    to more or fewer than its values) then moves none of the other queries' values in the
+    batch, and the batch's lengths sum to its values count (a model that takes the last
+    bag to the end of the values, as ``EmbeddingBag`` without ``include_last_offset`` does,
+    reads no value of another query in it).
+    Static-shape: runs inside a CUDA graph."""
+    torch = _torch()
     per = (v[:, 1:] - v[:, :-1]) if js.offsets else v
+    ends = per.clamp(min=0).cumsum(1).clamp_(max=js.values)
+    ends[:, -1] = js.values  # a query short of values lends its last bag the rest of its own
+    per = torch.diff(ends, dim=1, prepend=torch.zeros_like(ends[:, :1]))
     return per.reshape(v.shape[0], js.keys, js.rows)
 
 

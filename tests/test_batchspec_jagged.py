@@ -111,6 +111,59 @@ def test_malformed_lengths_never_index_out_of_range():
     assert out[1].numel() == 12 and set(out[1].tolist()) <= staged
 
 
+def _split_rows(out, k):
+    return list(out.chunk(k))
+
+
+def _alone(model, q):
+    with torch.no_grad():
+        return model(*q)
+
+
+def test_malformed_offsets_move_none_of_their_neighbours():
+    """Query 1's offsets start above 0 and run past its indices (plain offsets), or its
+    total is wrong (offsets_total): the well-formed queries 0 and 2 of the same batch get
+    exactly what each gets alone."""
+    torch.manual_seed(3)
+    plain = nn.EmbeddingBag(VOCAB, 4, mode="sum")
+    total = nn.EmbeddingBag(VOCAB, 4, mode="sum", include_last_offset=True)
+    idx = [torch.randint(0, VOCAB, (6,)) for _ in range(3)]
+    good_plain, bad_plain = t([0, 2, 5]), t([2, 9, 4])  # 3 bags of 6 indices; bad: starts at 2, 9 > 6
+    qs = [[idx[0], good_plain], [idx[1], bad_plain], [idx[2], t([0, 0, 3])]]
+    out = regroup(qs, ["indices", "offsets"])
+    with torch.no_grad():
+        got = _split_rows(plain(out[0], out[1]), 3)
+        for j in (0, 2):
+            assert torch.equal(got[j], plain(*qs[j])), j
+    qs = [[idx[0], t([0, 2, 5, 6])], [idx[1], t([3, 1, 8, 2])], [idx[2], t([0, 0, 3, 6])]]
+    out = regroup(qs, ["indices", "offsets_total"])
+    with torch.no_grad():
+        got = _split_rows(total(out[0], out[1]), 3)
+        for j in (0, 2):
+            assert torch.equal(got[j], total(*qs[j])), j
+
+
+@pytest.mark.parametrize("as_offsets", [False, True])
+def test_malformed_jagged_lengths_move_none_of_their_neighbours(as_offsets):
+    """A query whose lengths sum to more (or fewer) than its values, between two
+    well-formed ones: the well-formed queries' outputs equal the model run alone on each."""
+    torch.manual_seed(4)
+    model = KJTNet(VOCABS, as_offsets=as_offsets).eval()
+    qs = [list(kjt_query(s, B, VOCABS, NNZ, as_offsets=as_offsets)) for s in (11, 12, 13, 14)]
+    n = len(VOCABS) * B
+    over = torch.full((n,), 2, dtype=torch.int64)  # sums to 48 > NNZ = 40
+    under = torch.zeros(n, dtype=torch.int64)
+    under[::5] = 1  # sums to 5 < 40
+    for bad in (over, under):
+        q1 = list(qs[1])
+        q1[2] = torch.cat([t([0]), bad.cumsum(0)]) if as_offsets else bad
+        batch = [qs[0], q1, qs[2], qs[3]]
+        out = regroup(batch, kjt_spec(as_offsets))
+        got = _split_rows(_alone(model, out), 4)
+        for j in (0, 2, 3):
+            assert torch.allclose(got[j], _alone(model, batch[j]), atol=1e-6), j
+
+
 @pytest.mark.parametrize("as_offsets", [False, True])
 def test_regroup_needs_no_data_on_the_host(as_offsets):
     """regroup on 'meta' tensors (shapes, no data): a host read (``.item()``, ``.tolist()``)
