@@ -170,12 +170,16 @@ class BatchPlan:
     def regroup(self, buf: Any, k: int, shifts: Any = None) -> list[Any]:
         """The batched tensors of the first ``k`` query blocks of the uint8 buffer ``buf``:
         each input's ``k`` copies concatenated on dim 0 (a copy where ``k > 1``), offsets
-        shifted by ``shifts`` (``arange(k) * shift`` on ``buf``'s device, made by the
-        caller outside any graph capture), jagged features merged key-major
-        (:mod:`._jagged`). Static shapes and no host reads: it runs inside a CUDA graph."""
+        kept inside their own query's indices (:func:`~._jagged.own_offsets`, for a lone
+        query too) and shifted by ``shifts`` (``arange(k) * shift`` on ``buf``'s device,
+        made by the caller outside any graph capture; made here when not given), jagged
+        features merged key-major (:mod:`._jagged`). Static shapes and no host reads: it
+        runs inside a CUDA graph."""
         views = [self._view(buf, lf, k) for lf in self.leaves]
-        if k == 1:
+        if k == 1 and set(self.kinds) <= {"rows", "indices"}:
             return [v.reshape(lf.shape) for v, lf in zip(views, self.leaves)]
+        if shifts is None:
+            shifts = _torch().arange(k, device=buf.device) * self.shift
         js, lens, gather = self.jagged, None, None
         if js is not None:
             lens = query_lengths(next(v for v, lf in zip(views, self.leaves)
@@ -202,6 +206,12 @@ class BatchPlan:
         item = torch.empty((), dtype=lf.dtype).element_size()
         strides = (self.block // item, *_contiguous_strides(lf.shape))
         return buf.view(lf.dtype).as_strided((k, *lf.shape), strides, lf.offset // item)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
 
 
 def _nbytes(lf: _Leaf) -> int:

@@ -317,3 +317,23 @@ def test_kjt_query_with_another_values_count_served_unbatched():
         assert batched_count(s) == before
         assert (s(*q) - eager_on_cuda(m, q)).abs().max() <= 1e-5
         assert batched_count(s) == before + 1
+
+
+def test_a_malformed_query_changes_no_neighbour(wdl):
+    """Clients sending well-formed queries and one client whose offsets start above 0 and
+    run past its indices share batches (captured graphs): every well-formed result equals
+    eager, and the malformed client is answered (its own result is undefined)."""
+    qs = [make_query(40 + k) for k in range(12)]
+    ref = [reference(wdl, q) for q in qs]
+    bad = (qs[0][0], qs[0][1], torch.arange(0, B * 4, 4) + 7)  # first offset 7, last past the 256 indices
+    bad[2][5] = 10_000
+    with serve(wdl, qs[0]) as s:
+        assert s.stats()["batching"]["enabled"], s.batching_refused
+        res, errs = hammer(lambda k: s(*(bad if k == 0 else qs[k])), 12, 30)
+        sizes = s.stats()["batching"]["batch_sizes"]
+    assert not errs, errs[:3]
+    assert len(res) == 12 * 30
+    assert any(int(n) > 1 for n in sizes), sizes  # the malformed query shared batches
+    for k, out in res:
+        if k:
+            assert (out - ref[k]).abs().max().item() <= 1e-5, k

@@ -102,6 +102,15 @@ def test_jagged_merge_of_one_query_is_the_query():
     assert [o.tolist() for o in out] == [q.tolist() for q in Q1]
 
 
+def test_a_lone_malformed_query_reads_only_its_own_indices():
+    """Offsets past the indices would read past the buffer (on a GPU: an illegal address
+    that ends the process's CUDA context); a lone query's are kept inside its indices too."""
+    out = regroup([[t([1, 2, 3, 4]), t([2, 9, 1])]], ["indices", "offsets"])
+    assert out[1].tolist() == [0, 4, 4]  # first 0, clamped to the 4 indices, never decreasing
+    out = regroup([[t([1, 2, 3, 4]), t([0, 1, 2, 4])]], ["indices", "offsets"])
+    assert out[1].tolist() == [0, 1, 2, 4]  # a well-formed query is unchanged
+
+
 def test_malformed_lengths_never_index_out_of_range():
     """Lengths that do not sum to the values count (not a KJT): the merge still gathers
     inside the batch's values (no out-of-range read)."""
