@@ -138,12 +138,8 @@ class WhatIfCosts:
     batch_host_ns: float = 105_000.0
     batch_marginal_share: float = 0.071
     batch_fill: float = 0.4
-    #: measured GPU time of one batch per bucket size, in ns ({bucket size: ns}; what
-    #: ``ServedModel.bucket_gpu_us()`` reports, times 1,000), and where it was measured
-    #: (said in the notes). When given, a batch is priced at its bucket's measured cost
-    #: (scaled to the trace's model, see :mod:`recsys_doctor.planning._batching`) and
-    #: ``batch_marginal_share`` is not used. Read from a file by
-    #: :func:`recsys_doctor.planning.io.read_bucket_costs`.
+    #: measured GPU ns a batch per bucket size (``ServedModel.bucket_gpu_us()`` x 1e3) and where
+    #: from: when given, a batch costs its bucket's (:mod:`._batching`), not the share above.
     bucket_gpu_ns: dict[int, float] | None = None
     bucket_source: str | None = None
 
