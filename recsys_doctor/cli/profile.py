@@ -219,7 +219,7 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
     if files.get("bucket_costs"):
         console.print(f"bucket costs: {files['bucket_costs']} (GPU us a batch per bucket, measured with "
                       f"{d.get('bucket_costs_of')}): price batching from them with recsys-doctor whatif TRACE "
-                      f"--bucket-costs {files['bucket_costs']}")
+                      f"--bucket-costs {files['bucket_costs']}", soft_wrap=True)
 
 
 def render_host(h: dict[str, Any], console: Any) -> None:
