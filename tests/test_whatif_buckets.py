@@ -152,6 +152,13 @@ def test_a_bad_bucket_costs_file_is_one_line_and_exit_2(tmp_path, text, msg):
     assert "Traceback" not in r.output
 
 
+def test_whatif_train_refuses_bucket_costs(tmp_path):
+    f = tmp_path / "b.json"
+    f.write_text('{"1": 100}')
+    r = CliRunner().invoke(main, ["whatif", str(DEMO), "--train", "--bucket-costs", str(f)])
+    assert r.exit_code == 2 and "a training loop does not have" in r.output and "Traceback" not in r.output
+
+
 def test_profile_apply_reads_the_file_before_running_anything(tmp_path):
     f = tmp_path / "b.json"
     f.write_text('{"2": 100}')

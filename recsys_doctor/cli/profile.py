@@ -160,8 +160,7 @@ def _given(ctx: click.Context) -> set[str]:
 
 def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,
                duration: float | None, steps: int | None, nvml: bool, options: Options, top_k: int,
-               history: bool, db_path: Path | None, as_json: bool, p99_ms: float | None = None,
-               costs: Any = None) -> None:
+               history: bool, db_path: Path | None, as_json: bool, p99_ms: float | None, costs: Any) -> None:
     from ..applying.apply import apply_workload
 
     def say(msg: str) -> None:
@@ -171,7 +170,7 @@ def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Pat
     res, before, after = apply_workload(model, args, backend=backend, out_dir=out_dir, threads=threads,
                                         duration_s=duration, steps=steps, top_k=top_k, nvml=nvml, options=options,
                                         history=history, db_path=db_path, progress=say, p99_ms=p99_ms,
-                                        **({} if costs is None else {"costs": costs}))
+                                        costs=costs)
     d = res.to_dict()
     _report(d, as_json, before, d)
 

@@ -11,6 +11,7 @@ import click
 
 from .._util.format import fixed
 from .._util.json import json_default
+from ..errors import BadInputError
 from .advise import parse_time
 
 __all__ = ["whatif_cmd", "costs_with_buckets", "render_whatif"]
@@ -53,10 +54,13 @@ def whatif_cmd(trace: Path, clients: int | None, train: bool, units: int | None,
         recsys-doctor whatif serve.sqlite --clients 32
         recsys-doctor whatif serve.sqlite --clients 32 --bucket-costs run/bucket_gpu_us.json
 
-    The estimate and its constants are in docs/profile.md ("How the what-if estimates").
+    The estimate, its constants and the bucket-costs file: docs/profile.md ("whatif",
+    and step 3 of "--apply").
     """
     from ..diagnose.whatif_trace import whatif_trace
 
+    if train and bucket_costs is not None:
+        raise BadInputError("--bucket-costs prices dynamic batching, which a training loop does not have")
     costs = costs_with_buckets(bucket_costs)
     res = whatif_trace(trace, kind="train" if train else "serve", clients=clients, units=units, nvtx=nvtx,
                        start_ns=parse_time(start, "--start"), end_ns=parse_time(end, "--end"), costs=costs)
