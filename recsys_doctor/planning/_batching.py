@@ -12,10 +12,12 @@ GPU time (kernels, graph node gaps, packed copies: as
   of the smallest bucket ``b >= k`` (``runtime._batched.bucket_table``), and never makes a
   batch larger than its largest bucket, so ``k`` is capped there as well. Then
   ``D(k) = D * cost(b) / cost(1)``: the measured costs give how a batch's GPU time grows
-  with its size, the trace gives the level. Costs measured on the trace's own model on the
-  same GPU make the factor ``D / cost(1)`` about 1 (the notes print it, so a gap shows);
-  costs measured on another model carry over by their shape only, which is the honest
-  most they can say about this one. Bucket 1 must be among them.
+  with its size, the trace gives the level, so batched plans stand on the same footing as
+  the unbatched ones, which are priced from ``D`` too. Costs measured on the trace's own
+  model and GPU leave ``D / cost(1)`` at the estimate's own error on one query (about 1
+  when it is right; the notes print both numbers, so a gap shows); costs measured on
+  another model carry over by their shape only, which is the most they can honestly say
+  about this one. Bucket 1 must be among them.
 * otherwise the constant fit on the H100: ``D(k) = D * (1 + (k - 1) * batch_marginal_share)``.
 
 The host costs ``batch_host_ns`` per query (the GIL is held for that long per query, as
