@@ -310,3 +310,31 @@ def test_applied_mmoe_training_keeps_the_losses():
     for a, b in zip(base.losses, m.losses):
         assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (base.losses[:5], m.losses[:5])
     assert m.losses[-1] < m.losses[0]
+
+
+def test_a_batching_candidate_reports_its_bucket_costs(tmp_path):
+    """The measured candidate's ``info`` carries ``served.bucket_gpu_us()`` for every bucket
+    it captured (what ``profile --apply`` writes to ``bucket_gpu_us.json``), in the shape
+    ``whatif --bucket-costs`` reads; an unbatched candidate carries none."""
+    pytest.importorskip("torch")
+    from recsys_doctor.applying.apply import make_runner, runtime_plan
+    from recsys_doctor.capture.workload import load_workload, measure
+    from recsys_doctor.planning.io import read_bucket_costs
+    from recsys_doctor.planning.whatif import Candidate
+
+    wl = load_workload(ROOT / "examples" / "wdl_workload.py", ["--vocab", "1000", "--batch", "64"])
+    run, close, info, wl2 = make_runner(wl, runtime_plan(Candidate(2, batching=True, max_batch=8), 8))
+    try:
+        measure(wl2, threads=8, duration_s=0.3, run=run)
+    finally:
+        close()
+    b = info["stats"]["batching"]
+    assert b["enabled"], json.dumps(info, default=str)
+    costs = info["bucket_gpu_us"]
+    assert sorted(int(k) for k in costs) == sorted(b["buckets"]) and all(v > 0 for v in costs.values())
+    f = tmp_path / "bucket_gpu_us.json"
+    f.write_text(json.dumps(costs))
+    assert read_bucket_costs(f) == {int(k): v * 1e3 for k, v in costs.items()}
+    run, close, info, wl2 = make_runner(wl, runtime_plan(Candidate(2), 4))
+    close()
+    assert "bucket_gpu_us" not in info

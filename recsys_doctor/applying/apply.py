@@ -71,6 +71,7 @@ __all__ = [
     "apply_workload",
     "apply_script",
     "before_after_rows",
+    "write_bucket_costs",
 ]
 
 
@@ -132,6 +133,9 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
     target = Path(target)
     out = Path(out_dir) if out_dir is not None else default_out_dir()
     if not is_workload_module(target):
+        if costs.bucket_gpu_ns:
+            raise BadInputError("--bucket-costs prices dynamic batching, which only a workload module's serving "
+                                "plans have: a plain script is not batched")
         check_workload_options(target, False, threads, duration_s, steps)
         return apply_script(target, args, backend=backend, out_dir=out, top_k=top_k, nvml=nvml, options=options,
                             history=history, db_path=db_path, device_index=device_index, progress=progress,
@@ -159,6 +163,8 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
                            baseline=_meas_numbers(m.to_dict() if m else None))
     if kind == "train" and p99_ms is not None:
         notes.append("--p99-ms does not apply to a training loop (its steps have no latency budget): ignored")
+    if kind == "train" and costs.bucket_gpu_ns:
+        notes.append("--bucket-costs does not apply to a training loop (its steps are not batched): ignored")
     after = _profile_after(run, chosen, notes, baseline=False, treatment=runtime_treatment(runtime_plan(chosen, clients)))
     before_pt = _summary_point(m.to_dict() if m else None, (before.capture.get("baseline") or {}).get("nvml")
                                or before.capture.get("nvml"), before.advise)
@@ -169,8 +175,26 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
                       candidates=results, stats=stats.to_dict(), notes=notes,
                       p99_budget_ms=None if kind == "train" else p99_ms,
                       evidence=_evidence(before, after, before_pt, after_pt))
+    write_bucket_costs(res, out)
     _finish(res, before, after, out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
+
+
+def write_bucket_costs(res: ApplyResult, out: Path) -> Path | None:
+    """The bucket GPU times a measured batching candidate reported (its ``info``; the chosen
+    plan's when it batches, else the one with the most measured queries/s) into
+    ``res.bucket_gpu_us`` and ``out/bucket_gpu_us.json`` (``files["bucket_costs"]``), the
+    file ``whatif --bucket-costs`` reads; None when no batching candidate reported any."""
+    got = [r for r in res.candidates if r.prediction.candidate.batching and r.measured and r.info.get("bucket_gpu_us")]
+    if not got:
+        return None
+    best = next((r for r in got if r.prediction.candidate == res.chosen), None) or max(
+        got, key=lambda r: (r.measured or {}).get("qps") or 0.0)
+    res.bucket_gpu_us, res.bucket_costs_of = dict(best.info["bucket_gpu_us"]), best.prediction.candidate.label
+    path = out / "bucket_gpu_us.json"
+    path.write_text(json.dumps(res.bucket_gpu_us, indent=1) + "\n")
+    res.files["bucket_costs"] = str(path)
+    return path
 
 
 def _measure_workload_candidates(run: _Setup, ranked: list[Prediction], todo: list[Prediction],

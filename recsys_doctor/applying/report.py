@@ -47,6 +47,11 @@ class ApplyResult:
     #: syncs per query (step) and GPU busy before and after (:func:`.evidence.sync_evidence`)
     #: and, for a script, ``hook``: the hook's stats in the kept plan's measured and profiled runs
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: a measured batching candidate's GPU us per bucket (``{"1": us, ...}``, the chosen
+    #: plan's when it batches, else the fastest batching one's) and that candidate's label;
+    #: also written to ``bucket_gpu_us.json`` for ``whatif --bucket-costs``
+    bucket_gpu_us: dict[str, float] | None = None
+    bucket_costs_of: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target,
@@ -55,7 +60,8 @@ class ApplyResult:
                 "table": before_after_rows(self.before, self.after),
                 "candidates": [c.to_dict() for c in self.candidates], "what_if_stats": self.stats,
                 "files": self.files, "wall_s": round(self.wall_s, 3), "notes": self.notes,
-                "p99_budget_ms": self.p99_budget_ms, "evidence": self.evidence}
+                "p99_budget_ms": self.p99_budget_ms, "evidence": self.evidence,
+                "bucket_gpu_us": self.bucket_gpu_us, "bucket_costs_of": self.bucket_costs_of}
 
 
 def _pred_numbers(p: Prediction) -> dict[str, Any]:

@@ -62,10 +62,24 @@ def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], C
 
         def close() -> None:
             info["stats"] = served.stats()
+            _bucket_costs(served, info)
             served.close()
 
         return served, close, info, wl
     return _train_runner(wl, cfg, info)
+
+
+def _bucket_costs(served: Any, info: dict[str, Any]) -> None:
+    """A batching candidate's measured GPU time per bucket (``served.bucket_gpu_us()``,
+    after the measurement: the buckets replayed alone) into ``info["bucket_gpu_us"]``, the
+    ``{"1": us, ...}`` that ``whatif --bucket-costs`` reads; what keeps it from being
+    measured is a note, never a failed candidate."""
+    if not (info["stats"].get("batching") or {}).get("enabled"):
+        return
+    try:
+        info["bucket_gpu_us"] = {str(k): float(v) for k, v in served.bucket_gpu_us().items()}
+    except Exception as e:  # noqa: BLE001 - the candidate is measured already; its bucket costs are extra
+        info["notes"].append(f"bucket GPU times not measured: {type(e).__name__}: {e}")
 
 
 def runtime_treatment(runtime: dict[str, Any]) -> Treatment:

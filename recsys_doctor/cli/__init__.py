@@ -57,6 +57,7 @@ def _register() -> None:
     from .gate import check_cmd, compare_cmd, history_cmd
     from .apply import apply_cmd
     from .profile import profile_cmd
+    from .whatif import whatif_cmd
 
     main.add_command(advise_cmd, "advise")
     main.add_command(check_cmd, "check")
@@ -64,6 +65,7 @@ def _register() -> None:
     main.add_command(history_cmd, "history")
     main.add_command(profile_cmd, "profile")
     main.add_command(apply_cmd, "apply")
+    main.add_command(whatif_cmd, "whatif")
 
 
 _register()

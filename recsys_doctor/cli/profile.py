@@ -49,6 +49,9 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
 @click.option("--p99-ms", "p99_ms", type=click.FloatRange(min=0, min_open=True), metavar="MS",
               help="--apply (serving): a latency budget: keep the plan with the most queries/s among those "
                    "measured with p99 <= MS (plans with dynamic batching are among the candidates).")
+@click.option("--bucket-costs", "bucket_costs", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="--apply (serving): rank the batching plans by measured GPU time per bucket (the "
+                   "bucket_gpu_us.json an earlier --apply wrote; see `recsys-doctor whatif --help`).")
 @click.option("--history/--no-history", default=True, show_default=True,
               help="--apply: record the after-run in the history database (an error without --apply).")
 @click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -56,7 +59,8 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
 def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
                 threads: int | None, duration: float | None, steps: int | None, baseline: bool,
                 no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], host_sample: bool, do_apply: bool,
-                top_k: int, p99_ms: float | None, history: bool, db_path: Path | None) -> None:
+                top_k: int, p99_ms: float | None, bucket_costs: Path | None, history: bool,
+                db_path: Path | None) -> None:
     """Run MODEL (a Python file) on the GPU under a profiler and diagnose the trace.
 
     MODEL is a plain script (run as `python MODEL ARGS`, profiled as it is) or a
@@ -90,12 +94,14 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
                 flag = "--nvtx" if opt == "nvtx" else "--baseline/--no-baseline"
                 raise BadInputError(f"{flag} does not go with --apply (it analyzes the workload's 'measure' "
                                     "window and always measures the baseline without a profiler)")
+        from .whatif import costs_with_buckets
+
         _run_apply(model, args, backend=backend, out_dir=out_dir, threads=threads, duration=duration, steps=steps,
                    nvml=not no_nvml, options=options, top_k=top_k, history=history, db_path=db_path,
-                   as_json=as_json, p99_ms=p99_ms)
+                   as_json=as_json, p99_ms=p99_ms, costs=costs_with_buckets(bucket_costs))
         return
-    if given & {"top_k", "db_path", "history", "p99_ms"}:
-        raise BadInputError("--top-k, --p99-ms, --history/--no-history and --db go with --apply")
+    if given & {"top_k", "db_path", "history", "p99_ms", "bucket_costs"}:
+        raise BadInputError("--top-k, --p99-ms, --bucket-costs, --history/--no-history and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
                   steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options,
                   host_sample=host_sample)
@@ -154,7 +160,7 @@ def _given(ctx: click.Context) -> set[str]:
 
 def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Path | None, threads: int | None,
                duration: float | None, steps: int | None, nvml: bool, options: Options, top_k: int,
-               history: bool, db_path: Path | None, as_json: bool, p99_ms: float | None = None) -> None:
+               history: bool, db_path: Path | None, as_json: bool, p99_ms: float | None, costs: Any) -> None:
     from ..applying.apply import apply_workload
 
     def say(msg: str) -> None:
@@ -163,7 +169,8 @@ def _run_apply(model: Path, args: tuple[str, ...], *, backend: str, out_dir: Pat
 
     res, before, after = apply_workload(model, args, backend=backend, out_dir=out_dir, threads=threads,
                                         duration_s=duration, steps=steps, top_k=top_k, nvml=nvml, options=options,
-                                        history=history, db_path=db_path, progress=say, p99_ms=p99_ms)
+                                        history=history, db_path=db_path, progress=say, p99_ms=p99_ms,
+                                        costs=costs)
     d = res.to_dict()
     _report(d, as_json, before, d)
 
@@ -208,6 +215,10 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
     files = d.get("files") or {}
     console.print(f"plan: {files.get('plan')}  report: {files.get('html', '-')}  "
                   f"result: {files.get('apply', '-')}  ({d.get('wall_s', 0):.1f} s)")
+    if files.get("bucket_costs"):
+        console.print(f"bucket costs: {files['bucket_costs']} (GPU us a batch per bucket, measured with "
+                      f"{d.get('bucket_costs_of')}): price batching from them with recsys-doctor whatif TRACE "
+                      f"--bucket-costs {files['bucket_costs']}", soft_wrap=True)
 
 
 def render_host(h: dict[str, Any], console: Any) -> None:

@@ -138,6 +138,10 @@ class WhatIfCosts:
     batch_host_ns: float = 105_000.0
     batch_marginal_share: float = 0.071
     batch_fill: float = 0.4
+    #: measured GPU ns a batch per bucket size (``ServedModel.bucket_gpu_us()`` x 1e3) and where
+    #: from: when given, a batch costs its bucket's (:mod:`._batching`), not the share above.
+    bucket_gpu_ns: dict[int, float] | None = None
+    bucket_source: str | None = None
 
 
 @dataclass
