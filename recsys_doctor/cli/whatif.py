@@ -80,19 +80,24 @@ def render_whatif(res: Any, console: Any) -> None:
     st = res.stats
     train = st.kind == "train"
     what = "step" if train else "query"
-    t = Table(title=f"What-if: {res.path}, {st.units} {'steps' if train else 'queries'} ({st.unit_source})"
-                    + ("" if train else f", {res.clients} clients"), title_justify="left")
-    cols = (["plan", "step ms"] if train else ["plan", "queries/s", "p50 ms"]) + \
-           ["bound", f"host us/{what}", f"GPU us/{what}", "note"]
-    for c in cols:
-        t.add_column(c, no_wrap=c == "plan")
+    console.print(f"What-if: {res.path}, {st.units} {'steps' if train else 'queries'} ({st.unit_source})"
+                  + ("" if train else f", {res.clients} clients"), soft_wrap=True, markup=False, highlight=False)
+    t = Table()
+    t.caption = f"host us and GPU us: per {what}"
+    cols = (["plan", "step ms"] if train else ["plan", "q/s", "p50 ms"]) + ["bound", "host us", "GPU us", "notes"]
+    for c in cols:  # only the plan wraps (at its spaces): the numbers stay whole on 80 columns
+        t.add_column(c, no_wrap=c != "plan", justify="left" if c in ("plan", "bound", "notes") else "right")
+    notes: dict[str, int] = {}  # each note once, below the table (a column of prose wraps unreadably)
     for p in res.predictions:
         if not p.candidate.per_stream_allocator and not train:
             continue
         nums = [fixed(p.step_ms, "", 3)] if train else [fixed(p.qps, "", 1), fixed(p.p50_ms, "", 3)]
+        refs = [str(notes.setdefault(n, len(notes) + 1)) for n in p.notes]
         t.add_row(p.candidate.label, *nums, p.bound, fixed(p.host_ns / 1e3, "", 1), fixed(p.gpu_ns / 1e3, "", 1),
-                  "; ".join(p.notes))
+                  ",".join(f"[{r}]" for r in refs))
     console.print(t)
+    for n, i in notes.items():
+        console.print(f"[{i}] {n}", markup=False, highlight=False)
     if not train:
         console.print("batching priced from " + (f"the measured bucket costs in {res.bucket_source}"
                       if res.bucket_source else "the constant fit on the H100 (--bucket-costs FILE: from measured "
