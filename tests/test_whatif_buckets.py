@@ -195,13 +195,13 @@ def test_whatif_command_prices_batching_from_the_file_by_hand(tmp_path):
     units, one = _demo_one_query_ns(tmp_path)
     costs = tmp_path / "bucket_gpu_us.json"
     costs.write_text(json.dumps({"1": 240.0, "2": 290.0, "4": 330.0, "8": 400.0}))
-    # 8 clients x 0.4 = 3.2: a mean batch of 3, bucket 4. g1 batched, one group, overlap 1:
-    #   measured: 330 / 240 x one a batch; constant: (1 + 2 x 0.071) x one a batch
-    #   gpu limit 1e9 x 3 / batch; clients 8e9 / (105,000 + batch); host 1e9 / 105,000
-    measured, constant = one * 330 / 240, one * (1 + 2 * 0.071)
-    x_meas = min(1e9 / 105_000, 1e9 * 3 / measured, 8e9 / (105_000 + measured))
-    x_const = min(1e9 / 105_000, 1e9 * 3 / constant, 8e9 / (105_000 + constant))
-    assert x_meas == pytest.approx(1e9 * 3 / measured) and x_meas < x_const  # GPU-bound, and slower
+    # 8 clients x 0.2 = 1.6: a mean batch of 2, bucket 2. g1 batched, one group, overlap 1:
+    #   measured: 290 / 240 x one a batch; constant: (1 + 1 x 0.069) x one a batch
+    #   gpu limit 1e9 x 2 / batch; clients 8e9 / (49,550 + batch); host 1e9 / 49,550
+    measured, constant = one * 290 / 240, one * (1 + 1 * 0.069)
+    x_meas = min(1e9 / 49_550, 1e9 * 2 / measured, 8e9 / (49_550 + measured))
+    x_const = min(1e9 / 49_550, 1e9 * 2 / constant, 8e9 / (49_550 + constant))
+    assert x_meas == pytest.approx(1e9 * 2 / measured) and x_meas < x_const  # GPU-bound, and slower
     label = "g1 merged own-pool graphs batched<=32"
     runs = {}
     for name, extra in (("constant", []), ("measured", ["--bucket-costs", str(costs)])):
@@ -217,7 +217,7 @@ def test_whatif_command_prices_batching_from_the_file_by_hand(tmp_path):
     r = CliRunner().invoke(main, ["whatif", str(DEMO), "--clients", "8", "--bucket-costs", str(costs), "--json"])
     d = json.loads(r.output)
     p = next(p for p in d["predictions"] if p["label"] == label)
-    assert p["qps"] == pytest.approx(x_meas) and p["gpu_ns"] == pytest.approx(measured / 3)
+    assert p["qps"] == pytest.approx(x_meas) and p["gpu_ns"] == pytest.approx(measured / 2)
     assert p["p50_ms"] == pytest.approx(8 / x_meas * 1e3) and d["bucket_costs"] == str(costs)
     # unbatched plans are priced as before: the same row either way
     assert _row(runs["measured"], "g4 merged own-pool graphs") == _row(runs["constant"], "g4 merged own-pool graphs")

@@ -128,16 +128,16 @@ class WhatIfCosts:
     #: the GPU time with graphs cannot go below this share of the eager GPU time (keeps the
     #: estimate from promising more than the kernels themselves take).
     min_gpu_share: float = 0.0
-    #: dynamic batching (:mod:`recsys_doctor.planning._batching`), all measured on the H100
-    #: with the wide&deep model of ``bench/serving/serving_sweep.py``: host time per query on
-    #: the batched path (1e9 / 9,488 q/s at 64 clients, host-bound, in
-    #: ``bench/results/serving_sweep_h100.json``); the GPU time one more query adds to a
-    #: batch, as a share of one query alone (bucket GPU times 240 us for 1 query, 766 us for
-    #: 32: (766 - 240) / 31 / 240, ``bench/results/serving_sweep_h100_info.json``); the mean
-    #: batch as a share of the clients (14.4 of 32 and 25.6 of 64 in the driver's trace).
-    batch_host_ns: float = 105_000.0
-    batch_marginal_share: float = 0.071
-    batch_fill: float = 0.4
+    #: dynamic batching (:mod:`recsys_doctor.planning._batching`), from the committed H100 sweep
+    #: (``bench/results/serving_sweep_h100.json``, ``runtime_batched_call``, wide&deep): host
+    #: time per query on the batched path (1e9 / 20,180 q/s at 64 clients, host-bound); the GPU
+    #: time one more query adds to a batch, as a share of one query alone (bucket GPU times 239.7
+    #: us for 1 query, 756.0 us for 32: (756.0 - 239.7) / 31 / 239.7, ``..._info.json``); the
+    #: mean batch as a share of the clients (6.9 of 32, 12.8 of 64, 23.7 of 128 in its
+    #: batch-size histograms). Measured bucket costs replace the share (``bucket_gpu_ns``).
+    batch_host_ns: float = 49_550.0
+    batch_marginal_share: float = 0.069
+    batch_fill: float = 0.2
     #: measured GPU ns a batch per bucket size (``ServedModel.bucket_gpu_us()`` x 1e3) and where
     #: from: when given, a batch costs its bucket's (:mod:`._batching`), not the share above.
     bucket_gpu_ns: dict[int, float] | None = None
