@@ -181,28 +181,36 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     from ..reports.apply_evidence import render_evidence
+    from ._tables import Footnotes
 
     train = d["kind"] == "train"
     key, unit = ("step_ms", "step ms") if train else ("qps", "queries/s")
     budget = d.get("p99_budget_ms")
     title = "Plan search: predicted vs measured" + (f" (p99 budget {budget:g} ms)" if budget else "")
-    t = Table(title=title, title_justify="left")
-    cols = ["plan", f"predicted {unit}", f"measured {unit}", "predicted p99 ms", "measured p99 ms", "bound", "note"]
+    console.print(title, soft_wrap=True, markup=False, highlight=False)
+    t = Table(pad_edge=False)
+    short = "step ms" if train else "q/s"
+    cols = ["plan", f"pred.\n{short}", f"meas.\n{short}", "pred.\np99 ms", "meas.\np99 ms", "bound", "notes"]
     if budget:
-        cols.insert(5, "p99 <= budget")
-    for c in cols:
-        t.add_column(c)
+        cols.insert(5, "p99 <=\nbudget")
+    for c in cols:  # only the plan wraps: the numbers stay whole on 80 columns, the notes go below
+        t.add_column(c, no_wrap=c != "plan", min_width=14 if c == "plan" else None,
+                     justify="right" if "\n" in c and "budget" not in c else "left")
+    notes = Footnotes()
     for c in d["candidates"]:
         if c["measured"] is None and c["error"] is None:
             continue
         p, m = c["predicted"], c["measured"] or {}
         row = [c["label"], fixed(p.get(key), "", 1), fixed(m.get(key), "", 1), fixed(p.get("p99_ms"), "", 3),
-               fixed(m.get("p99_ms"), "", 3), str(p.get("bound")), c["error"] or "; ".join(p.get("notes") or [])]
+               fixed(m.get("p99_ms"), "", 3), str(p.get("bound")), notes.cite([c["error"]] if c["error"] else
+                                                                              p.get("notes") or [])]
         if budget:
             mp = m.get("p99_ms")
             row.insert(5, "-" if mp is None else ("yes" if mp <= budget else "no"))
         t.add_row(*row)
     console.print(t)
+    console.print(f"pred.: the what-if estimate; meas.: measured ({unit})", markup=False, highlight=False)
+    notes.print(console)
     b = Table(title=f"Before / after (chosen: {(d.get('chosen') or {}).get('label', '-')})", title_justify="left")
     for c in ("metric", "before", "after", "after / before"):
         b.add_column(c)

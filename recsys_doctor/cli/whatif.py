@@ -12,6 +12,7 @@ import click
 from .._util.format import fixed
 from .._util.json import json_default
 from ..errors import BadInputError
+from ._tables import Footnotes
 from .advise import parse_time
 
 __all__ = ["whatif_cmd", "costs_with_buckets", "render_whatif"]
@@ -87,17 +88,15 @@ def render_whatif(res: Any, console: Any) -> None:
     cols = (["plan", "step ms"] if train else ["plan", "q/s", "p50 ms"]) + ["bound", "host us", "GPU us", "notes"]
     for c in cols:  # only the plan wraps (at its spaces): the numbers stay whole on 80 columns
         t.add_column(c, no_wrap=c != "plan", justify="left" if c in ("plan", "bound", "notes") else "right")
-    notes: dict[str, int] = {}  # each note once, below the table (a column of prose wraps unreadably)
+    notes = Footnotes()
     for p in res.predictions:
         if not p.candidate.per_stream_allocator and not train:
             continue
         nums = [fixed(p.step_ms, "", 3)] if train else [fixed(p.qps, "", 1), fixed(p.p50_ms, "", 3)]
-        refs = [str(notes.setdefault(n, len(notes) + 1)) for n in p.notes]
         t.add_row(p.candidate.label, *nums, p.bound, fixed(p.host_ns / 1e3, "", 1), fixed(p.gpu_ns / 1e3, "", 1),
-                  ",".join(f"[{r}]" for r in refs))
+                  notes.cite(p.notes))
     console.print(t)
-    for n, i in notes.items():
-        console.print(f"[{i}] {n}", markup=False, highlight=False)
+    notes.print(console)
     if not train:
         console.print("batching priced from " + (f"the measured bucket costs in {res.bucket_source}"
                       if res.bucket_source else "the constant fit on the H100 (--bucket-costs FILE: from measured "
