@@ -61,7 +61,9 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple([_key_part(T, v, tensors) for v in x]))
     if isinstance(x, dict):
-        return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in sorted(x)]))
+        # in the dict's own order, as _rebuild and the thread graphs' templates walk it: a
+        # sorted walk gave a call ``m(b=x, a=y)`` static inputs in the other order
+        return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in x]))
     if x is None or isinstance(x, (int, float, bool, str)):
         return ("C", x)
     raise TypeError(f"an argument of type {type(x).__name__}")
