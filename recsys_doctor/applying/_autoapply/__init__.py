@@ -117,7 +117,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
-                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1")
+                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={})
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
