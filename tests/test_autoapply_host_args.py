@@ -245,7 +245,11 @@ def test_a_host_proxy_copies_once_and_is_its_host_tensor_otherwise():
     assert (p.shape, p.dtype, p.device.type, len(p), p.dim(), p.is_contiguous()) == ((6,), torch.int64, "cpu", 6, 1, True)
     assert p.long() is p and p.contiguous() is p and p.detach() is p
     assert p.to("cpu", non_blocking=True) is d
-    assert p.to("cpu") is not d  # a second copy: PyTorch's (here the tensor itself)
+    accounting.reset()
+    line = sys._getframe().f_lineno + 1
+    assert p.to("cpu") is not d  # a second copy: PyTorch's (here the tensor itself), counted at its line
+    assert [(r["site"], r["fallback"], list(r["reasons"])) for r in accounting.sites()] == [
+        (f"tests/test_autoapply_host_args.py:{line}", 1, [host_args.LEFT_TO_PYTORCH])]
     for ask in (lambda q: q.to("cpu", copy=True), lambda q: q.to("cpu", torch.float64), lambda q: q.float()):
         q = proxy()
         out = ask(q)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._common import _state, _tls
-from .accounting import script_site, taken_over
+from .accounting import fell_back, script_site, taken_over
 from .fallback import _fall_back
 from .graphs import _rebuild
 from .pageable import MAX_COPY, _host_array, copy_hazard
@@ -51,6 +51,8 @@ from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 #: what the keys of a call whose host arguments were taken over carry (its graphs are not those of
 #: the same model called with device tensors: a ``forward`` may tell a CPU input from a GPU one)
 KEY_TAG = "host arguments"
+#: why a copy of a host argument inside forward is PyTorch's (counted at forward's line)
+LEFT_TO_PYTORCH = "a copy of a host argument that forward used on the host or copied already, left to PyTorch"
 
 
 def _walk(T: type[Any], x: Any, out: list[Any]) -> None:
@@ -176,11 +178,9 @@ def _use(torch: Any, p: Any, what: Any) -> None:
     p._rd_used = True
     owner = p._rd_owner
     name = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
-    if owner is not None:
-        hu = _state.setdefault("host_use", {})
-        if id(owner) not in hu:
-            reason = f"the model uses a host argument on the host ({name}, {script_site(2)})"
-            hu[id(owner)] = reason
+    if owner is not None and id(owner) not in _state.setdefault("host_use", {}):
+        reason = f"the model uses a host argument on the host ({name}, {script_site(2)})"
+        if _state["host_use"].setdefault(id(owner), reason) is reason:  # said once, whichever thread saw it
             _fall_back(f"{type(owner).__name__}: {reason}: its host arguments are its own from now on", reason)
     if p._rd_fill is not None:
         if _capturing(torch):
@@ -242,14 +242,17 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
             if func in meta:
                 return plain(func, args, kwargs)
             self = args[0] if args else None
-            if type(self) is cls and not self._rd_used:
-                base = getattr(func, "__wrapped__", func)
-                if (base is to or base is cuda) and not _asks_copy(args, kwargs):
-                    out = copied(self, (parse_to if base is to else parse_cuda)(args[1:], kwargs))
-                    if out is not None:
-                        return out
-                elif len(args) == 1 and not kwargs and (func in itself or casts.get(func) == self._rd_dev.dtype):
-                    return self
+            base = getattr(func, "__wrapped__", func)
+            if type(self) is cls and (base is to or base is cuda):
+                p = (parse_to if base is to else parse_cuda)(args[1:], kwargs)
+                out = None if _asks_copy(args, kwargs) else copied(self, p)
+                if out is not None:
+                    return out
+                if p is not None:  # a copy to the GPU that is not the hook's: PyTorch's, counted
+                    fell_back("h2d", script_site(2), LEFT_TO_PYTORCH)
+            elif (type(self) is cls and not self._rd_used and len(args) == 1 and not kwargs
+                  and (func in itself or casts.get(func) == self._rd_dev.dtype)):
+                return self
             found: list[Any] = []
             _proxies(cls, (args, kwargs), found)
             for q in found:
@@ -264,6 +267,7 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
                 out = copied(self, (p[0], p[1], False))
                 if out is not None:
                     return out
+                fell_back("h2d", script_site(2), LEFT_TO_PYTORCH)
             elif name == "as_tensor" and len(args) + len(kwargs) == 1:
                 return self
             _use(torch, self, name)
