@@ -117,7 +117,7 @@ def test_which_host_arguments_go_through_the_slots():
     assert all(np.array_equal(a, t.numpy()) for a, t in zip(arrays, ok))
     # any one that cannot go: none goes (the call stays the script's)
     for bad in (torch.rand(4, 3).t(),  # not contiguous: its device copy would keep other strides
-                torch.rand(3, requires_grad=True), torch.zeros(3, dtype=torch.bfloat16),
+                torch.rand(3, requires_grad=True), torch.zeros(3, dtype=torch.bfloat16), torch.eye(3).to_sparse(),
                 nn.Parameter(torch.zeros(2), requires_grad=False),  # a subclass
                 torch.zeros(pageable.MAX_COPY // 8 + 1, dtype=torch.int64)):
         assert host_args.host_arrays(torch, [torch.arange(3), bad]) is None, bad

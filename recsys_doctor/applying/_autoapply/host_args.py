@@ -70,11 +70,11 @@ def _walk(T: type[Any], x: Any, out: list[Any]) -> None:
 def host_arrays(torch: Any, hosts: list[Any]) -> list[Any] | None:
     """Each host argument's bytes (a C-contiguous numpy array, :func:`.pageable._host_array`), or
     None where any one cannot go through a slot: a tensor subclass, one that needs grad, is not
-    contiguous (its device copy would have other strides) or holds more than ``MAX_COPY`` bytes,
-    a dtype numpy lacks."""
+    contiguous (its device copy would have other strides), is not dense (sparse) or holds more
+    than ``MAX_COPY`` bytes, a dtype numpy lacks."""
     out = []
     for t in hosts:
-        if type(t) is not torch.Tensor or t.requires_grad or not t.is_contiguous():
+        if type(t) is not torch.Tensor or t.layout is not torch.strided or t.requires_grad or not t.is_contiguous():
             return None
         a, _why = _host_array(torch, t, None)
         if a is None or a.nbytes > MAX_COPY:
