@@ -333,3 +333,36 @@ def test_refcounts_unchanged_by_a_taken_call(hooked):
         call(model, *args)
     del call, args
     assert [sys.getrefcount(t) for t in batch] == before
+
+
+def test_the_hooks_model_call_hands_forward_the_copies(hooked, monkeypatch):
+    """Through the patched ``nn.Module.__call__`` of a hooked thread: the host arguments go
+    through the slots, the call goes on with the copies (here eagerly: CPU copies have no graph)
+    and forward's own copies are not made again nor counted; the result equals the unhooked one."""
+    from recsys_doctor.applying._autoapply import groups, interception
+
+    T = torch.Tensor
+    saved = (nn.Module.__call__, T.to, T.cuda, torch.as_tensor, torch.tensor)
+    for key, value in {"graphs": True, "gate": groups._Gate(), "patched_module": False}.items():
+        monkeypatch.setitem(staging._state, key, value)
+    monkeypatch.setattr(interception, "slots_read", lambda torch_, st: setattr(st, "slot_n", 0))
+    model = Ranker().eval()
+    batch = _request(20, seed=3)
+    want = _unhooked(model, batch)
+    interception._patch_module(torch)
+    try:
+        staging._state["host_type"] = _host_type(_cpu_to)  # (the CPU plays the group's device)
+        monkeypatch.setitem(staging._state["orig_tensor_methods"], "to", lambda t, *a, **k: t.clone())
+        monkeypatch.setattr(staging._tls, "copies", hooked.st, raising=False)
+        monkeypatch.setattr(staging._tls, "depth", 0, raising=False)
+        line = sys._getframe().f_lineno + 2
+        with torch.no_grad():
+            out = model(*batch)
+    finally:
+        nn.Module.__call__, T.to, T.cuda, torch.as_tensor, torch.tensor = saved
+    assert torch.equal(out, want) and not staging._state["host_use"]
+    rows = {(r["kind"], r["site"]): r for r in accounting.sites()}
+    here = f"tests/test_autoapply_host_args.py:{line}"
+    assert set(rows) == {("h2d", here), ("model", here)}  # nothing counted at forward's lines
+    assert (rows["h2d", here]["taken_over"], rows["h2d", here]["fallback"]) == (3, 0)
+    assert rows["model", here]["reasons"] == {"not graphed: a CPU tensor argument": 1}

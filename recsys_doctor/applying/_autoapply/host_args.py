@@ -214,6 +214,7 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
     (device, dtype or None, non_blocking) or None`` for ``Tensor.to`` / ``Tensor.cuda`` (see
     :func:`.pageable.to_args`); ``to`` / ``cuda``: PyTorch's own methods (the patched ones wrap them)."""
     T = torch.Tensor
+    to, cuda = getattr(to, "__wrapped__", to), getattr(cuda, "__wrapped__", cuda)  # (the hook's patches wrap them)
     meta = {T.shape.__get__, T.dtype.__get__, T.device.__get__, T.is_cuda.__get__, T.is_cpu.__get__,
             T.ndim.__get__, T.requires_grad.__get__, T.layout.__get__, T.get_device, T.dim, T.size, T.numel,
             T.nelement, T.stride, T.is_contiguous, T.is_pinned, T.element_size, T.__len__, T.is_floating_point}
