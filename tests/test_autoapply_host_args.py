@@ -314,6 +314,17 @@ def test_numpy_arguments_are_not_taken(hooked):
     assert _take(hooked, Ranker().eval(), (np.arange(3), np.zeros((3, 4), np.float32))) is None
 
 
+def test_arguments_in_a_named_tuple_are_not_taken(hooked):
+    # (the hook could not hand forward the same named tuple again)
+    from collections import namedtuple
+
+    Batch = namedtuple("Batch", "user items dense")
+    with torch.no_grad():
+        assert host_args.take(torch, hooked.st, nn.Module.__call__, Ranker().eval(), (Batch(*_request(4)),), {},
+                              "s.py:1") is None
+    assert hooked.st.slot_n == 0 and not hooked.copied
+
+
 def test_keys_of_taken_calls_are_not_those_of_device_calls():
     from recsys_doctor.applying._autoapply import graphs
 

@@ -55,16 +55,24 @@ KEY_TAG = "host arguments"
 LEFT_TO_PYTORCH = "a copy of a host argument that forward used on the host or copied already, left to PyTorch"
 
 
-def _walk(T: type[Any], x: Any, out: list[Any]) -> None:
-    """The tensors of a call's arguments, in the order :func:`.graphs._rebuild` puts them back."""
+def _walk(T: type[Any], x: Any, out: list[Any]) -> bool:
+    """The tensors of a call's arguments, in the order :func:`.graphs._rebuild` puts them back;
+    whether every container among them is a plain list, tuple or dict (one that ``_rebuild``
+    makes again as it was: not a named tuple)."""
     if isinstance(x, T):
         out.append(x)
-    elif isinstance(x, (list, tuple)):
+        return True
+    if isinstance(x, (list, tuple)):
+        ok = type(x) is list or type(x) is tuple
         for v in x:
-            _walk(T, v, out)
-    elif isinstance(x, dict):
+            ok = _walk(T, v, out) and ok
+        return ok
+    if isinstance(x, dict):
+        ok = type(x) is dict
         for v in x.values():
-            _walk(T, v, out)
+            ok = _walk(T, v, out) and ok
+        return ok
+    return True
 
 
 def host_arrays(torch: Any, hosts: list[Any]) -> list[Any] | None:
@@ -93,10 +101,9 @@ def take(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     if st.pending or module.training or torch.is_grad_enabled() or id(module) in _state.setdefault("host_use", {}):
         return None
     tensors: list[Any] = []
-    _walk(torch.Tensor, args, tensors)
-    _walk(torch.Tensor, kwargs, tensors)
+    plain = _walk(torch.Tensor, args, tensors) & _walk(torch.Tensor, kwargs, tensors)
     at = [i for i, t in enumerate(tensors) if t.get_device() < 0 and t.is_cpu]
-    if not at:
+    if not at or not plain:
         return None
     hosts = [tensors[i] for i in at]
     arrays = host_arrays(torch, hosts)
