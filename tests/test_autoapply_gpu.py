@@ -10,6 +10,9 @@
   the test's line, taken over or left to PyTorch with the reason;
 * a model with a host sync in its forward cannot be captured: it runs eagerly, with equal
   outputs, and the reason names the line of the forward that synchronized;
+* a model that takes host tensors and copies them inside forward (the candidates ranker's) is
+  taken over, copies and model in one graph per thread or per row bucket, with outputs equal to
+  the unhooked run; one that also uses them on the host is left them, said with the line;
 * the runtime's streams stay open to the process's end (PyTorch's allocator may still
   use them while it tears down), and a hooked script exits cleanly, with no word on stderr.
 """
@@ -206,6 +209,115 @@ def test_an_uncapturable_model_runs_eagerly_and_says_where(tmp_path):
     sites = _model_sites(st)
     assert sum(s["fallback"] for s in sites) == 4 * 6 and sum(s["taken_over"] for s in sites) == 0
     assert {r for s in sites for r in s["reasons"]} == {buckets.WARMING_UP, *st["fallbacks"]}
+
+
+#: candidates a request (the candidates ranker's 50-400), scored in batches of at most MAX_BATCH
+#: rows: 128, 128, 44 / 128 / 77 / 128, 72 / 50 (buckets 64 and 128, most requests ending partial)
+REQUESTS = (300, 128, 77, 200, 50)
+MAX_BATCH = 128
+
+
+def _host_input_models(torch):
+    nn = torch.nn
+
+    class HostInputs(nn.Module):
+        """The candidates ranker's model: host tensors in, copied inside forward three ways.
+        Rows independent and elementwise only, so a padded graph's real rows are bit-equal."""
+
+        def __init__(self):
+            super().__init__()
+            self.device = "cuda"
+            self.user, self.item = nn.Embedding(100, 16), nn.Embedding(1000, 16)
+
+        def forward(self, user, items, dense):
+            user, items = user.to(self.device), items.cuda()
+            dense = dense.to(self.device, non_blocking=True)
+            return torch.sigmoid(self.user(user).expand(items.shape[0], -1) * self.item(items) + dense)
+
+    class UsesItsHostInputs(HostInputs):
+        def forward(self, user, items, dense):
+            top = int(items.max())  # a use of a host argument on the host
+            return super().forward(user, items.clamp(max=top), dense)
+
+    return HostInputs, UsesItsHostInputs
+
+
+def _host_input_calls(tmp_path, torch, model, pinned_too=True, groups=2, threads=4, rounds=12):
+    """Every client scores ``rounds`` requests (REQUESTS in turn) with ``model``, passing host
+    tensors (pinned ones on odd clients where ``pinned_too``), one ``.cpu()`` a batch as the
+    ranker does. Returns the outputs by (client, round, first row), the unhooked ones by
+    (request, first row), the number of calls and the hook's stats."""
+    g = torch.Generator().manual_seed(5)
+    reqs = [(torch.randint(0, 100, (1,), generator=g), torch.randint(0, 1000, (n,), generator=g),
+             torch.rand(n, 16, generator=g)) for n in REQUESTS]
+    pinned = [tuple(t.pin_memory() for t in req) for req in reqs] if pinned_too else reqs
+    with torch.no_grad():
+        ref = {(q, s): model(u, i[s:s + MAX_BATCH], d[s:s + MAX_BATCH]).cpu()
+               for q, (u, i, d) in enumerate(reqs) for s in range(0, len(i), MAX_BATCH)}
+    got: dict = {}
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            for r in range(rounds):
+                user, items, dense = (pinned if k % 2 else reqs)[(k + r) % len(reqs)]
+                for s in range(0, len(items), MAX_BATCH):
+                    got[k, r, s] = model(user, items[s:s + MAX_BATCH], dense[s:s + MAX_BATCH]).cpu()
+
+    st = _run_hooked(tmp_path, groups, threads, client)
+    for (k, r, s), out in got.items():
+        want = ref[(k + r) % len(reqs), s]
+        assert out.shape == want.shape and torch.equal(out, want), (k, r, s)
+    return len(got), st
+
+
+def test_a_model_copying_its_host_inputs_in_forward_is_taken_over(tmp_path):
+    """The candidates ranker's pattern: each host argument goes through the thread's pinned slot
+    for its position, the copies inside forward are the hook's, and the whole call - copies and
+    model - is one replay of the thread's graph (full batches) or of the group's graph of its
+    row bucket (partial ones, padded); every output equals the unhooked one, and no copy is left
+    to PyTorch."""
+    torch = pytest.importorskip("torch")
+    HostInputs, _ = _host_input_models(torch)
+    torch.manual_seed(0)
+    model = HostInputs().cuda().eval()
+    calls, st = _host_input_calls(tmp_path, torch, model)
+    assert not st["fallbacks"], st["fallbacks"]
+    # each thread's graph of its full batches; per group the graphs of buckets 128 and 64
+    assert st["thread_graphs"] == 4 and st["thread_replays"] > 0 and st["replays"] > 0, st
+    assert st["captured"] == 2 * 2
+    (site,) = _model_sites(st)
+    assert site["taken_over"] + site["fallback"] == calls and site["taken_over"] > calls // 2, site
+    assert set(site["reasons"]) <= {buckets.VERIFYING, buckets.WARMING_UP}, site
+    # the three copies of every call, counted at the model call's line, none left to PyTorch
+    # (none at forward's lines)
+    h2d = [s for s in st["sites"] if s["kind"] == "h2d"]
+    assert [(s["site"], s["taken_over"], s["fallback"]) for s in h2d] == [(site["site"], 3 * calls, 0)], h2d
+
+
+def test_a_model_using_its_host_inputs_on_the_host_keeps_them(tmp_path):
+    """A forward that reads a host argument on the host: the first calls still give the unhooked
+    outputs, the model is left its host arguments from then on (said once, with the line of
+    forward), and its copies are PyTorch's again, counted at forward's lines."""
+    torch = pytest.importorskip("torch")
+    _, UsesItsHostInputs = _host_input_models(torch)
+    torch.manual_seed(0)
+    model = UsesItsHostInputs().cuda().eval()
+    calls, st = _host_input_calls(tmp_path, torch, model, pinned_too=False)
+    line = UsesItsHostInputs.forward.__code__.co_firstlineno + 1
+    (reason,) = st["fallbacks"]
+    assert reason.startswith("the model uses a host argument on the host (") and f"test_autoapply_gpu.py:{line})" in reason
+    (site,) = _model_sites(st)
+    assert site["taken_over"] + site["fallback"] == calls
+    h2d = [s for s in st["sites"] if s["kind"] == "h2d"]
+    taken = [s for s in h2d if s["site"] == site["site"]]
+    left = [s for s in h2d if s["site"] != site["site"]]
+    # the calls made before the model was known (one a thread at most) went through the slots;
+    # in those, forward's copy of what it made of `items` on the host is PyTorch's, and in every
+    # later call its three copies are
+    assert len(taken) == 1 and taken[0]["taken_over"] in (3, 6, 9, 12) and not taken[0]["fallback"], h2d
+    first = taken[0]["taken_over"] // 3
+    assert sum(s["fallback"] for s in left) == 3 * (calls - first) + first, h2d
+    assert all(not s["taken_over"] and s["site"].startswith("tests/test_autoapply_gpu.py:") for s in left), left
 
 
 _EXIT_SCRIPT = """

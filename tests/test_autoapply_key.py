@@ -15,9 +15,9 @@ def test_key_of_constants_and_containers():
     m = object()
     key, tensors = _key(torch, m, (1, [2.5, "x"], {"b": None, "a": True}), {"k": (3,)})
     # written out by hand from the rules: constants ("C", v), containers by type name,
-    # dicts by sorted key; args then kwargs
+    # dicts in their own order; args then kwargs
     assert key == (id(m), (("tuple", (("C", 1), ("list", (("C", 2.5), ("C", "x"))),
-                                      ("dict", (("a", ("C", True)), ("b", ("C", None)))))),
+                                      ("dict", (("b", ("C", None)), ("a", ("C", True)))))),
                            ("dict", (("k", ("tuple", (("C", 3),))),))))
     assert tensors == []
 
@@ -38,3 +38,33 @@ def test_making_a_key_leaves_no_reference_cycle():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+class _Dev:
+    """A tensor stand-in on "device 0" (the key takes GPU tensors only)."""
+
+    def __init__(self, n):
+        self.dtype, self.shape = "f", (n,)
+
+    def get_device(self):
+        return 0
+
+
+def test_a_rebuilt_call_gets_each_tensor_back_where_it_was():
+    # what a capture does: the key's tensor list, cloned, put back with _rebuild. Keywords
+    # and dicts given out of sorted order once got each other's tensors (b's static input
+    # was a's), and a graph of the wrong call
+    from types import SimpleNamespace
+
+    from recsys_doctor.applying._autoapply import graphs
+
+    b, a, c, d = _Dev(3), _Dev(2), _Dev(5), _Dev(4)
+    args, kwargs = ({"z": c, "y": d},), {"b": b, "a": a}
+    tensors = []
+    graphs._key_part(_Dev, args, tensors)
+    graphs._key_part(_Dev, kwargs, tensors)
+    it = iter([("static", t) for t in tensors])
+    fake = SimpleNamespace(Tensor=_Dev)
+    s_args, s_kwargs = graphs._rebuild(fake, args, it), graphs._rebuild(fake, kwargs, it)
+    assert s_args[0]["z"] == ("static", c) and s_args[0]["y"] == ("static", d)
+    assert s_kwargs["b"] == ("static", b) and s_kwargs["a"] == ("static", a)

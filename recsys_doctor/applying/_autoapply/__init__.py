@@ -21,7 +21,8 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   ``plain_serving_script.py`` on exit on the H200), and the process's end frees them.
 * **CUDA graphs for top-level model calls** (where the plan enables graphs): a call of an
   ``nn.Module`` made by such a thread at depth 0 (not from inside another module), with
-  gradients off, the module in eval mode and every tensor argument on the GPU, is keyed by
+  gradients off, the module in eval mode and every tensor argument on the GPU (host tensors
+  the model copies inside its ``forward`` are copied first: :mod:`.host_args`), is keyed by
   (group, module, argument dtypes/shapes/devices and constants). Where the row count varies,
   rows are padded up to the next power of two (copies of the last row) once the first two
   padded calls of that bucket, each run eagerly as it is and padded, gave the same real rows;
@@ -48,7 +49,9 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   graph's replay at the model call brings: 28 driver calls and allocations a query become
   one graph launch. Any other use of such a view first makes the deferred copies, and a
   view the script keeps from an earlier query is given its own memory before the buffer is
-  written again (the section "a thread's copies in its own graph" below).
+  written again (the section "a thread's copies in its own graph" below). Host data copied
+  straight into the call, and host tensors a model copies inside its ``forward``
+  (:mod:`.host_args`), go through the thread's pinned slots into the same graph.
 
 A package loaded by file path at interpreter start, before the package can be imported (its
 package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
@@ -59,7 +62,8 @@ on the first hooked thread, ``recsys_doctor.runtime``. One module a concern, low
 capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.buckets`
 (shapes: row buckets, padding verified, the bounds), :mod:`.graphs` (graphs per call site),
 :mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
-graph), :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
+graph), :mod:`.host_args` (a model's host arguments, copied inside its forward),
+:mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
 left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
@@ -117,7 +121,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
-                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1")
+                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={})
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]

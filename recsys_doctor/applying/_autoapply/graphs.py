@@ -30,20 +30,22 @@ class _Entry:
         self.reason: str | None = None
 
 
-def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
+def _key(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+         tag: Any = None) -> tuple[Any, list[Any]] | None:
     """(hashable key, flat tensor list) or None when an argument is not graph-friendly."""
-    kt = _key_or_reason(torch, module, args, kwargs)
+    kt = _key_or_reason(torch, module, args, kwargs, tag)
     return None if isinstance(kt, str) else kt
 
 
-def _key_or_reason(torch: Any, module: Any, args: Any, kwargs: Any) -> tuple[Any, list[Any]] | str:
-    """:func:`_key`, or why an argument is not graph-friendly."""
+def _key_or_reason(torch: Any, module: Any, args: Any, kwargs: Any, tag: Any = None) -> tuple[Any, list[Any]] | str:
+    """:func:`_key`, or why an argument is not graph-friendly. ``tag``: what the call's
+    ``orig_call`` says of it (``key_tag``: :mod:`.host_args`), part of the key where set."""
     tensors: list[Any] = []
     try:
         parts = (_key_part(torch.Tensor, args, tensors), _key_part(torch.Tensor, kwargs, tensors))
     except TypeError as ex:
         return f"not graphed: {ex}"
-    return (id(module), parts), tensors
+    return ((id(module), tag) if tag is not None else id(module), parts), tensors
 
 
 def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
@@ -61,7 +63,9 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple([_key_part(T, v, tensors) for v in x]))
     if isinstance(x, dict):
-        return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in sorted(x)]))
+        # in the dict's own order, as _rebuild and the thread graphs' templates walk it: a
+        # sorted walk gave a call ``m(b=x, a=y)`` static inputs in the other order
+        return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in x]))
     if x is None or isinstance(x, (int, float, bool, str)):
         return ("C", x)
     raise TypeError(f"an argument of type {type(x).__name__}")
@@ -173,7 +177,8 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     g: _Group = _tls.group
     if module.training or torch.is_grad_enabled():
         return _eager(orig_call, module, args, kwargs, site, GRAD_ON)
-    kt = _key_or_reason(torch, module, args, kwargs)
+    tag = getattr(orig_call, "key_tag", None)
+    kt = _key_or_reason(torch, module, args, kwargs, tag)
     if isinstance(kt, str):
         return _eager(orig_call, module, args, kwargs, site, kt)
     key, tensors = kt
@@ -185,7 +190,7 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     ptensors = pad_rows(torch, tensors, n, b)
     it = iter(ptensors)
     pargs, pkwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
-    pkt = _key_or_reason(torch, module, pargs, pkwargs)
+    pkt = _key_or_reason(torch, module, pargs, pkwargs, tag)
     if isinstance(pkt, str):  # (never: the same structure, on the same devices) exact shapes then
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
     if not s.padded_ok(pkt[0]):

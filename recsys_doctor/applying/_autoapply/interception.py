@@ -10,6 +10,8 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import script_site
 from .graphs import _graphed_call
 from .groups import _Group, _streams
+from .host_args import make_host_type, take
+from .pageable import cuda_args, to_args
 from .staging import _patch_copies, _ThreadCopies, slots_read
 from .thread_graphs import _copies_call
 
@@ -74,7 +76,10 @@ def _patch_module(torch: Any) -> None:
             if st is None:
                 return _graphed_call(orig, self, args, kwargs, site)
             try:
-                return _copies_call(st, orig, self, args, kwargs, site)
+                # a model that copies its host arguments inside forward: through the slots first
+                took = take(torch, st, orig, self, args, kwargs, site)
+                call, args, kwargs = (orig, args, kwargs) if took is None else took
+                return _copies_call(st, call, self, args, kwargs, site)
             finally:
                 slots_read(torch, st)
         finally:
@@ -85,3 +90,6 @@ def _patch_module(torch: Any) -> None:
     _state["patched_module"] = True
     _state["orig_module_call"] = orig
     _patch_copies(torch)  # pageable copies always; pinned ones into thread graphs where those are on
+    origs = _state["orig_tensor_methods"]
+    _state["host_type"] = make_host_type(torch, lambda a, k: to_args(torch, a, k), lambda a, k: cuda_args(torch, a, k),
+                                         origs["to"], origs["cuda"])

@@ -110,6 +110,47 @@ class _Stager:
         return out
 
 
+def _pinned(torch: Any, nbytes: int) -> Any:
+    """A pinned host buffer of ``nbytes`` bytes (uint8)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+#: views of one slot kept (one per shape and dtype); a shape beyond them gets a new view each time
+SLOT_VIEWS = 32
+_TORCH_DTYPES: dict[Any, Any] = {}
+
+
+class _Slot:
+    """A hooked thread's pinned buffer for one copy position of its queries (the ``i``-th copy
+    before a model call), with room for twice the first copy's bytes, so that row counts that
+    vary (a last partial batch) use the same memory. A shape is handed out as the same view of
+    the buffer every time (a thread graph knows its sources by identity), up to ``SLOT_VIEWS``."""
+
+    __slots__ = ("buf", "views")
+
+    def __init__(self, torch: Any, nbytes: int) -> None:
+        self.buf = _pinned(torch, max(ALIGN, 1 << (2 * nbytes - 1).bit_length()))
+        self.views: dict[tuple[Any, Any], tuple[Any, Any]] = {}
+
+    def fits(self, a: Any) -> bool:
+        return a.nbytes <= self.buf.numel()
+
+    def fill(self, torch: Any, a: Any) -> Any:
+        """The view of the buffer shaped as the numpy array ``a`` (which :meth:`fits`), holding its bytes."""
+        key = (a.shape, a.dtype)
+        v = self.views.get(key)
+        if v is None:
+            dt = _TORCH_DTYPES.get(a.dtype)
+            if dt is None:
+                dt = _TORCH_DTYPES[a.dtype] = torch.from_numpy(_np().empty(0, dtype=a.dtype)).dtype
+            t = self.buf[:a.nbytes].view(dt).view(a.shape)
+            v = (t, t.numpy())
+            if len(self.views) < SLOT_VIEWS:
+                self.views[key] = v
+        v[1][...] = a
+        return v[0]
+
+
 def _stager(torch: Any, device: Any) -> _Stager:
     st = getattr(_tls, "pageable", None)
     if st is None or st.device != device:

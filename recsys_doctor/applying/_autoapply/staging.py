@@ -10,8 +10,8 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _cuda_index, _host_array, as_tensor_args, copy_hazard, cuda_args,
-                       stage, tensor_args, to_args)
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _cuda_index, _host_array, _Slot, as_tensor_args, copy_hazard,
+                       cuda_args, stage, tensor_args, to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -63,16 +63,16 @@ class _ThreadCopies:
         self.pending = False  # those views' copies are deferred (not made yet)
         self.reason: str | None = None  # why this thread has no graph of its own
         self.lock = threading.Lock()
-        self.slots: list[tuple[Any, Any]] = []  # (pinned tensor, its numpy view): host copies staged, in order
+        self.slots: list[_Slot] = []  # the pinned buffers host copies are staged through, one per position
         self.slot_n = 0  # slots filled in this query
         self.slot_event: Any = None  # recorded after the last model call that read the slots
-        self.slot_churn = 0  # slots given a new shape or dtype
+        self.slot_churn = 0  # slots given new (larger) memory
         self.learn_tries = 0  # model calls since the copies were first seen, with no thread graph yet
 
 
 class _ThreadGraph:
     __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "tin", "handed", "template", "static_out",
-                 "device")
+                 "device", "tag")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int) -> None:
@@ -86,6 +86,7 @@ class _ThreadGraph:
         self.template = template
         self.static_out = out
         self.device = device
+        self.tag: Any = None  # the key tag of the calls it replays (:mod:`.host_args`)
 
 
 def _to_target(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -250,7 +251,7 @@ def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
     return method
 
 
-#: slots given a new shape or dtype before a thread stops staging into slots (shapes that vary)
+#: slots given new memory (a copy larger than the slot) before a thread stops staging into slots
 SLOT_CHURN = 16
 
 
@@ -259,13 +260,24 @@ def _slot_copy(torch: Any, st: _ThreadCopies, x: Any, dev: Any, dtype: Any) -> A
     pinned slot for the query's ``slot_n``-th such copy, handed to :func:`_copy_in` as a
     non-blocking copy of that slot: the same slots every query, so the thread graph takes the
     copies over (one launch for the copies and the model). ``st`` is :func:`_slot_thread`'s (a
-    thread not refused a graph of its own). None where the shapes keep changing or the data is
+    thread not refused a graph of its own). None where the slots keep growing or the data is
     not plain: the caller leaves the copy to PyTorch."""
-    if st.slot_churn > SLOT_CHURN or st.slot_n >= MAX_COPIES:
+    if not slot_room(st, 1):
         return None
     a, _why = _host_array(torch, x, dtype)
     if a is None or a.nbytes > MAX_COPY:
         return None
+    return slot_to_device(torch, st, slot_fill(torch, st, a), dev)
+
+
+def slot_room(st: _ThreadCopies, n: int) -> bool:
+    """Whether ``n`` more copies of this query may go through the thread's slots."""
+    return st.slot_churn <= SLOT_CHURN and st.slot_n + n <= MAX_COPIES
+
+
+def slot_fill(torch: Any, st: _ThreadCopies, a: Any) -> Any:
+    """The thread's slot for the query's next copy (``slot_n``), holding the bytes of the numpy
+    array ``a`` (a view of the slot's pinned buffer shaped as ``a``, the same one every time)."""
     i = st.slot_n
     if i == 0 and st.slot_event is not None:
         # the last model call read the slots (a replay's memcpy nodes, or copies made
@@ -273,17 +285,22 @@ def _slot_copy(torch: Any, st: _ThreadCopies, x: Any, dev: Any, dtype: Any) -> A
         if not st.slot_event.query():
             st.slot_event.synchronize()
     slots = st.slots
-    if i < len(slots) and slots[i][1].shape == a.shape and slots[i][1].dtype == a.dtype:
-        slot, arr = slots[i]
-        arr[...] = a
+    if i < len(slots) and slots[i].fits(a):
+        slot = slots[i]
     else:
-        slot = torch.from_numpy(a).pin_memory()  # a new pinned slot, filled
+        slot = _Slot(torch, a.nbytes)
         if i < len(slots):
-            slots[i] = (slot, slot.numpy())
+            slots[i] = slot
             st.slot_churn += 1
         else:
-            slots.append((slot, slot.numpy()))
+            slots.append(slot)
     st.slot_n = i + 1
+    return slot.fill(torch, a)
+
+
+def slot_to_device(torch: Any, st: _ThreadCopies, slot: Any, dev: Any) -> Any:
+    """A filled slot's copy to ``dev``: non-blocking, through :func:`_copy_in` (a view whose
+    data the thread graph's replay brings, where the thread has one)."""
     orig_to = _state["orig_tensor_methods"]["to"]
     return _copy_in(torch, st, slot, dev.index, orig_to, (dev,), {"non_blocking": True})
 
@@ -344,6 +361,9 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")
+        take = getattr(type(data), "rd_take", None)
+        if take is not None:  # a model's host argument inside its forward (.host_args)
+            return take(data, orig, name, args, kwargs, p)
         if p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
             return orig(*args, **kwargs)
         dev, dtype = p

@@ -7,6 +7,7 @@ from typing import Any
 
 from ._common import _state, _tls, _torch
 from .accounting import taken_over
+from .buckets import bucket_rows, call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _rebuild, _static_out
 from .groups import _Group, _run_shared
@@ -73,7 +74,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     # (pending: no operation has touched this query's views, so none was written to since
     # its copy: the replay's own copies give the model exactly what the script handed it)
     if (tg is not None and st.pending and n == len(tg.src) and module is tg.module and not module.training
-            and not torch.is_grad_enabled()
+            and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
             and _matches(torch.Tensor, tg.template, (args, kwargs), iter(tg.handed))):
         try:
             out = _run_shared(_thread_replay, tg)
@@ -102,7 +103,7 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
         return
-    kt = _key(torch, module, args, kwargs)
+    kt = _key(torch, module, args, kwargs, getattr(orig_call, "key_tag", None))
     g: _Group = _tls.group
     if kt is None:
         return
@@ -111,8 +112,10 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         st.reason = "the call runs eagerly"
     if e is None or e.graph is None:
         # not graphed (yet): nothing to learn; a call that never gets a graph of its exact
-        # shapes (padded to a bucket, the bound reached) leaves the thread's copies to PyTorch
-        st.learn_tries += 1
+        # shapes (the bound reached) leaves the thread's copies to PyTorch. A call padded to its
+        # row bucket (a last partial batch) is not a try: the thread's full batches may be graphed
+        if not _padded(g, module, kt[1]):
+            st.learn_tries += 1
         if st.learn_tries > LEARN_TRIES:
             st.reason = f"no graph of the call's own shapes after {LEARN_TRIES} calls"
         return
@@ -136,6 +139,13 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         st.reason = f"no thread graph: {failure_reason(ex)}"
         _fall_back(f"{type(module).__name__} ({site}): {st.reason}", st.reason)
         _synchronize_quietly(torch)
+
+
+def _padded(g: _Group, module: Any, tensors: list[Any]) -> bool:
+    """Whether a call of ``module`` with ``tensors`` goes to the group's graphs padded to its row bucket."""
+    s = g.sites.get(id(module))
+    n = call_rows(tensors)
+    return s is not None and s.no_pad is None and bucket_rows(n) != n
 
 
 def _h2d(dst: Any, src: Any, stream: Any) -> None:
@@ -168,7 +178,9 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
         return orig_call(module, *s_args, **s_kwargs)
 
     graph, out = _graph_of(torch, stream, run)
-    return _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device())
+    tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device())
+    tg.tag = getattr(orig_call, "key_tag", None)
+    return tg
 
 
 def _thread_replay(tg: _ThreadGraph) -> Any:
