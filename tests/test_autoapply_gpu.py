@@ -316,7 +316,12 @@ def test_a_model_using_its_host_inputs_on_the_host_keeps_them(tmp_path):
     # later call its three copies are
     assert len(taken) == 1 and taken[0]["taken_over"] in (3, 6, 9, 12) and not taken[0]["fallback"], h2d
     first = taken[0]["taken_over"] // 3
-    assert sum(s["fallback"] for s in left) == 3 * (calls - first) + first, h2d
+    # ... plus, where such a first call was a partial batch, one more: the hook runs forward a
+    # second time, padded, to verify the padding (buckets.py), and that run's copy of the
+    # clamped items is PyTorch's as well (seen on the H100: 221 = 3 x 72 + 4 + 1, thread 2's
+    # first request being 77 rows)
+    want = 3 * (calls - first) + first
+    assert want <= sum(s["fallback"] for s in left) <= want + first, h2d
     assert all(not s["taken_over"] and s["site"].startswith("tests/test_autoapply_gpu.py:") for s in left), left
 
 
