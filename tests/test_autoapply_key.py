@@ -38,3 +38,18 @@ def test_making_a_key_leaves_no_reference_cycle():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_rebuild_takes_a_dicts_tensors_in_the_keys_order():
+    """The key lists a dict's tensors in sorted key order; rebuilding a call from them (static
+    inputs, padded rows, a batch's skeleton) must put each back under its own name, whatever
+    order the script passed them in (``model(w=..., idx=...)`` once swapped the two)."""
+    from recsys_doctor.applying._autoapply.batching import _fill, _skeleton
+    from recsys_doctor.applying._autoapply.graphs import _rebuild
+
+    tw, ti, rw, ri = (torch.full((2,), float(v)) for v in range(4))
+    out = _rebuild(torch, ({"w": tw, "idx": ti}, 5), iter([ri, rw]))  # sorted: idx, then w
+    assert list(out[0]) == ["w", "idx"] and out[0]["w"] is rw and out[0]["idx"] is ri and out[1] == 5
+    skel = _skeleton(torch.Tensor, ((tw,), {"w": tw, "idx": ti}))
+    args, kwargs = _fill(skel, iter([rw, ri, rw]))
+    assert args[0] is rw and list(kwargs) == ["w", "idx"] and kwargs["idx"] is ri and kwargs["w"] is rw

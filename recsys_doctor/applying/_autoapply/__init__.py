@@ -112,8 +112,10 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _log(line)
     with _lock:
         if _state["active"]:
-            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
+            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"], "batching": _state["batching"],
+                    "max_batch": _state["max_batch"]}
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
+                      batching=rt["batching"], max_batch=rt["max_batch"], batch_specs={}, batch_lock=threading.Lock(),
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
@@ -157,4 +159,5 @@ def _main() -> None:
         _log(f"not applied: {_state['not_applied']}")
         return
     if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
-        _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}")
+        _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}, "
+             f"batching {'up to ' + str(rt['max_batch']) if rt['batching'] else 'off'}")

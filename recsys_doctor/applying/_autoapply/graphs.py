@@ -68,12 +68,15 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
 
 
 def _rebuild(torch: Any, x: Any, it: Any) -> Any:
+    """``x`` with its tensors replaced, in :func:`_key_part`'s order, by those ``it`` yields: a
+    dict's tensors are taken in sorted key order (the key's), its own order kept."""
     if isinstance(x, torch.Tensor):
         return next(it)
     if isinstance(x, (list, tuple)):
         return type(x)(_rebuild(torch, v, it) for v in x)
     if isinstance(x, dict):
-        return {k: _rebuild(torch, x[k], it) for k in x}
+        vals = {k: _rebuild(torch, x[k], it) for k in sorted(x)}
+        return {k: vals[k] for k in x}
     return x
 
 
