@@ -182,3 +182,79 @@ def test_batches_are_counted_per_call_site():
         assert st["batch_sizes"] == {1: 1, 2: 1, 4: 1} and st["batches"] == 3 and st["batched_calls"] == 7
     finally:
         accounting.reset()
+
+
+def test_a_keys_batches_give_every_caller_its_own_eager_output_on_the_cpu():
+    """The batch path's own code without CUDA: the runtime's spec inferred and checked on the
+    first call, 8 threads' calls combined through one :class:`_Batches` (its buckets eager: no
+    CUDA graph on the CPU), every caller's output equal to the model's on its own query, in the
+    model's output structure; a model that mixes rows is refused with the reason, once."""
+    torch = pytest.importorskip("torch")
+    from collections import namedtuple
+
+    from recsys_doctor.applying._autoapply import _state
+    from recsys_doctor.applying._autoapply import batching as B
+    from recsys_doctor.applying._autoapply.groups import _Gate, _Group
+
+    Out = namedtuple("Out", "score emb")
+
+    class Ranker(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bag = torch.nn.EmbeddingBag(100, 4, mode="sum")
+            self.lin = torch.nn.Linear(3, 4)
+
+        def forward(self, dense, idx, offsets, scale=1.0):
+            e = self.bag(idx, offsets)
+            return Out((self.lin(dense) * scale + e).sum(1), e)
+
+    class CentersRows(torch.nn.Module):
+        def forward(self, x):
+            return x - x.mean(0)
+
+    def query(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.rand(5, 3, generator=g), torch.randint(0, 100, (12,), generator=g),
+                torch.tensor([0, 2, 5, 5, 9]))
+
+    saved = dict(_state)
+    _state.update(batch_specs={}, batch_lock=threading.Lock(), gate=_Gate(), fallbacks=[], replays=0, captured=0,
+                  max_batch=8)
+    accounting.reset()
+    orig = torch.nn.Module.__call__
+    try:
+        torch.manual_seed(0)
+        model = Ranker().eval()
+        qs = [query(s) for s in range(8)]
+        with torch.no_grad():
+            want = [model(*q, scale=2.0) for q in qs]
+            sp = B._spec_of(torch, "k", orig, model, qs[0], {"scale": 2.0}, list(qs[0]), "t.py:1")
+            assert sp.refused is None and sp.plan.kinds == ("rows", "indices", "offsets")
+            b = B._Batches(_Group(0, None), sp, B._model(orig, model), model, "k", 8)
+            b.eager = {k: "no CUDA" for k in (1, 2, 4, 8)}
+            got: dict = {}
+
+            def client(i):
+                with torch.no_grad():
+                    for r in range(5):
+                        got[i, r] = b.combiner.call((list(qs[i]), f"t.py:{10 + i % 2}"))
+
+            assert _threads(8, client) == []
+        for (i, r), out in got.items():
+            assert type(out) is Out, type(out)
+            assert out.score.shape == (5,) and out.emb.shape == (5, 4)
+            assert torch.allclose(out.score, want[i].score, atol=1e-6) and torch.allclose(out.emb, want[i].emb, atol=1e-6)
+        rows = {s["site"]: s for s in accounting.sites()}
+        assert rows["t.py:10"]["batched"] == rows["t.py:11"]["batched"] == 4 * 5
+        assert rows["t.py:10"]["fallback"] == 20 and rows["t.py:10"]["reasons"] == {"no CUDA": 20}
+        sizes = _state["batch_sizes"]
+        assert sum(k * v for k, v in sizes.items()) == 40 and max(sizes) <= 8
+        with torch.no_grad():
+            x = torch.rand(6, 3)
+            mix = B._spec_of(torch, "m", orig, CentersRows(), (x,), {}, [x], "t.py:2")
+        assert mix.refused is not None and mix.refused.startswith("not batched: batching changes output 0")
+        assert _state["fallbacks"] == [mix.refused]
+    finally:
+        _state.clear()
+        _state.update(saved)
+        accounting.reset()

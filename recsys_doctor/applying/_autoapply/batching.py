@@ -48,8 +48,11 @@ from .groups import _capture_stream, _Group, _run_shared
 
 #: why a batch ran eagerly (with the bound's and the budget's reasons, :mod:`.buckets`)
 CAPTURE_FAILED = "batched: capture failed, the bucket runs eagerly"
-#: a key whose calls are served by the group's graph path: its spec was refused
 _TENSOR = object()  # a tensor's place in a call's argument skeleton
+
+
+class _NoRows(RuntimeError):
+    """A batch's output does not have the rows to split (the spec held for 2 calls, not for k)."""
 
 
 class _Spec:
@@ -196,7 +199,8 @@ class _Batches:
                 taken_over("model", site)
             else:
                 fell_back("model", site, why)
-        batched([site for _, site in calls])
+        if why is None or why != self.sp.refused:  # (refused on this batch: its calls ran one by one)
+            batched([site for _, site in calls])
         return outs
 
     def _stage(self, torch: Any, tensors: list[Any]) -> None:
@@ -217,7 +221,7 @@ class _Batches:
         leaves, _ = tree_flatten(out)
         for o, r in zip(leaves, self.sp.out_rows):
             if not isinstance(o, torch.Tensor) or o.dim() == 0 or int(o.shape[0]) != k * r:
-                raise RuntimeError(f"an output of the batch of {k} does not have {k} x {r} rows")
+                raise _NoRows(f"an output of the batch of {k} does not have {k} x {r} rows")
         return leaves
 
     def _capture(self, torch: Any, k: int) -> None:
@@ -259,8 +263,18 @@ class _Batches:
                 _fall_back(f"{self.name} on group {self.g.index}: batch of {k}: {why}", why)
                 leaves = None
         if leaves is None:
-            leaves = self._forward(torch, k)
+            try:
+                leaves = self._forward(torch, k)
+            except _NoRows as ex:  # each call as the script made it; the key unbatched from now on
+                self.sp.refused = f"not batched: {ex}"
+                _fall_back(f"{self.name} on group {self.g.index}: {self.sp.refused}", self.sp.refused)
+                return self._singly(flat, n), self.sp.refused
         return self._split(leaves, n), why
+
+    def _singly(self, flat: list[Any], n: int) -> list[Any]:
+        """The ``n`` calls run one by one, eagerly, each on its own tensors."""
+        m, run, skel = self.m, self.model, self.sp.skeleton
+        return [run(*_fill(skel, iter(flat[j * m:(j + 1) * m]))) for j in range(n)]
 
     def _split(self, leaves: list[Any], n: int) -> list[Any]:
         """Call ``j``'s output: rows ``j*r .. (j+1)*r`` of every leaf, cloned, in eager's structure."""
