@@ -240,7 +240,7 @@ def test_a_keys_batches_give_every_caller_its_own_eager_output_on_the_cpu():
                         got[i, r] = b.combiner.call((list(qs[i]), f"t.py:{10 + i % 2}"))
 
             assert _threads(8, client) == []
-        for (i, r), out in got.items():
+        for (i, _r), out in got.items():
             assert type(out) is Out, type(out)
             assert out.score.shape == (5,) and out.emb.shape == (5, 4)
             assert torch.allclose(out.score, want[i].score, atol=1e-6) and torch.allclose(out.emb, want[i].emb, atol=1e-6)

@@ -88,7 +88,6 @@ def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidat
         out.extend(p for p in ranked if p.candidate == prefer)
     if not any(p.candidate.batching for p in out):
         batched = [p for p in ranked if p.candidate.batching]
-        twin = next((p for p in batched if p.bound == UNPRICED and out and p.candidate.groups == out[0].candidate.groups),
-                    None)
-        out.extend([twin] if twin is not None else batched[:1])
+        same = [p for p in batched if p.bound == UNPRICED and out and p.candidate.groups == out[0].candidate.groups]
+        out.extend((same or batched)[:1])
     return out

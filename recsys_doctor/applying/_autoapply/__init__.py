@@ -49,6 +49,11 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   one graph launch. Any other use of such a view first makes the deferred copies, and a
   view the script keeps from an earlier query is given its own memory before the buffer is
   written again (the section "a thread's copies in its own graph" below).
+* **batching** (where the plan says ``batching``, with graphs; off by default): concurrent
+  top-level calls of one key in a group are run as one batch, one replay of a graph per batch
+  size, with the runtime's batching spec checked against eager once per key (:mod:`.batching`,
+  the queue :mod:`.combine`); a key whose spec is refused takes the graph path above. With
+  batching on, a thread's own graph (above) is not learned.
 
 A package loaded by file path at interpreter start, before the package can be imported (its
 package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
@@ -58,13 +63,14 @@ on the first hooked thread, ``recsys_doctor.runtime``. One module a concern, low
 :mod:`._common` (the state), :mod:`.groups` (thread groups on the runtime's streams, and the
 capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.buckets`
 (shapes: row buckets, padding verified, the bounds), :mod:`.graphs` (graphs per call site),
+:mod:`.combine` (the batching queue, no CUDA), :mod:`.batching` (calls of one key as one batch),
 :mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
 graph), :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
 left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
-``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit, and
+``groups``, ``cuda_graphs``, ``batching``, ``max_batch``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit, and
 ``RECSYS_DOCTOR_HOOK_STATS=FILE`` writes it to FILE as JSON (what ``profile --apply`` reads back).
 """
 

@@ -92,8 +92,8 @@ def _fill(x: Any, it: Any) -> Any:
         vals = [_fill(v, it) for v in x]
         return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
     if isinstance(x, dict):  # a dict's tensors in sorted key order, as the key lists them
-        vals = {k: _fill(x[k], it) for k in sorted(x)}
-        return {k: vals[k] for k in x}
+        filled = {k: _fill(x[k], it) for k in sorted(x)}
+        return {k: filled[k] for k in x}
     return x
 
 
