@@ -347,3 +347,28 @@ def test_profile_apply_report_shows_the_evidence_under_the_table():
     row = next(ln for ln in out.splitlines() if ln.startswith("│ syncs per query (trace)"))
     assert [c.strip() for c in row.split("│")[1:-1]] == ["syncs per query (trace)", "3.000", "0.250", "0.083x"]
     assert out.index("Before / after") < out.index("Synchronizing CUDA calls per query") < out.index("serve.py:41")
+
+
+def test_an_unpriced_batching_candidate_is_reported_as_measured_only():
+    """A script's batching candidate has no estimate: the terminal table and compare.html show
+    its measured numbers beside an empty prediction, its bound 'unpriced' and why."""
+    from recsys_doctor.applying.report import ApplyResult, CandidateResult, measured_tables
+    from recsys_doctor.cli.profile import render_apply
+    from recsys_doctor.planning.whatif import estimate, trace_stats
+    from recsys_doctor.reports.html import render_compare_html
+
+    a = advise_trace(load(demo_trace_path()))
+    cand = Candidate(2, True, False, True, batching=True)
+    pred = estimate(trace_stats(a.trace), cand, clients=8, script=True)
+    r = CandidateResult(pred, measured={"qps": 4200.0, "p99_ms": 3.5})
+    res = ApplyResult(kind="script", target="serve.py", chosen=cand, before={"qps": 1000.0},
+                      after={"qps": 4200.0}, candidates=[r], stats={})
+    buf = io.StringIO()
+    render_apply(res.to_dict(), Console(file=buf, width=200, color_system=None))
+    row = next(ln for ln in buf.getvalue().splitlines() if "batched<=32" in ln)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[:6] == ["g2 merged shared-pool graphs batched<=32", "-", "4,200.0", "-", "3.500", "unpriced"]
+    assert cells[6].startswith("not priced")
+    m = measured_tables(res)
+    assert m["candidates"] == [{"plan": cand.label, "predicted": None, "measured": 4200.0, "p99_ms": 3.5, "error": None}]
+    assert "g2 merged shared-pool graphs batched&lt;=32" in render_compare_html(a, a, measured=m)

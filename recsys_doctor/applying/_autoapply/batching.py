@@ -115,7 +115,9 @@ def _spec_of(torch: Any, key: Any, orig_call: Any, module: Any, args: Any, kwarg
 
 def _decide(torch: Any, sp: _Spec, orig_call: Any, module: Any, args: Any, kwargs: Any, tensors: list[Any],
             site: str) -> None:
-    """Infer the key's spec and check it against eager (both the runtime's), or say why not."""
+    """Infer the key's spec and check it against eager (both the runtime's), or say why not: a
+    refusal, or any failure (the model failing on the call itself then fails again, as eager
+    does, on the unbatched path the key takes)."""
     from recsys_doctor.runtime._batchspec import BatchPlan, SpecRefused, check_spec, infer_spec
 
     sp.skeleton = _skeleton(torch.Tensor, (args, kwargs))
@@ -126,8 +128,8 @@ def _decide(torch: Any, sp: _Spec, orig_call: Any, module: Any, args: Any, kwarg
         sp.out_spec, sp.out_rows = _run_shared(check_spec, _model(orig_call, module), _rebuilder(sp.skeleton),
                                                tensors, plan, tensors[0].device)
         sp.plan = plan
-    except SpecRefused as ex:
-        sp.refused = f"not batched: {ex}"
+    except Exception as ex:  # noqa: BLE001 - SpecRefused, or anything else: the key is not batched
+        sp.refused = f"not batched: {ex}" if isinstance(ex, SpecRefused) else f"not batched: {failure_reason(ex)}"
         _fall_back(f"{type(module).__name__} ({site}): {sp.refused}; its calls run unbatched", sp.refused)
 
 
