@@ -130,7 +130,9 @@ def _decide(torch: Any, sp: _Spec, orig_call: Any, module: Any, args: Any, kwarg
         sp.plan = plan
     except Exception as ex:  # noqa: BLE001 - SpecRefused, or anything else: the key is not batched
         sp.refused = f"not batched: {ex}" if isinstance(ex, SpecRefused) else f"not batched: {failure_reason(ex)}"
-        _fall_back(f"{type(module).__name__} ({site}): {sp.refused}; its calls run unbatched", sp.refused)
+        shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
+        _fall_back(f"{type(module).__name__} ({site}) with tensors {shapes}: {sp.refused}; its calls of these "
+                   "shapes run unbatched", sp.refused)
 
 
 def _model(orig_call: Any, module: Any) -> Any:
