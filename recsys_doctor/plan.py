@@ -73,9 +73,11 @@ class RuntimeSettings:
     slots_per_group: int = 2
     #: upper limit in bytes on the runtime's device pools together (serving; None: no limit)
     pool_limit_bytes: int | None = None
-    #: dynamic batching of concurrent queries (serving: ``serve(batching=True)``)
+    #: dynamic batching of concurrent queries (serving: ``serve(batching=True)``; scripts: the
+    #: hook combines concurrent graphed calls of one model, ``docs/profile.md``)
     batching: bool = False
-    #: the largest batch, and how long a free group waits for company (0: never)
+    #: the largest batch, and how long a free group waits for company (0: never; scripts: the
+    #: hook never waits for company, it combines the calls that queue while the group is busy)
     max_batch: int = 32
     max_delay_ms: float = 0.0
 
@@ -175,8 +177,11 @@ class Plan(RuntimeSettings):
         out: list[str] = []
         for name, (asked, why) in _NOT_APPLIED[path].items():
             v = getattr(self, name)
-            if name in self.given and (asked is None or v == asked):
+            if name in self.given and (asked is None or (asked(v) if callable(asked) else v == asked)):
                 out.append(f"plan {name}={json.dumps(v)} is not applied to {_PATH_NAMES[path]}: {why}")
+        if path == "script" and self.batching and not self.cuda_graphs and "batching" in self.given:
+            out.append("plan batching=true is not applied to a plain script without cuda_graphs: the hook "
+                       "batches only calls it replays as CUDA graphs")
         if self.range_assignment:
             if path != "train":
                 out.append(f"plan range_assignment is not applied to {_PATH_NAMES[path]}: "
@@ -188,7 +193,8 @@ class Plan(RuntimeSettings):
 
 
 _PATH_NAMES = {"serve": "serving", "train": "training", "script": "a plain script"}
-#: per path: setting -> (the value it cannot honour, None: any value; what it does instead)
+#: per path: setting -> (the value it cannot honour, None: any value, or a predicate of the value;
+#: what it does instead)
 _NOT_APPLIED: dict[str, dict[str, tuple[Any, str]]] = {
     "serve": {},
     "train": {
@@ -202,7 +208,8 @@ _NOT_APPLIED: dict[str, dict[str, tuple[Any, str]]] = {
         "per_stream_allocator": (True, "activations come from PyTorch's allocator shared by all groups"),
         "slots_per_group": (None, "each client thread has its group's stream; there are no slots"),
         "pool_limit_bytes": (None, "no runtime pools exist in a plain script"),
-        "batching": (True, "the script hook does not batch concurrent calls"),
+        "max_delay_ms": (lambda v: v > 0, "the hook never holds a call back for company: it batches the calls "
+                                          "that queue while their group is busy"),
     },
 }
 

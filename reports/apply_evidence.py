@@ -55,10 +55,20 @@ def _hook_line(st: Mapping[str, Any] | None, run: str) -> str:
                          f"{fmt(st.get('thread_replays', 0))} times")
     else:
         parts.append("no CUDA graphs in this plan")
+    if st.get("batching"):
+        parts.append(f"batching up to {fmt(st.get('max_batch'))}: {fmt(st.get('batched_calls', 0))} calls in "
+                     f"{fmt(st.get('batches', 0))} batches ({_sizes(st.get('batch_sizes'))})")
     n = len(st.get("fallbacks") or [])
     first = f" ({shorten(str(st['fallbacks'][0]), 80)}{', ...' if n > 1 else ''})" if n else ""
     parts.append(f"{n} fallback{'s' if n != 1 else ''}{first}")
     return f"Hook ({run}): " + "; ".join(parts)
+
+
+def _sizes(hist: Mapping[Any, Any] | None) -> str:
+    """A batch-size histogram (size -> batches; sizes as JSON keys are strings) in words,
+    largest size first: ``8 x 120, 4 x 3``."""
+    items = sorted(((int(k), int(v)) for k, v in (hist or {}).items()), reverse=True)
+    return ", ".join(f"{k} x {fmt(v)}" for k, v in items) if items else "none"
 
 
 def _site_rows(st: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -67,14 +77,17 @@ def _site_rows(st: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         reasons = s.get("reasons") or {}
         top = max(reasons.items(), key=lambda kv: (kv[1], kv[0]))[0] if reasons else ""
         rows.append({"site": s.get("site", "?"), "kind": KIND_WORDS.get(s.get("kind"), str(s.get("kind"))),
-                     "taken_over": int(s.get("taken_over", 0)), "fallback": int(s.get("fallback", 0)), "reason": top})
+                     "taken_over": int(s.get("taken_over", 0)), "fallback": int(s.get("fallback", 0)), "reason": top,
+                     "batched": int(s.get("batched", 0)), "batch_sizes": _sizes(s.get("batch_sizes"))})
     return rows
 
 
 def evidence_view(ev: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What both reports show of ``apply.json``'s ``evidence``: ``lines`` (plain sentences),
     ``sites`` (the call-site rows, at most :data:`MAX_SITES`), ``more`` (rows left out),
-    ``sites_of`` (which run the rows are from); None when there is no evidence."""
+    ``sites_of`` (which run the rows are from), ``batching`` (whether any row's calls ran in
+    batches: the table then shows them, ``batched`` and ``batch_sizes`` of each row); None
+    when there is no evidence."""
     if not ev:
         return None
     lines = [x for x in (_sync_line(ev),) if x]
@@ -94,18 +107,24 @@ def evidence_view(ev: Mapping[str, Any] | None) -> dict[str, Any] | None:
     rows = _site_rows(st)
     if st is not None and st.get("active") and not rows:
         lines.append("The hook counted no model call, copy or read-back at any line of the script.")
-    view.update(sites=rows[:MAX_SITES], more=max(0, len(rows) - MAX_SITES), sites_of=run)
+    view.update(sites=rows[:MAX_SITES], more=max(0, len(rows) - MAX_SITES), sites_of=run,
+                batching=any(r["batched"] for r in rows))
     return view
 
 
 def sites_table(view: Mapping[str, Any]) -> Table:
     """The call-site rows of :func:`evidence_view` as a rich table."""
     t = Table(title=f"Script lines the hook handled ({view['sites_of']})", title_justify="left")
-    for c, just in (("line", "left"), ("call", "left"), ("taken over", "right"), ("left to PyTorch", "right"),
-                    ("main reason left", "left")):
+    batching = bool(view.get("batching"))
+    cols = [("line", "left"), ("call", "left"), ("taken over", "right"), ("left to PyTorch", "right"),
+            ("main reason left", "left")]
+    if batching:  # where the plan batched: calls run in a batch, and the batches by size
+        cols[4:4] = [("batched", "right"), ("batch sizes (size x batches)", "left")]
+    for c, just in cols:
         t.add_column(c, justify=just)  # type: ignore[arg-type]
     for r in view["sites"]:
-        t.add_row(Text(r["site"]), r["kind"], fmt(r["taken_over"]), fmt(r["fallback"]), Text(r["reason"]))
+        extra = [fmt(r.get("batched", 0)), r.get("batch_sizes", "")] if batching else []
+        t.add_row(Text(r["site"]), r["kind"], fmt(r["taken_over"]), fmt(r["fallback"]), *extra, Text(r["reason"]))
     if view["more"]:
         t.caption = f"and {view['more']} more lines (all of them in apply.json, evidence.hook)"
     return t

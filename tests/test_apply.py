@@ -223,6 +223,32 @@ def test_a_script_keeps_its_own_copies_on_the_host_by_hand():
     assert [p.candidate.groups for p in ranked] == [2, 4, 8]  # a tie: fewer groups first
 
 
+def test_a_scripts_batching_is_measured_not_priced():
+    """The hook's batching has no measured host cost per call to price it with: its estimate
+    says so (no q/s), it ranks after every priced plan, and the selection measures the batched
+    twin of the best estimate all the same."""
+    from recsys_doctor.applying.report import _pred_numbers
+    from recsys_doctor.planning._batching import UNPRICED
+
+    st = trace_stats(_trace())
+    costs = WhatIfCosts(graph_host_ns=100, graph_node_gap_ns=5, copy_fixed_ns=4, copy_bytes_per_ns=101)
+    b2 = Candidate(2, True, False, True, batching=True)
+    p = estimate(st, b2, clients=8, costs=costs, script=True)
+    assert p.bound == UNPRICED and p.qps is None and p.p99_ms is None and p.score == 0.0
+    assert p.notes and p.notes[0].startswith("not priced")
+    nums = _pred_numbers(p)
+    assert nums["qps"] is None and nums["host_us"] is None and nums["bound"] == UNPRICED
+    cands = candidates("script", clients=8)
+    ranked = rank(st, cands, clients=8, costs=costs, script=True)
+    # batched at 1, 2 and 4 groups (8 groups of 8 clients: one each, nothing to combine), last
+    assert all(q.candidate.batching for q in ranked[-3:]) and not any(q.candidate.batching for q in ranked[:-3])
+    picked = select_to_measure(ranked, 2, allocator_twin=False)
+    assert [q.candidate.batching for q in picked] == [False, False, True]
+    assert picked[2].candidate.groups == picked[0].candidate.groups  # the batched twin of the best
+    # serving's batching stays priced
+    assert estimate(st, Candidate(2, batching=True), clients=8, costs=costs).qps > 0
+
+
 def test_a_script_whose_copies_the_thread_graphs_take_over_by_hand():
     st = trace_stats(_trace())
     # per query: 2 copies, kernels 60 ns, 2 kernels. Host: the runtime's 100 + 2 copies x 7 =
@@ -271,10 +297,14 @@ def test_candidates_cover_the_grid():
     # batching at each group count, merged, own pools, graphs
     assert sorted(x.groups for x in c if x.batching) == [1, 2, 4, 8]
     assert all(x.merge_streams and x.per_stream_allocator and x.cuda_graphs for x in c if x.batching)
-    assert len(candidates("train")) == 8 and len(candidates("script")) == 8
+    assert len(candidates("train")) == 8 and len(candidates("script")) == 8 + 4
     # scripts: every group count, graphed or not (any number of client threads per group)
-    assert sorted((c.groups, c.cuda_graphs) for c in candidates("script")) == [
+    assert sorted((c.groups, c.cuda_graphs) for c in candidates("script") if not c.batching) == [
         (g, gr) for g in (1, 2, 4, 8) for gr in (False, True)]
+    # and the hook's batching (graphed) where a group has more than one client thread to combine
+    assert [(c.groups, c.cuda_graphs) for c in candidates("script") if c.batching] == [(g, True) for g in (1, 2, 4, 8)]
+    assert [c.groups for c in candidates("script", clients=4) if c.batching] == [1, 2]
+    assert not [c for c in candidates("script", clients=1) if c.batching]  # a training loop: one thread
     with pytest.raises(BadInputError):
         candidates("nope")
 

@@ -306,6 +306,31 @@ def test_compare_page_shows_the_evidence(tmp_path):
     assert "<h2>Evidence</h2>" not in render_compare_html(a, a, measured={**m, "evidence": {}})
 
 
+def test_batched_calls_are_shown_per_line(tmp_path):
+    """Where the plan batched (the stats as read back from the JSON file: size keys are
+    strings), the hook line gives the batches and the table the batched calls per line with
+    their batch sizes, largest first; a run without batches keeps the table as it was."""
+    from recsys_doctor.reports.html import render_compare_html
+
+    site = dict(STATS["sites"][0], batched=3000, batch_sizes={"8": 250, "4": 200, "2": 100})
+    st = json.loads(json.dumps(dict(STATS, batching=True, max_batch=8, batches=550, batched_calls=3000,
+                                    batch_sizes={"2": 100, "4": 200, "8": 250}, sites=[site, *STATS["sites"][1:]])))
+    ev = dict(EVIDENCE, hook={"measured": st, "profiled": None})
+    out = _text(ev)
+    # 8 x 250 + 4 x 200 + 2 x 100 = 3,000 calls in 550 batches
+    assert "batching up to 8: 3,000 calls in 550 batches (8 x 250, 4 x 200, 2 x 100)" in out.replace("\n", " ")
+    row = next(ln for ln in out.splitlines() if "serve.py:41" in ln)
+    assert [c.strip() for c in row.split("│")[1:-1]] == [
+        "serve.py:41", "model call", "3,984", "16", "3,000", "8 x 250, 4 x 200, 2 x 100", "warm-up before capture"]
+    h2d = next(ln for ln in out.splitlines() if "serve.py:39" in ln)
+    assert [c.strip() for c in h2d.split("│")[1:-1]][4:6] == ["0", "none"]
+    a = advise_trace(load(demo_trace_path()))
+    doc = render_compare_html(a, a, measured={"kind": "serve", "chosen": "g2", "rows": [], "candidates": [],
+                                              "evidence": ev})
+    assert "<th>batched</th>" in doc and "<td class='num'>3,000</td><td>8 x 250, 4 x 200, 2 x 100</td>" in doc
+    assert "batched" not in _text(EVIDENCE)
+
+
 def test_profile_apply_report_shows_the_evidence_under_the_table():
     """The whole --apply part of the terminal report, from apply.json's dict."""
     from recsys_doctor.applying.report import ApplyResult
@@ -322,3 +347,29 @@ def test_profile_apply_report_shows_the_evidence_under_the_table():
     row = next(ln for ln in out.splitlines() if ln.startswith("│ syncs per query (trace)"))
     assert [c.strip() for c in row.split("│")[1:-1]] == ["syncs per query (trace)", "3.000", "0.250", "0.083x"]
     assert out.index("Before / after") < out.index("Synchronizing CUDA calls per query") < out.index("serve.py:41")
+
+
+def test_an_unpriced_batching_candidate_is_reported_as_measured_only():
+    """A script's batching candidate has no estimate: the terminal table and compare.html show
+    its measured numbers beside an empty prediction, its bound 'unpriced' and why."""
+    from recsys_doctor.applying.report import ApplyResult, CandidateResult, measured_tables
+    from recsys_doctor.cli.profile import render_apply
+    from recsys_doctor.planning.whatif import estimate, trace_stats
+    from recsys_doctor.reports.html import render_compare_html
+
+    a = advise_trace(load(demo_trace_path()))
+    cand = Candidate(2, True, False, True, batching=True)
+    pred = estimate(trace_stats(a.trace), cand, clients=8, script=True)
+    r = CandidateResult(pred, measured={"qps": 4200.0, "p99_ms": 3.5})
+    res = ApplyResult(kind="script", target="serve.py", chosen=cand, before={"qps": 1000.0},
+                      after={"qps": 4200.0}, candidates=[r], stats={})
+    buf = io.StringIO()
+    render_apply(res.to_dict(), Console(file=buf, width=200, color_system=None))
+    row = next(ln for ln in buf.getvalue().splitlines() if "batched<=32" in ln)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[:6] == ["g2 merged shared-pool graphs batched<=32", "-", "4,200.0", "-", "3.500", "unpriced"]
+    out = buf.getvalue()
+    assert cells[6] == "[1]" and "\n[1] not priced" in out  # the note below the table
+    m = measured_tables(res)
+    assert m["candidates"] == [{"plan": cand.label, "predicted": None, "measured": 4200.0, "p99_ms": 3.5, "error": None}]
+    assert "g2 merged shared-pool graphs batched&lt;=32" in render_compare_html(a, a, measured=m)

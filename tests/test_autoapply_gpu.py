@@ -363,3 +363,210 @@ def test_the_runtime_streams_stay_open_and_the_script_exits_cleanly(tmp_path, mo
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [want]
     assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------------------ batching (issue 24)
+
+BATCH_ROUNDS = 40
+#: how close a batched output must be to eager's: check_spec's own tolerance (a batch's GEMMs
+#: have more rows than one call's, and cuBLAS may pick other kernels for them)
+BATCH_ATOL, BATCH_RTOL = 1e-5, 1e-4
+
+
+def _run_batched(tmp_path, groups: int, threads: int, client, max_batch: int = 8) -> dict:
+    """``client(k)`` on ``threads`` threads under the script hook with a plan that batches
+    (``groups`` graphed groups, batches of up to ``max_batch``); the hook's stats afterwards."""
+    from _threads import run_threads
+    from test_apply_gpu import ADVISED
+
+    from recsys_doctor.applying.apply import write_plan
+    from recsys_doctor.applying.script_hook import activate_in_process
+    from recsys_doctor.planning.whatif import Candidate
+
+    plan = write_plan(tmp_path / "plan.json", ADVISED,
+                      Candidate(groups, True, False, True, batching=True, max_batch=max_batch))
+    undo = activate_in_process(plan)
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    try:
+        errors = run_threads(client, threads)
+        st = hook.stats()
+    finally:
+        undo()
+    assert not errors, errors[0]
+    return st
+
+
+def _batch_models(torch):
+    nn = torch.nn
+
+    class Ranker(nn.Module):
+        """Dense rows and EmbeddingBag indices with their offsets: rows stacked, indices
+        concatenated, offsets shifted when batched."""
+
+        def __init__(self):
+            super().__init__()
+            self.bag = nn.EmbeddingBag(1000, 16, mode="sum")
+            self.mlp = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 16))
+            self.out = nn.Linear(16, 1)
+
+        def forward(self, dense, idx, offsets):
+            return torch.sigmoid(self.out(self.mlp(dense) + self.bag(idx, offsets)))
+
+    class CentersRows(nn.Module):
+        """Batch norm in its train-free form: each row minus the batch's mean (rows mixed)."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(13, 8)
+
+        def forward(self, dense, idx, offsets):
+            h = self.lin(dense)
+            return h - h.mean(0, keepdim=True)
+
+    return Ranker, CentersRows
+
+
+def _batch_queries(torch, threads: int, rows: int = 16, per_row: int = 3):
+    """One query a thread (its own seed): dense ``[rows, 13]``, ``rows * per_row`` indices and
+    the offsets of ``per_row`` indices a row; on the GPU, made before the hook."""
+    out = []
+    for k in range(threads):
+        g = torch.Generator().manual_seed(100 + k)
+        out.append((torch.rand(rows, 13, generator=g).cuda(), torch.randint(0, 1000, (rows * per_row,), generator=g).cuda(),
+                    torch.arange(0, rows * per_row, per_row).cuda()))
+    torch.cuda.synchronize()
+    return out
+
+
+def _batched_clients(torch, model, qs, threads: int):
+    """Clients that call ``model`` on their own query BATCH_ROUNDS times, all threads at each
+    round together (a barrier: the calls arrive while the group is busy)."""
+    import threading
+
+    got: dict = {}
+    bar = threading.Barrier(threads)
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            for r in range(BATCH_ROUNDS):
+                bar.wait(120)
+                got[k, r] = model(*qs[k])
+        torch.cuda.current_stream().synchronize()
+
+    return got, client
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_batched_calls_equal_eager_and_run_in_batches(tmp_path, groups):
+    torch = pytest.importorskip("torch")
+    Ranker, _ = _batch_models(torch)
+    torch.manual_seed(0)
+    model = Ranker().cuda().eval()
+    threads = 8
+    qs = _batch_queries(torch, threads)
+    with torch.no_grad():
+        ref = [model(*q) for q in qs]
+    torch.cuda.synchronize()
+    got, client = _batched_clients(torch, model, qs, threads)
+    st = _run_batched(tmp_path, groups, threads, client)
+    for (k, r), out in got.items():
+        assert out.shape == ref[k].shape == (16, 1), (k, r)
+        assert torch.allclose(out, ref[k], atol=BATCH_ATOL, rtol=BATCH_RTOL), (k, r, (out - ref[k]).abs().max())
+    calls = threads * BATCH_ROUNDS
+    assert st["batching"] and st["max_batch"] == 8 and not st["fallbacks"], st["fallbacks"]
+    sizes = {int(n): b for n, b in st["batch_sizes"].items()}
+    # every call ran in a batch; batches of more than one call happened, none above the group's share
+    assert st["batched_calls"] == sum(n * b for n, b in sizes.items()) == calls
+    assert max(sizes) > 1 and max(sizes) <= threads // groups, sizes
+    sites = _model_sites(st)
+    assert sum(s["batched"] for s in sites) == calls and sum(s["taken_over"] for s in sites) == calls
+    assert sum(s["fallback"] for s in sites) == 0
+    assert {int(n) for s in sites for n in s["batch_sizes"]} == set(sizes)
+    # a graph per bucket used (1, 2, 4, 8: the smallest >= the batch), per group
+    buckets_used = {1 << (n - 1).bit_length() for n in sizes}
+    assert groups <= st["captured"] <= groups * len(buckets_used), (st["captured"], sizes)
+    assert st["replays"] == st["batches"]
+    # no thread learned a graph of its own: with batching, a call goes to its group's batches
+    assert st["thread_graphs"] == 0
+
+
+def test_a_model_that_mixes_rows_is_not_batched_and_stays_correct(tmp_path):
+    torch = pytest.importorskip("torch")
+    _, CentersRows = _batch_models(torch)
+    torch.manual_seed(0)
+    model = CentersRows().cuda().eval()
+    threads = 8
+    qs = _batch_queries(torch, threads)
+    with torch.no_grad():
+        ref = [model(*q) for q in qs]
+    torch.cuda.synchronize()
+    got, client = _batched_clients(torch, model, qs, threads)
+    st = _run_batched(tmp_path, 1, threads, client)
+    for (k, r), out in got.items():
+        # the group's graph path, unbatched: the same kernels as eager, replayed
+        assert torch.allclose(out, ref[k], atol=1e-6, rtol=1e-6), (k, r)
+    refused = [f for f in st["fallbacks"] if f.startswith("not batched: ")]
+    assert len(refused) == 1 and "batching changes output 0" in refused[0], st["fallbacks"]
+    assert st["batched_calls"] == 0 and st["batches"] == 0
+    sites = _model_sites(st)
+    assert sum(s["batched"] for s in sites) == 0
+    assert sum(s["taken_over"] + s["fallback"] for s in sites) == threads * BATCH_ROUNDS
+    assert sum(s["taken_over"] for s in sites) > 0  # graphed all the same
+    # (48 indices are the call's most rows: padded to 64, verified first, as without batching)
+    assert {r for s in sites for r in s["reasons"]} <= {buckets.WARMING_UP, buckets.VERIFYING}
+
+
+_BATCH_SCRIPT = """
+import json, threading
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).cuda().eval()
+qs = [torch.rand(32, 16, generator=torch.Generator().manual_seed(k)).cuda() for k in range(8)]
+with torch.no_grad():
+    ref = [model(q) for q in qs]  # the main thread is never hooked: eager
+torch.cuda.synchronize()
+out = {}
+bar = threading.Barrier(8)
+def client(k):
+    with torch.no_grad():
+        for r in range(50):
+            bar.wait(120)
+            out[k, r] = model(qs[k]).cpu()
+ts = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+err = max(float((out[k, r] - ref[k].cpu()).abs().max()) for k in range(8) for r in range(50))
+print(json.dumps({"qps": 1.0, "max_abs_err": err, "checksum": sum(float(out[k, 49].double().sum()) for k in range(8))}))
+"""
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_script_run_with_a_batching_plan(tmp_path, groups):
+    """A script run as ``profile --apply`` runs a candidate (``script_env``: the hook loaded by
+    file path at interpreter start): its outputs are its unhooked run's, and the stats it wrote
+    at exit show batches of more than one call."""
+    pytest.importorskip("torch")
+    import json
+    import subprocess
+
+    from recsys_doctor.applying.apply import write_plan
+    from recsys_doctor.applying.script_hook import read_hook_stats, script_env
+    from recsys_doctor.planning.whatif import Candidate
+
+    plain = subprocess.run([sys.executable, "-c", _BATCH_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    base = json.loads(plain.stdout.strip().splitlines()[-1])
+    plan = write_plan(tmp_path / "plan.json", {"schema": 1}, Candidate(groups, True, False, True, batching=True))
+    env = script_env(plan, hook_dir=tmp_path / "hook", stats_path=tmp_path / "stats.json")
+    hooked = subprocess.run([sys.executable, "-c", _BATCH_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert hooked.returncode == 0, hooked.stderr
+    assert "Traceback" not in hooked.stderr, hooked.stderr
+    got = json.loads(hooked.stdout.strip().splitlines()[-1])
+    assert base["max_abs_err"] <= 1e-6 and got["max_abs_err"] <= BATCH_ATOL, (base, got)
+    assert got["checksum"] == pytest.approx(base["checksum"], rel=1e-5)
+    st = read_hook_stats(tmp_path / "stats.json")
+    assert st is not None and st["batching"] and st["threads"] == 8, st
+    sizes = {int(n): b for n, b in st["batch_sizes"].items()}
+    assert st["batched_calls"] == sum(n * b for n, b in sizes.items()) == 8 * 50 and max(sizes) > 1, sizes

@@ -68,3 +68,31 @@ def test_a_rebuilt_call_gets_each_tensor_back_where_it_was():
     s_args, s_kwargs = graphs._rebuild(fake, args, it), graphs._rebuild(fake, kwargs, it)
     assert s_args[0]["z"] == ("static", c) and s_args[0]["y"] == ("static", d)
     assert s_kwargs["b"] == ("static", b) and s_kwargs["a"] == ("static", a)
+
+
+def test_rebuild_and_a_batch_skeleton_put_back_what_the_key_lists():
+    """A call rebuilt from the tensors in the order the key lists them (static inputs, padded
+    rows, a batch's skeleton) gets each back under its own name, whatever order the script
+    passed a dict or keywords in (``model(w=..., idx=...)`` once swapped the two)."""
+    from recsys_doctor.applying._autoapply.batching import _fill, _skeleton
+    from recsys_doctor.applying._autoapply.graphs import _key_part, _rebuild
+
+    if not torch.cuda.is_available():  # the key takes GPU tensors only: stand-ins on "device 0"
+        tw, ti = _Dev(2), _Dev(3)
+        T = _Dev
+    else:  # pragma: no cover - on the GPU machine
+        tw, ti = (torch.zeros(n, device="cuda") for n in (2, 3))
+        T = torch.Tensor
+    call = ((tw,), {"w": tw, "idx": ti})
+    listed: list = []
+    _key_part(T, call, listed)
+    assert listed == [tw, tw, ti]  # the dict in its own order
+    marks = [("static", i) for i in range(3)]
+    from types import SimpleNamespace
+
+    out = _rebuild(SimpleNamespace(Tensor=T), call, iter(marks))
+    assert out[0] == (marks[0],) and list(out[1]) == ["w", "idx"] and out[1]["w"] == marks[1]
+    assert out[1]["idx"] == marks[2]
+    args, kwargs = _fill(_skeleton(T, call), iter(marks))
+    assert args == (marks[0],) and list(kwargs) == ["w", "idx"] and kwargs["w"] == marks[1]
+    assert kwargs["idx"] == marks[2]

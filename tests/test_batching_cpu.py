@@ -373,7 +373,8 @@ def test_plan_carries_batching():
     cfg = RuntimeConfig.from_plan({"dynamic_batching": "on"}, max_batch=8)
     assert cfg.batching and cfg.max_batch == 8 and cfg.max_delay_ms == 0.0
     assert not RuntimeConfig().batching  # off unless asked for
-    assert any("batching" in line for line in p.unhonoured("script"))
+    # a script honours batching and max_batch (the hook batches), not a queue delay
+    assert [ln.split("=")[0] for ln in p.unhonoured("script")] == ["plan max_delay_ms"]
     assert any("batching" in line for line in p.unhonoured("train"))
     assert p.unhonoured("serve") == []
     for bad in ({"max_batch": 0}, {"max_delay_ms": -1}, {"max_delay_ms": "soon"}, {"batching": "maybe"}):

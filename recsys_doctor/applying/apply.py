@@ -318,8 +318,10 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                  costs: WhatIfCosts = WhatIfCosts(), python: str | None = None,
                  script_timeout_s: float = 90.0, p99_ms: float | None = None) -> tuple[ApplyResult, Any, Any]:
     """``profile --apply`` for a plain script: profile it, rank script candidates (groups x
-    graphs), run the script unmodified with the best ``top_k`` plans (and the advisor's),
-    each measured by the script's own printed line; keep the best; profile it once more."""
+    graphs, and the hook's batching where there are more client threads than groups), run the
+    script unmodified with the best ``top_k`` plans (and the advisor's, and a batching plan:
+    :func:`select_to_measure`), each measured by the script's own printed line; keep the best
+    (declined where it is slower than the script as it is); profile it once more."""
     t0 = time.perf_counter()
     run = _Setup(Path(target), list(args), Path(out_dir) if out_dir is not None else default_out_dir(), backend,
                  nvml, options, device_index, progress or (lambda s: None))
@@ -331,17 +333,19 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     base, _ = run_script(argv, log=run.out / "program.log", timeout_s=script_timeout_s)
     stats = _script_stats(before, base)
     clients = int(base.get("threads") or stats.threads)
+    # a plain training loop prints its step time, not q/s: the fastest step is kept (and its
+    # gradients are on: the hook batches none of its calls, so no batching plan is tried)
+    train = base.get("qps") is None and base.get("step_ms") is not None
     advised = before.advise.plan or {}
     adv = plan_candidate(advised)
     prefer: Candidate | None = Candidate(adv.groups, True, False, adv.cuda_graphs)
-    ranked = rank(stats, candidates("script"), clients=clients, prefer=prefer, costs=costs, script=True)
+    ranked = rank(stats, candidates("script", clients=1 if train else clients), clients=clients, prefer=prefer,
+                  costs=costs, script=True)
     if prefer not in [p.candidate for p in ranked]:
         prefer = None
     results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,
                                          script_timeout_s)
     notes: list[str] = []
-    # a plain training loop prints its step time, not q/s: the fastest step is kept
-    train = base.get("qps") is None and base.get("step_ms") is not None
     best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
     units = base.get("queries") or base.get("calls") or base.get("steps")
     notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}")

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..planning._batching import UNPRICED
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within"]
@@ -65,9 +66,12 @@ class ApplyResult:
 
 
 def _pred_numbers(p: Prediction) -> dict[str, Any]:
+    """The estimate's numbers (none but the bound and the notes where it is not priced)."""
+    priced = p.bound != UNPRICED
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in
             {"qps": p.qps, "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "step_ms": p.step_ms, "bound": p.bound,
-             "host_us": p.host_ns / 1e3, "gpu_us": p.gpu_ns / 1e3, "overlap": p.overlap}.items()} | {"notes": p.notes}
+             "host_us": p.host_ns / 1e3 if priced else None, "gpu_us": p.gpu_ns / 1e3 if priced else None,
+             "overlap": p.overlap if priced else None}.items()} | {"notes": p.notes}
 
 
 def _meas_numbers(m: dict[str, Any] | None) -> dict[str, Any] | None:

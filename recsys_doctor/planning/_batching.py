@@ -24,7 +24,12 @@ The host costs ``batch_host_ns`` per query (the GIL is held for that long per qu
 measured on the batched path). Then as for unbatched serving, with
 ``n = min(groups, ceil(q / k))`` groups busy and their overlap ``n / (1 + s (n - 1))``:
 ``X = min(1 / H, overlap * k / D(k), q / (H + D(k)))``, ``p50 = q / X`` (Little's law),
-``p99 = p50 * tail``. A plain script and training are not batched.
+``p99 = p50 * tail``. Training is not batched.
+
+A plain script's batching (the script hook combines its threads' concurrent model calls,
+``docs/profile.md``) is not priced (:func:`unpriced_script`): ``batch_host_ns`` is the
+runtime's batched path, and the hook's host cost per batched call has not been measured; the
+candidate is measured instead, and kept only when faster.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from typing import Any
 
 from ..errors import BadInputError
 
-__all__ = ["estimate_batched", "mean_batch", "batch_gpu_ns"]
+__all__ = ["estimate_batched", "mean_batch", "batch_gpu_ns", "unpriced_script", "UNPRICED"]
+
+#: the ``bound`` of a candidate the estimate does not price (no q/s, no latency: measured only)
+UNPRICED = "unpriced"
 
 
 def mean_batch(clients: int, max_batch: int, fill: float) -> int:
@@ -83,3 +91,12 @@ def estimate_batched(stats: Any, cand: Any, q: int, costs: Any, one: float) -> d
     notes = [f"mean batch {k} of {q} clients, {how}"]
     return {"host_ns": host, "gpu_ns": batch_gpu / k, "overlap": ov, "bound": bound, "qps": x, "p50_ms": p50,
             "p99_ms": p50 * stats.p99_over_p50, "score": x, "notes": notes}
+
+
+def unpriced_script() -> dict[str, Any]:
+    """The numbers of a plain script's batching candidate's
+    :class:`~recsys_doctor.planning.whatif.Prediction`: none (``bound`` :data:`UNPRICED`, no
+    q/s, score 0: it ranks after every priced candidate), and a note saying why."""
+    return {"host_ns": 0.0, "gpu_ns": 0.0, "overlap": 1.0, "bound": UNPRICED, "score": 0.0,
+            "notes": ["not priced: the script hook's host cost per batched call is not measured "
+                      "(the batching estimate's is the runtime's); measured, kept only when faster"]}

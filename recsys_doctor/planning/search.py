@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from ..errors import BadInputError
 from ..plan import Plan
+from ._batching import UNPRICED
 from .whatif import Candidate, Prediction
 
 __all__ = ["GROUP_COUNTS", "candidates", "plan_candidate", "runtime_plan",
@@ -21,20 +22,27 @@ __all__ = ["GROUP_COUNTS", "candidates", "plan_candidate", "runtime_plan",
 GROUP_COUNTS = (1, 2, 4, 8)
 
 
-def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS) -> list[Candidate]:
+def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS,
+               clients: int | None = None) -> list[Candidate]:
     """Every plan the search considers. Serving: groups x merge x allocator x graphs (32),
     plus dynamic batching (merged, own pools, graphs) at each group count.
     Training: branch streams x graphs (copies are not per-step). A plain script: groups x
     graphs (its copies are its own, on the group's stream; any number of client threads per
-    group: the hook captures with any, see ``docs/profile.md``). Both with PyTorch's one
-    shared allocator, the only one they can have."""
+    group: the hook captures with any, see ``docs/profile.md``), plus the hook's batching
+    (graphs) at each group count below ``clients`` (with one client thread a group there is
+    nothing to combine; ``clients=1``, a training loop: none). Both with PyTorch's one shared
+    allocator, the only one they can have."""
     if kind == "serve":
         return ([Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
                  for gr in (True, False)] + [Candidate(g, batching=True) for g in group_counts])
     if kind in ("script", "train"):
         # shared pool: neither path can give a group its own allocator (Plan.unhonoured), so
         # the search never offers one there
-        return [Candidate(g, True, False, gr) for g in group_counts for gr in (True, False)]
+        out = [Candidate(g, True, False, gr) for g in group_counts for gr in (True, False)]
+        if kind == "script":
+            out += [Candidate(g, True, False, True, batching=True) for g in group_counts
+                    if clients is None or g < clients]
+        return out
     raise BadInputError(f"unknown candidate kind {kind!r}")
 
 
@@ -59,7 +67,9 @@ def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidat
     are measured, not guessed), plus ``prefer`` (the advisor's plan) when it is not among
     them; and the best batching candidate when none is among them (batching against
     unbatched is measured, not guessed: the estimate prices the GIL convoy of many
-    unbatched clients only in part, see :mod:`recsys_doctor.planning._batching`)."""
+    unbatched clients only in part, see :mod:`recsys_doctor.planning._batching`). Where the
+    batching candidates are not priced (a plain script's), the one at the best candidate's
+    group count is taken (the batched twin of the best), else the first ranked."""
     out: list[Prediction] = []
     seen: set[tuple[int, bool, bool, bool]] = set()
     for p in ranked:
@@ -77,5 +87,7 @@ def select_to_measure(ranked: Sequence[Prediction], top_k: int, prefer: Candidat
     if prefer is not None and all(p.candidate != prefer for p in out):
         out.extend(p for p in ranked if p.candidate == prefer)
     if not any(p.candidate.batching for p in out):
-        out.extend([p for p in ranked if p.candidate.batching][:1])
+        batched = [p for p in ranked if p.candidate.batching]
+        same = [p for p in batched if p.bound == UNPRICED and out and p.candidate.groups == out[0].candidate.groups]
+        out.extend((same or batched)[:1])
     return out

@@ -52,6 +52,11 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   written again (the section "a thread's copies in its own graph" below). Host data copied
   straight into the call, and host tensors a model copies inside its ``forward``
   (:mod:`.host_args`), go through the thread's pinned slots into the same graph.
+* **batching** (where the plan says ``batching``, with graphs; off by default): concurrent
+  top-level calls of one key in a group are run as one batch, one replay of a graph per batch
+  size, with the runtime's batching spec checked against eager once per key (:mod:`.batching`,
+  the queue :mod:`.combine`); a key whose spec is refused takes the graph path above. With
+  batching on, a thread's own graph (above) is not learned.
 
 A package loaded by file path at interpreter start, before the package can be imported (its
 package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
@@ -61,6 +66,7 @@ on the first hooked thread, ``recsys_doctor.runtime``. One module a concern, low
 :mod:`._common` (the state), :mod:`.groups` (thread groups on the runtime's streams, and the
 capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:`.buckets`
 (shapes: row buckets, padding verified, the bounds), :mod:`.graphs` (graphs per call site),
+:mod:`.combine` (the batching queue, no CUDA), :mod:`.batching` (calls of one key as one batch),
 :mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
 graph), :mod:`.host_args` (a model's host arguments, copied inside its forward),
 :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
@@ -68,7 +74,7 @@ left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
-``groups``, ``cuda_graphs``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit, and
+``groups``, ``cuda_graphs``, ``batching``, ``max_batch``); ``RECSYS_DOCTOR_AUTOAPPLY_LOG=1`` prints a summary at exit, and
 ``RECSYS_DOCTOR_HOOK_STATS=FILE`` writes it to FILE as JSON (what ``profile --apply`` reads back).
 """
 
@@ -116,8 +122,10 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _log(line)
     with _lock:
         if _state["active"]:
-            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"]}
+            return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"], "batching": _state["batching"],
+                    "max_batch": _state["max_batch"]}
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
+                      batching=rt["batching"], max_batch=rt["max_batch"], batch_specs={}, batch_lock=threading.Lock(),
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
@@ -161,4 +169,5 @@ def _main() -> None:
         _log(f"not applied: {_state['not_applied']}")
         return
     if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
-        _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}")
+        _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}, "
+             f"batching {'up to ' + str(rt['max_batch']) if rt['batching'] else 'off'}")

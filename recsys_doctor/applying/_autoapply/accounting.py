@@ -103,28 +103,55 @@ def fell_back(kind: str, site: str, reason: str, n: int = 1) -> None:
     c[2][reason] = c[2].get(reason, 0) + n
 
 
+def batched(sites: list[str]) -> None:
+    """One batch ran the calls made at ``sites`` (one entry a call): each site's calls count as
+    batched, and the batch once in each of its sites' histograms (calls by batch size)."""
+    t = _table()
+    n = len(sites)
+    for site in set(sites):
+        c = t.get(("model", site))
+        if c is None:
+            c = t[("model", site)] = [0, 0, {}]
+        if len(c) == 3:
+            c.extend((0, {}))
+        c[3] += sites.count(site)
+        c[4][n] = c[4].get(n, 0) + 1
+    with _sites_lock:
+        sizes = _state.setdefault("batch_sizes", {})
+        sizes[n] = sizes.get(n, 0) + 1
+
+
 def reset() -> None:
     """Forget every count (a new activation)."""
     with _sites_lock:
         _state["sites_gen"] = _state.get("sites_gen", 0) + 1
         _state["site_tables"] = []
+        _state["batch_sizes"] = {}
 
 
 def sites() -> list[dict[str, Any]]:
     """Every call site seen, by all threads together, most calls first: kind, site,
-    taken_over, fallback, reasons."""
+    taken_over, fallback, reasons; for model calls also ``batched`` (calls run in a batch, by
+    the plan's batching: :mod:`.batching`) and ``batch_sizes`` (batch size -> batches that ran
+    calls of the site)."""
     with _sites_lock:
         tables = list(_state.get("site_tables", []))
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for t in tables:
-        for (kind, site), (took, fell, reasons) in list(t.items()):
+        for (kind, site), c in list(t.items()):
             m = merged.get((kind, site))
             if m is None:
                 m = merged[(kind, site)] = {"kind": kind, "site": site, "taken_over": 0, "fallback": 0, "reasons": {}}
-            m["taken_over"] += took
-            m["fallback"] += fell
-            for r, k in list(reasons.items()):
+                if kind == "model":
+                    m.update(batched=0, batch_sizes={})
+            m["taken_over"] += c[0]
+            m["fallback"] += c[1]
+            for r, k in list(c[2].items()):
                 m["reasons"][r] = m["reasons"].get(r, 0) + k
+            if len(c) > 3:
+                m["batched"] += c[3]
+                for size, k in list(c[4].items()):
+                    m["batch_sizes"][size] = m["batch_sizes"].get(size, 0) + k
     rows = list(merged.values())
     rows.sort(key=lambda s: (-(s["taken_over"] + s["fallback"]), s["kind"], s["site"]))
     return rows

@@ -72,6 +72,8 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
 
 
 def _rebuild(torch: Any, x: Any, it: Any) -> Any:
+    """``x`` with its tensors replaced, in :func:`_key_part`'s order (a dict's in its own
+    order), by those ``it`` yields."""
     if isinstance(x, torch.Tensor):
         return next(it)
     if isinstance(x, (list, tuple)):

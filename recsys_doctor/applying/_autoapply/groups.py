@@ -70,6 +70,8 @@ class _Group:
         self.entries: dict[Any, Any] = {}
         #: id(module) -> its shapes here (:class:`.buckets._Site`: graphs bounded, padding verified)
         self.sites: dict[int, Any] = {}
+        #: key -> its batches here (:class:`.batching._Batches`), where the plan batches
+        self.batches: dict[Any, Any] = {}
         self.capture_stream: Any = None
 
 

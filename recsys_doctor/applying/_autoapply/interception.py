@@ -8,6 +8,7 @@ from typing import Any
 
 from ._common import _lock, _state, _tls, _torch
 from .accounting import script_site
+from .batching import _batched_call
 from .graphs import _graphed_call
 from .groups import _Group, _streams
 from .host_args import make_host_type, take
@@ -49,7 +50,9 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         torch = _torch()
         _tls.group = g
         _tls.depth = 0
-        if _state.get("thread_graphs") and _state.get("graphs"):
+        if _state.get("thread_graphs") and _state.get("graphs") and not _state.get("batching"):
+            # (with batching, a call goes to its group's batches: a thread's own graph of its
+            # copies and model would run it alone, so none is learned; .batching)
             _tls.copies = _ThreadCopies(g.stream)
         with torch.cuda.stream(g.stream):
             return orig(self)
@@ -72,6 +75,8 @@ def _patch_module(torch: Any) -> None:
         _tls.depth = depth + 1
         try:
             site = script_site(2)  # the script's line that called the model
+            if _state.get("batching"):
+                return _batched_call(orig, self, args, kwargs, site)
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
             if st is None:
                 return _graphed_call(orig, self, args, kwargs, site)

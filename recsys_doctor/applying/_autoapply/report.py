@@ -24,12 +24,17 @@ ENV_STATS_PID = "RECSYS_DOCTOR_HOOK_STATS_PID"
 
 
 def stats() -> dict[str, Any]:
-    """Groups created, threads placed, graphs captured, replays, fallback reasons, and per call
-    site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch.
+    """Groups created, threads placed, graphs captured, replays, fallback reasons, batches (where
+    the plan batches: their count, the calls in them, ``batch_sizes``: size -> batches), and per
+    call site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch.
     ``not_applied``: why the plan did nothing (a bad plan file), else None."""
     per_site = sites()
+    sizes = dict(sorted((_state.get("batch_sizes") or {}).items()))
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
-            "graphs": _state.get("graphs"), "threads": _state.get("started", 0),
+            "graphs": _state.get("graphs"), "batching": bool(_state.get("batching")),
+            "max_batch": _state.get("max_batch"), "batches": sum(sizes.values()),
+            "batched_calls": sum(k * n for k, n in sizes.items()), "batch_sizes": sizes,
+            "threads": _state.get("started", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
             "materialized": _state.get("materialized", 0),

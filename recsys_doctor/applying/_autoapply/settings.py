@@ -1,4 +1,4 @@
-"""The plan's settings the hook reads: ``groups`` and ``cuda_graphs``, through the package's one
+"""The plan's settings the hook reads: ``groups``, ``cuda_graphs``, ``batching`` and ``max_batch``, through the package's one
 plan parser (:class:`recsys_doctor.plan.Plan`), loaded by file path where there is no package."""
 
 from __future__ import annotations
@@ -30,18 +30,22 @@ def _plan_type() -> Any:
 
 
 #: the plan's runtime fields the hook honours; the others are reported by :func:`unhonoured`
-HONOURED = ("groups", "cuda_graphs")
+HONOURED = ("groups", "cuda_graphs", "batching", "max_batch")
 
 
 def unhonoured(plan: dict[str, Any]) -> list[str]:
     """One line per plan setting a plain script cannot get from this hook: its copies are
     its own (no merged/split copy streams, no staging pools, no slots), so only the group
-    count and CUDA graphs apply (the rules: :meth:`recsys_doctor.plan.Plan.unhonoured`)."""
+    count, CUDA graphs and batching (no queue delay) apply (the rules:
+    :meth:`recsys_doctor.plan.Plan.unhonoured`)."""
     return _plan_type().from_dict(plan).unhonoured("script")
 
 
 def read_runtime(plan: dict[str, Any]) -> dict[str, Any]:
-    """``groups`` and ``cuda_graphs`` of a plan dict (through ``Plan.from_dict``: the
-    ``runtime`` object, or planner schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``)."""
+    """:data:`HONOURED` of a plan dict (through ``Plan.from_dict``: the ``runtime`` object, or
+    planner schema 1 ``stream_groups.count`` / ``cuda_graphs.enabled``). Batching is off unless
+    the plan turns it on, and it needs CUDA graphs (a batch is one replay of a graph per batch
+    size): without them it is off, and said so (:func:`unhonoured`)."""
     p = _plan_type().from_dict(plan)
-    return {"groups": p.groups, "cuda_graphs": p.cuda_graphs}
+    return {"groups": p.groups, "cuda_graphs": p.cuda_graphs, "batching": p.batching and p.cuda_graphs,
+            "max_batch": p.max_batch}
