@@ -84,10 +84,19 @@ def test_nsys_backend_on_wdl(nsys_run):
     assert cap["nvml"]["n"] > 0
 
 
+#: findings decided by how long things took and how many happened in the captured window, not by
+#: what the program calls: step-variance (a step slower than a multiple of the median) and
+#: sync-api (enough synchronizing calls in the window, or enough of the threads' time blocked or
+#: of the GPU's idle after them). The two backends capture two separate runs of 0.4 s (nsys adds
+#: its own overhead), so these may differ; on the H100 (2026-11-26) the nsys run had both and
+#: the torch run neither.
+TIMED_FINDINGS = {"step-variance", "sync-api"}
+
+
 def test_both_backends_give_the_same_findings(torch_run, nsys_run):
-    ids_t = sorted({f.id for f in torch_run.advise.findings})
-    ids_n = sorted({f.id for f in nsys_run.advise.findings})
-    assert ids_t == ids_n
+    ids_t = {f.id for f in torch_run.advise.findings}
+    ids_n = {f.id for f in nsys_run.advise.findings}
+    assert ids_t ^ ids_n <= TIMED_FINDINGS, (sorted(ids_t), sorted(ids_n))
     # the wdl serving loop is the launch-bound, several-threads-one-stream case
     assert {"launch-bound", "stream-contention"} <= set(ids_n)
 
