@@ -384,15 +384,11 @@ def estimate(stats: TraceStats, cand: Candidate, *, clients: int | None = None,
     if stats.copies_per_unit:
         directions = min(2.0, stats.copies_per_unit)
         packed_copy_ns = directions * costs.copy_fixed_ns + stats.bytes_per_unit / costs.copy_bytes_per_ns
-    if cand.batching and script:
-        from ._batching import unpriced_script
+    if cand.batching and (script or stats.kind == "serve"):  # a script's batching is measured, not priced
+        from ._batching import estimate_batched, unpriced_script
 
-        return Prediction(cand, **unpriced_script())
-    if cand.batching and stats.kind == "serve":
-        from ._batching import estimate_batched
-
-        one = _graphed_gpu_ns(stats, costs, packed_copy_ns)
-        return Prediction(cand, **estimate_batched(stats, cand, q, costs, one))
+        return Prediction(cand, **(unpriced_script() if script else
+                                   estimate_batched(stats, cand, q, costs, _graphed_gpu_ns(stats, costs, packed_copy_ns))))
     if cand.cuda_graphs:
         host = costs.graph_host_ns if costs.graph_host_ns is not None else costs.graph_host_ops * h
         copies_ns = packed_copy_ns
