@@ -31,16 +31,17 @@ def _wdl(vocab=1000):
     return WideDeep(vocab).cuda().eval(), host_query
 
 
-def _run_hooked(tmp_path, groups: int, threads: int, client) -> dict:
+def _run_hooked(tmp_path, groups: int, threads: int, client, cand=None) -> dict:
     """``client(k)`` on ``threads`` threads under the script hook with ``groups`` graphed
-    groups; the hook's stats afterwards (the test fails on any client's error)."""
+    groups (or the plan of candidate ``cand``); the hook's stats afterwards (the test fails
+    on any client's error)."""
     import sys
 
     from recsys_doctor.applying.apply import write_plan
     from recsys_doctor.applying.script_hook import activate_in_process
     from recsys_doctor.planning.whatif import Candidate
 
-    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(groups, True, True, True))
+    plan = write_plan(tmp_path / "plan.json", ADVISED, cand or Candidate(groups, True, True, True))
     undo = activate_in_process(plan)
     hook = sys.modules["_recsys_doctor_autoapply"]
     try:

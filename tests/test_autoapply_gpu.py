@@ -376,24 +376,10 @@ BATCH_ATOL, BATCH_RTOL = 1e-5, 1e-4
 def _run_batched(tmp_path, groups: int, threads: int, client, max_batch: int = 8) -> dict:
     """``client(k)`` on ``threads`` threads under the script hook with a plan that batches
     (``groups`` graphed groups, batches of up to ``max_batch``); the hook's stats afterwards."""
-    from _threads import run_threads
-    from test_apply_gpu import ADVISED
-
-    from recsys_doctor.applying.apply import write_plan
-    from recsys_doctor.applying.script_hook import activate_in_process
     from recsys_doctor.planning.whatif import Candidate
 
-    plan = write_plan(tmp_path / "plan.json", ADVISED,
-                      Candidate(groups, True, False, True, batching=True, max_batch=max_batch))
-    undo = activate_in_process(plan)
-    hook = sys.modules["_recsys_doctor_autoapply"]
-    try:
-        errors = run_threads(client, threads)
-        st = hook.stats()
-    finally:
-        undo()
-    assert not errors, errors[0]
-    return st
+    return _run_hooked(tmp_path, groups, threads, client,
+                       Candidate(groups, True, False, True, batching=True, max_batch=max_batch))
 
 
 def _batch_models(torch):
@@ -456,19 +442,25 @@ def _batched_clients(torch, model, qs, threads: int):
     return got, client
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_batched_calls_equal_eager_and_run_in_batches(tmp_path, groups):
-    torch = pytest.importorskip("torch")
-    Ranker, _ = _batch_models(torch)
+def _batched_run(tmp_path, torch, which: int, groups: int, threads: int):
+    """Model ``which`` of :func:`_batch_models` (0: the ranker, 1: the row-centering one) called
+    by ``threads`` clients under a batching plan of ``groups`` groups: their outputs by (client,
+    round), eager's per client, the hook's stats."""
     torch.manual_seed(0)
-    model = Ranker().cuda().eval()
-    threads = 8
+    model = _batch_models(torch)[which]().cuda().eval()
     qs = _batch_queries(torch, threads)
     with torch.no_grad():
         ref = [model(*q) for q in qs]
     torch.cuda.synchronize()
     got, client = _batched_clients(torch, model, qs, threads)
-    st = _run_batched(tmp_path, groups, threads, client)
+    return got, ref, _run_batched(tmp_path, groups, threads, client)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_batched_calls_equal_eager_and_run_in_batches(tmp_path, groups):
+    torch = pytest.importorskip("torch")
+    threads = 8
+    got, ref, st = _batched_run(tmp_path, torch, 0, groups, threads)
     for (k, r), out in got.items():
         assert out.shape == ref[k].shape == (16, 1), (k, r)
         assert torch.allclose(out, ref[k], atol=BATCH_ATOL, rtol=BATCH_RTOL), (k, r, (out - ref[k]).abs().max())
@@ -492,16 +484,8 @@ def test_batched_calls_equal_eager_and_run_in_batches(tmp_path, groups):
 
 def test_a_model_that_mixes_rows_is_not_batched_and_stays_correct(tmp_path):
     torch = pytest.importorskip("torch")
-    _, CentersRows = _batch_models(torch)
-    torch.manual_seed(0)
-    model = CentersRows().cuda().eval()
     threads = 8
-    qs = _batch_queries(torch, threads)
-    with torch.no_grad():
-        ref = [model(*q) for q in qs]
-    torch.cuda.synchronize()
-    got, client = _batched_clients(torch, model, qs, threads)
-    st = _run_batched(tmp_path, 1, threads, client)
+    got, ref, st = _batched_run(tmp_path, torch, 1, 1, threads)
     for (k, r), out in got.items():
         # the group's graph path, unbatched: the same kernels as eager, replayed
         assert torch.allclose(out, ref[k], atol=1e-6, rtol=1e-6), (k, r)

@@ -38,18 +38,23 @@ def write_plan(path: str | os.PathLike[str], advised: dict[str, Any], chosen: Ca
     return p
 
 
-def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check a plan JSON (``plan.json`` or an ``advise --json`` output, whose
-    ``plan`` object is taken). Raises :class:`BadInputError` with one line on any problem."""
-    p = Path(path)
+def _json_file(p: Path, what: str) -> Any:
+    """The JSON document in ``p``; :class:`BadInputError` with one line where there is none."""
     if not p.is_file():
-        raise BadInputError(f"{p}: no such plan file")
+        raise BadInputError(f"{p}: no such {what} file")
     try:
-        doc = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise BadInputError(f"{p}: cannot read ({e})") from None
     except json.JSONDecodeError as e:
         raise BadInputError(f"{p}: not JSON (line {e.lineno}: {e.msg})") from None
+
+
+def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a plan JSON (``plan.json`` or an ``advise --json`` output, whose
+    ``plan`` object is taken). Raises :class:`BadInputError` with one line on any problem."""
+    p = Path(path)
+    doc = _json_file(p, "plan")
     if isinstance(doc, dict) and isinstance(doc.get("plan"), dict) and "findings" in doc:
         doc = doc["plan"]
     if not isinstance(doc, dict):
@@ -68,14 +73,7 @@ def read_bucket_costs(path: str | os.PathLike[str]) -> dict[int, float]:
     ``profile --apply``'s ``apply.json``). Sizes are positive integers, costs positive
     numbers, bucket 1 is among them. Raises :class:`BadInputError` with one line."""
     p = Path(path)
-    if not p.is_file():
-        raise BadInputError(f"{p}: no such bucket-costs file")
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{p}: cannot read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise BadInputError(f"{p}: not JSON (line {e.lineno}: {e.msg})") from None
+    doc = _json_file(p, "bucket-costs")
     if isinstance(doc, dict) and "bucket_gpu_us" in doc:
         doc = doc["bucket_gpu_us"]
     if not isinstance(doc, dict) or not doc:
