@@ -259,24 +259,3 @@ def test_a_keys_batches_give_every_caller_its_own_eager_output_on_the_cpu():
         _state.update(saved)
         accounting.reset()
 
-
-def test_calls_that_arrive_while_a_batch_runs_on_the_device_make_the_next_batch():
-    """``settle`` stands for the batch launched last, still on the device: a lone call finds
-    none and runs at once; six calls that arrive together find the first one's batch "in
-    flight" (0.2 s), wait for it, and run as ONE batch, each with its own result."""
-    sizes: list[int] = []
-    waits: list[float] = []
-
-    def settle():
-        if sizes:  # a batch was launched before: wait until it has run
-            t0 = time.monotonic()
-            time.sleep(0.2)
-            waits.append(time.monotonic() - t0)
-
-    comb = Combiner(lambda ps: (sizes.append(len(ps)), [p * 10 for p in ps])[1], max_batch=8, settle=settle)
-    assert comb.call(7) == 70 and sizes == [1] and not waits
-    results: dict[int, int] = {}
-    errors = _threads(6, lambda i: results.__setitem__(i, comb.call(i)))
-    assert not errors, errors
-    assert results == {i: i * 10 for i in range(6)}
-    assert sizes == [1, 6] and len(waits) == 1, (sizes, waits)

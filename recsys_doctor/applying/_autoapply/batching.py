@@ -183,17 +183,7 @@ class _Batches:
         self.shifts: Any = None
         self.graphs: dict[int, tuple[Any, list[Any]]] = {}
         self.eager: dict[int, str] = {}
-        self.in_flight: Any = None  # the event recorded after the last batch launched
-        self.combiner = Combiner(self.run, max_batch, hold=g.lock, settle=self.settle)
-
-    def settle(self) -> None:
-        """Wait (the interpreter lock released) until the last batch launched has run on the
-        device: one batch in flight a key and group, and the calls that arrive while it runs
-        make the next one (without it a batch holds the group only while it is launched, and
-        calls seldom met: 1,825 of 1,826 batches held one call in the plain serving script)."""
-        ev = self.in_flight
-        if ev is not None:
-            ev.synchronize()
+        self.combiner = Combiner(self.run, max_batch, hold=g.lock)
 
     def run(self, calls: list[tuple[list[Any], str]]) -> list[Any]:
         """One batch (under the group's lock, on the group's stream): copy in, replay (or run
@@ -207,10 +197,6 @@ class _Batches:
         if k not in self.graphs and k not in self.eager:
             self._capture(torch, k)
         outs, why = _run_shared(self._launch, torch, flat, n, k)
-        if self.g.stream is not None:  # (None: the batches of a CPU test, nothing in flight)
-            ev = self.in_flight or torch.cuda.Event()
-            ev.record(self.g.stream)
-            self.in_flight = ev
         for _, site in calls:
             if why is None:
                 taken_over("model", site)

@@ -2,9 +2,7 @@
 CUDA in it. Standard library only (loaded by file path at interpreter start).
 
 A :class:`Combiner` takes the calls of one key in one group. A call queues; the thread that finds
-no batch running becomes the runner: it waits until the batch it last launched has finished on
-the device (``settle``: its results are not waited for by ``run``, and the calls that queue
-while the device runs it make the next batch), takes the group (``hold``, the group's lock), then the
+no batch running becomes the runner: it takes the group (``hold``, the group's lock), then the
 oldest queued calls (at most ``max_batch``) and runs them as one batch with ``run(payloads)``;
 it keeps running batches until its own call is done, then hands the role to the next queued
 call. Calls that queue while a batch runs (or while the runner waits for the group) are the
@@ -60,12 +58,10 @@ class Combiner:
     every batch's size (the caller's histogram)."""
 
     def __init__(self, run: Callable[[list[Any]], Sequence[Any]], max_batch: int,
-                 hold: ContextManager[Any] | None = None, timeout_s: float = BATCH_WAIT_S,
-                 settle: Callable[[], None] | None = None) -> None:
+                 hold: ContextManager[Any] | None = None, timeout_s: float = BATCH_WAIT_S) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._run = run
-        self._settle = settle
         self.max_batch = max_batch
         self._hold = hold
         self.timeout_s = timeout_s
@@ -109,10 +105,8 @@ class Combiner:
                                "its stream group is stuck (set the plan's batching to false to run calls one by one)")
 
     def _one_batch(self) -> bool:
-        """Wait for the batch in flight (``settle``), take the group, then the oldest queued
-        calls, and run them as one batch (False: none was queued)."""
-        if self._settle is not None:
-            self._settle()  # (the calls that queue meanwhile join this batch)
+        """Take the group, then the oldest queued calls, and run them as one batch (False: none
+        was queued)."""
         with self._hold if self._hold is not None else nullcontext():
             with self._cond:
                 batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
