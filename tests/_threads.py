@@ -6,9 +6,10 @@ import threading
 from typing import Callable
 
 
-def run_threads(worker: Callable[[int], object], n: int) -> list[BaseException]:
+def run_threads(worker: Callable[[int], object], n: int, timeout_s: float | None = None) -> list[BaseException]:
     """Run ``worker(k)`` for ``k`` in ``range(n)``, each on its own thread, all at once;
-    wait for every one and return what they raised (empty when none did)."""
+    wait for every one (at most ``timeout_s`` each: then fail, naming the hang) and return
+    what they raised (empty when none did)."""
     errors: list[BaseException] = []
 
     def guarded(k: int) -> None:
@@ -21,5 +22,6 @@ def run_threads(worker: Callable[[int], object], n: int) -> list[BaseException]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout_s)
+    assert not any(t.is_alive() for t in threads), "a client thread hangs"
     return errors

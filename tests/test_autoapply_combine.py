@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from _threads import run_threads
 
 from recsys_doctor.applying._autoapply import accounting, unhonoured
 from recsys_doctor.applying._autoapply.combine import BatchWaitTimeout, Combiner
@@ -15,21 +16,7 @@ from recsys_doctor.applying._autoapply.settings import read_runtime
 
 
 def _threads(n, target):
-    errors: list = []
-
-    def wrap(i):
-        try:
-            target(i)
-        except BaseException as ex:  # noqa: BLE001 - the test reports it
-            errors.append(ex)
-
-    ts = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    assert not any(t.is_alive() for t in ts), "a caller hangs"
-    return errors
+    return run_threads(target, n, timeout_s=30)
 
 
 def test_concurrent_calls_combine_and_every_caller_gets_its_own_result():

@@ -72,19 +72,25 @@ def hammer(fn, n_threads, per_thread):
     return res, errs
 
 
+def every_result_matches(s, qs, ref, per_thread=20):
+    """One client thread a query of ``qs`` sends it ``per_thread`` times through ``s(*q)``,
+    then each is submitted once: every result equals ``ref`` (atol 1e-5), and queries did batch."""
+    res, errs = hammer(lambda k: s(*qs[k]), len(qs), per_thread)
+    sizes = s.stats()["batching"]["batch_sizes"]
+    futs = [s.submit(*q) for q in qs]
+    for f, r in zip(futs, ref):
+        assert (f.result(30) - r).abs().max() <= 1e-5
+    assert not errs and len(res) == len(qs) * per_thread
+    assert max(float((o - ref[k]).abs().max()) for k, o in res) <= 1e-5
+    assert max(sizes) > 1
+
+
 def test_every_request_matches_eager(wdl):
     qs = [make_query(10 + k) for k in range(24)]
     ref = [reference(wdl, q) for q in qs]
     with serve(wdl, qs[0]) as s:
         assert s.stats()["batching"]["enabled"], s.batching_refused
-        res, errs = hammer(lambda k: s(*qs[k]), 24, 20)
-        sizes = s.stats()["batching"]["batch_sizes"]
-        futs = [s.submit(*q) for q in qs]
-        for f, r in zip(futs, ref):
-            assert (f.result(30) - r).abs().max() <= 1e-5
-    assert not errs and len(res) == 480
-    assert max(float((o - ref[k]).abs().max()) for k, o in res) <= 1e-5
-    assert max(sizes) > 1  # 24 clients on 2 groups did batch
+        every_result_matches(s, qs, ref)  # 24 clients on 2 groups
 
 
 def test_namedtuple_and_dict_outputs_keep_their_structure():
@@ -291,14 +297,7 @@ def test_kjt_features_batched_in_graphs(as_offsets, weighted):
         st = s.stats()["batching"]
         assert st["enabled"], s.batching_refused
         assert st["eager_buckets"] == {}  # the key-major merge is captured with the model
-        res, errs = hammer(lambda k: s(*qs[k]), 24, 20)
-        sizes = s.stats()["batching"]["batch_sizes"]
-        futs = [s.submit(*q) for q in qs]
-        for f, r in zip(futs, ref):
-            assert (f.result(30) - r).abs().max() <= 1e-5
-    assert not errs and len(res) == 480
-    assert max(float((o - ref[k]).abs().max()) for k, o in res) <= 1e-5
-    assert max(sizes) > 1
+        every_result_matches(s, qs, ref)
 
 
 def test_kjt_query_with_another_values_count_served_unbatched():
