@@ -128,8 +128,8 @@ class WhatIfCosts:
     #: the GPU time with graphs cannot go below this share of the eager GPU time (keeps the
     #: estimate from promising more than the kernels themselves take).
     min_gpu_share: float = 0.0
-    #: dynamic batching (:mod:`recsys_doctor.planning._batching`), from the committed H100 sweep
-    #: (``bench/results/serving_sweep_h100.json``, ``runtime_batched_call``, wide&deep): host
+    #: dynamic batching (:mod:`recsys_doctor.planning._batching`), from the H100 sweep of e67015b
+    #: (``bench/results/serving_sweep_h100.json`` then, ``runtime_batched_call``, wide&deep): host
     #: time per query on the batched path (1e9 / 20,180 q/s at 64 clients, host-bound); the GPU
     #: time one more query adds to a batch, as a share of one query alone (bucket GPU times 239.7
     #: us for 1 query, 756.0 us for 32: (756.0 - 239.7) / 31 / 239.7, ``..._info.json``); the
