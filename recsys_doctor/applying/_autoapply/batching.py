@@ -151,13 +151,13 @@ def _batched_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     g: _Group = _tls.group
     if module.training or torch.is_grad_enabled():
         return _graphed_call(orig_call, module, args, kwargs, site)
-    kt = _key_or_reason(torch, module, args, kwargs)
+    kt = _key_or_reason(torch, module, args, kwargs)  # (no key_tag here: host arguments are not taken with batching)
     if isinstance(kt, str) or not kt[1] or torch.cuda.current_stream().cuda_stream != g.stream.cuda_stream:
-        return _graphed_call(orig_call, module, args, kwargs, site)
+        return _graphed_call(orig_call, module, args, kwargs, site, kt)
     key, tensors = kt
     sp = _spec_of(torch, key, orig_call, module, args, kwargs, tensors, site)
-    if sp.refused is not None:
-        return _graphed_call(orig_call, module, args, kwargs, site)
+    if sp.refused is not None:  # (every call of a refused key: its key is not made twice)
+        return _graphed_call(orig_call, module, args, kwargs, site, kt)
     b = g.batches.get(key)
     if b is None:
         with g.lock:

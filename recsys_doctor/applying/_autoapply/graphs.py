@@ -173,14 +173,16 @@ def _site_of(g: _Group, module: Any) -> _Site:
 
 
 def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  site: str = "?") -> Any:
-    """A top-level model call of a hooked thread, made at ``site`` (the script's line)."""
+                  site: str = "?", kt: tuple[Any, list[Any]] | str | None = None) -> Any:
+    """A top-level model call of a hooked thread, made at ``site`` (the script's line); ``kt``:
+    its :func:`_key_or_reason` where the caller has made it already (:mod:`.batching`)."""
     torch = _torch()
     g: _Group = _tls.group
     if module.training or torch.is_grad_enabled():
         return _eager(orig_call, module, args, kwargs, site, GRAD_ON)
     tag = getattr(orig_call, "key_tag", None)
-    kt = _key_or_reason(torch, module, args, kwargs, tag)
+    if kt is None:
+        kt = _key_or_reason(torch, module, args, kwargs, tag)
     if isinstance(kt, str):
         return _eager(orig_call, module, args, kwargs, site, kt)
     key, tensors = kt
