@@ -152,6 +152,18 @@ def test_thread_graphs_take_over_a_threads_own_pinned_copies(tmp_path, groups, t
 
 
 
+def _numpy_queries(torch, host_query, threads: int, seed: int) -> list:
+    """One wide&deep query a thread (seeded ``seed + k``), as a script that reads its inputs
+    with numpy has them: the dense rows and each id list as numpy arrays of their own, the
+    offsets as a Python list."""
+    qs = []
+    for k in range(threads):
+        torch.manual_seed(seed + k)
+        d, i, o = host_query(32, 1000)
+        qs.append((d.numpy().copy(), [t.numpy().copy() for t in i], o.tolist()))
+    return qs
+
+
 @pytest.mark.parametrize("staging", ["1", "0"])
 def test_pageable_copies_are_staged_and_outputs_equal_eager(tmp_path, monkeypatch, staging):
     """The copies real scripts make (issue 25): numpy and lists moved with
@@ -168,11 +180,7 @@ def test_pageable_copies_are_staged_and_outputs_equal_eager(tmp_path, monkeypatc
     monkeypatch.setenv("RECSYS_DOCTOR_STAGE_PAGEABLE", staging)
     model, host_query = _wdl()
     threads, rounds = 6, 12
-    qs = []
-    for k in range(threads):
-        torch.manual_seed(90 + k)
-        d, i, o = host_query(32, 1000)
-        qs.append((d.numpy().astype(np.float64), [t.numpy().copy() for t in i], o.tolist()))
+    qs = [(d.astype(np.float64), i, o) for d, i, o in _numpy_queries(torch, host_query, threads, 90)]
 
     def query(k, r):
         dense, idx, offs = qs[k]
@@ -226,11 +234,7 @@ def test_pageable_copies_straight_into_the_model_join_the_thread_graph(tmp_path,
 
     model, host_query = _wdl()
     rounds, keep_at = 12, 7
-    qs = []
-    for k in range(threads):
-        torch.manual_seed(110 + k)
-        d, i, o = host_query(32, 1000)
-        qs.append((d.numpy().copy(), [t.numpy().copy() for t in i], o.tolist()))
+    qs = _numpy_queries(torch, host_query, threads, 110)
 
     def query(k, r):
         dense, idx, offs = qs[k]
