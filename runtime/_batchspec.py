@@ -179,7 +179,9 @@ class BatchPlan:
         if k == 1 and set(self.kinds) <= {"rows", "indices"}:
             return [v.reshape(lf.shape) for v, lf in zip(views, self.leaves)]
         if shifts is None:
-            shifts = _torch().arange(k, device=buf.device) * self.shift
+            import torch
+
+            shifts = torch.arange(k, device=buf.device) * self.shift
         js, lens, gather = self.jagged, None, None
         if js is not None:
             lens = query_lengths(next(v for v, lf in zip(views, self.leaves)
@@ -206,12 +208,6 @@ class BatchPlan:
         item = torch.empty((), dtype=lf.dtype).element_size()
         strides = (self.block // item, *_contiguous_strides(lf.shape))
         return buf.view(lf.dtype).as_strided((k, *lf.shape), strides, lf.offset // item)
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 def _nbytes(lf: _Leaf) -> int:
