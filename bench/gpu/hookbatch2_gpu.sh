@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# After the hook's batching kept one batch in flight: its GPU tests, the capture tests, and the
-# plain serving script and the MMoE ranker through profile --apply (each measures a batched
-# plan); results in $OUT/hookbatch2.tgz.
+# The hook's GPU tests, the capture tests, and the plain serving script and the MMoE ranker
+# through profile --apply (each measures a batched plan); results in $OUT/hookbatch2.tgz. It
+# measured a variant that kept one batch in flight a group (reverted: call 3 of
+# bench/apply/results/hookbatch_h100/README.md); on the code as it is it measures that instead.
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1; export SETUP_DONE=1
 R=$OUT/hookbatch2; mkdir -p $R; cp $OUT/env.json $R/
