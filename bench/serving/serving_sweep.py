@@ -18,6 +18,8 @@ Configs:
   runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
   runtime_batched_call_dr2, _dr4, _g8dr4  runtime_batched_call with 2 / 4 driver threads
                           (4 groups; 8 groups and 4 drivers) (not in the default list)
+  proto_cdriver           the batcher with its driver in C (bench/serving/cdriver/, an experiment,
+                          not the runtime; build it first with bench/serving/cdriver/build.sh)
 
 Columns: q/s, p50/p99 latency, ``gpu_busy_share`` (NVML utilization over the window),
 for batched configs the batch sizes seen and ``gpu_busy_est`` (sum over batches of the
@@ -96,6 +98,13 @@ def _make(config: str, model, queries, served):
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
     if config == "runtime_request":  # the zero-copy request per query, as bench/serving/serve_anchors.py times it
         return _serve_fns("serve_request", served, queries)
+    if config == "proto_cdriver":  # the experiment of bench/serving/cdriver/ (its driver in C)
+        sys.path.insert(0, str(HERE / "cdriver"))
+        from proto import make
+
+        call = make(served)
+        served._proto = call
+        return [(lambda a=a: call(a)) for a in queries]
     raise SystemExit(f"unknown config {config}")
 
 
@@ -111,10 +120,10 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         ref = [model(a[0].cuda(), [t.cuda() for t in a[1]], a[2].cuda()).cpu() for a in queries]
     torch.cuda.synchronize()
     served = None
-    if config.startswith("runtime"):
+    if config.startswith("runtime") or config == "proto_cdriver":
         from recsys_doctor.runtime import serve
 
-        batched = "batched" in config
+        batched = "batched" in config or config == "proto_cdriver"
         drivers = re.search(r"dr(\d+)$", config)
         served = serve(model, queries[0], groups=8 if "_g8" in config or not batched else 4, merge=True, graphs=True, slots_per_group=2,
                        drivers=int(drivers.group(1)) if drivers else 1,
@@ -143,7 +152,10 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         errs = [float((torch.stack(o).float() - ref[k]).abs().max()) for k, o in enumerate(outs) if o]
         row["max_abs_err"] = max(errs) if errs else None
         row["checked"] = sum(len(o) for o in outs)
-        if served is not None and served._batcher is not None:
+        if getattr(served, "_proto", None) is not None:
+            b, n, lent, fatal = served._proto.stats()
+            row["proto_stats"] = {"batches": b, "requests": n, "lent": lent, "fatal": fatal}
+        elif served is not None and served._batcher is not None:
             after = served.stats()["batching"]["batch_sizes"]
             sizes = {int(s): c - before.get(s, 0) for s, c in after.items() if c - before.get(s, 0)}
             table = served._bworkers[0].table
