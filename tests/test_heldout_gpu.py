@@ -1,0 +1,38 @@
+"""The held-out scripts of examples/heldout/ through ``profile --apply``, unmodified (run
+on the GPU machine: ``pytest -m gpu tests/test_heldout_gpu.py -k fresh``: a few minutes a
+script, so one or two scripts per call on a machine that caps a command at 10 minutes).
+
+The suite's test (tests/test_scripts_suite_gpu.py) is run as it is on each of them: one
+run as it is (the reference), then ``recsys-doctor profile --apply``; every run the tool
+made of the script must print the reference's checksum, the report must carry the hooked
+call sites and the syncs per query before and after, and the kept plan must not lose
+(>= 0.95x). These scripts are not tuned for: no 8x is required of them, so they run
+under their own kind, ``heldout`` (the suite requires 8x of launch-bound ``serve``
+scripts only), compared as closely as a serving script. ``RECSYS_DOCTOR_WRITE_SUITE=PATH``
+writes each script's row into the JSON list at PATH, as for the suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import test_scripts_suite_gpu as suite
+
+pytestmark = pytest.mark.gpu
+
+HELDOUT = Path(__file__).resolve().parents[1] / "examples" / "heldout"
+#: script -> its arguments: 4 client threads, sizes for a few seconds of eager work
+ARGS = {
+    "dcn_frame_serve.py": ["--threads", "4", "--queries", "2000"],
+    "async_rerank_server.py": ["--threads", "4", "--queries", "2000"],
+    "fresh_boost_dlrm.py": ["--threads", "4", "--queries", "2000"],
+}
+
+
+@pytest.mark.parametrize("name", list(ARGS))
+def test_heldout_script_through_profile_apply_keeps_its_outputs(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "SCRIPTS", HELDOUT)
+    monkeypatch.setitem(suite.SUITE, name, ("heldout", ARGS[name]))
+    monkeypatch.setitem(suite.REL_TOL, "heldout", suite.REL_TOL["serve"])
+    suite.test_script_through_profile_apply_keeps_its_outputs(name, tmp_path)

@@ -1,0 +1,122 @@
+"""The held-out scripts of examples/heldout/ run on the CPU, and their checksums hold.
+
+They are written the way other teams write serving code, in patterns the suite of
+examples/scripts/ does not use, to be run through ``profile --apply`` on the GPU
+(tests/test_heldout_gpu.py). That comparison rests on one property checked here: with the
+same seed, a script's checksum does not depend on its thread count. The branchy DLRM's
+checksum is also recomputed here from its own model and requests, one request at a time,
+and both sides of its data-dependent branch are shown to be taken and to matter.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_example_scripts import ALLOWED
+
+HELDOUT = Path(__file__).resolve().parents[1] / "examples" / "heldout"
+#: tiny sizes for each script (with --device cpu)
+TINY = {
+    "dcn_frame_serve.py": ["--queries", "16", "--rows", "8", "--vocab", "300"],
+    "async_rerank_server.py": ["--queries", "16", "--items", "1500", "--users", "300", "--history", "12"],
+    "fresh_boost_dlrm.py": ["--queries", "24", "--batch", "16", "--vocab", "300"],
+}
+THREADS = (1, 3)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name[:-3], HELDOUT / name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[tuple[str, int], list[str]]:
+    """Every script at 1 and 3 client threads, the six runs at once (one intra-op thread
+    each, nothing on PYTHONPATH): their stdout lines, by (script, threads)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    procs = {(name, t): subprocess.Popen([sys.executable, str(HELDOUT / name), "--device", "cpu", *args,
+                                          "--threads", str(t)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, cwd=HELDOUT, env=env)
+             for name, args in TINY.items() for t in THREADS}
+    out = {}
+    for key, p in procs.items():
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, f"{key}: {stderr[-2000:]}"
+        out[key] = stdout.splitlines()
+    return out
+
+
+def test_the_folder_is_what_the_tests_cover():
+    assert sorted(p.name for p in HELDOUT.glob("*.py")) == sorted(TINY)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_a_heldout_script_imports_nothing_of_ours(name):
+    tree = ast.parse((HELDOUT / name).read_text())
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert mods and mods <= ALLOWED, mods - ALLOWED
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_one_json_line_and_a_checksum_that_ignores_the_thread_count(name, runs):
+    queries = int(TINY[name][TINY[name].index("--queries") + 1])
+    results = {}
+    for t in THREADS:
+        lines = runs[(name, t)]
+        assert len(lines) == 1, lines
+        r = json.loads(lines[0])
+        assert r["script"] == name[:-3] and r["threads"] == t and r["queries"] == queries
+        assert r["qps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+        assert isinstance(r["checksum"], float) and math.isfinite(r["checksum"]) and r["checksum"] != 0
+        results[t] = r
+    assert results[1]["checksum"] == results[3]["checksum"]
+
+
+def test_fresh_boost_checksum_recomputed_and_its_branch_matters(runs):
+    """The DLRM with ``if fresh.sum() > 0:`` in forward: its checksum recomputed from the
+    script's model and requests one at a time; some requests take the boost, some do not,
+    and the boost changes the fresh rows' scores (so a replay of the wrong branch shows)."""
+    mod = _load("fresh_boost_dlrm.py")
+    args = dict(zip(TINY["fresh_boost_dlrm.py"][::2], TINY["fresh_boost_dlrm.py"][1::2]))
+    queries, batch, vocab = int(args["--queries"]), int(args["--batch"]), int(args["--vocab"])
+    torch.manual_seed(0)
+    model = mod.FreshDLRM(vocab).eval()
+    flat, fresh_requests, boosted = [], 0, 0
+    with torch.no_grad():
+        for rid in range(queries):
+            dense, ids, fresh = mod.make_request(0, rid, batch, vocab)
+            x = (torch.from_numpy(dense).float(), torch.from_numpy(ids))
+            probs = model(*x, torch.from_numpy(fresh)).numpy()
+            plain = model(*x, torch.zeros(batch)).numpy()
+            fresh_requests += bool(fresh.any())
+            boosted += int(np.sum(probs[fresh > 0] != plain[fresh > 0]))
+            assert np.array_equal(probs[fresh == 0], plain[fresh == 0])
+            flat += [probs.max(), np.sum(probs * fresh > 0.5), *probs]
+    flat = np.asarray(flat, dtype=np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    assert 0 < fresh_requests < queries
+    assert boosted > 0
+    r = json.loads(runs[("fresh_boost_dlrm.py", 3)][0])
+    assert r["fresh_requests"] == fresh_requests
+    assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_rerank_requests_vary_in_size():
+    """Every request of the asyncio re-ranker goes through the model whole: its candidate
+    counts differ from request to request, within 50..400."""
+    mod = _load("async_rerank_server.py")
+    sizes = {len(mod.make_request(0, rid, 300, 1500, 12)["items"]) for rid in range(16)}
+    assert len(sizes) > 8 and min(sizes) >= 50 and max(sizes) <= 400
