@@ -9,6 +9,8 @@ verification); capture and replay with padded rows are in ``tests/test_autoapply
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import pytest
 
 from recsys_doctor.applying import _autoapply as hook
@@ -70,13 +72,69 @@ def test_same_rows():
         assert not buckets.same_rows(torch, (lin(x),), [lin(xp)], 5, 8)
         assert not buckets.same_rows(torch, x.sum(1), xp.sum(), 5, 8)
         assert not buckets.same_rows(torch, x.long(), xp, 5, 8)
-        assert not buckets.same_rows(torch, {"a": x}, {"a": xp}, 5, 8)
+        # dict and namedtuple outputs: compared leaf by leaf, their structures must match
+        assert buckets.same_rows(torch, {"ctr": lin(x), "n": x.new_tensor(5.0)},
+                                 {"ctr": lin(xp), "n": x.new_tensor(5.0)}, 5, 8)
+        assert not buckets.same_rows(torch, {"a": lin(x)}, {"b": lin(xp)}, 5, 8)
+        assert not buckets.same_rows(torch, {"a": x}, {"a": xp.softmax(0)}, 5, 8)
+        Out = namedtuple("Out", "ctr cvr")
+        assert buckets.same_rows(torch, Out(lin(x), x), Out(lin(xp), xp), 5, 8)
+        assert not buckets.same_rows(torch, Out(lin(x), x), (lin(xp), xp), 5, 8)
     # integers exactly
     assert buckets.same_rows(torch, torch.tensor([1, 2]), torch.tensor([1, 2, 2, 2]), 2, 4)
     assert not buckets.same_rows(torch, torch.tensor([1, 2]), torch.tensor([1, 3, 2, 2]), 2, 4)
     # floats within the tolerance, not beyond
     assert buckets.same_rows(torch, torch.tensor([1.0]), torch.tensor([1.0 + 1e-7, 5.0]), 1, 2)
     assert not buckets.same_rows(torch, torch.tensor([1.0]), torch.tensor([1.0 + 1e-4, 5.0]), 1, 2)
+
+
+def test_outputs_are_the_tensor_leaves_or_none():
+    a, b = torch.zeros(2), torch.ones(3)
+    assert buckets.outputs(torch, a) == (a,)
+    got = buckets.outputs(torch, {"x": a, "y": [b, (a,)]})
+    assert got is not None and [id(t) for t in got] == [id(a), id(b), id(a)]
+    assert buckets.outputs(torch, (a, 3)) is None  # a leaf that is not a tensor
+    assert buckets.outputs(torch, None) is None and buckets.outputs(torch, {}) is None
+    assert buckets.outputs(torch, [a, None]) == (a,)  # a None leaf stays in the structure
+
+
+Scores = namedtuple("Scores", "ctr cvr")
+
+
+@pytest.mark.parametrize("out", [
+    torch.arange(8.0),
+    (torch.arange(8.0), torch.arange(8)),
+    [torch.arange(8.0), torch.arange(8)],
+    {"ctr": torch.arange(8.0), "cvr": torch.arange(8.0) * 2, "b": torch.tensor(3.0)},
+    Scores(torch.arange(8.0), torch.arange(8.0) + 1),
+    {"tasks": [Scores(torch.arange(8.0), torch.arange(8.0)), None], "z": (torch.arange(8),)},
+    (torch.arange(8.0), None),
+], ids=["tensor", "tuple", "list", "dict", "namedtuple", "nested", "tuple-with-None"])
+def test_a_replay_hands_out_the_structure_the_model_returns(out):
+    """What graphs._clone_out makes of graphs._static_out: the same types, keys, order and
+    values, each tensor a fresh copy; with rows (5 of 8), every 8-row tensor cut to 5."""
+    from torch.utils._pytree import tree_flatten
+
+    static = graphs._static_out(torch, out)
+    want, want_spec = tree_flatten(out)
+    for rows in (None, (5, 8)):
+        got = graphs._clone_out(static, rows)
+        assert type(got) is type(out)
+        leaves, spec = tree_flatten(got)
+        assert spec == want_spec
+        for g, w in zip(leaves, want):
+            if w is None:
+                assert g is None
+                continue
+            w = w[:5] if rows and w.dim() and w.shape[0] == 8 else w
+            assert torch.equal(g, w) and g.data_ptr() != w.data_ptr()
+    if isinstance(out, dict):
+        assert list(graphs._clone_out(static)) == list(out)  # the dict's own key order
+
+
+def test_an_output_holding_other_than_tensors_is_not_graphed():
+    with pytest.raises(TypeError, match="dict holding something other than tensors"):
+        graphs._static_out(torch, {"ctr": torch.zeros(2), "n": 3})
 
 
 def test_a_site_admits_at_most_the_bound():

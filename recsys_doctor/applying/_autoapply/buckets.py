@@ -84,13 +84,18 @@ def rows_differ(torch: Any, tensors: list[Any], n: int) -> bool:
 
 
 def outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:
-    """A model output's tensors: ``(out,)`` for a tensor, the tuple of a tuple or list of
-    tensors; None for any other output (not graphed, not padded)."""
+    """A model output's tensors: ``(out,)`` for a tensor, else its tensor leaves in pytree
+    order (``torch.utils._pytree``: tuples, lists, dicts, namedtuples, nested; a None leaf
+    is kept by the structure, not listed); None where a leaf is something else or no leaf
+    is a tensor (not graphed, not padded)."""
     if isinstance(out, torch.Tensor):
         return (out,)
-    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        return tuple(out)
-    return None
+    from torch.utils._pytree import tree_leaves
+
+    leaves = [o for o in tree_leaves(out) if o is not None]
+    if not leaves or not all(isinstance(o, torch.Tensor) for o in leaves):
+        return None
+    return tuple(leaves)
 
 
 def cut_rows(o: Any, n: int, b: int) -> Any:
@@ -102,8 +107,10 @@ def cut_rows(o: Any, n: int, b: int) -> Any:
 def same_rows(torch: Any, out: Any, padded_out: Any, n: int, b: int) -> bool:
     """Whether a padded call's outputs, cut back to the real rows, are the unpadded call's:
     the same structure, shapes and dtypes, and values equal (floats within the tolerance)."""
+    from torch.utils._pytree import tree_structure
+
     u, p = outputs(torch, out), outputs(torch, padded_out)
-    if u is None or p is None or len(u) != len(p) or type(out) is not type(padded_out):
+    if u is None or p is None or len(u) != len(p) or tree_structure(out) != tree_structure(padded_out):
         return False
     for a, c in zip(u, p):
         c = cut_rows(c, n, b)

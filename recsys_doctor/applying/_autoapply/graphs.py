@@ -26,7 +26,7 @@ class _Entry:
         self.calls = 0
         self.graph: Any = None
         self.static_in: list[Any] = []
-        self.static_out: Any = None  # a tensor or a tuple of tensors (see _static_out)
+        self.static_out: Any = None  # a tensor, a tuple of tensors or a _TreeOut (see _static_out)
         self.reason: str | None = None
 
 
@@ -142,13 +142,30 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
     return graph, out
 
 
+class _TreeOut:
+    """A captured output other than a tensor or a plain tuple of tensors (a dict, a list, a
+    namedtuple, nested): its tensors and its pytree spec, so that each replay hands out
+    exactly the structure the model returns."""
+
+    __slots__ = ("leaves", "spec")
+
+    def __init__(self, leaves: tuple[Any, ...], spec: Any) -> None:
+        self.leaves = leaves
+        self.spec = spec
+
+
 def _static_out(torch: Any, out: Any) -> Any:
-    """A captured model's output as replays hand it out: a tensor, or a tuple of tensors
-    (:func:`.buckets.outputs`)."""
+    """A captured model's output as replays hand it out: a tensor, a plain tuple of
+    tensors, or a :class:`_TreeOut` (:func:`.buckets.outputs` says which outputs hold)."""
     outs = outputs(torch, out)
     if outs is None:
-        raise TypeError(f"the model returns {type(out).__name__}, not a tensor or a tuple of tensors")
-    return out if isinstance(out, torch.Tensor) else outs
+        raise TypeError(f"the model returns {type(out).__name__} holding something other than tensors")
+    if isinstance(out, torch.Tensor) or type(out) is tuple and len(outs) == len(out):
+        return out
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten(out)  # None leaves too: a replay hands them out as None
+    return _TreeOut(tuple(leaves), spec)
 
 
 def _clone_out(static_out: Any, rows: tuple[int, int] | None = None) -> Any:
@@ -156,6 +173,10 @@ def _clone_out(static_out: Any, rows: tuple[int, int] | None = None) -> Any:
     with ``rows`` ``(n, b)``, of its first ``n`` rows where it has ``b`` (padded) rows."""
     if isinstance(static_out, tuple):
         return tuple(_clone_out(o, rows) for o in static_out)
+    if isinstance(static_out, _TreeOut):
+        from torch.utils._pytree import tree_unflatten
+
+        return tree_unflatten([None if o is None else _clone_out(o, rows) for o in static_out.leaves], static_out.spec)
     return (cut_rows(static_out, *rows) if rows else static_out).clone()
 
 
