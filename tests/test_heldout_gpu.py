@@ -2,7 +2,8 @@
 on the GPU machine: ``pytest -m gpu tests/test_heldout_gpu.py -k fresh``: a few minutes a
 script, so one or two scripts per call on a machine that caps a command at 10 minutes).
 
-The suite's test (tests/test_scripts_suite_gpu.py) is run as it is on each of them: one
+The suite's run and checks (tests/test_scripts_suite_gpu.py: ``run_through_apply``,
+``check_kept_outputs``) on each of them: one
 run as it is (the reference), then ``recsys-doctor profile --apply``; every run the tool
 made of the script must print the reference's checksum, the report must carry the hooked
 call sites and the syncs per query before and after, and the kept plan must not lose
@@ -31,8 +32,6 @@ ARGS = {
 
 
 @pytest.mark.parametrize("name", list(ARGS))
-def test_heldout_script_through_profile_apply_keeps_its_outputs(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(suite, "SCRIPTS", HELDOUT)
-    monkeypatch.setitem(suite.SUITE, name, ("heldout", ARGS[name]))
-    monkeypatch.setitem(suite.REL_TOL, "heldout", suite.REL_TOL["serve"])
-    suite.test_script_through_profile_apply_keeps_its_outputs(name, tmp_path)
+def test_heldout_script_through_profile_apply_keeps_its_outputs(name, tmp_path):
+    row, res, stdout = suite.run_through_apply(HELDOUT / name, "heldout", ARGS[name], tmp_path)
+    suite.check_kept_outputs(row, res, stdout)
