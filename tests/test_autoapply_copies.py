@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from recsys_doctor.applying import _autoapply as hook
+from recsys_doctor.applying._autoapply.argtree import matches, skeleton
 
 torch = pytest.importorskip("torch")
 
@@ -62,7 +63,7 @@ def thread(monkeypatch):
     src = [torch.arange(4.0), torch.arange(10, 16)]
     tin = [torch.full((4,), -1.0), torch.full((6,), -1, dtype=torch.int64)]
     tg = hook._ThreadGraph(module="m", graph=None, src=src, tin=tin,
-                           template=hook._template(torch.Tensor, ((tin[0], [tin[1]]), {})), out=torch.zeros(1),
+                           template=skeleton(((tin[0], [tin[1]]), {}), torch.Tensor), out=torch.zeros(1),
                            device=0)
     st = hook._ThreadCopies(stream=None)
     st.tg = tg
@@ -136,14 +137,14 @@ def test_a_changed_source_is_not_taken_over(thread):
 def test_a_model_call_matches_its_captured_arguments_only():
     T = torch.Tensor
     a, b, c = torch.zeros(1), torch.zeros(2), torch.zeros(3)
-    tmpl = hook._template(T, ((a, [b, c], 7, "x"), {"k": None}))
-    assert hook._matches(T, tmpl, ((a, [b, c], 7, "x"), {"k": None}), iter([a, b, c]))
-    assert not hook._matches(T, tmpl, ((a, [c, b], 7, "x"), {"k": None}), iter([a, b, c]))  # order
-    assert not hook._matches(T, tmpl, ((a, (b, c), 7, "x"), {"k": None}), iter([a, b, c]))  # list vs tuple
-    assert not hook._matches(T, tmpl, ((a, [b, c], 8, "x"), {"k": None}), iter([a, b, c]))  # a constant
-    assert not hook._matches(T, tmpl, ((a, [b, c], 7, "x"), {}), iter([a, b, c]))  # a keyword
-    assert not hook._matches(T, tmpl, ((a, [b, c.clone()], 7, "x"), {"k": None}), iter([a, b, c]))  # another tensor
-    assert not hook._matches(T, tmpl, ((a, [b, c], 7.0, "x"), {"k": None}), iter([a, b, c]))  # 7.0 is not 7
+    tmpl = skeleton(((a, [b, c], 7, "x"), {"k": None}), T)
+    assert matches(tmpl, ((a, [b, c], 7, "x"), {"k": None}), T, iter([a, b, c]))
+    assert not matches(tmpl, ((a, [c, b], 7, "x"), {"k": None}), T, iter([a, b, c]))  # order
+    assert not matches(tmpl, ((a, (b, c), 7, "x"), {"k": None}), T, iter([a, b, c]))  # list vs tuple
+    assert not matches(tmpl, ((a, [b, c], 8, "x"), {"k": None}), T, iter([a, b, c]))  # a constant
+    assert not matches(tmpl, ((a, [b, c], 7, "x"), {}), T, iter([a, b, c]))  # a keyword
+    assert not matches(tmpl, ((a, [b, c.clone()], 7, "x"), {"k": None}), T, iter([a, b, c]))  # another tensor
+    assert not matches(tmpl, ((a, [b, c], 7.0, "x"), {"k": None}), T, iter([a, b, c]))  # 7.0 is not 7
 
 
 def test_refcount_of_a_dropped_view_is_what_copy_in_expects():

@@ -314,14 +314,33 @@ def test_numpy_arguments_are_not_taken(hooked):
     assert _take(hooked, Ranker().eval(), (np.arange(3), np.zeros((3, 4), np.float32))) is None
 
 
-def test_arguments_in_a_named_tuple_are_not_taken(hooked):
-    # (the hook could not hand forward the same named tuple again)
+class TakesABatch(Ranker):
+    def forward(self, batch):
+        b = SimpleNamespace(**batch) if isinstance(batch, dict) else batch
+        return super().forward(b.user, b.items, b.dense)
+
+
+def test_arguments_in_a_named_tuple_are_taken_and_forward_gets_the_same_named_tuple(hooked):
+    # (the arguments were once made again as a plain tuple, which failed: such calls were left to PyTorch)
     from collections import namedtuple
 
     Batch = namedtuple("Batch", "user items dense")
+    model = TakesABatch().eval()
+    batch = Batch(*_request(4))
+    call, args, kwargs = _take(hooked, model, (batch,))
+    assert len(hooked.copied) == 3 and kwargs == {} and len(args) == 1 and type(args[0]) is Batch
+    assert all(torch.equal(d, t) and d is not t for d, t in zip(args[0], batch))
     with torch.no_grad():
-        assert host_args.take(torch, hooked.st, nn.Module.__call__, Ranker().eval(), (Batch(*_request(4)),), {},
-                              "s.py:1") is None
+        out = call(model, *args)
+    assert len(hooked.copied) == 3 and torch.equal(out, _unhooked(model, (batch,)))
+
+
+def test_arguments_in_a_dict_subclass_are_not_taken(hooked):
+    # (the hook would hand forward a plain dict in its place)
+    from collections import OrderedDict
+
+    user, items, dense = _request(4)
+    assert _take(hooked, TakesABatch().eval(), (OrderedDict(user=user, items=items, dense=dense),)) is None
     assert hooked.st.slot_n == 0 and not hooked.copied
 
 

@@ -43,8 +43,8 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
+from .argtree import flatten, remake
 from .fallback import _fall_back
-from .graphs import _rebuild
 from .pageable import MAX_COPY, _host_array, copy_hazard
 from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 
@@ -53,26 +53,6 @@ from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 KEY_TAG = "host arguments"
 #: why a copy of a host argument inside forward is PyTorch's (counted at forward's line)
 LEFT_TO_PYTORCH = "a copy of a host argument that forward used on the host or copied already, left to PyTorch"
-
-
-def _walk(T: type[Any], x: Any, out: list[Any]) -> bool:
-    """The tensors of a call's arguments, in the order :func:`.graphs._rebuild` puts them back;
-    whether every container among them is a plain list, tuple or dict (one that ``_rebuild``
-    makes again as it was: not a named tuple)."""
-    if isinstance(x, T):
-        out.append(x)
-        return True
-    if isinstance(x, (list, tuple)):
-        ok = type(x) is list or type(x) is tuple
-        for v in x:
-            ok = _walk(T, v, out) and ok
-        return ok
-    if isinstance(x, dict):
-        ok = type(x) is dict
-        for v in x.values():
-            ok = _walk(T, v, out) and ok
-        return ok
-    return True
 
 
 def host_arrays(torch: Any, hosts: list[Any]) -> list[Any] | None:
@@ -101,7 +81,7 @@ def take(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     if st.pending or module.training or torch.is_grad_enabled() or id(module) in _state.setdefault("host_use", {}):
         return None
     tensors: list[Any] = []
-    plain = _walk(torch.Tensor, args, tensors) & _walk(torch.Tensor, kwargs, tensors)
+    plain = flatten((args, kwargs), torch.Tensor, tensors)  # (else remake would change a container's type)
     at = [i for i, t in enumerate(tensors) if t.get_device() < 0 and t.is_cpu]
     if not at or not plain:
         return None
@@ -115,8 +95,8 @@ def take(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
         tensors[i] = slot_to_device(torch, st, slot_fill(torch, st, a), dev)
         copies.append(tensors[i])
     taken_over("h2d", site, len(at))
-    it = iter(tensors)
-    return host_call(torch, orig_call, at, hosts, copies, dev), _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+    args, kwargs = remake((args, kwargs), torch.Tensor, iter(tensors))
+    return host_call(torch, orig_call, at, hosts, copies, dev), args, kwargs
 
 
 def host_call(torch: Any, orig_call: Any, at: list[int], hosts: list[Any], copies: list[Any], dev: Any) -> Any:
@@ -128,16 +108,14 @@ def host_call(torch: Any, orig_call: Any, at: list[int], hosts: list[Any], copie
     def call(module: Any, *args: Any, **kwargs: Any) -> Any:
         T = torch.Tensor
         tensors: list[Any] = []
-        _walk(T, args, tensors)
-        _walk(T, kwargs, tensors)
+        flatten((args, kwargs), T, tensors)
         cls = _state["host_type"]
         proxies = []
         for j, i in enumerate(at):
             d = tensors[i]
             tensors[i] = _proxy(torch, cls, hosts[j] if d is copies[j] else None, d, dev, module)
             proxies.append(tensors[i])
-        it = iter(tensors)
-        args, kwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+        args, kwargs = remake((args, kwargs), T, iter(tensors))
         try:
             out = orig_call(module, *args, **kwargs)
             return _released(torch, cls, out)
