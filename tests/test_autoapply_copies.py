@@ -18,42 +18,6 @@ from recsys_doctor.applying._autoapply.argtree import matches, skeleton
 
 torch = pytest.importorskip("torch")
 
-FAKE = SimpleNamespace(device=torch.device, cuda=SimpleNamespace(current_device=lambda: 3))
-
-
-@pytest.mark.parametrize("args,kwargs,want", [
-    (("cuda",), {"non_blocking": True}, 3),
-    (("cuda:1",), {"non_blocking": True}, 1),
-    ((torch.device("cuda", 2),), {"non_blocking": True}, 2),
-    ((torch.device("cuda"),), {"non_blocking": True}, 3),
-    ((), {"device": "cuda:0", "non_blocking": True}, 0),
-    (("cuda",), {}, None),  # blocking: the script may reuse the source right after
-    (("cuda",), {"non_blocking": False}, None),
-    (("cpu",), {"non_blocking": True}, None),
-    ((torch.float16,), {"non_blocking": True}, None),
-    (("cuda", torch.float16), {"non_blocking": True}, None),
-    ((0,), {"non_blocking": True}, None),
-    (("cuda",), {"non_blocking": True, "copy": True}, None),
-    (("cuda:x",), {"non_blocking": True}, None),
-])
-def test_which_to_calls_are_taken_over(args, kwargs, want):
-    assert hook._to_target(FAKE, args, kwargs) == want
-
-
-@pytest.mark.parametrize("args,kwargs,want", [
-    ((), {"non_blocking": True}, 3),
-    ((1, True), {}, 1),
-    ((None, True), {}, 3),
-    ((), {"device": "cuda:2", "non_blocking": True}, 2),
-    ((), {}, None),
-    ((0,), {}, None),
-    ((0,), {"device": 1, "non_blocking": True}, None),
-    ((), {"non_blocking": True, "memory_format": torch.contiguous_format}, None),
-])
-def test_which_cuda_calls_are_taken_over(args, kwargs, want):
-    assert hook._cuda_target(FAKE, args, kwargs) == want
-
-
 @pytest.fixture
 def thread(monkeypatch):
     """A hooked thread's copy state with a thread graph over two pinned-looking sources;

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from recsys_doctor.applying._autoapply import accounting, host_args, pageable, staging
+from recsys_doctor.applying._autoapply.pageable import Move
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -43,7 +44,7 @@ def _cpu_to(a, k):
     parses a copy to the GPU: the CPU plays the group's device in the tests that run a model."""
     dev = a[0] if a and isinstance(a[0], str) else k.get("device")
     dtype = a[1] if len(a) > 1 and isinstance(a[1], torch.dtype) else k.get("dtype")
-    return (CPU, dtype, bool(k.get("non_blocking"))) if dev == "cpu" else None
+    return Move(CPU, dtype, bool(k.get("non_blocking")), bool(k.get("copy")), None) if dev == "cpu" else None
 
 
 class Ranker(nn.Module):

@@ -45,7 +45,7 @@ from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
 from .argtree import flatten, remake
 from .fallback import _fall_back
-from .pageable import MAX_COPY, _host_array, copy_hazard
+from .pageable import MAX_COPY, _host_array, copy_hazard, inexact
 from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 
 #: what the keys of a call whose host arguments were taken over carry (its graphs are not those of
@@ -187,17 +187,9 @@ def _proxies(cls: type[Any], x: Any, out: list[Any]) -> None:
             _proxies(cls, v, out)
 
 
-def _asks_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``Tensor.to`` asks for a new tensor (``copy=True``, or the second of its two
-    positional flags): not the one copy of a proxy (:func:`make_host_type`)."""
-    flags = [a for a in args[1:] if isinstance(a, bool)]
-    return bool(kwargs.get("copy")) or (len(flags) == 2 and flags[1])
-
-
 def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: Any) -> type:
     """The host proxies' tensor subclass. ``parse_to`` / ``parse_cuda``: ``(args, kwargs) ->
-    (device, dtype or None, non_blocking) or None`` for ``Tensor.to`` / ``Tensor.cuda`` (see
-    :func:`.pageable.to_args`); ``to`` / ``cuda``: PyTorch's own methods (the patched ones wrap them)."""
+    Move or None`` for ``Tensor.to`` / ``Tensor.cuda`` (:func:`.pageable.to_args`); ``to`` / ``cuda``: PyTorch's own methods (the patched ones wrap them)."""
     T = torch.Tensor
     to, cuda = getattr(to, "__wrapped__", to), getattr(cuda, "__wrapped__", cuda)  # (the hook's patches wrap them)
     meta = {T.shape.__get__, T.dtype.__get__, T.device.__get__, T.is_cuda.__get__, T.is_cpu.__get__,
@@ -231,7 +223,8 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
             base = getattr(func, "__wrapped__", func)
             if type(self) is cls and (base is to or base is cuda):
                 p = (parse_to if base is to else parse_cuda)(args[1:], kwargs)
-                out = None if _asks_copy(args, kwargs) else copied(self, p)
+                # (copy=True asks for a tensor of its own: not the one copy the hook made)
+                out = None if p is None or p.copy or inexact(torch, self, p) else copied(self, p)
                 if out is not None:
                     return out
                 if p is not None:  # a copy to the GPU that is not the hook's: PyTorch's, counted
