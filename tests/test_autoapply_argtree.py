@@ -58,6 +58,15 @@ def test_remake_with_the_same_tensors_gives_an_equal_structure_of_the_same_objec
     assert a[1]["a"] == (7, None, "x") and kw["k"] == 3
 
 
+def test_a_structseq_is_made_again_from_a_sequence():
+    """``torch.return_types`` (what ``torch.topk`` returns, passed on to a model): a tuple subclass
+    without ``_fields`` whose constructor takes one sequence."""
+    r = torch.topk(torch.arange(5.0), 2)
+    m = _marks(2)
+    (out,) = remake((r,), T, iter(m))
+    assert type(out) is type(r) and out.values == m[0] and out.indices == m[1]
+
+
 def test_a_skeleton_holds_no_tensor_and_filled_gives_the_call_back():
     t, args, kwargs = _call()
     sk = skeleton((args, kwargs), T)

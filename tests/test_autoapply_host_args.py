@@ -266,12 +266,13 @@ def test_the_copies_forward_asks_for_as_the_hook_parses_them():
     host = torch.arange(3)
     d = host.clone()
     for ask in (lambda q: q.cuda(), lambda q: q.cuda(non_blocking=True), lambda q: q.to("cuda"),
-                lambda q: q.to(device="cuda:3", non_blocking=True), lambda q: q.to(C3, torch.int64)):
+                lambda q: q.to(device="cuda:3", non_blocking=True), lambda q: q.to(C3, torch.int64),
+                lambda q: q.to(3), lambda q: q.cuda(3), lambda q: q.to("cuda", memory_format=torch.contiguous_format)):
         assert ask(host_args._proxy(torch, cls, host, d, C3, None)) is d
     # another device, another dtype, a new tensor asked for: PyTorch's copy (which a CPU-only
     # build cannot make: it says so)
     for ask in (lambda q: q.to("cuda:1"), lambda q: q.to("cuda", torch.float32), lambda q: q.to("cuda", copy=True),
-                lambda q: q.cuda(1)):
+                lambda q: q.cuda(1), lambda q: q.to("cuda", memory_format=torch.channels_last)):
         with pytest.raises((AssertionError, RuntimeError)):
             ask(host_args._proxy(torch, cls, host, d, C3, None))
 

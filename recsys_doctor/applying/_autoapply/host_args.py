@@ -223,8 +223,9 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
             base = getattr(func, "__wrapped__", func)
             if type(self) is cls and (base is to or base is cuda):
                 p = (parse_to if base is to else parse_cuda)(args[1:], kwargs)
-                # (copy=True asks for a tensor of its own: not the one copy the hook made)
-                out = None if p is None or p.copy or inexact(torch, self, p) else copied(self, p)
+                # (copy=True asks for a tensor of its own: not the one copy the hook made; the layout
+                # is asked of the proxy as a plain tensor, not as a use of it)
+                out = None if p is None or p.copy or plain(inexact, (torch, self, p), {}) else copied(self, p)
                 if out is not None:
                     return out
                 if p is not None:  # a copy to the GPU that is not the hook's: PyTorch's, counted

@@ -340,8 +340,11 @@ def inexact(torch: Any, src: Any, m: Move) -> str | None:
     mf = m.memory_format
     if mf is torch.contiguous_format or ((mf is None or mf is torch.preserve_format) and src.is_contiguous()):
         return None
-    if torch.empty_like(src, device="meta", memory_format=mf or torch.preserve_format).is_contiguous():
-        return None
+    try:
+        if torch.empty_like(src, device="meta", memory_format=mf or torch.preserve_format).is_contiguous():
+            return None
+    except (RuntimeError, TypeError):  # a format PyTorch refuses for this tensor: its own call says so
+        pass
     return NOT_CONTIGUOUS if mf is None or mf is torch.preserve_format else f"not taken over: memory_format={mf}"
 
 
