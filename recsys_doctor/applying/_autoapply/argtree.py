@@ -63,12 +63,22 @@ def matches(skel: Any, x: Any, leaf: type[Any], it: Iterator[Any]) -> bool:
     if skel is SLOT:
         return isinstance(x, leaf) and x is next(it, None)
     if isinstance(skel, (list, tuple)):
-        return (type(x) is type(skel) and len(x) == len(skel)
-                and all(matches(s, v, leaf, it) for s, v in zip(skel, x)))
-    if isinstance(skel, dict):  # (a skeleton's dicts are plain: any dict with the keys in order matches)
-        return (isinstance(x, dict) and tuple(x) == tuple(skel)
-                and all(matches(s, v, leaf, it) for s, v in zip(skel.values(), x.values())))
-    return type(x) is type(skel) and x == skel
+        if type(x) is not type(skel) or len(x) != len(skel):
+            return False
+        pairs: Any = zip(skel, x)
+    elif isinstance(skel, dict):  # (a skeleton's dicts are plain: any dict with the keys in order matches)
+        if not isinstance(x, dict) or tuple(x) != tuple(skel):
+            return False
+        pairs = zip(skel.values(), x.values())
+    else:
+        return type(x) is type(skel) and bool(x == skel)
+    for s, v in pairs:
+        if s is SLOT:
+            if not isinstance(v, leaf) or v is not next(it, None):
+                return False
+        elif not matches(s, v, leaf, it):
+            return False
+    return True
 
 
 def flatten(x: Any, leaf: type[Any], out: list[Any]) -> bool:
