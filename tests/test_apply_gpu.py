@@ -320,7 +320,8 @@ def test_applied_mmoe_training_keeps_the_losses():
 def test_a_batching_candidate_reports_its_bucket_costs(tmp_path):
     """The measured candidate's ``info`` carries ``served.bucket_gpu_us()`` for every bucket
     it captured (what ``profile --apply`` writes to ``bucket_gpu_us.json``), in the shape
-    ``whatif --bucket-costs`` reads; an unbatched candidate carries none."""
+    ``whatif --bucket-costs`` reads; an unbatched candidate carries none, nor does the
+    after-profile's run of a batching plan (``bucket_costs=False``)."""
     pytest.importorskip("torch")
     from recsys_doctor.applying.apply import make_runner, runtime_plan
     from recsys_doctor.capture.workload import load_workload, measure
@@ -343,3 +344,11 @@ def test_a_batching_candidate_reports_its_bucket_costs(tmp_path):
     run, close, info, wl2 = make_runner(wl, runtime_plan(Candidate(2), 4))
     close()
     assert "bucket_gpu_us" not in info
+    # the after-profile's runner (bucket_costs=False): the same batching plan, its buckets not measured
+    run, close, info, wl2 = make_runner(wl, runtime_plan(Candidate(2, batching=True, max_batch=8), 8),
+                                        bucket_costs=False)
+    try:
+        measure(wl2, threads=8, duration_s=0.3, run=run)
+    finally:
+        close()
+    assert info["stats"]["batching"]["enabled"] and "bucket_gpu_us" not in info

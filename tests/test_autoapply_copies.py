@@ -14,44 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from recsys_doctor.applying import _autoapply as hook
+from recsys_doctor.applying._autoapply.argtree import matches, skeleton
 
 torch = pytest.importorskip("torch")
-
-FAKE = SimpleNamespace(device=torch.device, cuda=SimpleNamespace(current_device=lambda: 3))
-
-
-@pytest.mark.parametrize("args,kwargs,want", [
-    (("cuda",), {"non_blocking": True}, 3),
-    (("cuda:1",), {"non_blocking": True}, 1),
-    ((torch.device("cuda", 2),), {"non_blocking": True}, 2),
-    ((torch.device("cuda"),), {"non_blocking": True}, 3),
-    ((), {"device": "cuda:0", "non_blocking": True}, 0),
-    (("cuda",), {}, None),  # blocking: the script may reuse the source right after
-    (("cuda",), {"non_blocking": False}, None),
-    (("cpu",), {"non_blocking": True}, None),
-    ((torch.float16,), {"non_blocking": True}, None),
-    (("cuda", torch.float16), {"non_blocking": True}, None),
-    ((0,), {"non_blocking": True}, None),
-    (("cuda",), {"non_blocking": True, "copy": True}, None),
-    (("cuda:x",), {"non_blocking": True}, None),
-])
-def test_which_to_calls_are_taken_over(args, kwargs, want):
-    assert hook._to_target(FAKE, args, kwargs) == want
-
-
-@pytest.mark.parametrize("args,kwargs,want", [
-    ((), {"non_blocking": True}, 3),
-    ((1, True), {}, 1),
-    ((None, True), {}, 3),
-    ((), {"device": "cuda:2", "non_blocking": True}, 2),
-    ((), {}, None),
-    ((0,), {}, None),
-    ((0,), {"device": 1, "non_blocking": True}, None),
-    ((), {"non_blocking": True, "memory_format": torch.contiguous_format}, None),
-])
-def test_which_cuda_calls_are_taken_over(args, kwargs, want):
-    assert hook._cuda_target(FAKE, args, kwargs) == want
-
 
 @pytest.fixture
 def thread(monkeypatch):
@@ -62,7 +27,7 @@ def thread(monkeypatch):
     src = [torch.arange(4.0), torch.arange(10, 16)]
     tin = [torch.full((4,), -1.0), torch.full((6,), -1, dtype=torch.int64)]
     tg = hook._ThreadGraph(module="m", graph=None, src=src, tin=tin,
-                           template=hook._template(torch.Tensor, ((tin[0], [tin[1]]), {})), out=torch.zeros(1),
+                           template=skeleton(((tin[0], [tin[1]]), {}), torch.Tensor), out=torch.zeros(1),
                            device=0)
     st = hook._ThreadCopies(stream=None)
     st.tg = tg
@@ -136,14 +101,14 @@ def test_a_changed_source_is_not_taken_over(thread):
 def test_a_model_call_matches_its_captured_arguments_only():
     T = torch.Tensor
     a, b, c = torch.zeros(1), torch.zeros(2), torch.zeros(3)
-    tmpl = hook._template(T, ((a, [b, c], 7, "x"), {"k": None}))
-    assert hook._matches(T, tmpl, ((a, [b, c], 7, "x"), {"k": None}), iter([a, b, c]))
-    assert not hook._matches(T, tmpl, ((a, [c, b], 7, "x"), {"k": None}), iter([a, b, c]))  # order
-    assert not hook._matches(T, tmpl, ((a, (b, c), 7, "x"), {"k": None}), iter([a, b, c]))  # list vs tuple
-    assert not hook._matches(T, tmpl, ((a, [b, c], 8, "x"), {"k": None}), iter([a, b, c]))  # a constant
-    assert not hook._matches(T, tmpl, ((a, [b, c], 7, "x"), {}), iter([a, b, c]))  # a keyword
-    assert not hook._matches(T, tmpl, ((a, [b, c.clone()], 7, "x"), {"k": None}), iter([a, b, c]))  # another tensor
-    assert not hook._matches(T, tmpl, ((a, [b, c], 7.0, "x"), {"k": None}), iter([a, b, c]))  # 7.0 is not 7
+    tmpl = skeleton(((a, [b, c], 7, "x"), {"k": None}), T)
+    assert matches(tmpl, ((a, [b, c], 7, "x"), {"k": None}), T, iter([a, b, c]))
+    assert not matches(tmpl, ((a, [c, b], 7, "x"), {"k": None}), T, iter([a, b, c]))  # order
+    assert not matches(tmpl, ((a, (b, c), 7, "x"), {"k": None}), T, iter([a, b, c]))  # list vs tuple
+    assert not matches(tmpl, ((a, [b, c], 8, "x"), {"k": None}), T, iter([a, b, c]))  # a constant
+    assert not matches(tmpl, ((a, [b, c], 7, "x"), {}), T, iter([a, b, c]))  # a keyword
+    assert not matches(tmpl, ((a, [b, c.clone()], 7, "x"), {"k": None}), T, iter([a, b, c]))  # another tensor
+    assert not matches(tmpl, ((a, [b, c], 7.0, "x"), {"k": None}), T, iter([a, b, c]))  # 7.0 is not 7
 
 
 def test_refcount_of_a_dropped_view_is_what_copy_in_expects():

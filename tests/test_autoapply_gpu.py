@@ -105,14 +105,15 @@ def _models(torch):
     return PerRow, SoftmaxOverBatch
 
 
-def _hooked_rows(tmp_path, torch, model, groups=2, threads=4):
-    """Every client calls ``model`` ROUNDS times with each row count of ROWS; returns the
-    outputs by (client, round, rows), the unhooked eager ones by rows, and the hook's stats."""
+def _hooked_rows(tmp_path, torch, model, groups=2, threads=4, call=lambda model, q: model(*q)):
+    """Every client calls ``model`` ROUNDS times with each row count of ROWS (``call(model,
+    (idx, w))``); returns the outputs by (client, round, rows), the unhooked eager ones by rows,
+    and the hook's stats."""
     g = torch.Generator().manual_seed(3)
     qs = {n: (torch.randint(0, 1000, (n, 4), generator=g).cuda(), torch.rand(n, 4, generator=g).cuda())
           for n in ROWS}
     with torch.no_grad():
-        ref = {n: model(*q) for n, q in qs.items()}
+        ref = {n: call(model, q) for n, q in qs.items()}
     torch.cuda.synchronize()
     got: dict = {}
 
@@ -120,7 +121,7 @@ def _hooked_rows(tmp_path, torch, model, groups=2, threads=4):
         with torch.no_grad():
             for r in range(ROUNDS):
                 for n in ROWS:
-                    got[k, r, n] = model(*qs[n])
+                    got[k, r, n] = call(model, qs[n])
         torch.cuda.current_stream().synchronize()
 
     st = _run_hooked(tmp_path, groups, threads, client)
@@ -151,6 +152,38 @@ def test_varying_rows_are_graphed_per_bucket(tmp_path):
         assert site.no_pad is None and len(site.verified) == 2, (site.no_pad, site.verified)
         assert all(site.padded_ok(k) for k in site.verified)
         assert len(site.keys) <= buckets.MAX_GRAPHS_PER_SITE
+    assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
+    sites = _model_sites(st)
+    calls = 4 * ROUNDS * len(ROWS)
+    assert sum(s["taken_over"] + s["fallback"] for s in sites) == calls
+    assert sum(s["taken_over"] for s in sites) > calls // 2
+    reasons = {r for s in sites for r in s["reasons"]}
+    assert reasons <= {buckets.VERIFYING, buckets.WARMING_UP}, reasons
+
+
+def test_a_named_tuple_argument_is_graphed_per_bucket_like_plain_tensors(tmp_path):
+    """The inputs in a named tuple, a list and a dict (``model(Batch(idx, [w]), opts={"w": w})``):
+    padded, verified, captured and replayed as plain tensor arguments are. A padded call once
+    made the named tuple again from one generator (a TypeError in the script's call) and a
+    capture of such a call failed (its calls eager)."""
+    from collections import namedtuple
+
+    torch = pytest.importorskip("torch")
+    PerRow, _ = _models(torch)
+    Batch = namedtuple("Batch", "idx ws")
+
+    class TakesABatch(PerRow):
+        def forward(self, batch, opts):
+            assert type(batch) is Batch and type(batch.ws) is list and list(opts) == ["w", "scale"]
+            return super().forward(batch.idx, batch.ws[0] * opts["scale"] + opts["w"] * 0)
+
+    torch.manual_seed(0)
+    model = TakesABatch().cuda().eval()
+    got, ref, st = _hooked_rows(tmp_path, torch, model,
+                                call=lambda m, q: m(Batch(q[0], [q[1]]), opts={"w": q[1], "scale": 2.0}))
+    for (k, r, n), out in got.items():
+        assert out[0].shape == ref[n][0].shape, (k, r, n)
+        assert torch.allclose(out[0], ref[n][0], rtol=buckets.PAD_RTOL, atol=buckets.PAD_ATOL), (k, r, n)
     assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
     sites = _model_sites(st)
     calls = 4 * ROUNDS * len(ROWS)

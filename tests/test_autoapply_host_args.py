@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from recsys_doctor.applying._autoapply import accounting, host_args, pageable, staging
+from recsys_doctor.applying._autoapply.pageable import Move
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -43,7 +44,7 @@ def _cpu_to(a, k):
     parses a copy to the GPU: the CPU plays the group's device in the tests that run a model."""
     dev = a[0] if a and isinstance(a[0], str) else k.get("device")
     dtype = a[1] if len(a) > 1 and isinstance(a[1], torch.dtype) else k.get("dtype")
-    return (CPU, dtype, bool(k.get("non_blocking"))) if dev == "cpu" else None
+    return Move(CPU, dtype, bool(k.get("non_blocking")), bool(k.get("copy")), None) if dev == "cpu" else None
 
 
 class Ranker(nn.Module):
@@ -265,12 +266,13 @@ def test_the_copies_forward_asks_for_as_the_hook_parses_them():
     host = torch.arange(3)
     d = host.clone()
     for ask in (lambda q: q.cuda(), lambda q: q.cuda(non_blocking=True), lambda q: q.to("cuda"),
-                lambda q: q.to(device="cuda:3", non_blocking=True), lambda q: q.to(C3, torch.int64)):
+                lambda q: q.to(device="cuda:3", non_blocking=True), lambda q: q.to(C3, torch.int64),
+                lambda q: q.to(3), lambda q: q.cuda(3), lambda q: q.to("cuda", memory_format=torch.contiguous_format)):
         assert ask(host_args._proxy(torch, cls, host, d, C3, None)) is d
     # another device, another dtype, a new tensor asked for: PyTorch's copy (which a CPU-only
     # build cannot make: it says so)
     for ask in (lambda q: q.to("cuda:1"), lambda q: q.to("cuda", torch.float32), lambda q: q.to("cuda", copy=True),
-                lambda q: q.cuda(1)):
+                lambda q: q.cuda(1), lambda q: q.to("cuda", memory_format=torch.channels_last)):
         with pytest.raises((AssertionError, RuntimeError)):
             ask(host_args._proxy(torch, cls, host, d, C3, None))
 
@@ -314,14 +316,33 @@ def test_numpy_arguments_are_not_taken(hooked):
     assert _take(hooked, Ranker().eval(), (np.arange(3), np.zeros((3, 4), np.float32))) is None
 
 
-def test_arguments_in_a_named_tuple_are_not_taken(hooked):
-    # (the hook could not hand forward the same named tuple again)
+class TakesABatch(Ranker):
+    def forward(self, batch):
+        b = SimpleNamespace(**batch) if isinstance(batch, dict) else batch
+        return super().forward(b.user, b.items, b.dense)
+
+
+def test_arguments_in_a_named_tuple_are_taken_and_forward_gets_the_same_named_tuple(hooked):
+    # (the arguments were once made again as a plain tuple, which failed: such calls were left to PyTorch)
     from collections import namedtuple
 
     Batch = namedtuple("Batch", "user items dense")
+    model = TakesABatch().eval()
+    batch = Batch(*_request(4))
+    call, args, kwargs = _take(hooked, model, (batch,))
+    assert len(hooked.copied) == 3 and kwargs == {} and len(args) == 1 and type(args[0]) is Batch
+    assert all(torch.equal(d, t) and d is not t for d, t in zip(args[0], batch))
     with torch.no_grad():
-        assert host_args.take(torch, hooked.st, nn.Module.__call__, Ranker().eval(), (Batch(*_request(4)),), {},
-                              "s.py:1") is None
+        out = call(model, *args)
+    assert len(hooked.copied) == 3 and torch.equal(out, _unhooked(model, (batch,)))
+
+
+def test_arguments_in_a_dict_subclass_are_not_taken(hooked):
+    # (the hook would hand forward a plain dict in its place)
+    from collections import OrderedDict
+
+    user, items, dense = _request(4)
+    assert _take(hooked, TakesABatch().eval(), (OrderedDict(user=user, items=items, dense=dense),)) is None
     assert hooked.st.slot_n == 0 and not hooked.copied
 
 

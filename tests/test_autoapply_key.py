@@ -51,21 +51,18 @@ class _Dev:
 
 
 def test_a_rebuilt_call_gets_each_tensor_back_where_it_was():
-    # what a capture does: the key's tensor list, cloned, put back with _rebuild. Keywords
+    # what a capture does: the key's tensor list, cloned, put back with argtree.remake. Keywords
     # and dicts given out of sorted order once got each other's tensors (b's static input
     # was a's), and a graph of the wrong call
-    from types import SimpleNamespace
-
     from recsys_doctor.applying._autoapply import graphs
+    from recsys_doctor.applying._autoapply.argtree import remake
 
     b, a, c, d = _Dev(3), _Dev(2), _Dev(5), _Dev(4)
     args, kwargs = ({"z": c, "y": d},), {"b": b, "a": a}
     tensors = []
     graphs._key_part(_Dev, args, tensors)
     graphs._key_part(_Dev, kwargs, tensors)
-    it = iter([("static", t) for t in tensors])
-    fake = SimpleNamespace(Tensor=_Dev)
-    s_args, s_kwargs = graphs._rebuild(fake, args, it), graphs._rebuild(fake, kwargs, it)
+    s_args, s_kwargs = remake((args, kwargs), _Dev, iter([("static", t) for t in tensors]))
     assert s_args[0]["z"] == ("static", c) and s_args[0]["y"] == ("static", d)
     assert s_kwargs["b"] == ("static", b) and s_kwargs["a"] == ("static", a)
 
@@ -74,8 +71,8 @@ def test_rebuild_and_a_batch_skeleton_put_back_what_the_key_lists():
     """A call rebuilt from the tensors in the order the key lists them (static inputs, padded
     rows, a batch's skeleton) gets each back under its own name, whatever order the script
     passed a dict or keywords in (``model(w=..., idx=...)`` once swapped the two)."""
-    from recsys_doctor.applying._autoapply.batching import _fill, _skeleton
-    from recsys_doctor.applying._autoapply.graphs import _key_part, _rebuild
+    from recsys_doctor.applying._autoapply.argtree import Slot, remake, skeleton
+    from recsys_doctor.applying._autoapply.graphs import _key_part
 
     if not torch.cuda.is_available():  # the key takes GPU tensors only: stand-ins on "device 0"
         tw, ti = _Dev(2), _Dev(3)
@@ -88,11 +85,9 @@ def test_rebuild_and_a_batch_skeleton_put_back_what_the_key_lists():
     _key_part(T, call, listed)
     assert listed == [tw, tw, ti]  # the dict in its own order
     marks = [("static", i) for i in range(3)]
-    from types import SimpleNamespace
-
-    out = _rebuild(SimpleNamespace(Tensor=T), call, iter(marks))
+    out = remake(call, T, iter(marks))
     assert out[0] == (marks[0],) and list(out[1]) == ["w", "idx"] and out[1]["w"] == marks[1]
     assert out[1]["idx"] == marks[2]
-    args, kwargs = _fill(_skeleton(T, call), iter(marks))
+    args, kwargs = remake(skeleton(call, T), Slot, iter(marks))
     assert args == (marks[0],) and list(kwargs) == ["w", "idx"] and kwargs["w"] == marks[1]
     assert kwargs["idx"] == marks[2]

@@ -27,49 +27,6 @@ F16 = torch.float16
 
 
 @pytest.mark.parametrize("args,kwargs,want", [
-    (("cuda",), {}, (C3, None, False)),
-    (("cuda:1",), {"non_blocking": True}, (C1, None, True)),
-    ((torch.device("cuda"), F16), {}, (C3, F16, False)),
-    (("cuda", F16, True), {}, (C3, F16, True)),
-    ((1,), {}, (C1, None, False)),  # an int is a CUDA index for Tensor.to
-    ((), {"device": "cuda", "dtype": F16}, (C3, F16, False)),
-    (("cuda",), {"copy": True, "memory_format": torch.preserve_format}, (C3, None, False)),
-    (("cuda", True), {"non_blocking": True}, None),  # non_blocking twice
-    (("cuda",), {"memory_format": torch.channels_last}, None),
-    ((F16,), {}, None),  # a cast on the host: no copy to the GPU
-    (("cpu",), {}, None),
-    (("cuda:x",), {}, None),
-    ((-1,), {}, None),
-    (("cuda",), {"pin": True}, None),
-    (("cuda",), {"device": "cuda"}, None),
-])
-def test_which_to_calls_are_staged(args, kwargs, want):
-    assert pageable.to_args(FAKE, args, kwargs) == want
-
-
-def test_to_another_tensor_takes_its_device_and_dtype():
-    other = SimpleNamespace(device=torch.device("cuda", 1), dtype=F16)
-    fake = SimpleNamespace(**{**vars(FAKE), "Tensor": SimpleNamespace})
-    assert pageable.to_args(fake, (other,), {}) == (C1, F16, False)
-    assert pageable.to_args(fake, (other,), {"non_blocking": True}) == (C1, F16, True)
-    assert pageable.to_args(fake, (other,), {"dtype": F16}) is None
-
-
-@pytest.mark.parametrize("args,kwargs,want", [
-    ((), {}, (C3, None, False)),
-    ((1,), {}, (C1, None, False)),
-    ((None, True), {}, (C3, None, True)),
-    ((), {"device": "cuda:1", "non_blocking": True}, (C1, None, True)),
-    ((0,), {"device": 1}, None),
-    ((0, True), {"non_blocking": True}, None),
-    ((), {"memory_format": torch.channels_last}, None),
-    ((1, True, 2), {}, None),
-])
-def test_which_cuda_calls_are_staged(args, kwargs, want):
-    assert pageable.cuda_args(FAKE, args, kwargs) == want
-
-
-@pytest.mark.parametrize("args,kwargs,want", [
     (([1],), {"device": "cuda"}, (C3, None)),
     (([1], F16, "cuda:1"), {}, (C1, F16)),
     ((), {"data": [1], "device": 1}, (C1, None)),

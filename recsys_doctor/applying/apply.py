@@ -165,7 +165,9 @@ def apply_workload(target: str | os.PathLike[str], args: Sequence[str] = (), *, 
         notes.append("--p99-ms does not apply to a training loop (its steps have no latency budget): ignored")
     if kind == "train" and costs.bucket_gpu_ns:
         notes.append("--bucket-costs does not apply to a training loop (its steps are not batched): ignored")
-    after = _profile_after(run, chosen, notes, baseline=False, treatment=runtime_treatment(runtime_plan(chosen, clients)))
+    # (bucket costs come from the measured candidates: the after-profile measures none)
+    after = _profile_after(run, chosen, notes, baseline=False,
+                           treatment=runtime_treatment(runtime_plan(chosen, clients), bucket_costs=False))
     before_pt = _summary_point(m.to_dict() if m else None, (before.capture.get("baseline") or {}).get("nvml")
                                or before.capture.get("nvml"), before.advise)
     after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)

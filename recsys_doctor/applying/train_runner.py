@@ -5,10 +5,14 @@ branch streams and a whole-step CUDA graph. Used by the candidate measurements a
 "after" profile of ``profile --apply``, through :func:`runtime_treatment`: in this process
 (torch backend) or in a child process run as
 
-    python -m recsys_doctor.applying.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON [...]
+    python -m recsys_doctor.applying.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON
+        [--no-bucket-costs] [...]
 
 which is the capture child (:mod:`recsys_doctor.capture._child`, same arguments) with the
 settings applied; what the runtime reports (fallbacks, notes) goes to ``RESULT.apply.json``.
+A batching candidate's bucket costs (:func:`_bucket_costs`: each bucket replayed alone after
+the measured window) are measured only where they are read: for a measured candidate, not
+for the after-profile of the kept plan (``--no-bucket-costs``).
 """
 
 from __future__ import annotations
@@ -23,16 +27,21 @@ from ..capture.treatment import Prepared, Treatment
 from ..errors import BadInputError
 from ..plan import Plan
 
-__all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE"]
+__all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE", "NO_BUCKET_COSTS"]
 
 #: run as the child process of an applied workload (``python -m``)
 CHILD_MODULE = "recsys_doctor.applying.train_runner"
+#: the child's flag for a run whose bucket costs nobody reads (the after-profile)
+NO_BUCKET_COSTS = "--no-bucket-costs"
 
 
-def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
+def make_runner(wl: Any, runtime: dict[str, Any], *,
+                bucket_costs: bool = True) -> tuple[Callable[..., Any], Callable[[], None], dict[str, Any], Any]:
     """``(run, close, info, workload)`` applying ``runtime`` (a flat runtime dict) to a
     :class:`~recsys_doctor.capture.workload.Workload`: pass ``run`` and the returned workload
     (warm-up adjusted) to :func:`~recsys_doctor.capture.workload.measure`, call ``close()`` after.
+    ``bucket_costs``: whether ``close()`` of a batching server measures its buckets' GPU times
+    into ``info["bucket_gpu_us"]`` (:func:`_bucket_costs`).
 
     Serving: ``run`` is a :func:`recsys_doctor.runtime.serve` ``ServedModel`` built from
     ``wl.inputs(0)`` (host tensors in, host tensors out, like the default query).
@@ -62,7 +71,8 @@ def make_runner(wl: Any, runtime: dict[str, Any]) -> tuple[Callable[..., Any], C
 
         def close() -> None:
             info["stats"] = served.stats()
-            _bucket_costs(served, info)
+            if bucket_costs:
+                _bucket_costs(served, info)
             served.close()
 
         return served, close, info, wl
@@ -82,24 +92,33 @@ def _bucket_costs(served: Any, info: dict[str, Any]) -> None:
         info["notes"].append(f"bucket GPU times not measured: {type(e).__name__}: {e}")
 
 
-def runtime_treatment(runtime: dict[str, Any]) -> Treatment:
+def runtime_treatment(runtime: dict[str, Any], *, bucket_costs: bool = True) -> Treatment:
     """A workload captured or measured with ``runtime`` applied (:func:`make_runner`), in
-    this process or in the child this module runs as."""
-    return Treatment("workload", prepare=lambda wl: make_runner(wl, runtime), child_module=CHILD_MODULE,
-                     child_args=("--apply", json.dumps(runtime)))
+    this process or in the child this module runs as; ``bucket_costs=False`` where nothing
+    reads them (the after-profile)."""
+    return Treatment("workload", prepare=lambda wl: make_runner(wl, runtime, bucket_costs=bucket_costs),
+                     child_module=CHILD_MODULE,
+                     child_args=("--apply", json.dumps(runtime), *(() if bucket_costs else (NO_BUCKET_COSTS,))))
 
 
-def _prepare_from(text: str) -> Callable[[Any], Prepared]:
+def _prepare_from(text: str, bucket_costs: bool = True) -> Callable[[Any], Prepared]:
     try:
         runtime = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInputError(f"--apply: not JSON ({e.msg})") from None
-    return lambda wl: make_runner(wl, runtime)
+    return lambda wl: make_runner(wl, runtime, bucket_costs=bucket_costs)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child process of an applied workload (see the module docstring)."""
-    return _child_main(argv, prog=f"python -m {CHILD_MODULE}", prepare_from=_prepare_from)
+    """The child process of an applied workload (see the module docstring): the capture
+    child's arguments, ``--apply`` and, before any ``--``, ``--no-bucket-costs``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours = argv[:argv.index("--")] if "--" in argv else argv
+    costs = NO_BUCKET_COSTS not in ours
+    if not costs:
+        argv.remove(NO_BUCKET_COSTS)  # (its first place is before "--": the workload's own arguments stay)
+    return _child_main(argv, prog=f"python -m {CHILD_MODULE}",
+                       prepare_from=lambda text: _prepare_from(text, bucket_costs=costs))
 
 
 def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:

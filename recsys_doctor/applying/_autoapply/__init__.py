@@ -94,9 +94,7 @@ from .groups import _Gate
 from .interception import _group_for_new_thread, _wrapped_bootstrap  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
 from .settings import read_runtime, unhonoured
-from .staging import (_copy_in, _cuda_target, _make_lazy_type, _materialize, _to_target, _ThreadCopies,  # noqa: F401
-                      _ThreadGraph)
-from .thread_graphs import _matches, _template  # noqa: F401
+from .staging import _copy_in, _make_lazy_type, _materialize, _ThreadCopies, _ThreadGraph  # noqa: F401
 
 __all__ = ["activate", "deactivate", "read_runtime", "stats", "write_stats", "ENV_PLAN", "ENV_STATS", "ENV_THREAD_GRAPHS",
            "ENV_STAGE_PAGEABLE", "WARMUP_CALLS"]

@@ -40,6 +40,7 @@ from typing import Any
 
 from ._common import _state, _tls, _torch
 from .accounting import batched, fell_back, taken_over
+from .argtree import Slot, remake, skeleton
 from .buckets import BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET
 from .combine import Combiner
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
@@ -48,7 +49,6 @@ from .groups import _capture_stream, _Group, _run_shared
 
 #: why a batch ran eagerly (with the bound's and the budget's reasons, :mod:`.buckets`)
 CAPTURE_FAILED = "batched: capture failed, the bucket runs eagerly"
-_TENSOR = object()  # a tensor's place in a call's argument skeleton
 
 
 class _NoRows(RuntimeError):
@@ -69,31 +69,6 @@ class _Spec:
         self.skeleton: Any = None
         self.out_spec: Any = None
         self.out_rows: tuple[int, ...] = ()
-
-
-def _skeleton(T: type[Any], x: Any) -> Any:
-    """A call's arguments with every tensor replaced by a placeholder (keeps none alive)."""
-    if isinstance(x, T):
-        return _TENSOR
-    if isinstance(x, (list, tuple)):
-        vals = [_skeleton(T, v) for v in x]
-        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
-    if isinstance(x, dict):
-        return {k: _skeleton(T, v) for k, v in x.items()}
-    return x
-
-
-def _fill(x: Any, it: Any) -> Any:
-    """The skeleton ``x`` with its placeholders replaced by the tensors ``it`` yields, in the
-    order :func:`.graphs._key_part` lists a call's tensors."""
-    if x is _TENSOR:
-        return next(it)
-    if isinstance(x, (list, tuple)):
-        vals = [_fill(v, it) for v in x]
-        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
-    if isinstance(x, dict):  # a dict's tensors in its own order, as the key lists them
-        return {k: _fill(x[k], it) for k in x}
-    return x
 
 
 def _spec_of(torch: Any, key: Any, orig_call: Any, module: Any, args: Any, kwargs: Any, tensors: list[Any],
@@ -119,7 +94,7 @@ def _decide(torch: Any, sp: _Spec, orig_call: Any, module: Any, args: Any, kwarg
     does, on the unbatched path the key takes)."""
     from recsys_doctor.runtime._batchspec import BatchPlan, SpecRefused, check_spec, infer_spec
 
-    sp.skeleton = _skeleton(torch.Tensor, (args, kwargs))
+    sp.skeleton = skeleton((args, kwargs), torch.Tensor)
     try:
         if len({t.device for t in tensors}) != 1:
             raise SpecRefused("its tensors are on more than one device")
@@ -138,9 +113,9 @@ def _model(orig_call: Any, module: Any) -> Any:
     return lambda a, kw: orig_call(module, *a, **kw)
 
 
-def _rebuilder(skeleton: Any) -> Any:
+def _rebuilder(skel: Any) -> Any:
     """Tensor leaves -> the model's two arguments ``(args, kwargs)`` (for :func:`_model`)."""
-    return lambda ts: _fill(skeleton, iter(ts))
+    return lambda ts: remake(skel, Slot, iter(ts))
 
 
 def _batched_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -220,7 +195,7 @@ class _Batches:
         from torch.utils._pytree import tree_flatten
 
         with torch.no_grad():
-            out = self.model(*_fill(self.sp.skeleton, iter(self.sp.plan.regroup(self.dev_in, k, self.shifts))))
+            out = self.model(*remake(self.sp.skeleton, Slot, iter(self.sp.plan.regroup(self.dev_in, k, self.shifts))))
         leaves, _ = tree_flatten(out)
         for o, r in zip(leaves, self.sp.out_rows):
             if not isinstance(o, torch.Tensor) or o.dim() == 0 or int(o.shape[0]) != k * r:
@@ -277,7 +252,7 @@ class _Batches:
     def _singly(self, flat: list[Any], n: int) -> list[Any]:
         """The ``n`` calls run one by one, eagerly, each on its own tensors."""
         m, run, skel = self.m, self.model, self.sp.skeleton
-        return [run(*_fill(skel, iter(flat[j * m:(j + 1) * m]))) for j in range(n)]
+        return [run(*remake(skel, Slot, iter(flat[j * m:(j + 1) * m]))) for j in range(n)]
 
     def _split(self, leaves: list[Any], n: int) -> list[Any]:
         """Call ``j``'s output: rows ``j*r .. (j+1)*r`` of every leaf, cloned, in eager's structure."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._common import WARMUP_CALLS, _state, _tls, _torch
+from .argtree import remake
 from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MIXES_ROWS, VERIFYING, WARMING_UP, _Site,
                       bucket_rows, call_rows, cut_rows, outputs, pad_rows, rows_differ, same_rows)
@@ -63,32 +64,18 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple([_key_part(T, v, tensors) for v in x]))
     if isinstance(x, dict):
-        # in the dict's own order, as _rebuild and the thread graphs' templates walk it: a
-        # sorted walk gave a call ``m(b=x, a=y)`` static inputs in the other order
+        # in the dict's own order, as :mod:`.argtree` walks it: a sorted walk gave a call
+        # ``m(b=x, a=y)`` static inputs in the other order
         return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in x]))
     if x is None or isinstance(x, (int, float, bool, str)):
         return ("C", x)
     raise TypeError(f"an argument of type {type(x).__name__}")
 
 
-def _rebuild(torch: Any, x: Any, it: Any) -> Any:
-    """``x`` with its tensors replaced, in :func:`_key_part`'s order (a dict's in its own
-    order), by those ``it`` yields."""
-    if isinstance(x, torch.Tensor):
-        return next(it)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_rebuild(torch, v, it) for v in x)
-    if isinstance(x, dict):
-        return {k: _rebuild(torch, x[k], it) for k in x}
-    return x
-
-
 def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args: Any, kwargs: Any,
              tensors: list[Any]) -> None:
     e.static_in = [t.clone() for t in tensors]
-    it = iter(e.static_in)
-    s_args = _rebuild(torch, args, it)
-    s_kwargs = _rebuild(torch, kwargs, it)
+    s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(e.static_in))
     g.stream.synchronize()
     # capture on a private stream, never on the group stream: the other threads of the
     # group keep enqueuing their copies on the group stream meanwhile, and work from
@@ -213,8 +200,7 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     if b == n or s.no_pad is not None:
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
     ptensors = pad_rows(torch, tensors, n, b)
-    it = iter(ptensors)
-    pargs, pkwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+    pargs, pkwargs = remake((args, kwargs), torch.Tensor, iter(ptensors))
     pkt = _key_or_reason(torch, module, pargs, pkwargs, tag)
     if isinstance(pkt, str):  # (never: the same structure, on the same devices) exact shapes then
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)

@@ -43,9 +43,9 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
+from .argtree import flatten, remake
 from .fallback import _fall_back
-from .graphs import _rebuild
-from .pageable import MAX_COPY, _host_array, copy_hazard
+from .pageable import MAX_COPY, _host_array, copy_hazard, inexact
 from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 
 #: what the keys of a call whose host arguments were taken over carry (its graphs are not those of
@@ -53,26 +53,6 @@ from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 KEY_TAG = "host arguments"
 #: why a copy of a host argument inside forward is PyTorch's (counted at forward's line)
 LEFT_TO_PYTORCH = "a copy of a host argument that forward used on the host or copied already, left to PyTorch"
-
-
-def _walk(T: type[Any], x: Any, out: list[Any]) -> bool:
-    """The tensors of a call's arguments, in the order :func:`.graphs._rebuild` puts them back;
-    whether every container among them is a plain list, tuple or dict (one that ``_rebuild``
-    makes again as it was: not a named tuple)."""
-    if isinstance(x, T):
-        out.append(x)
-        return True
-    if isinstance(x, (list, tuple)):
-        ok = type(x) is list or type(x) is tuple
-        for v in x:
-            ok = _walk(T, v, out) and ok
-        return ok
-    if isinstance(x, dict):
-        ok = type(x) is dict
-        for v in x.values():
-            ok = _walk(T, v, out) and ok
-        return ok
-    return True
 
 
 def host_arrays(torch: Any, hosts: list[Any]) -> list[Any] | None:
@@ -101,7 +81,7 @@ def take(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     if st.pending or module.training or torch.is_grad_enabled() or id(module) in _state.setdefault("host_use", {}):
         return None
     tensors: list[Any] = []
-    plain = _walk(torch.Tensor, args, tensors) & _walk(torch.Tensor, kwargs, tensors)
+    plain = flatten((args, kwargs), torch.Tensor, tensors)  # (else remake would change a container's type)
     at = [i for i, t in enumerate(tensors) if t.get_device() < 0 and t.is_cpu]
     if not at or not plain:
         return None
@@ -115,8 +95,8 @@ def take(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
         tensors[i] = slot_to_device(torch, st, slot_fill(torch, st, a), dev)
         copies.append(tensors[i])
     taken_over("h2d", site, len(at))
-    it = iter(tensors)
-    return host_call(torch, orig_call, at, hosts, copies, dev), _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+    args, kwargs = remake((args, kwargs), torch.Tensor, iter(tensors))
+    return host_call(torch, orig_call, at, hosts, copies, dev), args, kwargs
 
 
 def host_call(torch: Any, orig_call: Any, at: list[int], hosts: list[Any], copies: list[Any], dev: Any) -> Any:
@@ -128,16 +108,14 @@ def host_call(torch: Any, orig_call: Any, at: list[int], hosts: list[Any], copie
     def call(module: Any, *args: Any, **kwargs: Any) -> Any:
         T = torch.Tensor
         tensors: list[Any] = []
-        _walk(T, args, tensors)
-        _walk(T, kwargs, tensors)
+        flatten((args, kwargs), T, tensors)
         cls = _state["host_type"]
         proxies = []
         for j, i in enumerate(at):
             d = tensors[i]
             tensors[i] = _proxy(torch, cls, hosts[j] if d is copies[j] else None, d, dev, module)
             proxies.append(tensors[i])
-        it = iter(tensors)
-        args, kwargs = _rebuild(torch, args, it), _rebuild(torch, kwargs, it)
+        args, kwargs = remake((args, kwargs), T, iter(tensors))
         try:
             out = orig_call(module, *args, **kwargs)
             return _released(torch, cls, out)
@@ -209,17 +187,9 @@ def _proxies(cls: type[Any], x: Any, out: list[Any]) -> None:
             _proxies(cls, v, out)
 
 
-def _asks_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``Tensor.to`` asks for a new tensor (``copy=True``, or the second of its two
-    positional flags): not the one copy of a proxy (:func:`make_host_type`)."""
-    flags = [a for a in args[1:] if isinstance(a, bool)]
-    return bool(kwargs.get("copy")) or (len(flags) == 2 and flags[1])
-
-
 def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: Any) -> type:
     """The host proxies' tensor subclass. ``parse_to`` / ``parse_cuda``: ``(args, kwargs) ->
-    (device, dtype or None, non_blocking) or None`` for ``Tensor.to`` / ``Tensor.cuda`` (see
-    :func:`.pageable.to_args`); ``to`` / ``cuda``: PyTorch's own methods (the patched ones wrap them)."""
+    Move or None`` for ``Tensor.to`` / ``Tensor.cuda`` (:func:`.pageable.to_args`); ``to`` / ``cuda``: PyTorch's own methods (the patched ones wrap them)."""
     T = torch.Tensor
     to, cuda = getattr(to, "__wrapped__", to), getattr(cuda, "__wrapped__", cuda)  # (the hook's patches wrap them)
     meta = {T.shape.__get__, T.dtype.__get__, T.device.__get__, T.is_cuda.__get__, T.is_cpu.__get__,
@@ -253,7 +223,9 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
             base = getattr(func, "__wrapped__", func)
             if type(self) is cls and (base is to or base is cuda):
                 p = (parse_to if base is to else parse_cuda)(args[1:], kwargs)
-                out = None if _asks_copy(args, kwargs) else copied(self, p)
+                # (copy=True asks for a tensor of its own: not the one copy the hook made; the layout
+                # is asked of the proxy as a plain tensor, not as a use of it)
+                out = None if p is None or p.copy or plain(inexact, (torch, self, p), {}) else copied(self, p)
                 if out is not None:
                     return out
                 if p is not None:  # a copy to the GPU that is not the hook's: PyTorch's, counted

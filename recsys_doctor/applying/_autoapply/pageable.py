@@ -28,7 +28,7 @@ bytes (or the staging buffer).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._common import _first_line, _state, _tls
 from .accounting import fell_back, script_site, taken_over
@@ -36,6 +36,8 @@ from .accounting import fell_back, script_site, taken_over
 #: why a copy from host memory is PyTorch's while staging is off (the default)
 LEFT_SYNCHRONOUS = ("a synchronous copy from host memory, left to PyTorch (staging it measured slower; "
                     "RECSYS_DOCTOR_STAGE_PAGEABLE=1 stages it)")
+#: why a copy of a non-contiguous host tensor is PyTorch's (its copy keeps the source's strides)
+NOT_CONTIGUOUS = "not taken over: a non-contiguous tensor (PyTorch's copy keeps its strides)"
 #: bytes of each of a thread's two pinned buffers (``RECSYS_DOCTOR_STAGING_BYTES`` sets it)
 ARENA_BYTES = 8 << 20
 ENV_STAGING_BYTES = "RECSYS_DOCTOR_STAGING_BYTES"
@@ -186,13 +188,16 @@ def _host_array(torch: Any, x: Any, dtype: Any) -> tuple[Any, str | None]:
 
 def copy_hazard(torch: Any, device: Any) -> str | None:
     """Why no copy to ``device`` may be taken over now (every way the hook takes one over is
-    asynchronous on the current stream), else None: a CUDA graph capture is running, or the
-    script set a stream of its own (it may use the result on yet another)."""
+    asynchronous on the current stream, its group's), else None: a CUDA graph capture is running,
+    the copy is to another GPU than the group's, or the script set a stream of its own (it may
+    use the result on yet another)."""
     if device.type != "cuda":
         return None
     if torch.cuda.is_current_stream_capturing():
         return "a copy during a CUDA graph capture"
     g = getattr(_tls, "group", None)
+    if g is not None and device != g.stream.device:
+        return "a copy to another device than its thread's group's"
     if g is not None and torch.cuda.current_stream(device).cuda_stream != g.stream.cuda_stream:
         return "a copy on a stream the script set"
     return None
@@ -222,80 +227,125 @@ def stage(torch: Any, x: Any, device: Any, dtype: Any = None, site: str | None =
     return out
 
 
-def _cuda_index(torch: Any, dev: Any) -> int | None:
-    """The CUDA device index ``dev`` names ("cuda", "cuda:1", torch.device, int), else None."""
-    if isinstance(dev, int) and not isinstance(dev, bool):
-        return dev
-    if isinstance(dev, str):
-        if dev == "cuda":
-            return torch.cuda.current_device()
-        if dev.startswith("cuda:") and dev[5:].isdigit():
-            return int(dev[5:])
-        return None
-    if isinstance(dev, torch.device) and dev.type == "cuda":
-        return torch.cuda.current_device() if dev.index is None else dev.index
-    return None
+#: device strings already read (the few a script spells): the ``torch.device`` each names, or
+#: ``_BAD`` where ``torch.device`` refuses it (per call, reading one costs more than the rest of the parse)
+_NAMED: dict[str, Any] = {}
+_BAD = object()
 
 
 def _cuda_device(torch: Any, dev: Any) -> Any:
-    """The CUDA ``torch.device`` that ``dev`` names (:func:`_cuda_index`; a negative index
-    names none), else None."""
-    i = _cuda_index(torch, dev)
-    return None if i is None or i < 0 else torch.device("cuda", i)
+    """The CUDA ``torch.device`` (with its index) that ``dev`` names as PyTorch reads a device
+    argument: a ``torch.device``, a string (``"cuda"``, ``"cuda:1"``; what ``torch.device``
+    refuses names none), an int (a CUDA index: the accelerator the hook runs on). None where it
+    names no CUDA device (the CPU, a bool, a negative index, ``None``)."""
+    if isinstance(dev, str):
+        d = _NAMED.get(dev)
+        if d is None:
+            try:
+                d = torch.device(dev)
+            except (RuntimeError, ValueError):
+                d = _BAD
+            if len(_NAMED) < 64:
+                _NAMED[dev] = d
+        dev = d
+    elif isinstance(dev, int):
+        return _cuda_at(torch, dev) if dev >= 0 and not isinstance(dev, bool) else None
+    if isinstance(dev, torch.device) and dev.type == "cuda":
+        return dev if dev.index is not None else _cuda_at(torch, torch.cuda.current_device())
+    return None
 
 
-_KEEP_FORMATS = ("preserve_format", "contiguous_format")
+_AT: dict[int, Any] = {}
 
 
-def _plain_format(torch: Any, mf: Any) -> bool:
-    return mf is None or any(mf is getattr(torch, n) for n in _KEEP_FORMATS)
+def _cuda_at(torch: Any, i: int) -> Any:
+    """``torch.device("cuda", i)``, made once per index."""
+    d = _AT.get(i)
+    if d is None:
+        d = _AT[i] = torch.device("cuda", i)
+    return d
 
 
-def to_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, bool] | None:
-    """``(cuda device, dtype or None, non_blocking)`` of a ``Tensor.to`` call that copies to the GPU, in the
-    forms ``to(device[, dtype][, non_blocking][, copy])``, ``to(tensor)`` and their keyword
-    spellings; None for any other call (left to PyTorch)."""
-    if set(kwargs) - {"device", "dtype", "non_blocking", "copy", "memory_format"}:
+class Move(NamedTuple):
+    """What a ``Tensor.to`` / ``Tensor.cuda`` call that copies to the GPU asks for."""
+
+    device: Any  #: the CUDA ``torch.device``, with its index
+    dtype: Any  #: None: the source's own
+    non_blocking: bool
+    copy: bool  #: (``copy=True`` of ``Tensor.to``: a host-to-device copy is a new tensor either way)
+    memory_format: Any  #: None where not given (``torch.preserve_format``)
+
+
+#: ``Tensor.to``'s overloads (PyTorch's ``python_variable_methods.cpp``), their positional
+#: parameters in order; ``memory_format`` is keyword-only in each. The ``(dtype, ...)`` one
+#: never moves to a device.
+_TO_DEVICE = ("device", "dtype", "non_blocking", "copy")
+_TO_TENSOR = ("tensor", "non_blocking", "copy")
+_CUDA = ("device", "non_blocking")
+
+
+def _bind(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``args`` and ``kwargs`` bound to the parameters ``names`` (plus ``memory_format``,
+    keyword-only) as PyTorch's argument parser binds them; None where it would refuse them."""
+    if len(args) > len(names):
         return None
-    if not _plain_format(torch, kwargs.get("memory_format")):
-        return None
-    rest = list(args)
-    dev = kwargs.get("device")
-    dtype = kwargs.get("dtype")
-    if rest and isinstance(rest[0], torch.Tensor):
-        if dev is not None or dtype is not None or len(rest) > 3:
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in bound or (k not in names and k != "memory_format"):
             return None
-        other = rest.pop(0)
-        dev, dtype = other.device, other.dtype
-    elif rest and not isinstance(rest[0], (torch.dtype, bool)):
-        if dev is not None:
+        bound[k] = v
+    return bound
+
+
+def _move(torch: Any, dev: Any, bound: dict[str, Any], dtype: Any = None) -> Move | None:
+    nb, copy = bound.get("non_blocking", False), bound.get("copy", False)
+    if type(nb) is not bool or type(copy) is not bool or (dtype is not None and not isinstance(dtype, torch.dtype)):
+        return None  # (PyTorch refuses them: its error, not ours)
+    d = _cuda_device(torch, dev)
+    return None if d is None else Move(d, dtype, nb, copy, bound.get("memory_format"))
+
+
+def to_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move | None:
+    """The :class:`Move` a ``Tensor.to`` call asks for, bound as PyTorch binds its overloads
+    ``to(device=None, dtype=None, non_blocking=False, copy=False, *, memory_format=None)`` and
+    ``to(tensor, non_blocking=False, copy=False, *, memory_format=None)`` (the device and dtype
+    of ``tensor``); None where it moves to no CUDA device (``to(dtype, ...)``, ``to("cpu")``,
+    ``to(None)``) or where PyTorch would refuse its arguments (left to PyTorch, which says why)."""
+    first = args[0] if args else kwargs.get("tensor")
+    if isinstance(first, torch.Tensor):
+        bound = _bind(_TO_TENSOR, args, kwargs)
+        return None if bound is None else _move(torch, first.device, bound, first.dtype)
+    if isinstance(first, torch.dtype):
+        return None
+    bound = _bind(_TO_DEVICE, args, kwargs)
+    return None if bound is None else _move(torch, bound.get("device"), bound, bound.get("dtype"))
+
+
+def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move | None:
+    """The :class:`Move` of ``Tensor.cuda(device=None, non_blocking=False, *, memory_format=None)``
+    (no device: the current one), or None where PyTorch would refuse its arguments."""
+    bound = _bind(_CUDA, args, kwargs)
+    if bound is None:
+        return None
+    dev = bound.get("device")
+    return _move(torch, "cuda" if dev is None else dev, bound)
+
+
+def inexact(torch: Any, src: Any, m: Move) -> str | None:
+    """Why the hook's copy of the CPU tensor ``src`` (C-contiguous: :func:`_host_array`'s bytes)
+    would not be the tensor PyTorch makes for ``m``, else None. PyTorch's copy has the strides
+    ``empty_like(src, memory_format=...)`` gives (asked here on the meta device, which allocates
+    nothing): the source's own for ``preserve_format`` (the default) where ``src`` is dense,
+    contiguous ones for ``contiguous_format``, the format's layout for any other."""
+    mf = m.memory_format
+    if mf is torch.contiguous_format or ((mf is None or mf is torch.preserve_format) and src.is_contiguous()):
+        return None
+    try:
+        if torch.empty_like(src, device="meta", memory_format=mf or torch.preserve_format).is_contiguous():
             return None
-        dev = rest.pop(0)
-        if rest and isinstance(rest[0], torch.dtype):
-            if dtype is not None:
-                return None
-            dtype = rest.pop(0)
-    if len(rest) > 2 or not all(isinstance(v, bool) for v in rest):  # non_blocking, copy
-        return None
-    if rest and "non_blocking" in kwargs:
-        return None
-    nb = rest[0] if rest else kwargs.get("non_blocking", False)
-    d = _cuda_device(torch, dev) if dev is not None else None
-    return None if d is None or not isinstance(nb, bool) else (d, dtype, nb)
-
-
-def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, bool] | None:
-    """``(cuda device, None, non_blocking)`` of a ``Tensor.cuda(device=None, non_blocking=False)`` call."""
-    if set(kwargs) - {"device", "non_blocking", "memory_format"} or len(args) > 2:
-        return None
-    if not _plain_format(torch, kwargs.get("memory_format")):
-        return None
-    if (args and "device" in kwargs) or (len(args) == 2 and "non_blocking" in kwargs):
-        return None
-    dev = args[0] if args else kwargs.get("device")
-    nb = args[1] if len(args) == 2 else kwargs.get("non_blocking", False)
-    d = _cuda_device(torch, "cuda" if dev is None else dev)
-    return None if d is None or not isinstance(nb, bool) else (d, None, nb)
+    except (RuntimeError, TypeError):  # a format PyTorch refuses for this tensor: its own call says so
+        pass
+    return NOT_CONTIGUOUS if mf is None or mf is torch.preserve_format else f"not taken over: memory_format={mf}"
 
 
 def as_tensor_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:

@@ -10,8 +10,8 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, _cuda_index, _host_array, _Slot, as_tensor_args, copy_hazard,
-                       cuda_args, stage, tensor_args, to_args)
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, copy_hazard, cuda_args,
+                       inexact, stage, tensor_args, to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -87,31 +87,6 @@ class _ThreadGraph:
         self.static_out = out
         self.device = device
         self.tag: Any = None  # the key tag of the calls it replays (:mod:`.host_args`)
-
-
-def _to_target(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The device of ``Tensor.to(device, non_blocking=True)`` (positional or keyword
-    device, nothing else), else None: any other form is left to PyTorch."""
-    if kwargs.get("non_blocking") is not True or len(kwargs) > 2:
-        return None
-    if len(args) == 1 and len(kwargs) == 1:
-        dev = args[0]
-    elif not args and len(kwargs) == 2 and "device" in kwargs:
-        dev = kwargs["device"]
-    else:
-        return None
-    return None if isinstance(dev, int) else _cuda_index(torch, dev)
-
-
-def _cuda_target(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The device of ``Tensor.cuda(device=None, non_blocking=True)``, else None."""
-    if len(args) > 2 or set(kwargs) - {"device", "non_blocking"}:
-        return None
-    dev = args[0] if args else kwargs.get("device")
-    nb = args[1] if len(args) > 1 else kwargs.get("non_blocking", False)
-    if nb is not True or (len(args) >= 1 and "device" in kwargs) or (len(args) == 2 and "non_blocking" in kwargs):
-        return None
-    return torch.cuda.current_device() if dev is None else _cuda_index(torch, dev)
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:
@@ -217,33 +192,47 @@ def _patch_copies(torch: Any) -> None:
     T = torch.Tensor
     _state["orig_tensor_methods"] = {"to": T.to, "cuda": T.cuda}
     _state["lazy_type"] = _make_lazy_type(torch)
-    T.to = _copy_method(torch, T.to, _to_target, to_args)
-    T.cuda = _copy_method(torch, T.cuda, _cuda_target, cuda_args)
+    T.to = _copy_method(torch, T.to, to_args)
+    T.cuda = _copy_method(torch, T.cuda, cuda_args)
     _state["orig_torch_functions"] = {"as_tensor": torch.as_tensor, "tensor": torch.tensor}
     torch.as_tensor = _factory(torch, torch.as_tensor, as_tensor_args, "as_tensor")
     torch.tensor = _factory(torch, torch.tensor, tensor_args, "tensor")
 
 
-def _copy_method(torch: Any, orig: Any, target: Any, parse: Any) -> Any:
-    """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a non-blocking copy of a pinned
-    tensor ``target`` recognizes goes through :func:`_copy_in` (the thread graph) where the
-    thread has one; any other copy of a host tensor to the GPU that ``parse`` recognizes is
-    staged by :func:`.pageable.stage`; everything else goes straight to PyTorch's ``orig``."""
+def _graph_copy(src: Any, m: Move) -> bool:
+    """Whether ``src.to/cuda`` asking for ``m`` is a copy a thread graph may take over
+    (:func:`_copy_in`): pinned, non-blocking, to the thread's group's device, in ``src``'s own
+    dtype. A blocking one is not: the script may reuse the source right after it."""
+    return (m.non_blocking and (m.dtype is None or m.dtype == src.dtype) and src.is_pinned()
+            and m.device == _tls.group.stream.device)
+
+
+def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
+    """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy of a host tensor to the GPU
+    that ``parse`` (:func:`.pageable.to_args` / :func:`.pageable.cuda_args`) recognizes and the
+    hook makes exactly as PyTorch does (:func:`.pageable.inexact`) goes through :func:`_copy_in`
+    (the thread graph) where :func:`_graph_copy` says so and the thread has one, else, unless it
+    is asynchronous already (pinned, non-blocking), to :func:`_take_copy`; one it would not make
+    exactly is PyTorch's, counted with the reason; everything else goes straight to ``orig``."""
     T = torch.Tensor
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda:
             return orig(self, *args, **kwargs)
-        st = getattr(_tls, "copies", None)
-        if st is not None and not _tls.depth:
-            dev = target(torch, args, kwargs)
-            if dev is not None and self.is_pinned():
-                return _copy_in(torch, st, self, dev, orig, args, kwargs)
-        p = parse(torch, args, kwargs)
-        if p is None or self.device.type != "cpu" or (p[2] and self.is_pinned()):
-            # not a host-to-GPU copy, or one already asynchronous (pinned, non-blocking)
+        m = parse(torch, args, kwargs)
+        if m is None or self.device.type != "cpu":  # not a host-to-GPU copy
             return orig(self, *args, **kwargs)
-        out = _take_copy(torch, self, p[0], p[1], script_site(2))
+        why = inexact(torch, self, m)
+        if why is None and _graph_copy(self, m):
+            st = getattr(_tls, "copies", None)
+            if st is not None and not _tls.depth:
+                return _copy_in(torch, st, self, m.device.index, orig, args, kwargs)
+        if m.non_blocking and self.is_pinned():  # asynchronous already
+            return orig(self, *args, **kwargs)
+        if why is not None:
+            fell_back("h2d", script_site(2), why)
+            return orig(self, *args, **kwargs)
+        out = _take_copy(torch, self, m.device, m.dtype, script_site(2))
         return orig(self, *args, **kwargs) if out is None else out
 
     method.__name__ = getattr(orig, "__name__", "method")

@@ -7,62 +7,16 @@ from typing import Any
 
 from ._common import _state, _tls, _torch
 from .accounting import taken_over
+from .argtree import matches, remake, skeleton
 from .buckets import bucket_rows, call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
-from .graphs import _clone_out, _graph_of, _graphed_call, _key, _rebuild, _static_out
+from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
 from .staging import _materialize, _ThreadCopies, _ThreadGraph
 
 
 #: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
 LEARN_TRIES = 8
-
-
-class _Seq:
-    """A list or tuple in a thread graph's argument template."""
-
-    __slots__ = ("kind", "items")
-
-    def __init__(self, kind: type[Any], items: tuple[Any, ...]) -> None:
-        self.kind = kind
-        self.items = items
-
-
-class _Map:
-    __slots__ = ("keys", "items")
-
-    def __init__(self, keys: tuple[Any, ...], items: tuple[Any, ...]) -> None:
-        self.keys = keys
-        self.items = items
-
-
-_TENSOR = object()
-
-
-def _template(T: type[Any], x: Any) -> Any:
-    """The argument structure of a model call, its tensors left out (constants kept)."""
-    if isinstance(x, T):
-        return _TENSOR
-    if isinstance(x, (list, tuple)):
-        return _Seq(type(x), tuple(_template(T, v) for v in x))
-    if isinstance(x, dict):
-        keys = tuple(x)
-        return _Map(keys, tuple(_template(T, x[k]) for k in keys))
-    return x
-
-
-def _matches(T: type[Any], tmpl: Any, x: Any, it: Any) -> bool:
-    """Whether ``x`` has the template's structure and constants, its tensors being, in
-    order, the ones ``it`` yields (the very objects)."""
-    if tmpl is _TENSOR:
-        return isinstance(x, T) and x is next(it, None)
-    if isinstance(tmpl, _Seq):
-        return (type(x) is tmpl.kind and len(x) == len(tmpl.items)
-                and all(_matches(T, t, v, it) for t, v in zip(tmpl.items, x)))
-    if isinstance(tmpl, _Map):
-        return (isinstance(x, dict) and tuple(x) == tmpl.keys
-                and all(_matches(T, t, x[k], it) for t, k in zip(tmpl.items, tmpl.keys)))
-    return type(x) is type(tmpl) and x == tmpl
 
 
 def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
@@ -75,7 +29,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     # its copy: the replay's own copies give the model exactly what the script handed it)
     if (tg is not None and st.pending and n == len(tg.src) and module is tg.module and not module.training
             and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
-            and _matches(torch.Tensor, tg.template, (args, kwargs), iter(tg.handed))):
+            and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
         try:
             out = _run_shared(_thread_replay, tg)
             st.pending = False
@@ -162,10 +116,8 @@ def _h2d(dst: Any, src: Any, stream: Any) -> None:
 def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: Any, kwargs: Any,
                     tensors: list[Any], src: list[Any]) -> _ThreadGraph:
     tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    it = iter(tin)
-    s_args = _rebuild(torch, args, it)
-    s_kwargs = _rebuild(torch, kwargs, it)
-    template = _template(torch.Tensor, (args, kwargs))
+    s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(tin))
+    template = skeleton((args, kwargs), torch.Tensor)
     # a side stream of the runtime's for this thread's one capture, not the group's capture
     # stream: the group's capture (under the group's lock, not this thread's) may be
     # synchronizing that stream when this capture begins on it
