@@ -6,6 +6,7 @@ replays it, left to PyTorch with the reason otherwise."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from ._common import WARMUP_CALLS, _state, _tls, _torch
@@ -97,6 +98,16 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
     gate: _Gate = _state["gate"]
     prev = torch.cuda.current_stream()
     gate.acquire_exclusive()
+    # no automatic garbage collection until the capture ends, in any thread (torch.cuda.graph
+    # no longer collects as it starts, and a collection here costs ~0.1 s a capture): a collection run inside the capture (any allocation may start
+    # one) can free an object whose finalizer calls CUDA (an earlier CUDA graph:
+    # cudaGraphExecDestroy, its memory pool), which a capture forbids; the finalizer swallows
+    # the error and the capture fails later with "operation failed due to a previous error
+    # during capture". That is the likely cause of such failures of a thread graph on the H100
+    # (5 of 14 second hooked runs in one process on two machines, none of 12 on a third; not
+    # reproduced with this in place)
+    gc_was = gc.isenabled()
+    gc.disable()
     try:
         # one eager run by THIS thread on the capture stream first: the warm-up calls may
         # have been made by other threads of the group, and a thread's first cuBLAS call
@@ -124,6 +135,8 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
         raise
     finally:
         torch.cuda.set_stream(prev)
+        if gc_was:
+            gc.enable()
         gate.release_exclusive()
     stream.synchronize()
     return graph, out
