@@ -69,9 +69,15 @@ def _pytorch_refuses(method, args, kwargs):
     (("cuda:01",), {}, None),  # torch.device refuses the string (a RuntimeError of its own)
 ])
 def test_tensor_to_calls(args, kwargs, want):
-    got = pageable.to_args(FAKE, args, kwargs)
+    _check(pageable.to_args, torch.Tensor.to, args, kwargs, want)
+
+
+def _check(parse, method, args, kwargs, want):
+    """``parse`` reads the call as ``want`` says; where ``want`` is REFUSES, it gives None and
+    PyTorch's own ``method`` refuses the same arguments."""
+    got = parse(FAKE, args, kwargs)
     if want == REFUSES:
-        assert got is None and _pytorch_refuses(torch.Tensor.to, args, kwargs)
+        assert got is None and _pytorch_refuses(method, args, kwargs)
     else:
         assert got == want
 
@@ -111,11 +117,7 @@ def test_to_another_tensor_takes_its_device_and_dtype():
     ((), {"copy": True}, REFUSES),
 ])
 def test_tensor_cuda_calls(args, kwargs, want):
-    got = pageable.cuda_args(FAKE, args, kwargs)
-    if want == REFUSES:
-        assert got is None and _pytorch_refuses(torch.Tensor.cuda, args, kwargs)
-    else:
-        assert got == want
+    _check(pageable.cuda_args, torch.Tensor.cuda, args, kwargs, want)
 
 
 @pytest.mark.parametrize("src,mf,exact", [

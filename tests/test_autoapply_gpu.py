@@ -152,6 +152,12 @@ def test_varying_rows_are_graphed_per_bucket(tmp_path):
         assert site.no_pad is None and len(site.verified) == 2, (site.no_pad, site.verified)
         assert all(site.padded_ok(k) for k in site.verified)
         assert len(site.keys) <= buckets.MAX_GRAPHS_PER_SITE
+    _assert_two_buckets_replayed(st)
+
+
+def _assert_two_buckets_replayed(st):
+    """A bucketed run's hook stats: 2 buckets captured on each of 2 groups, every call of the
+    4 threads counted, most of them replayed, and only verification or warm-up left eager."""
     assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
     sites = _model_sites(st)
     calls = 4 * ROUNDS * len(ROWS)
@@ -184,13 +190,7 @@ def test_a_named_tuple_argument_is_graphed_per_bucket_like_plain_tensors(tmp_pat
     for (k, r, n), out in got.items():
         assert out[0].shape == ref[n][0].shape, (k, r, n)
         assert torch.allclose(out[0], ref[n][0], rtol=buckets.PAD_RTOL, atol=buckets.PAD_ATOL), (k, r, n)
-    assert st["captured"] == 2 * 2  # 2 buckets on each of 2 groups
-    sites = _model_sites(st)
-    calls = 4 * ROUNDS * len(ROWS)
-    assert sum(s["taken_over"] + s["fallback"] for s in sites) == calls
-    assert sum(s["taken_over"] for s in sites) > calls // 2
-    reasons = {r for s in sites for r in s["reasons"]}
-    assert reasons <= {buckets.VERIFYING, buckets.WARMING_UP}, reasons
+    _assert_two_buckets_replayed(st)
 
 
 def test_a_model_that_mixes_rows_gets_exact_shapes_only(tmp_path):

@@ -85,23 +85,19 @@ def flatten(x: Any, leaf: type[Any], out: list[Any]) -> bool:
     """Append ``x``'s instances of ``leaf`` to ``out`` in walking order; whether :func:`remake`
     makes every container in ``x`` again with its own type (a list, a tuple, a named tuple or
     a plain dict: not a subclass of one of those, which it would make as its base)."""
+    items: Any
     if isinstance(x, (list, tuple)):
         t = type(x)
-        ok = t is list or t is tuple or (issubclass(t, tuple) and hasattr(x, "_fields"))
-        for v in x:
-            if isinstance(v, leaf):
-                out.append(v)
-            elif not flatten(v, leaf, out):
-                ok = False
-        return ok
-    if isinstance(x, dict):
-        ok = type(x) is dict
-        for v in x.values():
-            if isinstance(v, leaf):
-                out.append(v)
-            elif not flatten(v, leaf, out):
-                ok = False
-        return ok
-    if isinstance(x, leaf):
-        out.append(x)
-    return True
+        ok, items = t is list or t is tuple or (issubclass(t, tuple) and hasattr(x, "_fields")), x
+    elif isinstance(x, dict):
+        ok, items = type(x) is dict, x.values()
+    else:
+        if isinstance(x, leaf):
+            out.append(x)
+        return True
+    for v in items:
+        if isinstance(v, leaf):
+            out.append(v)
+        elif not flatten(v, leaf, out):
+            ok = False
+    return ok
