@@ -603,3 +603,20 @@ def test_cli_apply_says_the_plan_is_not_active_without_cuda(tmp_path):
     assert res.exit_code == 0
     want = "PyTorch is not installed" if importlib.util.find_spec("torch") is None else "no CUDA device"
     assert "the plan is not active here" in res.stderr and want in res.stderr
+
+
+def test_a_kept_batching_plan_whose_calls_ran_unbatched_says_so():
+    """The hook stats of two-tower's kept plan on the H100 (bench/apply/results/suite_h100_2026-11-26c):
+    a batching plan whose model inputs the hook refused; its label says batched, so a note must."""
+    from recsys_doctor.applying.apply import _batching_refused
+
+    refused = {"batching": True, "max_batch": 32, "batches": 0, "batched_calls": 0,
+               "fallbacks": ["not batched: no floating-point input tells the rows of a query; declare batch_spec"]}
+    note = _batching_refused(Candidate(1, True, False, True, batching=True), refused)
+    assert note is not None and "no floating-point input tells the rows" in note and "ran unbatched" in note
+    quiet = _batching_refused(Candidate(1, batching=True), {"batched_calls": 0})  # refused without a reason said
+    assert quiet is not None and "no call was batched" in quiet
+    # batched calls, a plan without batching, or no stats: nothing to say
+    assert _batching_refused(Candidate(1, batching=True), {**refused, "batches": 5, "batched_calls": 40}) is None
+    assert _batching_refused(Candidate(1), refused) is None
+    assert _batching_refused(Candidate(1, batching=True), None) is None

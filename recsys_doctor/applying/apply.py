@@ -369,6 +369,9 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     ev = _evidence(before, after, before_pt, after_pt)
     ev["hook"] = {"measured": None if decline else best.info.get("hook"),
                   "profiled": read_hook_stats(hook_stats) if after else None}
+    unbatched = None if decline else _batching_refused(best.prediction.candidate, ev["hook"]["measured"])
+    if unbatched:
+        notes.append(unbatched)
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)
@@ -386,6 +389,15 @@ def _declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str |
     unit = "ms a step" if train else "q/s"
     return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {a:g} {unit} against "
             f"{b:g} for the script as it is; the script is left unchanged (plan.json keeps that plan for reference)")
+
+
+def _batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None:
+    """What to say where the kept plan asks for batching and its measured run batched no call
+    (the hook refused the model's inputs: its label says batched, its calls ran unbatched)."""
+    if not cand.batching or not hook or hook.get("batched_calls"):
+        return None
+    why = next((f for f in hook.get("fallbacks") or [] if f.startswith("not batched")), "no call was batched")
+    return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, as the plan without it"
 
 
 def _script_stats(before: Any, base: dict[str, Any]) -> TraceStats:
