@@ -104,8 +104,8 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
     # cudaGraphExecDestroy, its memory pool), which a capture forbids; the finalizer swallows
     # the error and the capture fails later with "operation failed due to a previous error
     # during capture". That is the likely cause of such failures of a thread graph on the H100
-    # (5 of 14 second hooked runs in one process on two machines, none of 12 on a third; not
-    # reproduced with this in place)
+    # (a hooked run after another in one process: 10 of 24 runs on two machines; not seen in
+    # 12 runs on a third machine, with or without this; bench/gpu/results/final_h100_2026-11-26c)
     gc_was = gc.isenabled()
     gc.disable()
     try:
