@@ -99,13 +99,14 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
     prev = torch.cuda.current_stream()
     gate.acquire_exclusive()
     # no automatic garbage collection until the capture ends, in any thread (torch.cuda.graph
-    # no longer collects as it starts, and a collection here costs ~0.1 s a capture): a collection run inside the capture (any allocation may start
-    # one) can free an object whose finalizer calls CUDA (an earlier CUDA graph:
-    # cudaGraphExecDestroy, its memory pool), which a capture forbids; the finalizer swallows
-    # the error and the capture fails later with "operation failed due to a previous error
-    # during capture". That is the likely cause of such failures of a thread graph on the H100
-    # (a hooked run after another in one process: 10 of 24 runs on two machines; not seen in
-    # 12 runs on a third machine, with or without this; bench/gpu/results/final_h100_2026-11-26c)
+    # no longer collects as it starts, and a collection here costs ~0.1 s a capture): a
+    # collection run inside the capture (any allocation may start one) can free an object
+    # whose finalizer calls CUDA (an earlier CUDA graph: cudaGraphExecDestroy, its memory
+    # pool), which a capture forbids; the finalizer swallows the error and the capture fails
+    # later with "operation failed due to a previous error during capture". That is the
+    # likely cause of such failures of a thread graph on the H100 (a hooked run after another
+    # in one process: 10 of 24 runs on two machines; not seen in 12 runs on a third machine,
+    # with or without this; bench/gpu/results/final_h100_2026-11-26c)
     gc_was = gc.isenabled()
     gc.disable()
     try:
