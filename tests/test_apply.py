@@ -620,3 +620,19 @@ def test_a_kept_batching_plan_whose_calls_ran_unbatched_says_so():
     assert _batching_refused(Candidate(1, batching=True), {**refused, "batches": 5, "batched_calls": 40}) is None
     assert _batching_refused(Candidate(1), refused) is None
     assert _batching_refused(Candidate(1, batching=True), None) is None
+
+
+
+def test_a_scripts_graphed_estimates_are_labelled_upper_bounds():
+    """Every graphed, unbatched candidate of a plain script carries the upper-bound note
+    (dcn_frame_serve.py on the H100: 13,510 q/s estimated for its graphed plans, 295-376
+    measured); eager and batched ones (priced otherwise, or not at all) do not."""
+    from recsys_doctor.applying.apply import SCRIPT_BOUND, _label_script_bounds
+    from recsys_doctor.planning.whatif import Prediction
+
+    preds = [Prediction(Candidate(g, True, False, graphs, batching=b), 1.0, 1.0, 1.0, "host", qps=1.0,
+                        notes=["shared pool"])
+             for g in (1, 4) for graphs in (True, False) for b in (False, True)]
+    _label_script_bounds(preds)
+    assert [SCRIPT_BOUND in p.notes for p in preds] == [True, False, False, False] * 2
+    assert all(p.notes[0] == "shared pool" for p in preds)  # the estimate's own notes stay first

@@ -343,6 +343,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     prefer: Candidate | None = Candidate(adv.groups, True, False, adv.cuda_graphs)
     ranked = rank(stats, candidates("script", clients=1 if train else clients), clients=clients, prefer=prefer,
                   costs=costs, script=True)
+    _label_script_bounds(ranked)
     if prefer not in [p.candidate for p in ranked]:
         prefer = None
     results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,
@@ -389,6 +390,22 @@ def _declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str |
     unit = "ms a step" if train else "q/s"
     return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {a:g} {unit} against "
             f"{b:g} for the script as it is; the script is left unchanged (plan.json keeps that plan for reference)")
+
+
+#: what a plain script's graphed estimate is: the script's own Python per query or step is not
+#: in its trace (only the host time of the calls the graph replaces), so it is a ceiling, not a
+#: forecast (the serving scripts measured on the H100 on 2026-11-26, the suite, the held-out
+#: ones and plain_serving_script, ran 1.2 to 46 times below it)
+SCRIPT_BOUND = ("an upper bound: the script's own Python per query or step is not in the trace (scripts "
+                "measured 1.2-46x below such bounds); measured, kept only when faster")
+
+
+def _label_script_bounds(ranked: Sequence[Prediction]) -> None:
+    """Note :data:`SCRIPT_BOUND` on each graphed, unbatched estimate of a plain script (the
+    batched ones are not priced at all; eager ones replay the trace's own host time)."""
+    for p in ranked:
+        if p.candidate.cuda_graphs and not p.candidate.batching:
+            p.notes.append(SCRIPT_BOUND)
 
 
 def _batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None:
