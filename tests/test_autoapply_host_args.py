@@ -12,6 +12,8 @@ thread's graph, row buckets, outputs equal to the unhooked run) is in
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import sys
 from types import SimpleNamespace
 
@@ -229,6 +231,27 @@ def test_a_returned_host_argument_is_the_scripts_own_tensor(hooked):
         out, items = call(model, *args)
     assert items is batch[1] and type(items) is torch.Tensor  # not a proxy, not a slot
     assert "returned by forward" in next(iter(staging._state["host_use"].values()))
+
+
+class PassesThroughNamed(Ranker):
+    def forward(self, user, items, dense):
+        return Scored(super().forward(user, items, dense), [items])
+
+
+Scored = namedtuple("Scored", "score extra")
+
+
+def test_a_host_argument_returned_in_a_named_tuple_is_the_scripts_own_tensor(hooked):
+    # (a named tuple holding a proxy was made again from one generator: a TypeError in the
+    # script's call; a proxy nested deeper than one container was handed back as a proxy)
+    model = PassesThroughNamed().eval()
+    batch = _request(5)
+    call, args, _ = _take(hooked, model, batch)
+    with torch.no_grad():
+        out = call(model, *args)
+    assert type(out) is Scored and type(out.extra) is list
+    assert out.extra[0] is batch[1] and type(out.extra[0]) is torch.Tensor
+    assert torch.equal(out.score, _unhooked(model, batch).score)
 
 
 def test_a_host_proxy_copies_once_and_is_its_host_tensor_otherwise():

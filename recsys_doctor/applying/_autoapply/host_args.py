@@ -137,19 +137,22 @@ def _proxy(torch: Any, cls: type[Any], host: Any, d: Any, dev: Any, owner: Any) 
 
 
 def _released(torch: Any, cls: type[Any], out: Any) -> Any:
-    """A model's result with no host proxy in it: a proxy returned is a use of it
-    (:func:`_use`), replaced by its host tensor."""
-    if type(out) is cls:
-        _use(torch, out, "returned by forward")
-        if out._rd_host is not None:
-            return out._rd_host
-        with torch._C.DisableTorchFunctionSubclass():
-            return out.as_subclass(torch.Tensor)
-    if isinstance(out, (list, tuple)) and any(type(o) is cls for o in out):
-        return type(out)(_released(torch, cls, o) for o in out)
-    if isinstance(out, dict) and any(type(o) is cls for o in out.values()):
-        return {k: _released(torch, cls, v) for k, v in out.items()}
-    return out
+    """A model's result with no host proxy in it, at any depth (:mod:`.argtree`'s walk: a
+    named tuple made again as its own type): a proxy returned is a use of it (:func:`_use`),
+    replaced by its host tensor."""
+    found: list[Any] = []
+    flatten(out, cls, found)
+    if not found:
+        return out
+    return remake(out, cls, iter([_release(torch, p) for p in found]))
+
+
+def _release(torch: Any, p: Any) -> Any:
+    _use(torch, p, "returned by forward")
+    if p._rd_host is not None:
+        return p._rd_host
+    with torch._C.DisableTorchFunctionSubclass():
+        return p.as_subclass(torch.Tensor)
 
 
 def _capturing(torch: Any) -> bool:
@@ -173,18 +176,6 @@ def _use(torch: Any, p: Any, what: Any) -> None:
         with torch._C.DisableTorchFunctionSubclass():
             p.copy_(p._rd_fill)
         p._rd_fill = None
-
-
-def _proxies(cls: type[Any], x: Any, out: list[Any]) -> None:
-    if type(x) is cls:
-        if all(x is not o for o in out):
-            out.append(x)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            _proxies(cls, v, out)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _proxies(cls, v, out)
 
 
 def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: Any) -> type:
@@ -234,8 +225,8 @@ def make_host_type(torch: Any, parse_to: Any, parse_cuda: Any, to: Any, cuda: An
                   and (func in itself or casts.get(func) == self._rd_dev.dtype)):
                 return self
             found: list[Any] = []
-            _proxies(cls, (args, kwargs), found)
-            for q in found:
+            flatten((args, kwargs), cls, found)
+            for q in {id(q): q for q in found}.values():  # each proxy once
                 _use(torch, q, func)
             return plain(func, args, kwargs)
 
