@@ -33,6 +33,7 @@ F16 = torch.float16
     (([1],), {}, None),  # a host tensor: nothing to stage
     (([1],), {"device": "cpu"}, None),
     (([1], None), {"dtype": F16, "device": "cuda"}, None),  # dtype twice: PyTorch's error
+    (([1],), {"device": "cuda", "memory_format": torch.contiguous_format}, None),  # not a parameter of as_tensor
 ])
 def test_which_as_tensor_calls_are_staged(args, kwargs, want):
     assert pageable.as_tensor_args(FAKE, args, kwargs) == want

@@ -284,14 +284,15 @@ _TO_TENSOR = ("tensor", "non_blocking", "copy")
 _CUDA = ("device", "non_blocking")
 
 
-def _bind(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """``args`` and ``kwargs`` bound to the parameters ``names`` (plus ``memory_format``,
-    keyword-only) as PyTorch's argument parser binds them; None where it would refuse them."""
+def _bind(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+          kw_only: tuple[str, ...] = ("memory_format",)) -> dict[str, Any] | None:
+    """``args`` and ``kwargs`` bound to the parameters ``names`` (plus the keyword-only
+    ``kw_only``) as PyTorch's argument parser binds them; None where it would refuse them."""
     if len(args) > len(names):
         return None
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
-        if k in bound or (k not in names and k != "memory_format"):
+        if k in bound or (k not in names and k not in kw_only):
             return None
         bound[k] = v
     return bound
@@ -350,16 +351,12 @@ def inexact(torch: Any, src: Any, m: Move) -> str | None:
 
 def as_tensor_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
     """``(cuda device, dtype or None)`` of ``torch.as_tensor(data, dtype=None, device=None)``."""
-    if len(args) > 3 or set(kwargs) - {"data", "dtype", "device"}:
+    bound = _bind(("data", "dtype", "device"), args, kwargs, kw_only=())
+    if bound is None or "data" not in bound:
         return None
-    names = ("data", "dtype", "device")
-    bound = dict(zip(names, args))
-    if set(bound) & set(kwargs):
-        return None
-    bound.update(kwargs)
     dev = bound.get("device")
     d = _cuda_device(torch, dev) if dev is not None else None
-    return None if d is None or "data" not in bound else (d, bound.get("dtype"))
+    return None if d is None else (d, bound.get("dtype"))
 
 
 def tensor_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
