@@ -192,3 +192,39 @@ def test_the_hooked_to_takes_over_what_it_makes_exactly_and_leaves_pytorch_the_r
     with pytest.raises(TypeError):  # the second positional is the dtype: PyTorch's own error
         to(t, "cuda:0", True)
     assert len(taken) == 2
+
+
+def test_the_thread_graphs_next_copy_asked_for_as_learned_takes_the_short_path(monkeypatch):
+    """A hooked ``.to()`` of the tensor the thread graph expects next, asked for with the
+    :class:`Move` it was learned with, goes straight to ``_copy_in``: the checks the learned
+    copy passed (pinned, non-blocking, the group's device) are not asked again. Another move
+    of the same tensor, or a slot's copy (learned with no move), takes the long path."""
+    from recsys_doctor.applying import _autoapply as hook
+
+    src = torch.arange(4.0)
+    learned = Move(C0, None, True, False, None)
+    tg = hook._ThreadGraph(module="m", graph=None, src=[src], tin=[torch.zeros(4)], template=None,
+                           out=torch.zeros(1), device=0, moves=[learned])
+    st = hook._ThreadCopies(stream=None)
+    st.tg = tg
+    monkeypatch.setitem(staging._state, "lazy_type", staging._make_lazy_type(torch))
+    monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=C0)), raising=False)
+    monkeypatch.setattr(staging._tls, "copies", st, raising=False)
+    monkeypatch.setattr(staging._tls, "depth", 0, raising=False)
+    asked = []
+    monkeypatch.setattr(staging, "_graph_copy", lambda s, m: asked.append(m) or False)
+    monkeypatch.setattr(staging, "_take_copy", lambda *a: None)  # (the long path's pageable copy: PyTorch's)
+    to = staging._copy_method(torch, lambda t, *a, **k: "pytorch", pageable.to_args)
+    view = to(src, "cuda:0", non_blocking=True)
+    assert type(view) is staging._state["lazy_type"] and st.n == 1 and asked == []
+    first = id(view)
+    del view  # (a view the script keeps would be given memory of its own)
+    st.n, st.pending = 0, False
+    assert id(to(src, device="cuda:0", non_blocking=True)) == first and asked == []  # the same Move, spelled otherwise
+    st.n = 0
+    assert to(src, "cuda:0") == "pytorch" and asked == [learned._replace(non_blocking=False)]  # blocking: not it
+    st.n, tg.moves = 0, [None]  # learned from a slot (the hook's own copy): never the script's .to()
+    assert to(src, "cuda:0", non_blocking=True) == "pytorch" and len(asked) == 2
+    st.n, tg.moves = 0, [learned]
+    tg.src_ptr = [src.data_ptr() + 4]  # the same tensor on other memory: _copy_in refuses it
+    assert to(src, "cuda:0", non_blocking=True) == "pytorch" and st.n == -1

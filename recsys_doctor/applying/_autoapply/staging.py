@@ -57,7 +57,7 @@ class _ThreadCopies:
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.recent: list[tuple[Any, Any]] = []  # (result, source) of this query's copies, while learning
+        self.recent: list[tuple[Any, Any, Any]] = []  # (result, source, Move) of this query's copies, while learning
         self.tg: _ThreadGraph | None = None
         self.n = 0  # views handed out in this query (slots 0..n-1); -1: this query left the graph's order
         self.pending = False  # those views' copies are deferred (not made yet)
@@ -71,16 +71,19 @@ class _ThreadCopies:
 
 
 class _ThreadGraph:
-    __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "tin", "handed", "template", "static_out",
-                 "device", "tag")
+    __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
+                 "static_out", "device", "tag")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
-                 device: int) -> None:
+                 device: int, moves: list[Move | None] | None = None) -> None:
         self.module = module
         self.graph = graph
         self.src = src  # the script's pinned tensors (kept alive: the graph reads them)
         self.src_ptr = [t.data_ptr() for t in src]
         self.src_shape = [t.shape for t in src]
+        # what each copy's ``.to()``/``.cuda()`` asked for when it was learned (None: a slot's
+        # copy, made by the hook): the same call again is the same copy (:func:`_expected_copy`)
+        self.moves: list[Move | None] = list(moves) if moves is not None else [None] * len(src)
         self.tin = tin  # this thread's device buffers, one per copy
         self.handed: list[Any] = [None] * len(src)  # the view last handed out for each copy
         self.template = template
@@ -98,12 +101,12 @@ def _copy_source(torch: Any, src: Any, out: Any) -> bool:
 
 
 def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
+             kwargs: dict[str, Any], move: Move | None = None) -> Any:
     tg = st.tg
     if tg is not None:
         i = st.n
         if (0 <= i < len(tg.src) and src is tg.src[i] and dev == tg.device and src.data_ptr() == tg.src_ptr[i]
-                and src.shape == tg.src_shape[i] and src.is_contiguous()):
+                and src.shape == tg.src_shape[i] and src.dtype is tg.tin[i].dtype and src.is_contiguous()):
             view = tg.handed[i]
             # references: the list, this name, getrefcount's argument; one more is the
             # script's (it kept an earlier query's input): that view gets its own memory
@@ -123,7 +126,7 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     out = orig(src, *args, **kwargs)
     if st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
         # weak references: a thread that copies but never calls a model keeps nothing alive
-        st.recent.append((weakref.ref(out), weakref.ref(src)))
+        st.recent.append((weakref.ref(out), weakref.ref(src), move))
     return out
 
 
@@ -207,6 +210,19 @@ def _graph_copy(src: Any, m: Move) -> bool:
             and m.device == _tls.group.stream.device)
 
 
+def _expected_copy(src: Any, m: Move | None) -> _ThreadCopies | None:
+    """This thread's copy state where ``src.to/cuda`` asking for ``m`` is the copy its thread
+    graph expects next: the same tensor, asked for the same :class:`.pageable.Move` as when
+    the graph learned it (so :func:`.pageable.inexact` and :func:`_graph_copy` say what they
+    said then; :func:`_copy_in` checks the tensor's memory, shape and dtype are the same). The
+    hot path of a script's query: no pinned-memory query, no other check. Else None."""
+    st = getattr(_tls, "copies", None)
+    if st is None or m is None or st.tg is None or _tls.depth:
+        return None
+    tg, i = st.tg, st.n
+    return st if 0 <= i < len(tg.src) and src is tg.src[i] and m == tg.moves[i] else None
+
+
 def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
     """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy of a host tensor to the GPU
     that ``parse`` (:func:`.pageable.to_args` / :func:`.pageable.cuda_args`) recognizes and the
@@ -220,13 +236,16 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
         if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda:
             return orig(self, *args, **kwargs)
         m = parse(torch, args, kwargs)
+        st = _expected_copy(self, m)
+        if st is not None:  # the thread graph's next copy, asked for as when it was learned
+            return _copy_in(torch, st, self, m.device.index, orig, args, kwargs, m)
         if m is None or self.device.type != "cpu":  # not a host-to-GPU copy
             return orig(self, *args, **kwargs)
         why = inexact(torch, self, m)
         if why is None and _graph_copy(self, m):
             st = getattr(_tls, "copies", None)
             if st is not None and not _tls.depth:
-                return _copy_in(torch, st, self, m.device.index, orig, args, kwargs)
+                return _copy_in(torch, st, self, m.device.index, orig, args, kwargs, m)
         if m.non_blocking and self.is_pinned():  # asynchronous already
             return orig(self, *args, **kwargs)
         if why is not None:

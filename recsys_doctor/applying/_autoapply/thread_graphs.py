@@ -8,7 +8,7 @@ from typing import Any
 from ._common import _state, _tls, _torch
 from .accounting import taken_over
 from .argtree import matches, remake, skeleton
-from .buckets import bucket_rows, call_rows
+from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
@@ -52,7 +52,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-           kwargs: dict[str, Any], recent: list[tuple[Any, Any]], site: str = "?") -> None:
+           kwargs: dict[str, Any], recent: list[tuple[Any, Any, Any]], site: str = "?") -> None:
     """Capture this thread's graph once the group's graph of this call exists and every
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
@@ -74,19 +74,20 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
             st.reason = f"no graph of the call's own shapes after {LEARN_TRIES} calls"
         return
     copies = {}
-    for out_ref, src_ref in recent:
+    for out_ref, src_ref, move in recent:
         out, s_ = out_ref(), src_ref()
         if out is not None and s_ is not None:
-            copies[id(out)] = (out, s_)
-    src = []
+            copies[id(out)] = (out, s_, move)
+    src, moves = [], []
     for t in kt[1]:
         hit = copies.get(id(t))
         if hit is None or hit[0] is not t:
             st.reason = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
             return
         src.append(hit[1])
+        moves.append(hit[2])
     try:
-        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src)
+        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves)
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()
@@ -98,8 +99,7 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
 def _padded(g: _Group, module: Any, tensors: list[Any]) -> bool:
     """Whether a call of ``module`` with ``tensors`` goes to the group's graphs padded to its row bucket."""
     s = g.sites.get(id(module))
-    n = call_rows(tensors)
-    return s is not None and s.no_pad is None and bucket_rows(n) != n
+    return s is not None and s.pads(call_rows(tensors))
 
 
 def _h2d(dst: Any, src: Any, stream: Any) -> None:
@@ -114,7 +114,7 @@ def _h2d(dst: Any, src: Any, stream: Any) -> None:
 
 
 def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: Any, kwargs: Any,
-                    tensors: list[Any], src: list[Any]) -> _ThreadGraph:
+                    tensors: list[Any], src: list[Any], moves: list[Any] | None = None) -> _ThreadGraph:
     tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(tin))
     template = skeleton((args, kwargs), torch.Tensor)
@@ -130,7 +130,8 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
         return orig_call(module, *s_args, **s_kwargs)
 
     graph, out = _graph_of(torch, stream, run)
-    tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device())
+    tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device(),
+                      moves)
     tg.tag = getattr(orig_call, "key_tag", None)
     return tg
 
