@@ -323,3 +323,50 @@ def test_a_model_that_fails_on_padded_rows_is_never_padded(group):
     line = _FailsOnMoreRows.forward.__code__.co_firstlineno + 2
     assert s.no_pad.startswith("padded rows fail: ValueError: no more than 5 rows (at ")
     assert s.no_pad.endswith(f"test_autoapply_buckets.py:{line}: raise ValueError(\"no more than 5 rows\"))")
+
+
+# ------------------------------------------------------------------------------ the common row count
+
+
+def test_the_common_row_count_is_graphed_at_its_own_shape():
+    s = buckets._Site()
+    for _ in range(buckets.COMMON_AFTER - 1):
+        s.seen(200)
+        assert s.pads(200)  # too few calls to tell a common count from a first one
+    s.seen(200)
+    assert not s.pads(200)  # 8 of 8 calls: a graph of its own rows
+    assert s.pads(37)  # a count seen on no call so far (a last partial batch) goes to its bucket
+    for _ in range(8):
+        s.seen(37)
+    assert not s.pads(37) and not s.pads(200)  # 8 of 16 calls each: both at half, both common
+    s.seen(37)
+    assert not s.pads(37) and s.pads(200)  # 9 of 17 >= 8.5: 37 is common now; 8 < 8.5: 200 no longer
+    assert not s.pads(256)  # a bucket's own count is never padded
+    s.no_pad = buckets.MIXES_ROWS
+    assert not s.pads(37)  # padding off: exact shapes only
+
+
+def test_row_counts_that_keep_changing_stay_padded_and_are_counted_within_a_bound():
+    s = buckets._Site()
+    for k in range(400):  # 50-249 rows, each count twice: none is half the calls
+        s.seen(50 + k % 200)
+    assert s.calls == 400 and len(s.rows) == buckets.MAX_ROW_COUNTS
+    assert all(s.pads(n) for n in range(50, 250) if n not in (64, 128))
+
+
+def test_a_call_of_the_common_row_count_goes_to_its_exact_shape(group, monkeypatch):
+    """The flow of ``_graphed_call`` (CPU tensors standing in, the key and the graphed call
+    recorded): the first calls of a 200-row batch go padded to 256 (verified first), from the
+    ``COMMON_AFTER``-th on to the key of their own shape."""
+    lin = torch.nn.Linear(4, 2).eval()
+    monkeypatch.setattr(graphs, "_key_or_reason", lambda torch_, m, a, k, tag: (("key", a[0].shape[0]), [a[0]]))
+    went = []
+    monkeypatch.setattr(graphs, "_keyed_call", lambda *a: went.append((a[8], a[12])) or "graphed")
+    monkeypatch.setattr(graphs, "_verify_padding", lambda *a: went.append(("verify", a[-1])) or "verified")
+    s = graphs._site_of(group, lin)
+    s.verified[("key", 256)] = buckets.VERIFY_CALLS  # (the 256-row bucket's padding verified already)
+    with torch.no_grad():
+        for _ in range(buckets.COMMON_AFTER + 1):
+            graphs._graphed_call(type(lin).__call__, lin, (torch.randn(200, 4),), {}, "s.py:5")
+    padded = [(("key", 256), (200, 256))] * (buckets.COMMON_AFTER - 1)
+    assert went == padded + [(("key", 200), None)] * 2

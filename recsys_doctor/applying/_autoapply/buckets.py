@@ -1,7 +1,7 @@
 """Varying shapes, bounded: a model call whose row count varies (the last partial batch,
 per-request candidate counts) is graphed per row *bucket* - its rows padded up to the next
 power of two - where padding is verified to leave the real rows as they are, and per exact
-shape otherwise; a call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group, all the
+shape otherwise and for the site's common row count (most of its calls: the full batches); a call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group, all the
 hook's group graphs at most ``GRAPH_MEMORY_BUDGET`` bytes. The pure logic (no CUDA) is here;
 the flow is :func:`.graphs._graphed_call`.
 
@@ -37,6 +37,12 @@ MAX_GRAPHS_PER_SITE = 8
 GRAPH_MEMORY_BUDGET = 2 << 30
 #: padded calls of a bucket verified (run eagerly as they are and padded) before its graph is used
 VERIFY_CALLS = 2
+#: a row count that makes at least this share of a site's calls, once the site has had
+#: ``COMMON_AFTER`` calls, is graphed at its own shape, not padded (:meth:`_Site.pads`)
+COMMON_SHARE = 0.5
+COMMON_AFTER = 8
+#: row counts a site counts (more distinct ones are not counted: none of them is common)
+MAX_ROW_COUNTS = 64
 #: how close a padded call's real rows must be to the unpadded call's (float outputs; others equal)
 PAD_RTOL = 1e-6
 PAD_ATOL = 1e-6
@@ -129,12 +135,33 @@ class _Site:
     that hold (or may get) a graph, the padded keys' verifications passed, and why padding
     is off."""
 
-    __slots__ = ("keys", "verified", "no_pad")
+    __slots__ = ("keys", "verified", "no_pad", "rows", "calls")
 
     def __init__(self) -> None:
         self.keys: set[Any] = set()
         self.verified: dict[Any, int] = {}
         self.no_pad: str | None = None
+        self.rows: dict[int, int] = {}  # calls per row count (up to MAX_ROW_COUNTS counts)
+        self.calls = 0
+
+    def seen(self, n: int) -> None:
+        """Count a call of ``n`` rows (once per call, before :meth:`pads` is asked)."""
+        self.calls += 1
+        c = self.rows.get(n)
+        if c is not None:
+            self.rows[n] = c + 1
+        elif len(self.rows) < MAX_ROW_COUNTS:
+            self.rows[n] = 1
+
+    def pads(self, n: int) -> bool:
+        """Whether a call of ``n`` rows goes to its row bucket padded: not where ``n`` is a
+        bucket already, padding is off here, or ``n`` is the site's common row count (at least
+        ``COMMON_SHARE`` of its calls, after ``COMMON_AFTER``): a script whose batches all hold
+        200 rows gets a graph of 200 rows, not one of 256 that computes 56 padding rows and
+        pads and cuts every call (and whose padded call no thread graph can take)."""
+        if self.no_pad is not None or bucket_rows(n) == n:
+            return False
+        return not (self.calls >= COMMON_AFTER and self.rows.get(n, 0) >= COMMON_SHARE * self.calls)
 
     def padded_ok(self, key: Any) -> bool:
         """Whether padded calls of ``key`` may use its graph (``VERIFY_CALLS`` verifications passed)."""

@@ -210,9 +210,10 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     key, tensors = kt
     s = _site_of(g, module)
     n = call_rows(tensors)
-    b = bucket_rows(n)
-    if b == n or s.no_pad is not None:
+    s.seen(n)
+    if not s.pads(n):
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
+    b = bucket_rows(n)
     ptensors = pad_rows(torch, tensors, n, b)
     pargs, pkwargs = remake((args, kwargs), torch.Tensor, iter(ptensors))
     pkt = _key_or_reason(torch, module, pargs, pkwargs, tag)
