@@ -1,7 +1,8 @@
 """Where a plain script's GIL time goes, hooked and not (issue 25): ``python
 bench/apply/gil_profile.py OUTDIR SCRIPT [ARGS...]`` runs SCRIPT under ``py-spy record --gil``
-(samples only while a thread holds the GIL) unhooked and with a fixed plan (``GROUPS``, graphs
-on), writing each run's folded stacks (``*.folded``) and its JSON line; then prints the frames
+(samples only while a thread holds the GIL) unhooked and with a fixed plan (``RD_GROUPS`` groups, default 2; graphs
+on), writing each run's folded stacks (``*.folded``), its JSON line and the hooked run's
+``hook_stats.json``; then prints the frames
 with the most GIL samples (self and total) of each run."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def top(folded: Path, n: int = 25) -> list[str]:
     samples = 0
     for line in folded.read_text().splitlines():
         stack, _, cnt = line.rpartition(" ")
-        if not stack:
+        if not stack or not cnt.isdigit():  # (a frame's text can hold a line break)
             continue
         k = int(cnt)
         samples += k
@@ -42,8 +43,8 @@ def main() -> None:
     outdir, script, *args = sys.argv[1:]
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    plan = write_plan(out / "plan.json", {}, Candidate(int(os.environ.get("GROUPS", "2")), True, False, True))
-    runs = {"unhooked": dict(os.environ), "hooked": script_env(plan, hook_dir=out / "hook")}
+    plan = write_plan(out / "plan.json", {}, Candidate(int(os.environ.get("RD_GROUPS", "2")), True, False, True))
+    runs = {"unhooked": dict(os.environ), "hooked": script_env(plan, hook_dir=out / "hook", stats_path=out / "hook_stats.json")}
     report = []
     for name, env in runs.items():
         folded = out / f"{name}.folded"

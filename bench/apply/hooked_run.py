@@ -1,0 +1,43 @@
+"""One script under the hook with a fixed plan, the result appended to a JSONL file:
+``python bench/apply/hooked_run.py OUT.jsonl LABEL GROUPS SCRIPT [ARGS...]`` (GROUPS 0: the script
+unhooked). Each row: the label, the plan, the script's JSON line (q/s, p99, checksum) and the
+hook's counters (replays, thread replays, fallbacks). ``bench/apply/hook_ab.sh`` alternates two
+trees of the package with it, on one machine."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from recsys_doctor.applying.script_hook import run_script, script_env
+from recsys_doctor.planning.io import write_plan
+from recsys_doctor.planning.whatif import Candidate
+
+
+def main() -> None:
+    out, label, groups, script, *args = sys.argv[1:]
+    g = int(groups)
+    argv = [sys.executable, script, *args]
+    row = {"label": label, "script": Path(script).name, "args": args, "groups": g}
+    if g == 0:
+        res, _ = run_script(argv, timeout_s=300)
+    else:
+        d = Path(tempfile.mkdtemp(prefix="hooked-run-"))
+        plan = write_plan(d / "plan.json", {}, Candidate(g, True, False, True))
+        env = script_env(plan, hook_dir=d / "hook", stats_path=d / "stats.json")
+        res, _ = run_script(argv, env=env, timeout_s=300)
+        st = json.loads((d / "stats.json").read_text()) if (d / "stats.json").is_file() else {}
+        row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
+                                               "staged_copies", "captured")}
+        row["hook"]["fallback_calls"] = sum(s.get("fallback", 0) for s in st.get("sites", []))
+    row.update(res)
+    with open(out, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    print(f"{label:<10} g{g} {row['script']:<26} {res.get('qps')!s:>8} q/s  p99 {res.get('p99_ms')} ms  "
+          f"checksum {res.get('checksum')}  {row.get('hook', '')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
