@@ -330,17 +330,18 @@ def test_a_model_that_fails_on_padded_rows_is_never_padded(group):
 
 def test_the_common_row_count_is_graphed_at_its_own_shape():
     s = buckets._Site()
-    for _ in range(buckets.COMMON_AFTER - 1):
+    k = buckets.COMMON_AFTER
+    for _ in range(k - 1):
         s.seen(200)
         assert s.pads(200)  # too few calls to tell a common count from a first one
     s.seen(200)
-    assert not s.pads(200)  # 8 of 8 calls: a graph of its own rows
+    assert not s.pads(200)  # k of k calls: a graph of its own rows
     assert s.pads(37)  # a count seen on no call so far (a last partial batch) goes to its bucket
-    for _ in range(8):
+    for _ in range(k):
         s.seen(37)
-    assert not s.pads(37) and not s.pads(200)  # 8 of 16 calls each: both at half, both common
+    assert not s.pads(37) and not s.pads(200)  # k of 2k calls each: both at half, both common
     s.seen(37)
-    assert not s.pads(37) and s.pads(200)  # 9 of 17 >= 8.5: 37 is common now; 8 < 8.5: 200 no longer
+    assert not s.pads(37) and s.pads(200)  # k + 1 of 2k + 1 is over half; k is under it
     assert not s.pads(256)  # a bucket's own count is never padded
     s.no_pad = buckets.MIXES_ROWS
     assert not s.pads(37)  # padding off: exact shapes only
@@ -356,8 +357,8 @@ def test_row_counts_that_keep_changing_stay_padded_and_are_counted_within_a_boun
 
 def test_a_call_of_the_common_row_count_goes_to_its_exact_shape(group, monkeypatch):
     """The flow of ``_graphed_call`` (CPU tensors standing in, the key and the graphed call
-    recorded): the first calls of a 200-row batch go padded to 256 (verified first), from the
-    ``COMMON_AFTER``-th on to the key of their own shape."""
+    recorded): the first calls of a 200-row batch go padded to 256 (its padding verified here
+    already), from the ``COMMON_AFTER``-th on to the key of their own shape."""
     lin = torch.nn.Linear(4, 2).eval()
     monkeypatch.setattr(graphs, "_key_or_reason", lambda torch_, m, a, k, tag: (("key", a[0].shape[0]), [a[0]]))
     went = []

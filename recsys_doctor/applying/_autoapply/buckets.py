@@ -38,9 +38,11 @@ GRAPH_MEMORY_BUDGET = 2 << 30
 #: padded calls of a bucket verified (run eagerly as they are and padded) before its graph is used
 VERIFY_CALLS = 2
 #: a row count that makes at least this share of a site's calls, once the site has had
-#: ``COMMON_AFTER`` calls, is graphed at its own shape, not padded (:meth:`_Site.pads`)
+#: ``COMMON_AFTER`` calls, is graphed at its own shape, not padded (:meth:`_Site.pads`); 4: before
+#: its bucket's graph is captured (2 calls verify the padding, 2 warm up), so that a script whose
+#: calls all hold one row count gets no graph it will not use
 COMMON_SHARE = 0.5
-COMMON_AFTER = 8
+COMMON_AFTER = 4
 #: row counts a site counts (more distinct ones are not counted: none of them is common)
 MAX_ROW_COUNTS = 64
 #: how close a padded call's real rows must be to the unpadded call's (float outputs; others equal)
@@ -156,7 +158,7 @@ class _Site:
     def pads(self, n: int) -> bool:
         """Whether a call of ``n`` rows goes to its row bucket padded: not where ``n`` is a
         bucket already, padding is off here, or ``n`` is the site's common row count (at least
-        ``COMMON_SHARE`` of its calls, after ``COMMON_AFTER``): a script whose batches all hold
+        ``COMMON_SHARE`` of its calls, from the ``COMMON_AFTER``-th call): a script whose batches all hold
         200 rows gets a graph of 200 rows, not one of 256 that computes 56 padding rows and
         pads and cuts every call (and whose padded call no thread graph can take)."""
         if self.no_pad is not None or bucket_rows(n) == n:
