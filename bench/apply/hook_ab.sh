@@ -15,6 +15,7 @@ one() {  # label tree
       plain8) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 8 examples/plain_serving_script.py --threads 8 --duration 3;;
       dlrm4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 3000;;
       mmoe8) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
+      dcn4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
       plain0) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 0 examples/plain_serving_script.py --threads 8 --duration 3;;
     esac
   done
