@@ -1,0 +1,49 @@
+"""GIL time per query of a script's serving threads, from ``bench/apply/gil_profile.py``'s folded
+stacks (``py-spy record --gil -r 200``: a sample is taken only while some thread holds the GIL):
+``python bench/apply/gil_share.py DIR FRAME [RATE]`` for a run folder holding ``unhooked`` /
+``hooked`` ``.folded.gz`` and ``.json``. FRAME names the script's per-request function as py-spy
+prints it (``client (dlrm_numpy_serve.py``): samples whose stack holds it are the serving
+threads'. Prints, per run, the GIL seconds of those threads over the run, per query, and as a
+ceiling (queries/s if the GIL were never idle and nothing else waited), plus how much of it is
+under the hook's frames (recsys_doctor/, the hook's own and what it calls)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+
+def share(folded: Path, frame: str) -> tuple[int, int, int]:
+    """(all samples, the serving threads', those under a recsys_doctor frame)."""
+    total = serving = hook = 0
+    for line in gzip.open(folded, "rt"):
+        stack, _, cnt = line.rstrip("\n").rpartition(" ")
+        if not stack or not cnt.isdigit():
+            continue
+        n = int(cnt)
+        total += n
+        if frame in stack:
+            serving += n
+            frames = stack.split(";")
+            if any("recsys_doctor/" in f and "bootstrap_inner" not in f for f in frames):
+                hook += n
+    return total, serving, hook
+
+
+def main() -> None:
+    d, frame = Path(sys.argv[1]), sys.argv[2]
+    rate = float(sys.argv[3]) if len(sys.argv) > 3 else 200.0
+    for run in ("unhooked", "hooked"):
+        res = json.loads((d / f"{run}.json").read_text())
+        total, serving, hook = share(d / f"{run}.folded.gz", frame)
+        q, qps = res["queries"], res["qps"]
+        gil_s = serving / rate
+        print(f"{d.name:<13} {run:<9} {qps:8.1f} q/s  serving threads' GIL {gil_s:5.2f} s = "
+              f"{gil_s / (q / qps):4.0%} of the {q / qps:5.2f} s window, {gil_s / q * 1e6:5.0f} us a query "
+              f"(hook frames {hook / rate / q * 1e6:5.0f} us) -> ceiling {q / gil_s:6.0f} q/s")
+
+
+if __name__ == "__main__":
+    main()
