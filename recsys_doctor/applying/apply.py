@@ -44,6 +44,7 @@ from ..capture.nvml import NvmlSampler
 from ..errors import BadInputError, RecsysDoctorError, WorkloadError
 from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
+from .confirm import confirm, needs_confirming
 from .evidence import HOOK_STATS_FILE, sync_evidence
 from .script_hook import ENV_PLAN, parse_script_result, read_hook_stats, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
@@ -323,7 +324,8 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     graphs, and the hook's batching where there are more client threads than groups), run the
     script unmodified with the best ``top_k`` plans (and the advisor's, and a batching plan:
     :func:`select_to_measure`), each measured by the script's own printed line; keep the best
-    (declined where it is slower than the script as it is); profile it once more."""
+    (declined where it is slower than the script as it is, or where a close win is lost when
+    both run once more: :mod:`.confirm`); profile it once more."""
     t0 = time.perf_counter()
     run = _Setup(Path(target), list(args), Path(out_dir) if out_dir is not None else default_out_dir(), backend,
                  nvml, options, device_index, progress or (lambda s: None))
@@ -358,9 +360,10 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                            baseline=_meas_numbers(base))
     hook_stats = run.out / "after" / HOOK_STATS_FILE
     decline = _declined(base, best, train)
+    if decline is None and needs_confirming(base, best.measured, train):  # a close win: once more
+        decline = confirm(run, argv, advised, base, best, train, script_timeout_s, notes)
     chosen = None if decline else best.prediction.candidate
-    if decline:
-        # no plan beat the script as it is: it is left unchanged (after = its own run)
+    if decline:  # no plan beat the script as it is: it is left unchanged (after = its own run)
         notes.append(decline)
         after, after_pt = None, dict(before_pt)
     else:

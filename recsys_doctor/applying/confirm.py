@@ -1,0 +1,64 @@
+"""A close win, measured again: ``profile --apply`` on a plain script keeps the best plan
+measured only where it beats the script as it is; where it beats it by less than
+:data:`CONFIRM_BELOW`, one run of each says little (on the H100 one search of the held-out
+async re-ranker ran its g1 plan at 551 q/s and the same plan with batching on, whose calls all
+ran unbatched, at 1,019; the suite's unhooked baselines moved 1.6x between machines). So the
+script as it is and the plan run once more, one after the other, and the plan is kept only if
+it wins that round too; the second round goes to ``confirm.log`` and the notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RecsysDoctorError
+from ..planning.io import write_plan
+from .script_hook import run_script, script_env
+
+__all__ = ["CONFIRM_BELOW", "ratio", "needs_confirming", "confirm"]
+
+#: a win below this ratio (q/s after / before; step time before / after) is measured again
+CONFIRM_BELOW = 1.5
+
+
+def ratio(before: dict[str, Any] | None, after: dict[str, Any] | None, train: bool) -> float | None:
+    """How many times faster ``after`` ran than ``before`` (their q/s, or for a training loop
+    their step times), or None where either has no number."""
+    key = "step_ms" if train else "qps"
+    b, a = (before or {}).get(key), (after or {}).get(key)
+    if not b or not a:
+        return None
+    return b / a if train else a / b
+
+
+def needs_confirming(base: dict[str, Any], measured: dict[str, Any] | None, train: bool) -> bool:
+    """Whether a kept plan's win over the script as it is is close enough to be measured again."""
+    r = ratio(base, measured, train)
+    return r is not None and r < CONFIRM_BELOW
+
+
+def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, Any], best: Any, train: bool,
+            timeout_s: float, notes: list[str]) -> str | None:
+    """Run the script as it is, then under ``best``'s plan, once more (``run``: the search's
+    ``_Setup``); append what the round measured to ``notes``. Returns why the plan is declined
+    (it lost the round, or its run failed), or None where it won again."""
+    label, unit = best.prediction.candidate.label, "ms a step" if train else "q/s"
+    key = "step_ms" if train else "qps"
+    first = ratio(base, best.measured, train)
+    run.say(f"measuring a close win once more ({first:.2f}x): the script as it is, then {label}")
+    log = run.out / "confirm.log"
+    base2, _ = run_script(argv, log=log, timeout_s=timeout_s)
+    plan = write_plan(run.out / "confirm.plan.json", advised, best.prediction.candidate)
+    try:
+        m2, _ = run_script(argv, env=script_env(plan, hook_dir=run.out / "hook"), log=log, timeout_s=timeout_s)
+    except RecsysDoctorError as e:
+        return f"declined: {label} won its first run by {first:.2f}x and failed the second: {e}"
+    second = ratio(base2, m2, train)
+    said = (f"{base2.get(key)} -> {m2.get(key)} {unit}" if second is not None
+            else "no number printed")
+    notes.append(f"a close win ({first:.2f}x) measured once more, the script as it is and {label}: {said}"
+                 + (f" ({second:.2f}x)" if second is not None else ""))
+    if second is None or second < 1.0:
+        return (f"declined: the best plan measured, {label}, won its first run by {first:.2f}x and lost the "
+                f"second ({said}): within the machine's spread; the script is left unchanged (plan.json keeps "
+                "that plan for reference)")
+    return None
