@@ -275,7 +275,10 @@ def test_temp_files_are_removed_when_killed(tmp_path, sig):
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp))
     for _attempt in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; from recsys_doctor.loaders.nsys import "
+        # (Ctrl-C as a terminal gives it: a process started in the background, as a CI job may
+        # be, inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt)
+        proc = subprocess.Popen([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+                                 "signal.default_int_handler); from recsys_doctor.loaders.nsys import "
                                  "load_nsys_sqlite; load_nsys_sqlite(sys.argv[1])", str(big)], env=env,
                                 stderr=subprocess.PIPE)
         deadline = time.time() + 60
