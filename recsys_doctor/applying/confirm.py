@@ -40,13 +40,18 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
             timeout_s: float, notes: list[str]) -> str | None:
     """Run the script as it is, then under ``best``'s plan, once more (``run``: the search's
     ``_Setup``); append what the round measured to ``notes``. Returns why the plan is declined
-    (it lost the round, or its run failed), or None where it won again."""
+    (it lost the round, or its run failed), or None where it won again (or where the script as
+    it is failed its second run: the plan's first run stands, and the note says so)."""
     label, unit = best.prediction.candidate.label, "ms a step" if train else "q/s"
     key = "step_ms" if train else "qps"
     first = ratio(base, best.measured, train)
     run.say(f"measuring a close win once more ({first:.2f}x): the script as it is, then {label}")
     log = run.out / "confirm.log"
-    base2, _ = run_script(argv, log=log, timeout_s=timeout_s)
+    try:
+        base2, _ = run_script(argv, log=log, timeout_s=timeout_s)
+    except RecsysDoctorError as e:  # nothing to hold the plan's second run against: its first stands
+        notes.append(f"a close win ({first:.2f}x) not measured again: the script as it is failed its second run: {e}")
+        return None
     plan = write_plan(run.out / "confirm.plan.json", advised, best.prediction.candidate)
     try:
         m2, _ = run_script(argv, env=script_env(plan, hook_dir=run.out / "hook"), log=log, timeout_s=timeout_s)
