@@ -44,7 +44,7 @@ from ..capture.nvml import NvmlSampler
 from ..errors import BadInputError, RecsysDoctorError, WorkloadError
 from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
-from .confirm import confirm, needs_confirming
+from .confirm import confirm, needs_confirming, ratio
 from .evidence import HOOK_STATS_FILE, sync_evidence
 from .script_hook import ENV_PLAN, parse_script_result, read_hook_stats, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
@@ -384,15 +384,15 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
 
 def _declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str | None:
     """Why the best measured plan is declined (it is slower than the script as it is: fewer
-    queries/s, or a longer step), or None where it wins or ties."""
+    queries/s, or a longer step: :func:`.confirm.ratio` below 1), or None where it wins or ties."""
     m = best.measured or {}
-    key = "step_ms" if train else "qps"
-    b, a = base.get(key), m.get(key)
-    if not b or not a or (a <= b if train else a >= b):
+    r = ratio(base, m, train)
+    if r is None or r >= 1:
         return None
-    unit = "ms a step" if train else "q/s"
-    return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {a:g} {unit} against "
-            f"{b:g} for the script as it is; the script is left unchanged (plan.json keeps that plan for reference)")
+    key, unit = ("step_ms", "ms a step") if train else ("qps", "q/s")
+    return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {m[key]:g} "
+            f"{unit} against {base[key]:g} for the script as it is; the script is left unchanged (plan.json keeps "
+            "that plan for reference)")
 
 
 #: what a plain script's graphed estimate is: the script's own Python per query or step is not
