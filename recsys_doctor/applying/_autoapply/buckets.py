@@ -1,8 +1,9 @@
 """Varying shapes, bounded: a model call whose row count varies (the last partial batch,
 per-request candidate counts) is graphed per row *bucket* - its rows padded up to the next
 power of two - where padding is verified to leave the real rows as they are, and per exact
-shape otherwise and for the site's common row count (most of its calls: the full batches); a call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group, all the
-hook's group graphs at most ``GRAPH_MEMORY_BUDGET`` bytes. The pure logic (no CUDA) is here;
+shape otherwise and for the site's common row count (most of its calls: the full batches); a
+call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group, all the hook's group graphs at
+most ``GRAPH_MEMORY_BUDGET`` bytes. The pure logic (no CUDA) is here;
 the flow is :func:`.graphs._graphed_call`.
 
 Why padding is safe where it is used:
@@ -158,9 +159,9 @@ class _Site:
     def pads(self, n: int) -> bool:
         """Whether a call of ``n`` rows goes to its row bucket padded: not where ``n`` is a
         bucket already, padding is off here, or ``n`` is the site's common row count (at least
-        ``COMMON_SHARE`` of its calls, from the ``COMMON_AFTER``-th call): a script whose batches all hold
-        200 rows gets a graph of 200 rows, not one of 256 that computes 56 padding rows and
-        pads and cuts every call (and whose padded call no thread graph can take)."""
+        ``COMMON_SHARE`` of its calls, from the ``COMMON_AFTER``-th call): a script whose batches
+        all hold 200 rows gets a graph of 200 rows, not one of 256 that computes 56 padding rows
+        and pads and cuts every call (and whose padded call no thread graph can take)."""
         if self.no_pad is not None or bucket_rows(n) == n:
             return False
         return not (self.calls >= COMMON_AFTER and self.rows.get(n, 0) >= COMMON_SHARE * self.calls)
