@@ -8,26 +8,33 @@ with the most GIL samples (self and total) of each run."""
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from recsys_doctor.applying.script_hook import script_env
 from recsys_doctor.planning.io import write_plan
 from recsys_doctor.planning.whatif import Candidate
 
 
+def stacks(folded: Path) -> Iterator[tuple[str, int]]:
+    """Each ``(stack, samples)`` of a py-spy ``--format raw`` file (``.gz`` read as gzip)."""
+    with (gzip.open(folded, "rt") if folded.suffix == ".gz" else open(folded)) as fh:
+        for line in fh:
+            stack, _, cnt = line.rstrip("\n").rpartition(" ")
+            if stack and cnt.isdigit():  # (a frame's text can hold a line break)
+                yield stack, int(cnt)
+
+
 def top(folded: Path, n: int = 25) -> list[str]:
     self_c: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
     samples = 0
-    for line in folded.read_text().splitlines():
-        stack, _, cnt = line.rpartition(" ")
-        if not stack or not cnt.isdigit():  # (a frame's text can hold a line break)
-            continue
-        k = int(cnt)
+    for stack, k in stacks(folded):
         samples += k
         frames = stack.split(";")
         self_c[frames[-1]] += k

@@ -9,20 +9,18 @@ under the hook's frames (recsys_doctor/, the hook's own and what it calls)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gil_profile import stacks  # noqa: E402 - beside this file
 
 
 def share(folded: Path, frame: str) -> tuple[int, int, int]:
     """(all samples, the serving threads', those under a recsys_doctor frame)."""
     total = serving = hook = 0
-    for line in gzip.open(folded, "rt"):
-        stack, _, cnt = line.rstrip("\n").rpartition(" ")
-        if not stack or not cnt.isdigit():
-            continue
-        n = int(cnt)
+    for stack, n in stacks(folded):
         total += n
         if frame in stack:
             serving += n
