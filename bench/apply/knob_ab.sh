@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Same-machine A/B of the hook's own switches (one tree): each case under every setting of
+# KNOBS (space-separated; each a comma-separated list of VAR=VALUE, "-" for none), rounds
+# alternating in order; with OLD_TREE (a `git archive` of another commit inside this
+# checkout), that tree too, as label "old". Rows go to $OUT/knob_ab.jsonl (bench/apply/hooked_run.py).
+# usage: CASES="plain4 dlrm4" KNOBS="- RECSYS_DOCTOR_LAUNCH=release-gil" bash bench/apply/knob_ab.sh ROUNDS [OLD_TREE]
+# (results/gil_waits_h100/ used it with RECSYS_DOCTOR_LAZY_OUTPUTS, a switch of the patch kept there)
+export CUDA_DEVICE_MAX_CONNECTIONS=32
+. bench/gpu/gpu_setup.sh
+rounds=${1:-2}; old=${2:-}; here=$(pwd); J="$OUT/knob_ab.jsonl"
+cases=${CASES:-"plain4 dlrm4"}; knobs=${KNOBS:-"-"}
+case_run() {  # label case
+  case $2 in
+    plain4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/plain_serving_script.py --threads 8 --duration 3;;
+    dlrm4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 3000;;
+    mmoe8) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
+    tt4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/scripts/two_tower_retrieval.py --threads 4 --queries 3000;;
+  esac
+}
+for r in $(seq "$rounds"); do
+  order=$knobs; [ $((r % 2)) -eq 0 ] && order=$(echo $knobs | tr ' ' '\n' | tac | tr '\n' ' ')
+  for k in $order; do
+    for c in $cases; do
+      ( [ "$k" != "-" ] && for kv in ${k//,/ }; do export "$kv"; done; case_run "$k" "$c" )
+    done
+  done
+  if [ -n "$old" ]; then
+    (cd "$old" && python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1)
+    for c in $cases; do case_run old "$c"; done
+    (cd "$here" && python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1)
+  fi
+done
