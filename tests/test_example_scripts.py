@@ -133,3 +133,9 @@ def test_the_tool_reads_each_run_the_gpu_suite_compares(tmp_path):
                       env=env, log=log)
     assert a["qps"] > 0 and t["step_ms"] > 0 and "qps" not in t
     assert [r["checksum"] for r in _results(log)] == [a["checksum"], b["checksum"], t["checksum"]]
+    # a run under a plan says so in the log (confirm.log holds the script as it is, then the plan)
+    plan = tmp_path / "plan.json"
+    run_script([*dlrm, "--threads", "1"], env={**env, "RECSYS_DOCTOR_PLAN": str(plan)}, log=log)
+    heads = [ln for ln in log.read_text().splitlines() if ln.startswith("$ ")]
+    assert len(heads) == 4 and not any("RECSYS_DOCTOR_PLAN" in h for h in heads[:3])
+    assert heads[3].startswith(f"$ RECSYS_DOCTOR_PLAN={plan} {sys.executable} ")

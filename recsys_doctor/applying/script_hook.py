@@ -161,7 +161,9 @@ def parse_script_result(output: str) -> dict[str, Any]:
 
 def run_script(argv: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None,
                timeout_s: float = 600.0) -> tuple[dict[str, Any], str]:
-    """Run a program, return its printed measurement and its output."""
+    """Run a program, return its printed measurement and its output. ``log``: each run is
+    appended there, its command line first (with the plan it ran under, where ``env`` has one)."""
+    shown = (f"{ENV_PLAN}={env[ENV_PLAN]} " if env and env.get(ENV_PLAN) else "") + " ".join(argv)
     try:
         p = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=timeout_s)
     except FileNotFoundError:
@@ -169,12 +171,12 @@ def run_script(argv: Sequence[str], env: dict[str, str] | None = None, log: Path
     except subprocess.TimeoutExpired as e:
         if log is not None:
             with open(log, "a", encoding="utf-8", errors="replace") as fh:
-                fh.write(f"$ {' '.join(argv)}  (killed after {timeout_s:.0f} s)\n{_text(e.stdout)}\n{_text(e.stderr)}\n")
+                fh.write(f"$ {shown}  (killed after {timeout_s:.0f} s)\n{_text(e.stdout)}\n{_text(e.stderr)}\n")
         raise WorkloadError(f"{' '.join(argv)} ran longer than {timeout_s:.0f} s (killed)") from None
     out = p.stdout + ("\n" + p.stderr if p.stderr else "")
     if log is not None:
         with open(log, "a", encoding="utf-8", errors="replace") as fh:
-            fh.write(f"$ {' '.join(argv)}\n{out}\n")
+            fh.write(f"$ {shown}\n{out}\n")
     if p.returncode != 0:
         last = [ln for ln in out.splitlines() if ln.strip()]
         raise WorkloadError(f"{' '.join(argv)} exited with status {p.returncode}: "
