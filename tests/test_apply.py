@@ -486,33 +486,37 @@ def test_applied_child_runs_the_workload_with_the_settings(tmp_path):
     assert info["runtime"]["groups"] == 1 and info["runtime"]["cuda_graphs"] is False
 
 
-def test_the_after_profiles_child_measures_no_bucket_costs(tmp_path):
+def test_the_after_profiles_child_measures_no_bucket_costs(tmp_path, monkeypatch):
     """Bucket costs are read from the measured candidates only (``write_bucket_costs``): the
     after-profile's treatment tells its child not to measure them (each bucket replayed alone
-    after the measured window); a candidate's does not. The flag is the runner's, before the
-    workload's own arguments; the same word after ``--`` stays the workload's. (That a serving
-    run with the flag skips ``served.bucket_gpu_us()`` needs the GPU:
+    after the measured window), through ``"bucket_costs": false`` in its ``--apply`` JSON; a
+    candidate's does not. The workload's own arguments are untouched. (That a serving run so
+    told skips ``served.bucket_gpu_us()`` needs the GPU:
     ``test_a_batching_candidate_reports_its_bucket_costs``.)"""
-    from recsys_doctor.applying.train_runner import NO_BUCKET_COSTS, main as runner_main, runtime_treatment
+    from recsys_doctor.applying import train_runner
     from recsys_doctor.capture import child_argv
 
     runtime = {"groups": 1, "cuda_graphs": False}
     kw = dict(threads=None, duration_s=None, steps=2, profiled=None)
-    after = child_argv(Path("wl.py"), Path("m.json"), ["x"], treatment=runtime_treatment(runtime, bucket_costs=False),
-                       **kw)
+    after = child_argv(Path("wl.py"), Path("m.json"), ["x"],
+                       treatment=train_runner.runtime_treatment(runtime, bucket_costs=False), **kw)
     assert after == [sys.executable, "-m", "recsys_doctor.applying.train_runner", "wl.py", "--result", "m.json",
-                     "--apply", json.dumps(runtime), "--no-bucket-costs", "--steps", "2", "--", "x"]
-    assert NO_BUCKET_COSTS not in child_argv(Path("wl.py"), Path("m.json"), ["x"],
-                                             treatment=runtime_treatment(runtime), **kw)
+                     "--apply", json.dumps({**runtime, "bucket_costs": False}), "--steps", "2", "--", "x"]
+    cand = child_argv(Path("wl.py"), Path("m.json"), ["x"], treatment=train_runner.runtime_treatment(runtime), **kw)
+    assert cand[cand.index("--apply") + 1] == json.dumps(runtime)
+    seen = []
+    real = train_runner.make_runner
+    monkeypatch.setattr(train_runner, "make_runner",
+                        lambda wl, rt, bucket_costs=True: seen.append((dict(rt), bucket_costs)) or real(wl, rt))
     wl = tmp_path / "wl.py"
-    seen = tmp_path / "argv.json"
-    wl.write_text(TRAIN_WORKLOAD.replace("def workload():", "def workload(argv):\n"
-                                         f"    open({str(seen)!r}, 'w').write(__import__('json').dumps(argv))"))
+    wl.write_text(TRAIN_WORKLOAD)
     out = tmp_path / "m.json"
-    argv = [str(wl), "--result", str(out), "--apply", json.dumps(runtime), NO_BUCKET_COSTS, "--", NO_BUCKET_COSTS]
-    assert runner_main(argv) == 0
-    assert json.loads(out.read_text())["losses"] == [2.0, 1.0, 0.5]
-    assert json.loads(seen.read_text()) == [NO_BUCKET_COSTS]  # the workload's own argument, untouched
+    for payload in ({**runtime, "bucket_costs": False}, runtime):
+        assert train_runner.main([str(wl), "--result", str(out), "--apply", json.dumps(payload)]) == 0
+        assert json.loads(out.read_text())["losses"] == [2.0, 1.0, 0.5]
+    # the key is the child's, not the runtime's: make_runner gets the runtime dict without it
+    assert seen == [(runtime, False), (runtime, True)]
+    assert train_runner.main([str(wl), "--result", str(out), "--apply", json.dumps({**runtime, "bucket_costs": 1})]) == 2
 
 
 def test_applied_child_errors_are_one_line(tmp_path, capsys):

@@ -5,14 +5,14 @@ branch streams and a whole-step CUDA graph. Used by the candidate measurements a
 "after" profile of ``profile --apply``, through :func:`runtime_treatment`: in this process
 (torch backend) or in a child process run as
 
-    python -m recsys_doctor.applying.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON
-        [--no-bucket-costs] [...]
+    python -m recsys_doctor.applying.train_runner WORKLOAD.py --result m.json --apply RUNTIME_JSON [...]
 
 which is the capture child (:mod:`recsys_doctor.capture._child`, same arguments) with the
 settings applied; what the runtime reports (fallbacks, notes) goes to ``RESULT.apply.json``.
 A batching candidate's bucket costs (:func:`_bucket_costs`: each bucket replayed alone after
 the measured window) are measured only where they are read: for a measured candidate, not
-for the after-profile of the kept plan (``--no-bucket-costs``).
+for the after-profile of the kept plan (``"bucket_costs": false`` in the ``--apply`` JSON, beside
+the runtime's fields: :data:`BUCKET_COSTS_KEY`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from ..capture.treatment import Prepared, Treatment
 from ..errors import BadInputError
 from ..plan import Plan
 
-__all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE", "NO_BUCKET_COSTS"]
+__all__ = ["make_runner", "runtime_treatment", "main", "CHILD_MODULE", "BUCKET_COSTS_KEY"]
 
 #: run as the child process of an applied workload (``python -m``)
 CHILD_MODULE = "recsys_doctor.applying.train_runner"
-#: the child's flag for a run whose bucket costs nobody reads (the after-profile)
-NO_BUCKET_COSTS = "--no-bucket-costs"
+#: the key of the child's ``--apply`` JSON that is false for a run whose bucket costs nobody
+#: reads (the after-profile); the rest of that JSON is the runtime dict
+BUCKET_COSTS_KEY = "bucket_costs"
 
 
 def make_runner(wl: Any, runtime: dict[str, Any], *,
@@ -96,29 +97,30 @@ def runtime_treatment(runtime: dict[str, Any], *, bucket_costs: bool = True) -> 
     """A workload captured or measured with ``runtime`` applied (:func:`make_runner`), in
     this process or in the child this module runs as; ``bucket_costs=False`` where nothing
     reads them (the after-profile)."""
+    payload = runtime if bucket_costs else {**runtime, BUCKET_COSTS_KEY: False}
     return Treatment("workload", prepare=lambda wl: make_runner(wl, runtime, bucket_costs=bucket_costs),
-                     child_module=CHILD_MODULE,
-                     child_args=("--apply", json.dumps(runtime), *(() if bucket_costs else (NO_BUCKET_COSTS,))))
+                     child_module=CHILD_MODULE, child_args=("--apply", json.dumps(payload)))
 
 
-def _prepare_from(text: str, bucket_costs: bool = True) -> Callable[[Any], Prepared]:
+def _prepare_from(text: str) -> Callable[[Any], Prepared]:
+    """The child's ``--apply`` JSON: the runtime dict, and :data:`BUCKET_COSTS_KEY` (default true)."""
     try:
         runtime = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInputError(f"--apply: not JSON ({e.msg})") from None
-    return lambda wl: make_runner(wl, runtime, bucket_costs=bucket_costs)
+    if not isinstance(runtime, dict):
+        raise BadInputError(f"--apply: a JSON object of runtime settings, got {type(runtime).__name__}")
+    costs = runtime.pop(BUCKET_COSTS_KEY, True)
+    if not isinstance(costs, bool):
+        raise BadInputError(f"--apply: {BUCKET_COSTS_KEY!r} must be true or false, got {costs!r}")
+    return lambda wl: make_runner(wl, runtime, bucket_costs=costs)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The child process of an applied workload (see the module docstring): the capture
-    child's arguments, ``--apply`` and, before any ``--``, ``--no-bucket-costs``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ours = argv[:argv.index("--")] if "--" in argv else argv
-    costs = NO_BUCKET_COSTS not in ours
-    if not costs:
-        argv.remove(NO_BUCKET_COSTS)  # (its first place is before "--": the workload's own arguments stay)
-    return _child_main(argv, prog=f"python -m {CHILD_MODULE}",
-                       prepare_from=lambda text: _prepare_from(text, bucket_costs=costs))
+    child's arguments and ``--apply``."""
+    return _child_main(list(sys.argv[1:] if argv is None else argv), prog=f"python -m {CHILD_MODULE}",
+                       prepare_from=_prepare_from)
 
 
 def _train_runner(wl: Any, cfg: Any, info: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
