@@ -104,11 +104,11 @@ class CudaWorker:
             dv.copy_(o)
 
     def _capture_all(self) -> None:
-        from ._serve_entry import _CAPTURE_LOCK
+        from ._serve_entry import capturing
 
         torch = self.torch
         for k in sorted(self.buckets, reverse=True):
-            with _CAPTURE_LOCK, torch.no_grad():
+            with capturing(), torch.no_grad():
                 try:
                     with torch.cuda.stream(self.stream):
                         self._forward(k)

@@ -6,9 +6,11 @@ one graph on merged groups). The hot path that runs an entry is in :mod:`.servin
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import BadInputError
 from ..errors import first_line as _first_line
@@ -21,6 +23,24 @@ from ._streams import HostBuffer, StreamGroup, _driver
 #: mode are legal, but a capture's device-wide synchronize and allocator bookkeeping are
 #: cheaper to reason about one at a time, and captures are rare (once per group and shape).
 _CAPTURE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """A capture's span: under :data:`_CAPTURE_LOCK`, with the cyclic garbage collector off
+    in every thread (restored after). A collection that an allocation starts inside a
+    capture can free an object whose finalizer calls CUDA (an earlier graph's
+    ``cudaGraphExecDestroy``, a pool), which a capture forbids: the finalizer swallows the
+    error and the capture fails later with "operation failed due to a previous error during
+    capture" (the script hook does the same, ``_autoapply/graphs.py``)."""
+    with _CAPTURE_LOCK:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if was:
+                gc.enable()
 
 
 class Entry:
@@ -243,7 +263,7 @@ def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
     torch = sm.torch
     first: list[BaseException] = []
     graph = None
-    with _CAPTURE_LOCK:
+    with capturing():
         try:
             with torch.no_grad():
                 _second_eager_run(sm, g, slot, e, first)

@@ -497,3 +497,26 @@ def test_graph_copies_setting_is_checked(monkeypatch):
     monkeypatch.setenv("RECSYS_DOCTOR_GRAPH_COPIES", "both")
     with pytest.raises(BadInputError, match="inside or outside"):
         _graph_copies_inside()
+
+
+def test_a_capture_runs_with_the_garbage_collector_off_and_one_at_a_time():
+    """``capturing()``: no cyclic collection inside a capture (a finalizer calling CUDA there
+    breaks it), the collector as it was afterwards (also after an error), captures serialized."""
+    import gc
+
+    from recsys_doctor.runtime._serve_entry import _CAPTURE_LOCK, capturing
+
+    assert gc.isenabled()
+    with capturing():
+        assert not gc.isenabled() and _CAPTURE_LOCK.locked()
+    assert gc.isenabled() and not _CAPTURE_LOCK.locked()
+    with pytest.raises(RuntimeError), capturing():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled() and not _CAPTURE_LOCK.locked()
+    gc.disable()
+    try:
+        with capturing():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
