@@ -16,9 +16,9 @@ from .._util.fork import run_in_two, second_cpu
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from . import (allocator_churn, comm_exposed, embedding_bound, graph_candidate, input_stall, kernel_mix, launch_bound,
-               memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid, step_variance,
-               stream_contention, stream_overlap, sync_api, utilization)
+from . import (allocator_churn, comm_exposed, embedding_bound, gil_handoffs, graph_candidate, input_stall, kernel_mix,
+               launch_bound, memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid,
+               step_variance, stream_contention, stream_overlap, sync_api, utilization)
 
 from ._shared_causes import SHARED_EVIDENCE_UNITS
 
@@ -33,6 +33,7 @@ ANALYZERS: dict[str, Analyzer] = {
     "launch-bound": launch_bound.analyze,
     "short-kernels": short_kernels.analyze,
     "stream-contention": stream_contention.analyze,
+    "gil-handoffs": gil_handoffs.analyze,
     "memcpy-ping-pong": memcpy_ping_pong.analyze,
     "sync-api": sync_api.analyze,
     "small-grid": small_grid.analyze,
@@ -52,9 +53,9 @@ ANALYZERS: dict[str, Analyzer] = {
 #: ``EVIDENCE_UNITS``) plus what every finding may carry (``SHARED_EVIDENCE_UNITS``)
 EVIDENCE_UNITS: dict[str, dict[str, str]] = {
     fid: {**SHARED_EVIDENCE_UNITS, **units}
-    for m in (allocator_churn, comm_exposed, embedding_bound, graph_candidate, input_stall, kernel_mix, launch_bound,
-              memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid, step_variance,
-              stream_contention, stream_overlap, sync_api)
+    for m in (allocator_churn, comm_exposed, embedding_bound, gil_handoffs, graph_candidate, input_stall, kernel_mix,
+              launch_bound, memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid,
+              step_variance, stream_contention, stream_overlap, sync_api)
     for fid, units in m.EVIDENCE_UNITS.items()
 }
 
@@ -66,7 +67,7 @@ def evidence_units(finding_id: str) -> dict[str, str]:
 
 
 #: the order in which two processes take the analyzers: the usually longest first
-PARALLEL_ORDER = ("graph-candidate", "stream-contention", "short-kernels", "sync-api", "launch-bound",
+PARALLEL_ORDER = ("graph-candidate", "stream-contention", "gil-handoffs", "short-kernels", "sync-api", "launch-bound",
                   "memcpy-ping-pong", "small-grid", "comm-exposed", "allocator-churn", "step-variance",
                   "embedding-bound", "optimizer-unfused", "streams-never-overlap", "kernel-mix", "input-stall",
                   "utilization", "no-gpu-activity")

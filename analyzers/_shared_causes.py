@@ -26,7 +26,7 @@ SHARED_EVIDENCE_UNITS = {"shared_idle_ns": "ns"}
 #: only a blocking copy's return leaves idle goes to ``memcpy-ping-pong`` before
 #: ``sync-api`` (the copy is the cause; see ``sync_api._claims``).
 ROOT_CAUSE_ORDER = ("allocator-churn", "input-stall", "sync-api", "memcpy-ping-pong", "stream-contention",
-                    "step-variance", "optimizer-unfused", "embedding-bound", "launch-bound", "graph-candidate",
+                    "gil-handoffs", "step-variance", "optimizer-unfused", "embedding-bound", "launch-bound", "graph-candidate",
                     "short-kernels")
 
 

@@ -44,6 +44,10 @@ Tables
                 OS lock or condition wait (nsys ``OSRT_API``: ``pthread_mutex_lock``,
                 ``pthread_cond_wait``/``timedwait`` - the Python GIL -, ``pthread_rwlock_*lock``,
                 ``pthread_spin_lock``); empty where the trace has no OS runtime trace.
+                ``gil_by``: for a wait in which a thread takes the GIL back (seen in the
+                wait's call stack, nsys ``--osrt-backtrace-threshold``), the native call
+                that had given the GIL up (``THPVariable_clone [libtorch_python.so]``);
+                missing otherwise.
 ``devices``     GPUs that appear in the trace, with name and SM count when known.
 """
 
@@ -101,7 +105,8 @@ SCHEMA: dict[str, dict[str, str]] = {
         "source": "category", "depth": "Int64",
     },
     "threads": {"pid": "int64", "tid": "int64", "name": "object"},
-    "os_waits": {"start": "int64", "end": "int64", "pid": "int64", "tid": "int64", "name": "category"},
+    "os_waits": {"start": "int64", "end": "int64", "pid": "int64", "tid": "int64", "name": "category",
+                 "gil_by": "category"},
     "devices": {"device": "int64", "name": "object", "sm_count": "Int64"},
 }
 

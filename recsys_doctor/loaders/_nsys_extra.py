@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ._nsys_columns import as_int, as_str, distinct_threads
+from ._nsys_gil import releasers
 from ._nsys_schema import K, PID_SQL, TID_SQL, Schema
 
 __all__ = ["Extras", "OS_WAIT_CALLS"]
@@ -101,16 +102,40 @@ class Extras(Schema):
     # --- OS lock waits --------------------------------------------------------------------
     def os_waits(self) -> pd.DataFrame | None:
         """Calls in which a thread blocks on a lock or condition (``OSRT_API`` rows of
-        :data:`OS_WAIT_CALLS`, with ``--trace osrt``); None where the export has none."""
+        :data:`OS_WAIT_CALLS`, with ``--trace osrt``); None where the export has none.
+        ``gil_by``: for a wait in which a thread takes the GIL back (its call stack, where
+        the export has OS-runtime backtraces, goes through ``PyEval_RestoreThread``), the
+        native call that had given it up (:mod:`._nsys_gil`); else missing."""
         t = "OSRT_API"
         if t not in self.tables or not self.has_strings or not {"globalTid", "nameId"} <= self.cols(t):
             return None
         names = ", ".join(f"'{n}'" for n in OS_WAIT_CALLS)
+        chains = "callchainId" in self.cols(t) and {"id", "symbol", "module", "stackDepth"} <= self.cols(
+            "OSRT_CALLCHAINS")
         df = self.query(
             f"SELECT o.start AS start, o.end AS end, {PID_SQL.format(col='o.globalTid')} AS pid, "
-            f"{TID_SQL.format(col='o.globalTid')} AS tid, s.value AS name FROM {t} o "
+            f"{TID_SQL.format(col='o.globalTid')} AS tid, s.value AS name"
+            f"{', o.callchainId AS chain' if chains else ''} FROM {t} o "
             f"JOIN StringIds s ON s.id = o.nameId WHERE s.value IN ({names})")
-        return df if len(df) else None
+        if not len(df):
+            return None
+        by = self._gil_releasers() if chains else {}
+        if "chain" in df.columns:
+            chain = pd.to_numeric(df.pop("chain"), errors="coerce")
+            df["gil_by"] = chain.map(by) if by else None
+        else:
+            df["gil_by"] = None
+        return df
+
+    def _gil_releasers(self) -> dict[int, str]:
+        """``{call stack id: who gave the GIL up}`` for the condition waits' call stacks
+        (:func:`._nsys_gil.releasers`), innermost frame first."""
+        conds = "'pthread_cond_timedwait', 'pthread_cond_wait'"
+        cur = self.con.execute(
+            "SELECT c.id, s.value, m.value FROM OSRT_CALLCHAINS c JOIN StringIds s ON s.id = c.symbol "
+            "JOIN StringIds m ON m.id = c.module WHERE c.id IN (SELECT DISTINCT o.callchainId FROM OSRT_API o "
+            f"JOIN StringIds n ON n.id = o.nameId WHERE n.value IN ({conds})) ORDER BY c.id, c.stackDepth")
+        return releasers(cur)
 
     # --- devices ------------------------------------------------------------------------
     def devices(self, tables: dict[str, pd.DataFrame | None]) -> pd.DataFrame | None:
