@@ -356,6 +356,15 @@ def test_nsys_profile_argv_exact():
                     "--force-overwrite=true", "-o", "/tmp/run/trace", "python3", "m.py", "--x", "1"]
 
 
+def test_nsys_profile_argv_with_gil_stacks():
+    """``profile --gil-stacks``: the OS runtime traced too, every call of 10 us or more with its
+    DWARF-unwound call stack (how tests/data/gil_wdl_eager_q4 was made)."""
+    argv = nsys_backend.profile_argv("/opt/nsys", "/tmp/run/trace", ["python3", "m.py"], gil_stacks=True)
+    assert argv == ["/opt/nsys", "profile", "-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none",
+                    "--osrt-threshold=10000", "--osrt-backtrace-threshold=10000", "--backtrace=dwarf",
+                    "--force-overwrite=true", "-o", "/tmp/run/trace", "python3", "m.py"]
+
+
 def test_nsys_export_argv_exact():
     argv = nsys_backend.export_argv("/opt/nsys", "/tmp/run/trace.nsys-rep", "/tmp/run/trace.sqlite")
     assert argv == ["/opt/nsys", "export", "--type", "sqlite", "--force-overwrite", "true",

@@ -143,6 +143,8 @@ def test_cli_apply_removes_its_hook_folder(tmp_path):
     (["--apply", "--baseline"], "--baseline/--no-baseline does not go with --apply"),
     (["--no-history"], "go with --apply"),
     (["--history"], "go with --apply"),
+    (["--apply", "--gil-stacks"], "--gil-stacks does not go with --apply"),
+    (["--gil-stacks", "--backend", "torch"], "--gil-stacks needs Nsight Systems"),
 ])
 def test_profile_options_that_cannot_act_are_refused(tmp_path, extra, want):
     wl = tmp_path / "wl.py"

@@ -18,16 +18,23 @@ from ..errors import NsysNotFoundError, TraceFormatError
 from ..loaders.nsysrep import find_nsys
 from .workload import WorkloadError
 
-__all__ = ["profile_argv", "export_argv", "run_nsys", "TRACE_FLAGS", "find_nsys"]
+__all__ = ["profile_argv", "export_argv", "run_nsys", "TRACE_FLAGS", "GIL_STACK_FLAGS", "find_nsys"]
 
 #: what is traced, and what is switched off, for every capture
 TRACE_FLAGS = ("-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none")
+#: ``profile --gil-stacks``: OS-runtime calls of 10 us or more, each with its native call stack
+#: (DWARF-unwound), so that the ``gil-handoffs`` finding can name who gave the GIL up
+#: (``tests/data/gil_wdl_eager_q4`` was made so); the program runs slower under them
+GIL_STACK_FLAGS = ("-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--osrt-threshold=10000",
+                   "--osrt-backtrace-threshold=10000", "--backtrace=dwarf")
 
 
-def profile_argv(nsys: str | os.PathLike[str], out_base: str | os.PathLike[str], program: Sequence[str]) -> list[str]:
+def profile_argv(nsys: str | os.PathLike[str], out_base: str | os.PathLike[str], program: Sequence[str],
+                 gil_stacks: bool = False) -> list[str]:
     """``nsys profile`` command line writing ``<out_base>.nsys-rep`` (nsys adds the
-    suffix), replacing an older report of that name."""
-    return [str(nsys), "profile", *TRACE_FLAGS, "--force-overwrite=true", "-o", str(out_base), *map(str, program)]
+    suffix), replacing an older report of that name; ``gil_stacks``: :data:`GIL_STACK_FLAGS`."""
+    flags = GIL_STACK_FLAGS if gil_stacks else TRACE_FLAGS
+    return [str(nsys), "profile", *flags, "--force-overwrite=true", "-o", str(out_base), *map(str, program)]
 
 
 def export_argv(nsys: str | os.PathLike[str], report: str | os.PathLike[str], sqlite: str | os.PathLike[str]) -> list[str]:
@@ -44,7 +51,8 @@ def _tail(path: Path, n: int = 1) -> str:
 
 
 def run_nsys(program: Sequence[str], out_dir: Path, *, env: dict[str, str] | None = None,
-             nsys: str | os.PathLike[str] | None = None, name: str = "trace") -> tuple[Path, list[str]]:
+             nsys: str | os.PathLike[str] | None = None, name: str = "trace",
+             gil_stacks: bool = False) -> tuple[Path, list[str]]:
     """Profile ``program`` (an argv) under nsys, export it; return ``(sqlite path, profile
     argv)``. The program's and nsys's output go to ``<out_dir>/program.log``.
 
@@ -56,7 +64,7 @@ def run_nsys(program: Sequence[str], out_dir: Path, *, env: dict[str, str] | Non
     rep = base.with_suffix(".nsys-rep")
     sqlite = base.with_suffix(".sqlite")
     log = out_dir / "program.log"
-    argv = profile_argv(nsys, base, program)
+    argv = profile_argv(nsys, base, program, gil_stacks=gil_stacks)
     with open(log, "ab") as fh:
         try:
             proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)

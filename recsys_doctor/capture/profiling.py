@@ -71,6 +71,7 @@ class _Run:
     nvml: bool
     nvml_interval_s: float
     treatment: Treatment | None
+    gil_stacks: bool = False
 
     def sampler(self) -> NvmlSampler:
         return NvmlSampler(self.device_index, self.nvml_interval_s, enabled=self.nvml)
@@ -94,7 +95,8 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
             duration_s: float | None = None, steps: int | None = None, baseline: bool = True,
             nvml: bool = True, nvml_interval_s: float = 0.05, nvtx: str | None = None,
             options: Options | None = None, device_index: int = 0,
-            treatment: Treatment | None = None, host_sample: bool = False) -> ProfileResult:
+            treatment: Treatment | None = None, host_sample: bool = False,
+            gil_stacks: bool = False) -> ProfileResult:
     """Capture ``target`` on the GPU and diagnose it; see the package docstring.
 
     ``threads``/``duration_s``/``steps`` override a workload's settings (an error for a
@@ -109,11 +111,13 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     ``host_sample``: first run the program once more without a GPU profiler, sampled by
     py-spy (:func:`~.host_sample.host_profile`, into ``OUT/host``): which Python code
     holds the host, per client thread (``capture["host_sampling"]``).
+    ``gil_stacks``: trace OS-runtime calls with their native call stacks too (nsys only,
+    :data:`~.nsys.GIL_STACK_FLAGS`): the ``gil-handoffs`` finding names who gave the GIL up.
     """
     t_start = time.perf_counter()
     run = _start(Path(target), list(args), backend=backend, out_dir=out_dir, device_index=device_index,
                  measure_kw={"threads": threads, "duration_s": duration_s, "steps": steps}, nvml=nvml,
-                 nvml_interval_s=nvml_interval_s, treatment=treatment)
+                 nvml_interval_s=nvml_interval_s, treatment=treatment, gil_stacks=gil_stacks)
     host = None
     if host_sample:
         from .host_sample import host_profile
@@ -135,7 +139,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
 
 def _start(target: Path, args: list[str], *, backend: str, out_dir: str | os.PathLike[str] | None,
            device_index: int, measure_kw: dict[str, Any], nvml: bool, nvml_interval_s: float,
-           treatment: Treatment | None) -> _Run:
+           treatment: Treatment | None, gil_stacks: bool = False) -> _Run:
     """Check everything that can be checked before running anything; make the folder."""
     is_wl = is_workload_module(target)
     check_workload_options(target, is_wl, **measure_kw)
@@ -145,6 +149,9 @@ def _start(target: Path, args: list[str], *, backend: str, out_dir: str | os.Pat
                             if not is_wl else
                             f"{target}: a plan file applies to a plain script; a workload takes runtime settings")
     chosen = _backend.choose_backend(backend)
+    if gil_stacks and chosen != "nsys":
+        raise BadInputError("--gil-stacks needs Nsight Systems (the OS-runtime call stacks are its): "
+                            "install nsys or use --backend nsys")
     env = _backend.require_gpu(device_index)
     out = Path(out_dir) if out_dir is not None else _backend.default_out_dir()
     try:
@@ -152,7 +159,8 @@ def _start(target: Path, args: list[str], *, backend: str, out_dir: str | os.Pat
     except OSError as e:
         raise BadInputError(f"--out {out}: cannot create ({e.strerror or e})") from None
     env.update(_backend.versions())
-    return _Run(target, args, is_wl, chosen, out, env, measure_kw, device_index, nvml, nvml_interval_s, treatment)
+    return _Run(target, args, is_wl, chosen, out, env, measure_kw, device_index, nvml, nvml_interval_s, treatment,
+                gil_stacks)
 
 
 def _capture_nsys(run: _Run, baseline: bool) -> _Captured:
@@ -181,7 +189,7 @@ def _capture_nsys(run: _Run, baseline: bool) -> _Captured:
     sampler = run.sampler()
     t_cap = time.perf_counter()
     with sampler:
-        trace, command = run_nsys(program, run.out, env=penv, nsys=nsys)
+        trace, command = run_nsys(program, run.out, env=penv, nsys=nsys, gil_stacks=run.gil_stacks)
     wall = time.perf_counter() - t_cap
     meas = measurement_from_json(run.out / "measurement.json") if run.is_wl else None
     return _Captured(trace, command, wall, sampler.result, meas, base, base_nvml)

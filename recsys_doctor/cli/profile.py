@@ -41,6 +41,10 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
               help="Also run the program once sampled by py-spy (no GPU profiler): per client thread, the share "
                    "of time it holds the GIL and its top Python frames. Works without a GPU (then only this "
                    "runs). Needs py-spy (pip install 'recsys-doctor[host]') and ptrace permission.")
+@click.option("--gil-stacks", is_flag=True,
+              help="Also trace OS-runtime calls with their native call stacks (nsys -t osrt, waits of 10 us or "
+                   "more, DWARF-unwound): the gil-handoffs finding then names which calls make the client threads "
+                   "wait for the GIL. The program runs slower under it; nsys only.")
 @click.option("--apply", "do_apply", is_flag=True,
               help="Then search plans (what-if estimate from the trace), measure the best --top-k with the "
                    "stream-group runtime, keep the best measured (a plain script's only where it beats the "
@@ -60,7 +64,8 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
               help="--apply: history database (default: the user data folder).")
 def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path | None, as_json: bool,
                 threads: int | None, duration: float | None, steps: int | None, baseline: bool,
-                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], host_sample: bool, do_apply: bool,
+                no_nvml: bool, nvtx: str | None, sets: tuple[str, ...], host_sample: bool, gil_stacks: bool,
+                do_apply: bool,
                 top_k: int, p99_ms: float | None, bucket_costs: Path | None, history: bool,
                 db_path: Path | None) -> None:
     """Run MODEL (a Python file) on the GPU under a profiler and diagnose the trace.
@@ -85,7 +90,10 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
     given = _given(click.get_current_context())
     if host_sample and do_apply:
         raise BadInputError("--host-sample does not go with --apply; run profile --host-sample on its own")
-    if host_sample and not _has_gpu():
+    if gil_stacks and do_apply:
+        raise BadInputError("--gil-stacks does not go with --apply (its call stacks slow every measured run); "
+                            "run profile --gil-stacks on its own")
+    if host_sample and not gil_stacks and not _has_gpu():
         _host_only(model, args, out_dir=out_dir, threads=threads, duration=duration, steps=steps, as_json=as_json)
         return
     if do_apply:
@@ -106,7 +114,7 @@ def profile_cmd(model: Path, args: tuple[str, ...], backend: str, out_dir: Path 
         raise BadInputError("--top-k, --p99-ms, --bucket-costs, --history/--no-history and --db go with --apply")
     res = profile(model, args, backend=backend, out_dir=out_dir, threads=threads, duration_s=duration,
                   steps=steps, baseline=baseline, nvml=not no_nvml, nvtx=nvtx, options=options,
-                  host_sample=host_sample)
+                  host_sample=host_sample, gil_stacks=gil_stacks)
     _report(res.to_dict(), as_json, res)
 
 
