@@ -45,7 +45,7 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
     "gil-handoffs": {
         "gil_waits": "number", "gil_wait_ms": "ms", "mean_wait_us": "us", "pid": "number", "threads": "number",
         "wait_share": "share", "window_ms": "ms", "gpu_idle_while_waiting_ms": "ms", "window_start_ns": "number",
-        "window_end_ns": "number",
+        "window_end_ns": "number", "waits": "number", "ms": "ms", "share": "share",
     },
 }
 
