@@ -123,9 +123,9 @@ def _process(trace: Trace, ow: pd.DataFrame, gil: np.ndarray, pid: int, ops: pd.
         m = tid == t
         a, b = merge_intervals(ws[m], we[m])
         per.append((int(t), int(m.sum()), int((b - a).sum())))
+    # (each thread kept waits >= report_min_share of the window, so together they do too)
     waiting = [p for p in per if p[2] >= options.report_min_share * window]
-    total = sum(p[2] for p in waiting)
-    if len(waiting) < 2 or total < options.report_min_share * window * len(waiting):
+    if len(waiting) < 2:
         return None
     keep = np.isin(tid, [p[0] for p in waiting])
     rows = rows[keep]
@@ -166,8 +166,8 @@ def _report(res: AnalysisResult, trace: Trace, ow: pd.DataFrame, rows: np.ndarra
              f"time, {ev['gil_waits']} waits); {top['share']:.0%} of it after {top['by']} gave it up")
     f = report(res, "gil-handoffs", title=title, evidence=ev, where=_where(trace, rows, s, e, pid, tid, options),
                recommendation=("The serving threads queue for Python's interpreter lock: every call that gives it up "
-                               "makes its thread wait behind the others to take it back. Cut those calls per query: "
-                               + "; ".join(advice[:3]) + (". " if advice else "")
+                               "makes its thread wait behind the others to take it back. Cut those calls per query"
+                               + (": " + "; ".join(advice[:3]) if advice else "") + ". "
                                + "Measure again after each change (the waits should fall); where they stay, fewer "
                                "threads per interpreter (processes) or batching (one host path for many queries) "
                                "is what is left."),

@@ -149,3 +149,18 @@ def test_releasers_name_the_call_that_gave_the_gil_up():
     assert short_symbol("at::_ops::copy_::call(at::Tensor&, at::Tensor const&, bool)") == "call"
     assert short_symbol("void f<int (a::*)()>(int) const") == "void f<int (a::*)()>"
     assert gil_handoffs.advice_for(releasers(rows)[5]).startswith("numpy on the serving threads")
+
+
+def test_a_releaser_without_advice_still_reads(fixture_db):
+    """Calls the finding has no specific advice for: named, and the recommendation still a sentence."""
+    import dataclasses
+
+    import pandas as pd
+
+    trace = load(fixture_db)
+    ow = trace.os_waits.copy()
+    ow["gil_by"] = pd.Categorical(ow["gil_by"].astype(object).where(ow["gil_by"].isna(), "my_codec [libmine.so]"))
+    (f,) = gil_handoffs.analyze(dataclasses.replace(trace, os_waits=ow), Options()).findings
+    assert f.evidence["released_by"] == [{"by": "my_codec [libmine.so]", "waits": f.evidence["gil_waits"],
+                                          "ms": f.evidence["gil_wait_ms"], "share": 1.0}]
+    assert "Cut those calls per query. Measure again" in f.recommendation
