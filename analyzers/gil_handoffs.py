@@ -11,6 +11,10 @@ evidence needs an nsys export with OS-runtime backtraces (``-t osrt
 GIL back, the native call that had given it up (``Trace.os_waits["gil_by"]``,
 :mod:`recsys_doctor.loaders._nsys_gil`). Traces without them give nothing here.
 
+Waits shorter than the capture's OS-runtime threshold are not in the trace (10 us under
+``profile --gil-stacks``): counts and times are lower bounds. One take of the GIL can be several
+waits (CPython waits in slices of the switch interval, 5 ms).
+
 Per process, inside the steady state (from the earliest steady-state start of its devices to
 its last GPU operation: ``window_start_ns``, ``window_end_ns``; a wait counts where it starts
 inside, up to the window's end): the threads that wait, their GIL waits (count, time, mean, share of
