@@ -26,21 +26,28 @@ _CAPTURE_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off in every thread, as it was again after: around a CUDA
+    graph capture. A collection that an allocation starts inside a capture can free an object
+    whose finalizer calls CUDA (an earlier graph's ``cudaGraphExecDestroy``, a pool), which a
+    capture forbids: the finalizer swallows the error and the capture fails later with
+    "operation failed due to a previous error during capture". The script hook's captures
+    use it too (``_autoapply/graphs.py``)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@contextlib.contextmanager
 def capturing() -> Iterator[None]:
-    """A capture's span: under :data:`_CAPTURE_LOCK`, with the cyclic garbage collector off
-    in every thread (restored after). A collection that an allocation starts inside a
-    capture can free an object whose finalizer calls CUDA (an earlier graph's
-    ``cudaGraphExecDestroy``, a pool), which a capture forbids: the finalizer swallows the
-    error and the capture fails later with "operation failed due to a previous error during
-    capture" (the script hook does the same, ``_autoapply/graphs.py``)."""
-    with _CAPTURE_LOCK:
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            yield
-        finally:
-            if was:
-                gc.enable()
+    """A capture's span: under :data:`_CAPTURE_LOCK`, with the garbage collector paused
+    (:func:`gc_paused`)."""
+    with _CAPTURE_LOCK, gc_paused():
+        yield
 
 
 class Entry:

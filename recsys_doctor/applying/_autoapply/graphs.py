@@ -6,7 +6,6 @@ replays it, left to PyTorch with the reason otherwise."""
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 from ._common import WARMUP_CALLS, _state, _tls, _torch
@@ -98,17 +97,26 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
     gate: _Gate = _state["gate"]
     prev = torch.cuda.current_stream()
     gate.acquire_exclusive()
-    # no automatic garbage collection until the capture ends, in any thread (torch.cuda.graph
-    # no longer collects as it starts, and a collection here costs ~0.1 s a capture): a
-    # collection run inside the capture (any allocation may start one) can free an object
-    # whose finalizer calls CUDA (an earlier CUDA graph: cudaGraphExecDestroy, its memory
-    # pool), which a capture forbids; the finalizer swallows the error and the capture fails
-    # later with "operation failed due to a previous error during capture". That is the
-    # likely cause of such failures of a thread graph on the H100 (a hooked run after another
-    # in one process: 10 of 24 runs on two machines; not seen in 12 runs on a third machine,
-    # with or without this; bench/gpu/results/final_h100_2026-11-26c)
-    gc_was = gc.isenabled()
-    gc.disable()
+    # no automatic garbage collection until the capture ends, in any thread (the runtime's
+    # gc_paused; torch.cuda.graph no longer collects as it starts, and a collection here costs
+    # ~0.1 s a capture). A finalizer run inside the capture is the likely cause of failed
+    # thread-graph captures on the H100 (a hooked run after another in one process: 10 of 24
+    # runs on two machines; not seen in 12 runs on a third machine, with or without this;
+    # bench/gpu/results/final_h100_2026-11-26c)
+    from recsys_doctor.runtime._serve_entry import gc_paused
+
+    try:
+        with gc_paused():
+            out = _capture_into(torch, graph, stream, run)
+    finally:
+        torch.cuda.set_stream(prev)
+        gate.release_exclusive()
+    stream.synchronize()
+    return graph, out
+
+
+def _capture_into(torch: Any, graph: Any, stream: Any, run: Any) -> Any:
+    """Capture ``run()`` into ``graph`` on ``stream``; returns its output."""
     try:
         # one eager run by THIS thread on the capture stream first: the warm-up calls may
         # have been made by other threads of the group, and a thread's first cuBLAS call
@@ -127,6 +135,7 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             out = run()
         _state["graph_bytes"] = _state.get("graph_bytes", 0) + max(0, torch.cuda.memory_reserved() - before)
+        return out
     except BaseException:
         # torch.cuda.graph's __exit__ skips restoring the current stream when ending the
         # capture fails: without this the thread would stay on a stream whose capture is
@@ -134,13 +143,6 @@ def _graph_of(torch: Any, stream: Any, run: Any) -> tuple[Any, Any]:
         # open on that stream (the caller never uses the stream again).
         _end_broken_capture(stream)
         raise
-    finally:
-        torch.cuda.set_stream(prev)
-        if gc_was:
-            gc.enable()
-        gate.release_exclusive()
-    stream.synchronize()
-    return graph, out
 
 
 class _TreeOut:
