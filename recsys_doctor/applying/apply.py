@@ -44,7 +44,7 @@ from ..capture.nvml import NvmlSampler
 from ..errors import BadInputError, RecsysDoctorError, WorkloadError
 from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
-from .confirm import confirm, needs_confirming, ratio
+from .confirm import confirm, metric, needs_confirming, ratio
 from .evidence import HOOK_STATS_FILE, sync_evidence
 from .script_hook import ENV_PLAN, parse_script_result, read_hook_stats, run_script, script_env, script_treatment
 from .train_runner import make_runner, runtime_treatment
@@ -240,7 +240,7 @@ def _keep_best(results: list[CandidateResult], kind: str, p99_ms: float | None =
     (training, and ``script-train``: a plain training script). A script's candidate counts
     as measured only when it printed its q/s (its step time)."""
     if kind in ("script", "script-train"):
-        key = "step_ms" if kind == "script-train" else "qps"
+        key = metric(kind == "script-train")[0]
         measured = [r for r in results if r.measured and r.measured.get(key)]
     else:
         measured = [r for r in results if r.measured is not None]
@@ -389,7 +389,7 @@ def _declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str |
     r = ratio(base, m, train)
     if r is None or r >= 1:
         return None
-    key, unit = ("step_ms", "ms a step") if train else ("qps", "q/s")
+    key, unit = metric(train)
     return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {m[key]:g} "
             f"{unit} against {base[key]:g} for the script as it is; the script is left unchanged (plan.json keeps "
             "that plan for reference)")

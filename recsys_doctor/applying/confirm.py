@@ -14,16 +14,22 @@ from ..errors import RecsysDoctorError
 from ..planning.io import write_plan
 from .script_hook import run_script, script_env
 
-__all__ = ["CONFIRM_BELOW", "ratio", "needs_confirming", "confirm"]
+__all__ = ["CONFIRM_BELOW", "metric", "ratio", "needs_confirming", "confirm"]
 
 #: a win below this ratio (q/s after / before; step time before / after) is measured again
 CONFIRM_BELOW = 1.5
 
 
+def metric(train: bool) -> tuple[str, str]:
+    """``(key, unit)`` of a plain script's printed measurement: its step time for a training
+    loop, else its queries/s."""
+    return ("step_ms", "ms a step") if train else ("qps", "q/s")
+
+
 def ratio(before: dict[str, Any] | None, after: dict[str, Any] | None, train: bool) -> float | None:
     """How many times faster ``after`` ran than ``before`` (their q/s, or for a training loop
     their step times), or None where either has no number."""
-    key = "step_ms" if train else "qps"
+    key = metric(train)[0]
     b, a = (before or {}).get(key), (after or {}).get(key)
     if not b or not a:
         return None
@@ -42,8 +48,8 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
     ``_Setup``); append what the round measured to ``notes``. Returns why the plan is declined
     (it lost the round, or its run failed), or None where it won again (or where the script as
     it is failed its second run: the plan's first run stands, and the note says so)."""
-    label, unit = best.prediction.candidate.label, "ms a step" if train else "q/s"
-    key = "step_ms" if train else "qps"
+    label = best.prediction.candidate.label
+    key, unit = metric(train)
     first = ratio(base, best.measured, train)
     run.say(f"measuring a close win once more ({first:.2f}x): the script as it is, then {label}")
     log = run.out / "confirm.log"
