@@ -53,31 +53,27 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
     },
 }
 
-#: what to do about each kind of releaser, first match wins: (substring of the releaser, advice)
+#: what to do about each kind of releaser, first match wins: (substrings of the releaser, advice)
 _ADVICE = (
-    ("THPVariable_clear", "a tensor freed every query (each deallocation gives the GIL up): keep the query's "
-                          "tensors and write into them (copy_, out=) instead of making new ones"),
-    ("CUDAGraph", "CUDA graph replays: one replay a query is the floor; batch queries so one replay serves several"),
-    ("synchronize", "a synchronization per query: one device-to-host copy and one wait a query, not several"),
-    ("dispatch_to", "copies made with .to()/.cpu()/.cuda() one tensor at a time: stage a query's inputs in one pinned "
-                    "buffer (one copy), read its outputs back in one"),
-    ("THPVariable_", "PyTorch ops called one by one from Python: capture the query in a CUDA graph (one replay), or "
-                     "batch queries so one pass serves several"),
-    ("numpy", "numpy on the serving threads (random fills, ufuncs and copies past ~500 elements give the GIL up): "
-              "build requests outside them, or for many queries at once"),
-    ("Python's own", "Python-level locks, queues or sleeps between the threads"),
+    (("THPVariable_clear",), "a tensor freed every query (each deallocation gives the GIL up): keep the query's "
+                             "tensors and write into them (copy_, out=) instead of making new ones"),
+    (("CUDAGraph",), "CUDA graph replays: one replay a query is the floor; batch queries so one replay serves "
+                     "several"),
+    (("synchronize",), "a synchronization per query: one device-to-host copy and one wait a query, not several"),
+    (("dispatch_to",), "copies made with .to()/.cpu()/.cuda() one tensor at a time: stage a query's inputs in one "
+                       "pinned buffer (one copy), read its outputs back in one"),
+    (("THPVariable_",), "PyTorch ops called one by one from Python: capture the query in a CUDA graph (one replay), "
+                        "or batch queries so one pass serves several"),
+    (("numpy", "_multiarray", "_common", "_bounded_integers", "mtrand"),
+     "numpy on the serving threads (random fills, ufuncs and copies past ~500 elements give the GIL up): build "
+     "requests outside them, or for many queries at once"),
+    (("Python's own",), "Python-level locks, queues or sleeps between the threads"),
 )
 
 
-def advice_for(releaser: str, module_hint: str = "") -> str | None:
+def advice_for(releaser: str) -> str | None:
     """What to do about the calls of one releaser (None: nothing specific)."""
-    text = f"{releaser} {module_hint}"
-    for key, advice in _ADVICE:
-        if key in text:
-            return advice
-    if "_multiarray" in text or "_common" in text or "_bounded_integers" in text or "mtrand" in text:
-        return _ADVICE[5][1]
-    return None
+    return next((advice for keys, advice in _ADVICE if any(k in releaser for k in keys)), None)
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:

@@ -120,11 +120,8 @@ class Extras(Schema):
         if not len(df):
             return None
         by = self._gil_releasers() if chains else {}
-        if "chain" in df.columns:
-            chain = pd.to_numeric(df.pop("chain"), errors="coerce")
-            df["gil_by"] = chain.map(by) if by else None
-        else:
-            df["gil_by"] = None
+        chain = pd.to_numeric(df.pop("chain"), errors="coerce") if chains else None
+        df["gil_by"] = chain.map(by) if chain is not None and by else None
         return df
 
     def _gil_releasers(self) -> dict[int, str]:

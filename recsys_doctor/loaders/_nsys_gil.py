@@ -15,8 +15,9 @@ frames of a stripped Python binary that are not (``take_gil`` itself) are skippe
 from __future__ import annotations
 
 import itertools
+import operator
 import re
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 __all__ = ["GIL_TAKERS", "PYTHON_FRAMES", "releasers", "short_symbol"]
 
@@ -76,8 +77,7 @@ def releasers(rows: Iterable[tuple[int, str, str]]) -> dict[int, str]:
     stack order (innermost frame first), for the stacks that take the GIL back; the others
     are left out."""
     out: dict[int, str] = {}
-    first: Callable[[tuple[int, str, str]], Any] = lambda row: row[0]  # noqa: E731 - a key
-    for cid, group in itertools.groupby(rows, key=first):
+    for cid, group in itertools.groupby(rows, key=operator.itemgetter(0)):
         frames = [(sym or "", mod or "") for _, sym, mod in group]
         at = next((i for i, (sym, _) in enumerate(frames) if sym in GIL_TAKERS), None)
         if at is not None:
