@@ -7,26 +7,19 @@
 # (results/gil_waits_h100/ used it with RECSYS_DOCTOR_LAZY_OUTPUTS, a switch of the patch kept there)
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 . bench/gpu/gpu_setup.sh
+. bench/apply/ab_cases.sh
 rounds=${1:-2}; old=${2:-}; here=$(pwd); J="$OUT/knob_ab.jsonl"
 cases=${CASES:-"plain4 dlrm4"}; knobs=${KNOBS:-"-"}
-case_run() {  # label case
-  case $2 in
-    plain4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/plain_serving_script.py --threads 8 --duration 3;;
-    dlrm4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 3000;;
-    mmoe8) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
-    tt4) python3 "$here/bench/apply/hooked_run.py" "$J" "$1" 4 examples/scripts/two_tower_retrieval.py --threads 4 --queries 3000;;
-  esac
-}
 for r in $(seq "$rounds"); do
   order=$knobs; [ $((r % 2)) -eq 0 ] && order=$(echo $knobs | tr ' ' '\n' | tac | tr '\n' ' ')
   for k in $order; do
     for c in $cases; do
-      ( [ "$k" != "-" ] && for kv in ${k//,/ }; do export "$kv"; done; case_run "$k" "$c" )
+      ( [ "$k" != "-" ] && for kv in ${k//,/ }; do export "$kv"; done; ab_case "$J" "$k" "$c" )
     done
   done
   if [ -n "$old" ]; then
     (cd "$old" && python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1)
-    for c in $cases; do case_run old "$c"; done
+    for c in $cases; do ab_case "$J" old "$c"; done
     (cd "$here" && python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1)
   fi
 done

@@ -1,0 +1,17 @@
+# Sourced by bench/apply/hook_ab.sh and bench/apply/knob_ab.sh: the cases they run, each one
+# script under the hook with a fixed plan (bench/apply/hooked_run.py; groups 0: unhooked).
+# ab_case JSONL LABEL CASE  (run from the repository root)
+ab_case() {
+  _ab_run() { python3 bench/apply/hooked_run.py "$j" "$label" "$@"; }
+  local j=$1 label=$2
+  case $3 in
+    plain4) _ab_run 4 examples/plain_serving_script.py --threads 8 --duration 3;;
+    plain8) _ab_run 8 examples/plain_serving_script.py --threads 8 --duration 3;;
+    plain0) _ab_run 0 examples/plain_serving_script.py --threads 8 --duration 3;;
+    dlrm4) _ab_run 4 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 3000;;
+    mmoe8) _ab_run 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
+    tt4) _ab_run 4 examples/scripts/two_tower_retrieval.py --threads 4 --queries 3000;;
+    dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
+    *) echo "unknown case $3";;
+  esac
+}
