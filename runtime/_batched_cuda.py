@@ -9,7 +9,9 @@ and batch, viewed per request with ``torch.from_numpy``. The driver calls keep t
 (:mod:`._fastpath`): a batch gives it up twice, in the staging copy and in the wait.
 
 Graphs are captured largest bucket first into one private pool per group (the group's
-graphs run one after another on its stream, so they share it). Out of memory while
+graphs run one after another on its stream, so they share it), each forward's
+independent branches spread over the served model's branch streams (:mod:`._branches`;
+where that capture fails, the bucket is captured again on one stream). Out of memory while
 capturing a bucket drops that bucket and every larger one, with a warning; any other
 capture failure runs that bucket eagerly on the group's stream (the reason is kept).
 """
@@ -21,6 +23,7 @@ from typing import Any, Sequence
 
 from ..errors import first_line
 from ._batched import BatchSetup, bucket_table, stage_batch
+from ._branches import branched
 from ._cuda import ensure_context
 from ._policy import out_flatten, pack_layout
 
@@ -56,6 +59,8 @@ class CudaWorker:
         self.graphs: dict[int, Any] = {}
         self.execs: dict[int, int] = {}
         self.eager: dict[int, str] = {}
+        #: buckets captured on one stream because the branch-parallel capture failed: why
+        self.branch_fallbacks: dict[int, str] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.buckets = tuple(buckets)
         torch.cuda.synchronize(sm.device)
@@ -110,13 +115,7 @@ class CudaWorker:
         for k in sorted(self.buckets, reverse=True):
             with capturing(), torch.no_grad():
                 try:
-                    with torch.cuda.stream(self.stream):
-                        self._forward(k)
-                        self._forward(k)
-                    self.stream.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
-                        self._forward(k)
+                    graph = self._capture_branched(k)
                     self.graphs[k] = graph
                     self.execs[k] = int(graph.raw_cuda_graph_exec())
                 except torch.OutOfMemoryError as e:
@@ -126,6 +125,34 @@ class CudaWorker:
                     self.eager[k] = f"CUDA graph capture failed, running eagerly: {first_line(e)}"
         if not self.buckets:
             raise torch.OutOfMemoryError("out of memory capturing every batch size, even 1")
+
+    def _capture_branched(self, k: int) -> Any:
+        """Bucket ``k``'s graph, its forward's branches on the served model's branch
+        streams (:mod:`._branches`); where that capture fails, on the group's stream alone
+        (the reason kept in ``branch_fallbacks``)."""
+        side = self.sm._side
+        if side:
+            try:
+                return self._capture_on(k, side)
+            except self.torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 - captured again on one stream, the reason kept
+                self.torch.cuda.synchronize(self.sm.device)
+                self.branch_fallbacks[k] = first_line(e)
+        return self._capture_on(k, [])
+
+    def _capture_on(self, k: int, side: list[Any]) -> Any:
+        torch = self.torch
+        with torch.cuda.stream(self.stream):
+            self._forward(k)
+            with branched(side):  # the branch streams' lazy inits (cuBLAS workspaces) outside the capture
+                self._forward(k)
+        self.stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+            with branched(side):
+                self._forward(k)
+        return graph
 
     def _drop(self, k: int, why: str) -> None:
         torch = self.torch

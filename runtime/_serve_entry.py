@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import BadInputError
 from ..errors import first_line as _first_line
+from ._branches import branched
 from ._cuda import check, ensure_context
 from ._policy import pack_layout, unflatten
 from ._policy import out_flatten, out_unflatten
@@ -228,9 +229,10 @@ def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any],
 
 # ------------------------------------------------------------------------------ capture
 
-def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException]) -> None:
-    """A second eager run on the group's stream: lazy inits (cuBLAS handles and
-    workspaces for this stream) must not happen inside the capture. It runs with
+def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException],
+                      side: list[Any]) -> None:
+    """A second eager run on the group's stream (and the branch streams ``side``): lazy
+    inits (cuBLAS handles and workspaces for these streams) must not happen inside the capture. It runs with
     PyTorch's sync debug mode set to "error", so a model that synchronizes with the host
     (.item(), nonzero, ...) is found here and never enters a capture that would fail
     half-way."""
@@ -239,7 +241,7 @@ def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[
     prev = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with torch.cuda.stream(ext), sm._activations(g, slot):
+        with torch.cuda.stream(ext), sm._activations(g, slot), branched(side):
             sm.model(*e.dev_args)
     except RuntimeError as ex:
         first.append(ex)
@@ -249,13 +251,15 @@ def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[
     ext.synchronize()
 
 
-def _captured_query(sm: Any, g: StreamGroup, e: Entry) -> None:
-    """What a query's graph holds: (H2D copy,) forward, output copies (, D2H copy)."""
+def _captured_query(sm: Any, g: StreamGroup, e: Entry, side: list[Any]) -> None:
+    """What a query's graph holds: (H2D copy,) forward (its branches on ``side`` too,
+    :mod:`._branches`), output copies (, D2H copy)."""
     d = _driver()
     copies = g.merge and sm.copies_in_graph
     if copies:
         check(d.cuMemcpyHtoDAsync(e.dev_in.ptr, e.pin_in.ptr, e.n_in, g.compute_h), "cuMemcpyHtoDAsync (captured)")
-    outs, _ = out_flatten(sm.model(*e.dev_args))
+    with branched(side):
+        outs, _ = out_flatten(sm.model(*e.dev_args))
     if [(o.dtype, tuple(o.shape)) for o in outs] != e.out_shapes:
         raise BadInputError("output shapes differ between runs with equal input shapes")
     for dv, o in zip(e.dev_out_views, outs):
@@ -265,28 +269,55 @@ def _captured_query(sm: Any, g: StreamGroup, e: Entry) -> None:
 
 
 def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
-    """Capture ``e``'s query into a CUDA graph in the slot's activation pool; on failure
-    ``e`` runs eagerly and the reason is kept in ``sm.fallbacks``."""
-    torch = sm.torch
+    """Capture ``e``'s query into a CUDA graph in the slot's activation pool, its forward's
+    branches on the served model's branch streams (:mod:`._branches`); where that fails,
+    on the group's stream alone (the reason kept in ``sm.branch_fallbacks``); where that
+    fails too, ``e`` runs eagerly and the reason is kept in ``sm.fallbacks``."""
     first: list[BaseException] = []
-    graph = None
+    made: list[Any] = []
     with capturing():
         try:
-            with torch.no_grad():
-                _second_eager_run(sm, g, slot, e, first)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=sm._graph_pools.get((g.index, slot.index)), stream=sm._ext[g.index],
-                                      capture_error_mode="thread_local"):
-                    try:
-                        _captured_query(sm, g, e)
-                    except BaseException as ex:  # noqa: BLE001 - kept as the reason, re-raised
-                        first.append(ex)
-                        raise
+            try:
+                graph = _capture_on(sm, g, slot, e, first, sm._side, made)
+            except Exception as ex:  # noqa: BLE001 - on one stream, the reason kept
+                if not sm._side or isinstance(ex, sm.torch.OutOfMemoryError) or _sync_in_model(first):
+                    raise
+                sm.torch.cuda.synchronize(sm.device)
+                sm.branch_fallbacks[sig_str(sig)] = _first_line(first[0] if first else ex)
+                sm._failed_graphs.extend(made)
+                first.clear()
+                made.clear()
+                graph = _capture_on(sm, g, slot, e, first, [], made)
             e.graph = graph
             e.exec_i = int(graph.raw_cuda_graph_exec())
             e.exec_h = _driver().CUgraphExec(e.exec_i)
         except Exception as ex:  # noqa: BLE001 - any capture failure: the eager path, with the reason
-            _fall_back(sm, e, sig, _first_line(first[0] if first else ex), graph)
+            _fall_back(sm, e, sig, _first_line(first[0] if first else ex), made[-1] if made else None)
+
+
+def _capture_on(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException], side: list[Any],
+                made: list[Any]) -> Any:
+    """``e``'s query captured on the group's stream, its forward's branches on ``side``
+    (the graph object goes into ``made`` before the capture starts)."""
+    torch = sm.torch
+    with torch.no_grad():
+        _second_eager_run(sm, g, slot, e, first, side)
+        graph = torch.cuda.CUDAGraph()
+        made.append(graph)
+        with torch.cuda.graph(graph, pool=sm._graph_pools.get((g.index, slot.index)), stream=sm._ext[g.index],
+                              capture_error_mode="thread_local"):
+            try:
+                _captured_query(sm, g, e, side)
+            except BaseException as ex:  # noqa: BLE001 - kept as the reason, re-raised
+                first.append(ex)
+                raise
+    return graph
+
+
+def _sync_in_model(first: list[BaseException]) -> bool:
+    """Whether the eager run found the model synchronizing with the host: no capture can
+    hold it, on any number of streams."""
+    return bool(first) and "synchroniz" in str(first[0]).lower()
 
 
 def _fall_back(sm: Any, e: Entry, sig: Any, reason: str, graph: Any) -> None:

@@ -22,6 +22,8 @@ from operator import attrgetter
 from typing import Any, Sequence
 
 from ..errors import RuntimeCudaError
+from ._branches import DEFAULT_BRANCH_STREAMS, check_branch_streams
+from ._branches import branch_streams as branch_streams_for
 from ._cuda import ensure_context
 from ._cuda import torch_module as _torch
 from ._policy import RuntimeConfig, flatten, out_flatten, out_unflatten
@@ -53,7 +55,8 @@ class ServedModel(BatchedCalls):
     synchronous = True
 
     def __init__(self, model: Any, example_inputs: Any, config: RuntimeConfig, device: int,
-                 max_signatures: int = 16, batching: BatchingOptions | None = None) -> None:
+                 max_signatures: int = 16, batching: BatchingOptions | None = None,
+                 branch_streams: int = DEFAULT_BRANCH_STREAMS) -> None:
         torch = _torch()
         self.torch = torch
         self.model = model
@@ -63,8 +66,7 @@ class ServedModel(BatchedCalls):
         torch.cuda.init()
         self.manager = StreamManager(config.groups, device=device, merge=config.merge_streams,
                                      slots=config.slots_per_group, probe_idle=False,
-                                     per_group_pool=config.per_stream_allocator,
-                                     pool_limit_bytes=config.pool_limit_bytes)
+                                     per_group_pool=config.per_stream_allocator, pool_limit_bytes=config.pool_limit_bytes)
         self._groups = self.manager.groups
         self._pool = self.manager.slot_pool
         self._fp = self.manager.fast
@@ -93,6 +95,7 @@ class ServedModel(BatchedCalls):
         #: as a hand-written server does; for measuring which the GPU runs faster)
         self.copies_in_graph = graph_copies_inside()
         self.fallbacks: dict[str, str] = {}
+        self._setup_branches(branch_streams)
         #: the fast path of :meth:`_key`: specs by list lengths (-1: a tensor argument)
         self._specs: dict[tuple[int, ...], Any] = {}
         self._just_tensors = {torch.Tensor}
@@ -121,6 +124,14 @@ class ServedModel(BatchedCalls):
         except BaseException:  # what was set up is closed, the error re-raised
             self.close()
             raise
+
+    def _setup_branches(self, n: int) -> None:
+        #: streams each captured forward's branches spread over (:mod:`._branches`; 1: the
+        #: group's stream alone), the extra ones (shared: captures run one at a time), and
+        #: the signatures captured on one stream because that failed, with the reason
+        self.branch_streams = check_branch_streams(n) if self.config.cuda_graphs else 1
+        self._side = branch_streams_for(self.torch, self.branch_streams, self.device)
+        self.branch_fallbacks: dict[str, str] = {}
 
     def _start_batching(self, args: tuple[Any, ...], batching: Any) -> None:
         """The batcher over the groups (or why batching was refused), and the batched
@@ -322,7 +333,10 @@ class ServedModel(BatchedCalls):
         return {"config": asdict(self.config), "groups": groups, "pools": self.manager.pool_stats(),
                 "activation_pool": self.activation_pool, "activation_pool_bytes": self._activation_bytes(),
                 "driver_path": self._fp.source, "copies_in_graph": self.copies_in_graph,
-                "fallbacks": dict(self.fallbacks),
+                "fallbacks": dict(self.fallbacks), "branch_streams": self.branch_streams,
+                "branch_fallbacks": {**self.branch_fallbacks,
+                                     **{f"batch of {k} (group {w.g.index})": why for w in self._bworkers
+                                        for k, why in getattr(w, "branch_fallbacks", {}).items()}},
                 "batching": batching_stats(self._batcher, self._bworkers, self.batching_refused)}
 
     def _activation_bytes(self) -> list[int] | None:
@@ -390,7 +404,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
           pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool | None = None,
           max_batch: int | None = None, buckets: Sequence[int] | None = None, max_delay_ms: float | None = None,
           max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
-          switch_interval_ms: float | None = None, drivers: int = 1) -> ServedModel:
+          switch_interval_ms: float | None = None, drivers: int = 1,
+          branch_streams: int = DEFAULT_BRANCH_STREAMS) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
     ``example_inputs`` is the tuple of positional arguments of one query (host tensors,
@@ -409,6 +424,9 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     not hold, a warning says why and queries are served unbatched (``batching_refused``).
     ``switch_interval_ms`` sets the interpreter's thread switch interval while served and
     ``drivers`` the number of batch driver threads (see :class:`~._serve_batching.BatchingOptions`).
+    ``branch_streams``: each graph is captured with the forward's independent operations
+    spread over this many streams, so its branches (embedding lookups, experts) run side
+    by side when it is replayed (:mod:`._branches`; 1: one stream, as PyTorch captures).
     """
     torch = _torch()
     cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
@@ -423,5 +441,6 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
                             max_queue=max_queue, timeout_s=timeout_s,
                             batch_spec=tuple(batch_spec) if batch_spec is not None else None,
                             switch_interval_ms=switch_interval_ms, drivers=drivers) if cfg.batching else None)
-    return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts)
+    return ServedModel(model, example_inputs, cfg, int(device), max_signatures=max_signatures, batching=opts,
+                       branch_streams=branch_streams)
 

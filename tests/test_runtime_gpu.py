@@ -337,6 +337,67 @@ def test_stream_scope_runs_forward_and_backward_on_the_branch_stream():
     torch.testing.assert_close(lin.weight.grad, ref_gw)
 
 
+class Branchy(nn.Module):
+    """Two branches that write each other's tensors in place: a capture on several streams
+    must order every read before a later in-place write (and the writes before the reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(32, 64), nn.Linear(32, 64), nn.Linear(64, 8)
+
+    def forward(self, x, y):
+        h1, h2 = self.a(x), self.b(y)
+        h1.relu_()
+        h2 += h1
+        s = h2.sum(dim=1, keepdim=True)
+        h1.mul_(0.5)
+        return self.c(h2) + s, h1
+
+
+@pytest.mark.parametrize("streams", [1, 2, 4, 8])
+def test_branch_parallel_capture_matches_eager(streams):
+    from recsys_doctor.runtime import serve
+
+    torch.manual_seed(2)
+    m = Branchy().cuda().eval()
+    qs = [(torch.randn(16, 32), torch.randn(16, 32)) for _ in range(40)]
+    with torch.no_grad():
+        refs = [tuple(o.cpu() for o in m(x.cuda(), y.cuda())) for x, y in qs]
+    with serve(m, qs[0], groups=2, graphs=True, branch_streams=streams) as served:
+        got = _hammer(served, qs, n_threads=4)
+        st = served.stats()
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j][0], ref[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[j][1], ref[1], rtol=1e-5, atol=1e-6)
+    assert st["branch_streams"] == streams and st["branch_fallbacks"] == {} and st["fallbacks"] == {}
+    assert all(g["graphs"] >= 1 for g in st["groups"])
+
+
+def test_failed_branch_capture_is_captured_again_on_one_stream(wdl, monkeypatch):
+    import contextlib
+
+    from recsys_doctor.runtime import _serve_entry, serve
+
+    class Broken:
+        def __enter__(self):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("branch capture broke")
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(_serve_entry, "branched", lambda side: Broken() if side else contextlib.nullcontext())
+    queries = [make_query(700 + j) for j in range(24)]
+    refs = [reference(wdl, q) for q in queries]
+    with serve(wdl, queries[0], groups=2, graphs=True) as served:
+        got = _hammer(served, queries, n_threads=4)
+        st = served.stats()
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["fallbacks"] == {} and all(g["graphs"] >= 1 for g in st["groups"])
+    assert list(st["branch_fallbacks"].values()) == ["RuntimeError: branch capture broke"]
+
+
 # runs last: it exercises a capture that must fail
 class HostSync(nn.Module):
     """Reads a value back to the host in forward: cannot be captured in a CUDA graph."""
