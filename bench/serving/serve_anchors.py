@@ -236,24 +236,33 @@ def _serve_fns(config, served, queries):
     return [(per_query if config == "serve_request" else held)(b) for b in packed]
 
 
-def _warm_and_capture(model, s, *args):
+def _warm_and_capture(model, s, *args, branches=1):
     """Three eager runs on stream ``s`` (lazy inits), then the forward captured on it;
-    returns the graph and its static output. Call inside ``torch.cuda.stream(s)``."""
+    returns the graph and its static output. Call inside ``torch.cuda.stream(s)``.
+    ``branches`` > 1: the forward's branches captured on that many streams
+    (recsys_doctor.runtime._branches, as the runtime captures by default)."""
     import torch
 
-    for _ in range(3):
-        model(*args)
+    from recsys_doctor.runtime._branches import branch_streams, branched
+
+    side = branch_streams(torch, branches, None) if branches > 1 else []
+    for i in range(3):
+        with branched(side if i == 2 else []):
+            model(*args)
     s.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
+    with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"), branched(side):
         out = model(*args)
     return g, out
 
 
 def _graph_client(model, a, config):
-    """One client's own stream and CUDA graph."""
+    """One client's own stream and CUDA graph (``..._branched``: captured with the forward's
+    branches on 4 streams)."""
     import torch
 
+    branches = 4 if config.endswith("_branched") else 1
+    config = config.removesuffix("_branched")
     s = torch.cuda.Stream()
     dense_h, idx_h, offs_h = a
     with torch.cuda.stream(s), torch.no_grad():
@@ -285,7 +294,7 @@ def _graph_client(model, a, config):
             vh.copy_(t)
         dd, di, do = views_d[0], views_d[1:-1], views_d[-1]
         d_in.copy_(h_in, non_blocking=True)
-        g, out = _warm_and_capture(model, s, dd, di, do)
+        g, out = _warm_and_capture(model, s, dd, di, do, branches=branches)
         out_h = torch.empty(tuple(out.shape), dtype=out.dtype).pin_memory()
     bytes_views = [t.view(-1).view(torch.uint8) for t in leaves]
 

@@ -8,12 +8,15 @@ Configs:
   eager                   eager PyTorch, one shared stream, per-tensor copies
   handroll_prepacked      a CUDA graph + stream per client thread, inputs pre-packed in one
                           pinned buffer (bench/serving/serve_anchors.py's graph_prepacked)
+  handroll_prepacked_branched  the same, each graph captured with the forward's branches on 4
+                          streams as the runtime captures them (not in the default list)
   runtime_call            serve(groups=8): served(*tensors), unbatched
   runtime_request         serve(groups=8): request().load(packed) / run(), unbatched
   runtime_batched_call    serve(batching=True): served(*tensors)
   runtime_batched_submit  serve(batching=True): served.submit(*tensors).result()
   runtime_batched_async   serve(batching=True): Q coroutines on one loop, await served.infer
-  runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4
+  runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4 (any ``_g<N>``: N groups;
+                          any ``_b<N>``: serve(branch_streams=N), ``_b1`` captures on one stream)
   runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
   runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
   runtime_batched_call_dr2, _dr4, _g8dr4  runtime_batched_call with 2 / 4 driver threads
@@ -90,13 +93,13 @@ def _make(config: str, model, queries, served):
 
     if config == "eager":  # PyTorch eager on one shared stream, as bench/serving/serve_anchors.py times it
         return _make_anchor("eager_1stream", model, queries)[0]
-    if config == "handroll_prepacked":
-        return [_graph_client(model, a, "graph_prepacked") for a in queries]
+    if config in ("handroll_prepacked", "handroll_prepacked_branched"):
+        return [_graph_client(model, a, config.replace("handroll", "graph")) for a in queries]
     if config == "runtime_call" or config.startswith("runtime_batched_call"):
         return [(lambda a=a: served(*a)) for a in queries]
     if config == "runtime_batched_submit":
         return [(lambda a=a: served.submit(*a).result()) for a in queries]
-    if config == "runtime_request":  # the zero-copy request per query, as bench/serving/serve_anchors.py times it
+    if config.startswith("runtime_request"):  # the zero-copy request per query, as bench/serving/serve_anchors.py times it
         return _serve_fns("serve_request", served, queries)
     if config == "proto_cdriver":  # the experiment of bench/serving/cdriver/ (its driver in C)
         sys.path.insert(0, str(HERE / "cdriver"))
@@ -125,11 +128,14 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
 
         batched = "batched" in config or config == "proto_cdriver"
         drivers = re.search(r"dr(\d+)$", config)
-        served = serve(model, queries[0], groups=8 if "_g8" in config or not batched else 4, merge=True, graphs=True, slots_per_group=2,
+        g = re.search(r"_g(\d+)", config)
+        b = re.search(r"_b(\d+)", config)
+        served = serve(model, queries[0], groups=int(g.group(1)) if g else 4 if batched else 8, merge=True, graphs=True, slots_per_group=2,
                        drivers=int(drivers.group(1)) if drivers else 1,
                        batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
                        switch_interval_ms=0.2 if config.endswith("_si") else None,
-                       max_delay_ms=0.5 if config.endswith("_d") else 0.0)
+                       max_delay_ms=0.5 if config.endswith("_d") else 0.0,
+                       branch_streams=int(b.group(1)) if b else 4)
     nv, h = _nvml()
     rows = []
     bucket_us = served.bucket_gpu_us() if served is not None else {}
