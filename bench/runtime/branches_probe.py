@@ -101,7 +101,7 @@ def main():
                 alone = timed(g.replay, 200)
                 streams = [torch.cuda.Stream() for _ in range(4)]
 
-                def four():
+                def four(gs=gs, streams=streams):
                     for st, (gg, _, _) in zip(streams, gs):
                         with torch.cuda.stream(st):
                             gg.replay()
