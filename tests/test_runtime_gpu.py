@@ -374,19 +374,11 @@ def test_branch_parallel_capture_matches_eager(streams):
 
 
 def test_failed_branch_capture_is_captured_again_on_one_stream(wdl, monkeypatch):
-    import contextlib
+    from _branch_break import REASON, broken_branched
 
     from recsys_doctor.runtime import _serve_entry, serve
 
-    class Broken:
-        def __enter__(self):
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("branch capture broke")
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr(_serve_entry, "branched", lambda side: Broken() if side else contextlib.nullcontext())
+    monkeypatch.setattr(_serve_entry, "branched", broken_branched)
     queries = [make_query(700 + j) for j in range(24)]
     refs = [reference(wdl, q) for q in queries]
     with serve(wdl, queries[0], groups=2, graphs=True) as served:
@@ -395,7 +387,7 @@ def test_failed_branch_capture_is_captured_again_on_one_stream(wdl, monkeypatch)
     for j, ref in enumerate(refs):
         torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
     assert st["fallbacks"] == {} and all(g["graphs"] >= 1 for g in st["groups"])
-    assert list(st["branch_fallbacks"].values()) == ["RuntimeError: branch capture broke"]
+    assert list(st["branch_fallbacks"].values()) == [REASON]
 
 
 # runs last: it exercises a capture that must fail
