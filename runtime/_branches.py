@@ -23,6 +23,14 @@ A tensor used on a stream other than the one that allocated it is marked with
 ``record_stream``, so the caching allocator does not hand its memory to another
 operation before that use is over (under capture such blocks are not reused at all).
 On exit the capture stream waits for every stream used, as stream capture requires.
+
+Work launched outside PyTorch's dispatcher (a Triton kernel or a custom extension called
+directly from ``forward``) is not seen by the mode: it lands on the capture stream with no
+wait for the branches it reads. Under capture the mode finds it: before each operation it
+dispatches and on exit it asks the driver what the capture stream's next node would depend
+on (``cuStreamGetCaptureInfo``), which only the mode's own operations on that stream may
+change; when something else did, it raises once the streams are joined, and the caller
+captures that forward again on one stream.
 The result is the same computation, operation for operation; only the order in which the
 GPU may run independent operations changes. Needs torch with CUDA at capture time.
 """
@@ -94,6 +102,17 @@ class CudaStreams:
     def on_device(self, t: Any) -> bool:
         return bool(t.is_cuda)
 
+    def capture_deps(self, stream: Any) -> Any:
+        """The graph nodes a capturing ``stream``'s next node would depend on (None when
+        it is not capturing)."""
+        from cuda.bindings import driver as cu
+
+        r = cu.cuStreamGetCaptureInfo(cu.CUstream(stream.cuda_stream))
+        if int(r[0]) != 0 or r[1] != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            return None
+        deps = next(x for x in r[2:] if isinstance(x, (list, tuple)))
+        return frozenset(int(n) for n in deps)
+
 
 def BranchCapture(streams: list[Any], backend: Any = None) -> Any:
     """``with BranchCapture(streams): out = model(*args)`` inside ``torch.cuda.graph`` (or
@@ -149,6 +168,30 @@ class Schedule:
             self.writer[k] = (si, ev)
 
 
+FOREIGN = ("work was launched outside PyTorch's dispatcher during the forward (a Triton kernel or a custom "
+           "extension called directly): it cannot be ordered after the branches it reads, so this forward is "
+           "captured on one stream")
+
+
+class _OriginWatch:
+    """Under capture: whether anything but the mode's own operations added a node to the
+    capture stream (what its next node would depend on changed behind the mode's back)."""
+
+    def __init__(self, backend: Any, origin: Any) -> None:
+        self.b, self.origin = backend, origin
+        self.expect = backend.capture_deps(origin)  # None: not capturing
+        self.foreign = False
+
+    def check(self) -> None:
+        if self.expect is not None and not self.foreign and self.b.capture_deps(self.origin) != self.expect:
+            self.foreign = True
+
+    def moved(self) -> None:
+        """The mode ran an operation on the capture stream (after its waits)."""
+        if self.expect is not None:
+            self.expect = self.b.capture_deps(self.origin)
+
+
 _MODE: list[Any] = []
 
 
@@ -175,13 +218,17 @@ def _mode_class() -> Any:
             self.sched = Schedule(len(self.pool))
             self.start = b.event(self.origin)
             self.joined = {0}
+            self.watch = _OriginWatch(b, self.origin)
             return super().__enter__()
 
         def __exit__(self, *exc: Any) -> Any:
             out = super().__exit__(*exc)
+            self.watch.check()
             for si, ev in self.sched.last.items():
                 if si:
                     self.b.wait(self.origin, ev)
+            if self.watch.foreign and exc[0] is None:
+                raise RuntimeError(FOREIGN)
             return out
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -190,6 +237,7 @@ def _mode_class() -> Any:
             if schema.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
                 return func(*args, **kwargs)  # a view: no kernel, no new storage
             b, sched = self.b, self.sched
+            self.watch.check()
             reads, writes = _tensor_args(torch, schema, args, kwargs, b.on_device)
             si, deps = sched.place([_key(t) for t in reads], [_key(t) for t in writes])
             s = self.pool[si]
@@ -210,6 +258,8 @@ def _mode_class() -> Any:
                 out = func(*args, **kwargs)
             outs = [_key(t) for t in _tensors(torch, out) if b.on_device(t)]
             sched.done(si, b.event(s), [_key(t) for t in reads], [_key(t) for t in writes], outs)
+            if si == 0:
+                self.watch.moved()
             return out
 
     _MODE.append(_Mode)

@@ -47,17 +47,32 @@ class Recorder:
 
     def wait(self, stream: str, ev: Ev) -> None:
         self.log.append(("wait", stream, ev.n))
+        if stream == "s0":
+            self._origin_moved()
 
     @contextlib.contextmanager
     def use(self, stream: str):
         self.log.append(("run", stream))
         yield
+        if stream == "s0":
+            self._origin_moved()
 
     def record_stream(self, t, stream: str) -> None:
         self.log.append(("record_stream", stream))
 
     def on_device(self, t) -> bool:
         return True
+
+    #: what the capture stream's next node would depend on (None: not capturing); an
+    #: operation or a wait on s0 moves it on, as a captured node does
+    origin_deps = None
+
+    def capture_deps(self, stream: str):
+        return self.origin_deps
+
+    def _origin_moved(self) -> None:
+        if self.origin_deps is not None:
+            self.origin_deps = frozenset({max(self.origin_deps) + 1})
 
     def runs(self) -> list[str]:
         return [e[1] for e in self.log if e[0] == "run"]
@@ -162,6 +177,30 @@ def test_an_input_made_once_and_read_by_independent_ops_does_not_chain_them():
     assert ("wait", "s1", 2) in waits and ("wait", "s2", 2) in waits  # both wait for op 0 (event 2)
     ref = torch.cat([torch.nn.functional.embedding_bag(i, w[k], offs, mode="sum") for k, i in enumerate(idx)], 1)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("when", ["between", "last"])
+def test_work_outside_the_dispatcher_on_the_capture_stream_is_refused_after_the_join(when):
+    a, b = torch.ones(4), torch.ones(4)
+    ok = Recorder(2)
+    ok.origin_deps = frozenset({1})  # capturing: the mode's own operations on s0 are expected
+    with BranchCapture([], backend=ok):
+        x = a * 2  # s0
+        y = b * 2  # s1
+        x + y  # s0, after waiting for s1
+    rec = Recorder(2)
+    rec.origin_deps = frozenset({1})
+    with pytest.raises(RuntimeError, match="outside PyTorch's dispatcher"):
+        with BranchCapture([], backend=rec):
+            x = a * 2  # s0
+            if when == "between":
+                rec.origin_deps = frozenset({50})  # a node the dispatcher never saw, on s0
+            y = b * 2  # s1
+            x + y  # s0
+            if when == "last":
+                rec.origin_deps = frozenset({50})
+    # the branch streams were joined before the error: the capture can still end
+    assert rec.log[-1][:2] == ("wait", "s0")
 
 
 def test_branch_streams_setting_is_checked():

@@ -373,6 +373,42 @@ def test_branch_parallel_capture_matches_eager(streams):
     assert all(g["graphs"] >= 1 for g in st["groups"])
 
 
+class Foreign(nn.Module):
+    """Writes a tensor with a driver call PyTorch's dispatcher never sees (as a Triton kernel
+    or a custom extension called from forward would): a memset to 2.0 on the current stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x):
+        from cuda.bindings import driver as cu
+
+        y = self.a(x)
+        z = torch.empty_like(y)
+        cu.cuMemsetD32Async(cu.CUdeviceptr(z.data_ptr()), 0x40000000, z.numel(),
+                            cu.CUstream(torch.cuda.current_stream().cuda_stream))
+        return y * z
+
+
+def test_work_outside_the_dispatcher_is_captured_on_one_stream():
+    from recsys_doctor.runtime import serve
+
+    torch.manual_seed(4)
+    m = Foreign().cuda().eval()
+    xs = [torch.randn(8, 16) for _ in range(24)]
+    with torch.no_grad():
+        refs = [(m.a(x.cuda()) * 2).cpu() for x in xs]
+    with serve(m, (xs[0],), groups=2, graphs=True) as served:
+        got = _hammer(served, [(x,) for x in xs], n_threads=4)
+        st = served.stats()
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["fallbacks"] == {} and all(g["graphs"] >= 1 for g in st["groups"])
+    (reason,) = set(st["branch_fallbacks"].values())
+    assert "outside PyTorch's dispatcher" in reason
+
+
 def test_failed_branch_capture_is_captured_again_on_one_stream(wdl, monkeypatch):
     from _branch_break import REASON, broken_branched
 
