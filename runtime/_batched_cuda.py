@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ..errors import first_line
 from ._batched import BatchSetup, bucket_table, stage_batch
-from ._branches import branched
+from ._branches import branched, capture_branched
 from ._cuda import ensure_context
 from ._policy import out_flatten, pack_layout
 
@@ -130,16 +130,12 @@ class CudaWorker:
         """Bucket ``k``'s graph, its forward's branches on the served model's branch
         streams (:mod:`._branches`); where that capture fails, on the group's stream alone
         (the reason kept in ``branch_fallbacks``)."""
-        side = self.sm._side
-        if side:
-            try:
-                return self._capture_on(k, side)
-            except self.torch.OutOfMemoryError:
-                raise
-            except Exception as e:  # noqa: BLE001 - captured again on one stream, the reason kept
-                self.torch.cuda.synchronize(self.sm.device)
-                self.branch_fallbacks[k] = first_line(e)
-        return self._capture_on(k, [])
+        def failed(e: BaseException) -> bool:
+            self.torch.cuda.synchronize(self.sm.device)
+            self.branch_fallbacks[k] = first_line(e)
+            return True
+
+        return capture_branched(self.torch, self.sm._side, lambda side: self._capture_on(k, side), failed)
 
     def _capture_on(self, k: int, side: list[Any]) -> Any:
         torch = self.torch

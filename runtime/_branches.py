@@ -38,9 +38,11 @@ GPU may run independent operations changes. Needs torch with CUDA at capture tim
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import functools
+from typing import Any, Callable
 
-__all__ = ["BranchCapture", "CudaStreams", "Schedule", "DEFAULT_BRANCH_STREAMS", "branch_streams", "branched", "check_branch_streams"]
+__all__ = ["BranchCapture", "CudaStreams", "Schedule", "DEFAULT_BRANCH_STREAMS", "branch_streams", "branched",
+           "capture_branched", "check_branch_streams"]
 
 #: streams a forward's branches are spread over when capturing (the capture stream and
 #: three more): measured on the H100 (``bench/runtime/results/branches_h100/``), one replay
@@ -66,6 +68,23 @@ def branched(streams: list[Any]) -> Any:
     """A context that spreads the forward's branches over the current stream and
     ``streams`` (:class:`BranchCapture`), or does nothing where ``streams`` is empty."""
     return BranchCapture(streams) if streams else contextlib.nullcontext()
+
+
+def capture_branched(torch: Any, side: list[Any], capture: Callable[[list[Any]], Any],
+                     failed: Callable[[BaseException], bool]) -> Any:
+    """``capture(side)``: a capture with the forward's branches on ``side``. Where that
+    fails (other than out of memory) and ``failed(error)`` (which keeps the reason) says
+    to go on, ``capture([])``: the same capture on one stream. The capture sites of the
+    runtime (a query signature, a batch bucket) share this."""
+    if side:
+        try:
+            return capture(side)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - captured again on one stream, the reason kept by failed()
+            if not failed(e):
+                raise
+    return capture([])
 
 
 def _mode_base() -> Any:
@@ -192,12 +211,8 @@ class _OriginWatch:
             self.expect = self.b.capture_deps(self.origin)
 
 
-_MODE: list[Any] = []
-
-
+@functools.cache
 def _mode_class() -> Any:
-    if _MODE:
-        return _MODE[0]
     import torch
 
     class _Mode(_mode_base()):  # type: ignore[misc]
@@ -205,7 +220,6 @@ def _mode_class() -> Any:
             super().__init__()
             self.b = backend
             self.joins = 0
-            self.sched = Schedule(1 + len(backend.extra))
 
         @property
         def branches(self) -> int:
@@ -239,7 +253,8 @@ def _mode_class() -> Any:
             b, sched = self.b, self.sched
             self.watch.check()
             reads, writes = _tensor_args(torch, schema, args, kwargs, b.on_device)
-            si, deps = sched.place([_key(t) for t in reads], [_key(t) for t in writes])
+            rk, wk = [_key(t) for t in reads], [_key(t) for t in writes]
+            si, deps = sched.place(rk, wk)
             s = self.pool[si]
             if si not in self.joined:
                 b.wait(s, self.start)
@@ -250,19 +265,18 @@ def _mode_class() -> Any:
                     b.wait(s, ev)
                     waited.add(id(ev))
                     self.joins += 1
-            for t in reads + writes:
-                h = sched.home.get(_key(t))
+            for t, k in zip(reads + writes, rk + wk):
+                h = sched.home.get(k)
                 if h is not None and h != si:
                     b.record_stream(t, s)
             with b.use(s):
                 out = func(*args, **kwargs)
             outs = [_key(t) for t in _tensors(torch, out) if b.on_device(t)]
-            sched.done(si, b.event(s), [_key(t) for t in reads], [_key(t) for t in writes], outs)
+            sched.done(si, b.event(s), rk, wk, outs)
             if si == 0:
                 self.watch.moved()
             return out
 
-    _MODE.append(_Mode)
     return _Mode
 
 

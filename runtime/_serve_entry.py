@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import BadInputError
 from ..errors import first_line as _first_line
-from ._branches import branched
+from ._branches import branched, capture_branched
 from ._cuda import check, ensure_context
 from ._policy import pack_layout, unflatten
 from ._policy import out_flatten, out_unflatten
@@ -275,19 +275,21 @@ def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
     fails too, ``e`` runs eagerly and the reason is kept in ``sm.fallbacks``."""
     first: list[BaseException] = []
     made: list[Any] = []
+
+    def failed(ex: BaseException) -> bool:
+        if _sync_in_model(first):  # no capture can hold it, on any number of streams
+            return False
+        sm.torch.cuda.synchronize(sm.device)
+        sm.branch_fallbacks[sig_str(sig)] = _first_line(first[0] if first else ex)
+        sm._failed_graphs.extend(made)
+        first.clear()
+        made.clear()
+        return True
+
     with capturing():
         try:
-            try:
-                graph = _capture_on(sm, g, slot, e, first, sm._side, made)
-            except Exception as ex:  # noqa: BLE001 - on one stream, the reason kept
-                if not sm._side or isinstance(ex, sm.torch.OutOfMemoryError) or _sync_in_model(first):
-                    raise
-                sm.torch.cuda.synchronize(sm.device)
-                sm.branch_fallbacks[sig_str(sig)] = _first_line(first[0] if first else ex)
-                sm._failed_graphs.extend(made)
-                first.clear()
-                made.clear()
-                graph = _capture_on(sm, g, slot, e, first, [], made)
+            graph = capture_branched(sm.torch, sm._side, lambda side: _capture_on(sm, g, slot, e, first, side, made),
+                                     failed)
             e.graph = graph
             e.exec_i = int(graph.raw_cuda_graph_exec())
             e.exec_h = _driver().CUgraphExec(e.exec_i)

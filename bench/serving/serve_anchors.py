@@ -245,7 +245,7 @@ def _warm_and_capture(model, s, *args, branches=1):
 
     from recsys_doctor.runtime._branches import branch_streams, branched
 
-    side = branch_streams(torch, branches, None) if branches > 1 else []
+    side = branch_streams(torch, branches, None)  # none for 1
     for i in range(3):
         with branched(side if i == 2 else []):
             model(*args)
