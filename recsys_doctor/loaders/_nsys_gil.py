@@ -28,9 +28,9 @@ GIL_TAKERS = frozenset({"PyEval_RestoreThread", "PyGILState_Ensure", "PyEval_Acq
 PYTHON_FRAMES = "Python's own calls (locks, sleep, I/O)"
 #: modules that are the interpreter itself
 _PYTHON_MODULE = re.compile(r"^(lib)?python\d[\d.]*(d|m|t)?(\.so[\d.]*)?$")
-#: frames that are no one's call: thread entry points, pybind11's GIL guards
 #: PyTorch's interpreter hooks: C++ code inside an op taking the GIL for a Python object
 _HOOK = re.compile(r"PyInterpreterVTable::")
+#: frames that are no one's call: thread entry points, pybind11's GIL guards
 _NOT_A_CALLER = re.compile(r"^(__libc_start_main|_start|start_thread|clone3?|__clone\w*)$|gil_scoped")
 
 
