@@ -10,10 +10,12 @@ and batch, viewed per request with ``torch.from_numpy``. The driver calls keep t
 
 Graphs are captured largest bucket first into one private pool per group (the group's
 graphs run one after another on its stream, so they share it), each forward's
-independent branches spread over the served model's branch streams (:mod:`._branches`;
+independent branches spread over its group's branch streams (:mod:`._branches`;
 where that capture fails, the bucket is captured again on one stream). Out of memory while
 capturing a bucket drops that bucket and every larger one, with a warning; any other
-capture failure runs that bucket eagerly on the group's stream (the reason is kept).
+capture failure runs that bucket eagerly on the group's stream (the reason is kept). The
+graph object of a failed capture stays alive with the served model, as the query-signature
+captures' do.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class CudaWorker:
             self.branch_fallbacks[k] = first_line(e)
             return True
 
-        return capture_branched(self.torch, self.sm._side, lambda side: self._capture_on(k, side), failed)
+        return capture_branched(self.torch, self.sm._sides[self.g.index], lambda side: self._capture_on(k, side), failed)
 
     def _capture_on(self, k: int, side: list[Any]) -> Any:
         torch = self.torch
@@ -145,9 +147,15 @@ class CudaWorker:
                 self._forward(k)
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
-            with branched(side):
-                self._forward(k)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                with branched(side):
+                    self._forward(k)
+        except BaseException:
+            # a failed capture's graph object stays alive with the served model's (PyTorch's
+            # RNG state may still refer to it), as the query-signature captures keep theirs
+            self.sm._failed_graphs.append(graph)
+            raise
         return graph
 
     def _drop(self, k: int, why: str) -> None:

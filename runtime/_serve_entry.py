@@ -270,7 +270,7 @@ def _captured_query(sm: Any, g: StreamGroup, e: Entry, side: list[Any]) -> None:
 
 def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
     """Capture ``e``'s query into a CUDA graph in the slot's activation pool, its forward's
-    branches on the served model's branch streams (:mod:`._branches`); where that fails,
+    branches on its group's branch streams (:mod:`._branches`); where that fails,
     on the group's stream alone (the reason kept in ``sm.branch_fallbacks``); where that
     fails too, ``e`` runs eagerly and the reason is kept in ``sm.fallbacks``."""
     first: list[BaseException] = []
@@ -288,7 +288,7 @@ def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
 
     with capturing():
         try:
-            graph = capture_branched(sm.torch, sm._side, lambda side: _capture_on(sm, g, slot, e, first, side, made),
+            graph = capture_branched(sm.torch, sm._sides[g.index], lambda side: _capture_on(sm, g, slot, e, first, side, made),
                                      failed)
             e.graph = graph
             e.exec_i = int(graph.raw_cuda_graph_exec())

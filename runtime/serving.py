@@ -127,10 +127,14 @@ class ServedModel(BatchedCalls):
 
     def _setup_branches(self, n: int) -> None:
         #: streams each captured forward's branches spread over (:mod:`._branches`; 1: the
-        #: group's stream alone), the extra ones (shared: captures run one at a time), and
-        #: the signatures captured on one stream because that failed, with the reason
+        #: group's stream alone), the extra ones per group, and the signatures captured on
+        #: one stream because that failed, with the reason. Each group has its own extra
+        #: streams: what PyTorch keeps per stream and a graph captures (cuBLAS's workspace is
+        #: one buffer per stream) must not be shared by graphs that run at the same time,
+        #: as two groups' graphs do (shared ones gave wrong results and an illegal address on
+        #: the H100, bench/serving/results/branch_race_h100/)
         self.branch_streams = check_branch_streams(n) if self.config.cuda_graphs else 1
-        self._side = branch_streams_for(self.torch, self.branch_streams, self.device)
+        self._sides = [branch_streams_for(self.torch, self.branch_streams, self.device) for _ in self.manager.groups]
         self.branch_fallbacks: dict[str, str] = {}
 
     def _start_batching(self, args: tuple[Any, ...], batching: Any) -> None:

@@ -107,9 +107,11 @@ def test_failed_branch_capture_of_a_bucket_is_captured_again_on_one_stream(wdl, 
     with serve(wdl, qs[0], max_batch=4) as s:
         every_result_matches(s, qs, ref, per_thread=10)
         st = s.stats()
+        kept = len(s._failed_graphs)
     fb = st["branch_fallbacks"]
     assert sorted(fb) == sorted(f"batch of {k} (group {g})" for k in (1, 2, 4) for g in (0, 1))
     assert set(fb.values()) == {REASON}
+    assert kept == 3 * 2  # each failed capture's graph object stays alive: 3 buckets x 2 groups
 
 
 def test_namedtuple_and_dict_outputs_keep_their_structure():
