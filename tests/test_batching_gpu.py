@@ -92,6 +92,10 @@ def test_every_request_matches_eager(wdl):
         assert s.stats()["batching"]["enabled"], s.batching_refused
         every_result_matches(s, qs, ref)  # 24 clients on 2 groups
         st = s.stats()
+        side = [[x.cuda_stream for x in g] for g in s._sides]
+    # each group has its own 3 extra streams: graphs of two groups run at once, and what PyTorch
+    # keeps per stream (cuBLAS's workspace) must not be shared by them (branch_race_h100/)
+    assert [len(g) for g in side] == [3, 3] and len({h for g in side for h in g}) == 6
     # every bucket's graph was captured with the forward's branches on 4 streams
     assert st["branch_streams"] == 4 and st["branch_fallbacks"] == {} and st["batching"]["eager_buckets"] == {}
 
