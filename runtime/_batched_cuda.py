@@ -14,8 +14,8 @@ independent branches spread over its group's branch streams (:mod:`._branches`;
 where that capture fails, the bucket is captured again on one stream). Out of memory while
 capturing a bucket drops that bucket and every larger one, with a warning; any other
 capture failure runs that bucket eagerly on the group's stream (the reason is kept). The
-graph object of a failed capture stays alive with the served model, as the query-signature
-captures' do.
+graph object of a failed capture stays alive with the served model
+(:func:`~._serve_entry.graph_of`, as for the query-signature captures).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class CudaWorker:
             raise torch.OutOfMemoryError("out of memory capturing every batch size, even 1")
 
     def _capture_branched(self, k: int) -> Any:
-        """Bucket ``k``'s graph, its forward's branches on the served model's branch
+        """Bucket ``k``'s graph, its forward's branches on its group's branch
         streams (:mod:`._branches`); where that capture fails, on the group's stream alone
         (the reason kept in ``branch_fallbacks``)."""
         def failed(e: BaseException) -> bool:
@@ -140,23 +140,20 @@ class CudaWorker:
         return capture_branched(self.torch, self.sm._sides[self.g.index], lambda side: self._capture_on(k, side), failed)
 
     def _capture_on(self, k: int, side: list[Any]) -> Any:
+        from ._serve_entry import graph_of
+
         torch = self.torch
         with torch.cuda.stream(self.stream):
             self._forward(k)
             with branched(side):  # the branch streams' lazy inits (cuBLAS workspaces) outside the capture
                 self._forward(k)
         self.stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
-                with branched(side):
-                    self._forward(k)
-        except BaseException:
-            # a failed capture's graph object stays alive with the served model's (PyTorch's
-            # RNG state may still refer to it), as the query-signature captures keep theirs
-            self.sm._failed_graphs.append(graph)
-            raise
-        return graph
+
+        def bucket() -> None:
+            with branched(side):
+                self._forward(k)
+
+        return graph_of(self.sm, self.pool, self.stream, bucket)
 
     def _drop(self, k: int, why: str) -> None:
         torch = self.torch

@@ -274,45 +274,54 @@ def capture(sm: Any, g: StreamGroup, slot: Any, e: Entry, sig: Any) -> None:
     on the group's stream alone (the reason kept in ``sm.branch_fallbacks``); where that
     fails too, ``e`` runs eagerly and the reason is kept in ``sm.fallbacks``."""
     first: list[BaseException] = []
-    made: list[Any] = []
 
     def failed(ex: BaseException) -> bool:
         if _sync_in_model(first):  # no capture can hold it, on any number of streams
             return False
         sm.torch.cuda.synchronize(sm.device)
         sm.branch_fallbacks[sig_str(sig)] = _first_line(first[0] if first else ex)
-        sm._failed_graphs.extend(made)
         first.clear()
-        made.clear()
         return True
 
     with capturing():
         try:
-            graph = capture_branched(sm.torch, sm._sides[g.index], lambda side: _capture_on(sm, g, slot, e, first, side, made),
+            graph = capture_branched(sm.torch, sm._sides[g.index], lambda side: _capture_on(sm, g, slot, e, first, side),
                                      failed)
             e.graph = graph
             e.exec_i = int(graph.raw_cuda_graph_exec())
             e.exec_h = _driver().CUgraphExec(e.exec_i)
         except Exception as ex:  # noqa: BLE001 - any capture failure: the eager path, with the reason
-            _fall_back(sm, e, sig, _first_line(first[0] if first else ex), made[-1] if made else None)
+            _fall_back(sm, e, sig, _first_line(first[0] if first else ex))
 
 
-def _capture_on(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException], side: list[Any],
-                made: list[Any]) -> Any:
-    """``e``'s query captured on the group's stream, its forward's branches on ``side``
-    (the graph object goes into ``made`` before the capture starts)."""
-    torch = sm.torch
-    with torch.no_grad():
+def _capture_on(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException], side: list[Any]) -> Any:
+    """``e``'s query captured on the group's stream, its forward's branches on ``side``."""
+    with sm.torch.no_grad():
         _second_eager_run(sm, g, slot, e, first, side)
-        graph = torch.cuda.CUDAGraph()
-        made.append(graph)
-        with torch.cuda.graph(graph, pool=sm._graph_pools.get((g.index, slot.index)), stream=sm._ext[g.index],
-                              capture_error_mode="thread_local"):
+
+        def query() -> None:
             try:
                 _captured_query(sm, g, e, side)
             except BaseException as ex:  # noqa: BLE001 - kept as the reason, re-raised
                 first.append(ex)
                 raise
+
+        return graph_of(sm, sm._graph_pools.get((g.index, slot.index)), sm._ext[g.index], query)
+
+
+def graph_of(sm: Any, pool: Any, stream: Any, body: Any) -> Any:
+    """A new CUDA graph of ``body()`` captured on ``stream`` into ``pool``. Where the capture
+    fails, the graph object stays alive with served model ``sm`` (PyTorch's RNG state may
+    still refer to it) and the error is raised. Both capture sites (a query signature, a
+    batch bucket) capture through it."""
+    torch = sm.torch
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            body()
+    except BaseException:
+        sm._failed_graphs.append(graph)
+        raise
     return graph
 
 
@@ -322,14 +331,11 @@ def _sync_in_model(first: list[BaseException]) -> bool:
     return bool(first) and "synchroniz" in str(first[0]).lower()
 
 
-def _fall_back(sm: Any, e: Entry, sig: Any, reason: str, graph: Any) -> None:
+def _fall_back(sm: Any, e: Entry, sig: Any, reason: str) -> None:
     try:
         sm.torch.cuda.synchronize(sm.device)
     except RuntimeError:  # a sticky CUDA error (torch.AcceleratorError is one): the fallback goes on
         pass
-    if graph is not None:
-        # keep a failed capture's graph object alive: PyTorch's RNG state may still refer to it
-        sm._failed_graphs.append(graph)
     e.graph = None
     e.exec_h = None
     e.exec_i = 0
