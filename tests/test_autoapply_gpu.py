@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from test_apply_gpu import _run_hooked
+from test_apply_gpu import _run_hooked, _wdl
 
 from recsys_doctor.applying._autoapply import buckets
 
@@ -587,3 +587,65 @@ def test_a_script_run_with_a_batching_plan(tmp_path, groups):
     assert st is not None and st["batching"] and st["threads"] == 8, st
     sizes = {int(n): b for n, b in st["batch_sizes"].items()}
     assert st["batched_calls"] == sum(n * b for n, b in sizes.items()) == 8 * 50 and max(sizes) > 1, sizes
+
+
+# ------------------------------------------------- batching through the runtime (issue 25, .served)
+
+
+def test_copies_into_a_batched_call_are_served_by_the_runtime(tmp_path):
+    """A plain script's query (pinned host tensors copied with ``.to("cuda", non_blocking=True)``
+    straight into the model call, the output read with ``.cpu()``) under a batching plan goes
+    to the runtime's batched serving, fed from the pinned tensors: outputs equal eager's, the
+    calls run in batches of more than one. Client 0 keeps its dense input copy and reads it
+    after the call (it must hold the data PyTorch's copy would have); client 1 uses the output
+    on the GPU (``* 2`` and ``topk``) before reading it back."""
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from recsys_doctor.planning.whatif import Candidate
+
+    model, host_query = _wdl()
+    threads, rounds = 8, BATCH_ROUNDS
+    qs = []
+    for k in range(threads):
+        torch.manual_seed(70 + k)
+        qs.append(host_query(32, 1000))
+    with torch.no_grad():
+        ref = [model(q[0].cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for q in qs]
+    got: dict = {}
+    bar = threading.Barrier(threads)
+
+    def client(k: int) -> None:
+        dense, idx, offs = qs[k]
+        with torch.no_grad():
+            for r in range(rounds):
+                bar.wait(120)
+                d = dense.to("cuda", non_blocking=True)
+                out = model(d, [t.to("cuda", non_blocking=True) for t in idx], offs.to("cuda", non_blocking=True))
+                if k == 0:
+                    got[k, r, "held"] = d.cpu()
+                if k == 1:
+                    got[k, r, "x2"] = (out * 2).cpu()
+                    got[k, r, "top"] = torch.topk(out.squeeze(1), 5).values.cpu()
+                got[k, r] = out.cpu()
+                got[k, r, "list"] = out.squeeze(1).tolist()
+
+    st = _run_hooked(tmp_path, 1, threads, client, Candidate(1, True, False, True, batching=True, max_batch=8))
+    for k in range(threads):
+        for r in range(rounds):
+            out = got[k, r]
+            assert out.device.type == "cpu" and out.shape == ref[k].shape, (k, r)
+            assert torch.allclose(out, ref[k], atol=BATCH_ATOL, rtol=BATCH_RTOL), (k, r, (out - ref[k]).abs().max())
+            assert got[k, r, "list"] == out.squeeze(1).tolist()
+    for r in range(rounds):
+        assert torch.equal(got[0, r, "held"], qs[0][0]), r
+        assert torch.allclose(got[1, r, "x2"], ref[1] * 2, atol=2 * BATCH_ATOL, rtol=BATCH_RTOL)
+        assert torch.equal(got[1, r, "top"], torch.topk(got[1, r].squeeze(1), 5).values)  # (values: ties at 1.0)
+    calls = threads * rounds
+    sizes = {int(n): b for n, b in st["served_batch_sizes"].items()}
+    # the first call of each thread teaches it its copies (the hook's path); every later one is served
+    assert st["served_calls"] == calls - threads, (st["served_calls"], st["fallbacks"])
+    assert max(sizes) > 1 and sum(n * b for n, b in sizes.items()) >= st["served_calls"], sizes
+    sites = _model_sites(st)
+    assert sum(s["taken_over"] for s in sites) >= st["served_calls"]
+    assert not [f for f in st["fallbacks"] if "not served" in f], st["fallbacks"]

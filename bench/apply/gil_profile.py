@@ -50,8 +50,10 @@ def main() -> None:
     outdir, script, *args = sys.argv[1:]
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    plan = write_plan(out / "plan.json", {}, Candidate(int(os.environ.get("RD_GROUPS", "2")), True, False, True))
-    runs = {"unhooked": dict(os.environ), "hooked": script_env(plan, hook_dir=out / "hook", stats_path=out / "hook_stats.json")}
+    plan = write_plan(out / "plan.json", {}, Candidate(int(os.environ.get("RD_GROUPS", "2")), True, False, True,
+                                                          batching=os.environ.get("RD_BATCHING") == "1"))
+    runs = {} if os.environ.get("RD_HOOKED_ONLY") == "1" else {"unhooked": dict(os.environ)}
+    runs |= {"hooked": script_env(plan, hook_dir=out / "hook", stats_path=out / "hook_stats.json")}
     report = []
     for name, env in runs.items():
         folded = out / f"{name}.folded"

@@ -7,6 +7,7 @@ trees of the package with it, on one machine."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -25,13 +26,17 @@ def main() -> None:
         res, _ = run_script(argv, timeout_s=300)
     else:
         d = Path(tempfile.mkdtemp(prefix="hooked-run-"))
-        plan = write_plan(d / "plan.json", {}, Candidate(g, True, False, True))
+        batching = os.environ.get("RD_BATCHING") == "1"  # the hook's batching plan (batches of up to 32)
+        plan = write_plan(d / "plan.json", {}, Candidate(g, True, False, True, batching=batching))
+        row["batching"] = batching
         env = script_env(plan, hook_dir=d / "hook", stats_path=d / "stats.json")
         res, _ = run_script(argv, env=env, timeout_s=300)
         st = json.loads((d / "stats.json").read_text()) if (d / "stats.json").is_file() else {}
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
-                                               "staged_copies", "captured")}
+                                               "staged_copies", "captured", "served_calls",
+                                               "served_batch_sizes")}
         row["hook"]["fallback_calls"] = sum(s.get("fallback", 0) for s in st.get("sites", []))
+        row["hook"]["batch_sizes"] = [s.get("batch_sizes") for s in st.get("sites", []) if s.get("batch_sizes")]
     row.update(res)
     with open(out, "a") as fh:
         fh.write(json.dumps(row) + "\n")

@@ -56,7 +56,8 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   top-level calls of one key in a group are run as one batch, one replay of a graph per batch
   size, with the runtime's batching spec checked against eager once per key (:mod:`.batching`,
   the queue :mod:`.combine`); a key whose spec is refused takes the graph path above. With
-  batching on, a thread's own graph (above) is not learned.
+  batching on, a thread's own graph (above) is not learned: a call made with the thread's
+  copies of pinned tensors is served by the runtime's batching, fed from those tensors (:mod:`.served`).
 
 A package loaded by file path at interpreter start, before the package can be imported (its
 package import pulls in pandas): the ``sitecustomize`` loads this ``__init__.py`` as the package
@@ -68,7 +69,7 @@ capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:
 (shapes: row buckets, padding verified, the bounds), :mod:`.graphs` (graphs per call site),
 :mod:`.combine` (the batching queue, no CUDA), :mod:`.batching` (calls of one key as one batch),
 :mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
-graph), :mod:`.host_args` (a model's host arguments, copied inside its forward),
+graph), :mod:`.served` (batched calls served by the runtime), :mod:`.host_args` (a model's host arguments, copied inside its forward),
 :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
 left, per line of the script),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
@@ -98,6 +99,10 @@ from .staging import _copy_in, _make_lazy_type, _materialize, _ThreadCopies, _Th
 
 __all__ = ["activate", "deactivate", "read_runtime", "stats", "write_stats", "ENV_PLAN", "ENV_STATS", "ENV_THREAD_GRAPHS",
            "ENV_STAGE_PAGEABLE", "WARMUP_CALLS"]
+
+
+#: served models of earlier activations (:func:`deactivate`), alive to the process's end
+_KEPT: list[Any] = []
 
 
 def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -151,6 +156,11 @@ def deactivate() -> None:
                     setattr(torch.Tensor, name, fn)
                 for name, fn in _state.pop("orig_torch_functions", {}).items():
                     setattr(torch, name, fn)
+        # the runtime's models served for the script (.served) are kept, never closed, as the
+        # groups' streams are: PyTorch's allocator keeps blocks used on their streams, and
+        # closing them while it does aborted the process on the H100 (served_route_h100/)
+        _KEPT.extend(_state.pop("served_models", []))
+        _state.pop("routes", None)
         _state["active"] = False
 
 

@@ -13,6 +13,7 @@ from .graphs import _graphed_call
 from .groups import _Group, _streams
 from .host_args import make_host_type, take
 from .pageable import cuda_args, to_args
+from .served import call as served_call
 from .staging import _patch_copies, _ThreadCopies, slots_read
 from .thread_graphs import _copies_call
 
@@ -42,17 +43,23 @@ def _group_for_new_thread() -> _Group | None:
     return g
 
 
+def _runtime_thread(t: threading.Thread) -> bool:
+    """Whether ``t`` is a thread of the runtime's (a batch driver of a model served for the hook,
+    :mod:`.served`): it runs the runtime's work, not the script's, and joins no group."""
+    target = getattr(t, "_target", None)
+    return type(getattr(target, "__self__", None)).__module__.startswith("recsys_doctor.runtime")
+
+
 def _wrapped_bootstrap(orig: Any) -> Any:
     def bootstrap_inner(self: threading.Thread) -> None:
-        g = _group_for_new_thread()
+        g = None if _runtime_thread(self) else _group_for_new_thread()
         if g is None:
             return orig(self)
         torch = _torch()
         _tls.group = g
         _tls.depth = 0
-        if _state.get("thread_graphs") and _state.get("graphs") and not _state.get("batching"):
-            # (with batching, a call goes to its group's batches: a thread's own graph of its
-            # copies and model would run it alone, so none is learned; .batching)
+        if _state.get("thread_graphs") and _state.get("graphs"):
+            # (with batching, no thread graph is learned: the copies feed the runtime's batching, .served)
             _tls.copies = _ThreadCopies(g.stream)
         with torch.cuda.stream(g.stream):
             return orig(self)
@@ -75,9 +82,15 @@ def _patch_module(torch: Any) -> None:
         _tls.depth = depth + 1
         try:
             site = script_site(2)  # the script's line that called the model
-            if _state.get("batching"):
-                return _batched_call(orig, self, args, kwargs, site)
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
+            if _state.get("batching"):
+                if st is None:
+                    return _batched_call(orig, self, args, kwargs, site)
+                try:
+                    served = served_call(torch, st, orig, self, args, kwargs, site)
+                    return served[0] if served is not None else _batched_call(orig, self, args, kwargs, site)
+                finally:
+                    slots_read(torch, st)
             if st is None:
                 return _graphed_call(orig, self, args, kwargs, site)
             try:

@@ -37,9 +37,22 @@ def stats() -> dict[str, Any]:
             "threads": _state.get("started", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
-            "materialized": _state.get("materialized", 0),
+            "materialized": _state.get("materialized", 0), "served_calls": _state.get("served_calls", 0),
+            "served_batch_sizes": _served_batch_sizes(),
             "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
             "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site}
+
+
+def _served_batch_sizes() -> dict[str, int]:
+    """The runtime's batch sizes (size -> batches) over the models it served for the hook (:mod:`.served`)."""
+    out: dict[str, int] = {}
+    for sm in _state.get("served_models", []):
+        try:
+            for k, n in sm.stats()["batching"].get("batch_sizes", {}).items():
+                out[str(k)] = out.get(str(k), 0) + int(n)
+        except Exception:  # noqa: BLE001 - a closed or broken served model: no sizes
+            continue
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
 def claim_stats_file() -> None:

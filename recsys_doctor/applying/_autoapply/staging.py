@@ -53,11 +53,11 @@ class _ThreadCopies:
     """The copy state of one hooked thread."""
 
     __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
-                 "slot_churn", "learn_tries")
+                 "slot_churn", "learn_tries", "routed")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.recent: list[tuple[Any, Any, Any]] = []  # (result, source, Move) of this query's copies, while learning
+        self.recent: list[tuple[Any, Any, Any, Any]] = []  # (result, source, Move) of this query's copies, while learning
         self.tg: _ThreadGraph | None = None
         self.n = 0  # views handed out in this query (slots 0..n-1); -1: this query left the graph's order
         self.pending = False  # those views' copies are deferred (not made yet)
@@ -68,11 +68,12 @@ class _ThreadCopies:
         self.slot_event: Any = None  # recorded after the last model call that read the slots
         self.slot_churn = 0  # slots given new (larger) memory
         self.learn_tries = 0  # model calls since the copies were first seen, with no thread graph yet
+        self.routed = False  # the last model call went to the runtime's batching: its views unwritten (.served)
 
 
 class _ThreadGraph:
     __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
-                 "static_out", "device", "tag")
+                 "static_out", "device", "tag", "raw")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None) -> None:
@@ -90,6 +91,9 @@ class _ThreadGraph:
         self.static_out = out
         self.device = device
         self.tag: Any = None  # the key tag of the calls it replays (:mod:`.host_args`)
+        #: each copy's call as the script made it (:func:`raw_call`), or None: the same call again
+        #: is the same copy, known without parsing it (:func:`_copy_method`'s first check)
+        self.raw: list[Any] = [None] * len(src)
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:
@@ -102,6 +106,10 @@ def _copy_source(torch: Any, src: Any, out: Any) -> bool:
 
 def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any], move: Move | None = None) -> Any:
+    if st.routed:
+        from .served import settle
+
+        settle(torch, st)
     tg = st.tg
     if tg is not None:
         i = st.n
@@ -126,8 +134,29 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     out = orig(src, *args, **kwargs)
     if st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
         # weak references: a thread that copies but never calls a model keeps nothing alive
-        st.recent.append((weakref.ref(out), weakref.ref(src), move))
+        st.recent.append((weakref.ref(out), weakref.ref(src), move, raw_call(torch, orig, args, kwargs, move)))
     return out
+
+
+#: argument types whose equality is their value (a call made with these again is the same call)
+_PLAIN = (str, int, bool, float, type(None))
+
+
+def raw_call(torch: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any], move: Move | None) -> Any:
+    """``(method, args, kwargs, current)`` of a copy the script made, where its arguments are
+    plain values (strings, numbers, devices, dtypes; no tensor): the same method called with
+    equal arguments asks for the same :class:`Move`, on the same current device where the call
+    named none by index (``current``: that device's index, checked again; else None). None where
+    the call cannot be known so (the copy is parsed every time)."""
+    if move is None:
+        return None
+    vals = (*args, *kwargs.values())
+    if not all(isinstance(v, _PLAIN) or isinstance(v, (torch.device, torch.dtype)) for v in vals):
+        return None
+    named = any(isinstance(v, int) and not isinstance(v, bool) for v in vals) or any(
+        isinstance(v, torch.device) and v.index is not None for v in vals) or any(
+        isinstance(v, str) and ":" in v for v in vals)
+    return (orig, args, dict(kwargs), None if named else move.device.index)
 
 
 def _own_memory(torch: Any, view: Any) -> None:
@@ -161,7 +190,7 @@ def _make_lazy_type(torch: Any) -> type:
     def owners(x: Any, out: list[Any]) -> None:
         if isinstance(x, T):
             st = getattr(x, "_rd_copies", None)
-            if st is not None and st.pending and st not in out:
+            if st is not None and (st.pending or st.routed) and st not in out:
                 out.append(st)
         elif isinstance(x, (list, tuple)):
             for v in x:
@@ -182,6 +211,10 @@ def _make_lazy_type(torch: Any) -> type:
                 owners(args, found)
                 owners(kwargs, found)
                 for st in found:
+                    if st.routed:  # (a view of a call the runtime served: its copy now, where still held)
+                        from .served import settle
+
+                        settle(torch, st)
                     _materialize(torch, st)
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
@@ -235,6 +268,13 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda:
             return orig(self, *args, **kwargs)
+        cs: _ThreadCopies | None = getattr(_tls, "copies", None)
+        tg = cs.tg if cs is not None else None
+        if cs is not None and tg is not None and 0 <= cs.n < len(tg.src) and self is tg.src[cs.n] and not _tls.depth:
+            raw = tg.raw[cs.n]  # the same call as when learned: the same copy, not parsed again
+            if (raw is not None and raw[0] is orig and raw[1] == args and raw[2] == kwargs
+                    and (raw[3] is None or raw[3] == torch._C._cuda_getDevice())):
+                return _copy_in(torch, cs, self, tg.device, orig, args, kwargs, tg.moves[cs.n])
         m = parse(torch, args, kwargs)
         st = _expected_copy(self, m)
         if st is not None:  # the thread graph's next copy, asked for as when it was learned

@@ -52,7 +52,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-           kwargs: dict[str, Any], recent: list[tuple[Any, Any, Any]], site: str = "?") -> None:
+           kwargs: dict[str, Any], recent: list[tuple[Any, Any, Any, Any]], site: str = "?") -> None:
     """Capture this thread's graph once the group's graph of this call exists and every
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
@@ -74,11 +74,11 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
             st.reason = f"no graph of the call's own shapes after {LEARN_TRIES} calls"
         return
     copies = {}
-    for out_ref, src_ref, move in recent:
+    for out_ref, src_ref, move, raw in recent:
         out, s_ = out_ref(), src_ref()
         if out is not None and s_ is not None:
-            copies[id(out)] = (out, s_, move)
-    src, moves = [], []
+            copies[id(out)] = (out, s_, move, raw)
+    src, moves, raws = [], [], []
     for t in kt[1]:
         hit = copies.get(id(t))
         if hit is None or hit[0] is not t:
@@ -86,8 +86,10 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
             return
         src.append(hit[1])
         moves.append(hit[2])
+        raws.append(hit[3])
     try:
         st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves)
+        st.tg.raw = raws
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()

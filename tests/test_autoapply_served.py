@@ -1,0 +1,96 @@
+"""The CPU-testable parts of the hook's route to the runtime's batching (:mod:`._autoapply.served`):
+the host-backed output type (read back with no copy to the device; any other use copies it there
+first) and :func:`settle` (a routed query's input views the script still holds get their copy,
+the others are left unwritten). ``meta`` stands for the GPU: no data, so a copy to it is visible
+only as the materialized tensor."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from recsys_doctor.applying._autoapply import served  # noqa: E402
+from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph  # noqa: E402
+
+META = torch.device("meta")
+
+
+def _out(values):
+    typ = served.host_output_type(torch)
+    host = torch.tensor(values, dtype=torch.float32)
+    return typ(host, META, None), host
+
+
+def test_reading_back_needs_no_device_copy():
+    x, host = _out([[0.25], [0.5], [1.5]])
+    assert x.device == META and x.shape == (3, 1) and x.dtype == torch.float32 and x.is_meta
+    got = x.cpu()
+    assert got.device.type == "cpu" and torch.equal(got, host)
+    assert got is not host and got.data_ptr() != host.data_ptr()  # a copy: the caller may write it
+    assert torch.equal(x.to("cpu"), host) and x.tolist() == [[0.25], [0.5], [1.5]]
+    assert (x.cpu().numpy() == host.numpy()).all()
+    assert torch.equal(x.to(device="cpu", dtype=torch.float32), host)
+    assert x._rd_dev is None  # none of these copied it to the device
+    one, _ = _out([2.75])
+    assert one.item() == 2.75 and one._rd_dev is None
+
+
+def test_any_other_use_copies_to_the_device_first():
+    x, _host = _out([[1.0, 2.0], [3.0, 4.0]])
+    y = x * 2
+    assert type(y) is torch.Tensor and y.device == META and y.shape == (2, 2)
+    assert x._rd_dev is not None and x._rd_dev.device == META
+    # a cast on the device is a device operation
+    x2, _ = _out([1.0])
+    w = x2.to(torch.float64)
+    assert w.device == META and x2._rd_dev is not None
+
+
+def _routed(n: int):
+    st = _ThreadCopies(None)
+    src = [torch.full((4,), float(i + 1)) for i in range(n)]
+    tin = [torch.zeros(4) for _ in range(n)]
+    tg = _ThreadGraph(None, None, src, tin, None, None, 0)
+    tg.handed = [t.view(-1) for t in tin]
+    st.tg, st.routed = tg, True
+    return st, tg
+
+
+def test_settle_copies_only_the_views_the_script_still_holds():
+    st, tg = _routed(3)
+    kept = tg.handed[1]  # the script's name for its second input copy
+    served.settle(torch, st)
+    assert torch.equal(kept, torch.full((4,), 2.0))
+    assert torch.equal(tg.tin[0], torch.zeros(4)) and torch.equal(tg.tin[2], torch.zeros(4))
+    assert st.routed is False
+    tg.tin[1].zero_()
+    served.settle(torch, st)  # once a query: nothing more to do
+    assert torch.equal(kept, torch.zeros(4))
+
+
+def test_settle_without_a_routed_call_does_nothing():
+    st, tg = _routed(2)
+    st.routed = False
+    kept = tg.handed[0]
+    served.settle(torch, st)
+    assert torch.equal(kept, torch.zeros(4))
+
+
+def test_raw_call_knows_a_copy_again_only_from_plain_arguments():
+    from recsys_doctor.applying._autoapply.pageable import Move
+    from recsys_doctor.applying._autoapply.staging import raw_call
+
+    orig = torch.Tensor.to
+    m0 = Move(torch.device("cuda", 0), None, True, False, None)
+    m2 = Move(torch.device("cuda", 2), None, True, False, None)
+    # "cuda" names no index: the current device's (0 here) is remembered, to be checked again
+    assert raw_call(torch, orig, ("cuda",), {"non_blocking": True}, m0) == (orig, ("cuda",), {"non_blocking": True}, 0)
+    # an index named in the call: nothing to check again
+    assert raw_call(torch, orig, ("cuda:2",), {"non_blocking": True}, m2)[3] is None
+    assert raw_call(torch, orig, (torch.device("cuda", 2),), {"non_blocking": True}, m2)[3] is None
+    assert raw_call(torch, orig, (2, None, True), {}, m2)[3] is None
+    assert raw_call(torch, orig, (torch.device("cuda"), torch.float32), {}, m0)[3] == 0
+    # a tensor argument (``to(other)``): compared by value it would not say the same copy
+    assert raw_call(torch, orig, (torch.zeros(1),), {"non_blocking": True}, m0) is None
+    assert raw_call(torch, orig, ("cuda",), {}, None) is None  # not a copy to the GPU
