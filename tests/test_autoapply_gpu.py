@@ -649,3 +649,51 @@ def test_copies_into_a_batched_call_are_served_by_the_runtime(tmp_path):
     sites = _model_sites(st)
     assert sum(s["taken_over"] for s in sites) >= st["served_calls"]
     assert not [f for f in st["fallbacks"] if "not served" in f], st["fallbacks"]
+
+
+def test_thread_graph_outputs_kept_and_used_on_the_gpu_while_inputs_change(tmp_path):
+    """Thread graphs with the script's pinned dense input rewritten in place every query (3
+    variants in turn, so each query's values differ from the last one's): ``.cpu()``, ``.item()``
+    and a use on the GPU (``* 2``) of each output, and every output kept past the next query (a
+    list of every query's, read at the end), equal eager's for that query's input."""
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    threads, rounds = 4, 30
+    qs, variants, ref = [], [], []
+    for k in range(threads):
+        torch.manual_seed(90 + k)
+        q = host_query(32, 1000)
+        vs = [torch.rand_like(q[0]) for _ in range(3)]
+        with torch.no_grad():
+            ref.append([model(v.cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for v in vs])
+        qs.append(q)
+        variants.append(vs)
+    got: dict = {}
+
+    def client(k: int) -> None:
+        dense, idx, offs = qs[k]
+        kept = []
+        with torch.no_grad():
+            for r in range(rounds):
+                dense.copy_(variants[k][r % 3])  # (the last query's .cpu() waited for its copies)
+                out = model(dense.to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in idx],
+                            offs.to("cuda", non_blocking=True))
+                kept.append(out)
+                if r % 4 == 1:
+                    got[k, r, "x2"] = (out * 2).cpu()
+                if r % 5 == 2:
+                    got[k, r, "item"] = out[3, 0].item()
+                got[k, r] = out.cpu()
+        got[k, "kept"] = [o.cpu() for o in kept]
+
+    st = _run_hooked(tmp_path, 2, threads, client)
+    for k in range(threads):
+        for r in range(rounds):
+            want = ref[k][r % 3]
+            assert torch.allclose(got[k, r], want, atol=1e-6, rtol=1e-5), (k, r, (got[k, r] - want).abs().max())
+            assert torch.allclose(got[k, "kept"][r], want, atol=1e-6, rtol=1e-5), (k, r)
+            if (k, r, "x2") in got:
+                assert torch.allclose(got[k, r, "x2"], want * 2, atol=2e-6, rtol=1e-5), (k, r)
+            if (k, r, "item") in got:
+                assert abs(got[k, r, "item"] - float(want[3, 0])) <= 1e-6, (k, r)
+    assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 8), st
