@@ -36,8 +36,10 @@ measures both and keeps the faster.
 * **One served model per module**, made on its first routed call with that call's host
   tensors as the example (every group captured up front; other signatures are the runtime's
   to capture), under the hook's exclusive gate, with the plan's groups and ``max_batch``.
-  Where the runtime cannot serve it (it raises, or a call through it does), the module is
-  not routed again, with the reason counted, and the call goes the hook's batched path.
+  Where the runtime cannot serve it (it raises, or a call through it does) or refuses to batch
+  its inputs (then it would serve them one by one, which the thread's own path does better),
+  the module is not routed again, with the reason among the fallbacks; its calls go the hook's
+  batched path and the threads' copies are PyTorch's again.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ import sys
 import threading
 from typing import Any
 
-from ._common import _log, _state, _tls
-from .accounting import fell_back, taken_over
+from ._common import _state, _tls
+from .accounting import taken_over
+from .fallback import _fall_back
 from .argtree import Slot, matches, remake, skeleton
 from .pageable import _cuda_at
 from .staging import _materialize, _ThreadCopies, _ThreadGraph
@@ -78,21 +81,23 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
             and not kwargs and not module.training and not torch.is_grad_enabled()
             and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
         r = _route_of(module)
-        if r.refused is None:
-            out = _serve(torch, st, tg, r, module, site)
-            if out is not None:
-                return out
+        out = _serve(torch, st, tg, r, module) if r.refused is None else None
+        if out is not None:
+            taken_over("model", site)
+            return out
     if st.pending:
         st.n = n
         _materialize(torch, st)
     st.n = 0
+    if tg is not None and tg.module is module and _route_of(module).refused is not None:
+        st.tg, st.reason = None, _route_of(module).refused  # (its copies are PyTorch's again)
     if (tg is None and st.reason is None and recent and not kwargs and not module.training
             and not torch.is_grad_enabled()):
         _learn(torch, st, module, args, recent)
     return None
 
 
-def _serve(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, r: _Route, module: Any, site: str) -> tuple[Any] | None:
+def _serve(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, r: _Route, module: Any) -> tuple[Any] | None:
     host_args = remake(tg.template, Slot, iter(tg.src))[0]
     g = _tls.group
     _tls.group = None  # the runtime's work in this thread (a lent batch, a capture) is not the script's
@@ -101,18 +106,16 @@ def _serve(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, r: _Route, module: A
         out = served(*host_args) if served is not None else None
     except Exception as ex:  # noqa: BLE001 - the hook's own path from now on, with the reason
         r.refused = f"{NOT_SERVED}: {type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}"
-        _log(f"{type(module).__name__}: {r.refused}; its calls take the hook's batched path")
+        _fall_back(f"{type(module).__name__}: {r.refused}; its calls take the hook's batched path", r.refused)
         out = None
     finally:
         _tls.group = g
-    if out is None:
-        fell_back("model", site, r.refused or NOT_SERVED)
+    if out is None:  # (the call is counted where it goes next)
         return None
     st.pending = False
     st.routed = True
     with _state["batch_lock"]:
         _state["served_calls"] = _state.get("served_calls", 0) + 1
-    taken_over("model", site)
     return (_wrap(torch, out, _cuda_at(torch, tg.device), st),)
 
 
@@ -137,11 +140,16 @@ def _make(torch: Any, r: _Route, module: Any, host_args: tuple[Any, ...]) -> Any
             gate = _state["gate"]
             gate.acquire_exclusive()
             try:
-                r.served = serve(module, host_args, groups=_state["n_groups"], merge=True, graphs=True,
-                                 batching=True, max_batch=_state["max_batch"])
+                sm = serve(module, host_args, groups=_state["n_groups"], merge=True, graphs=True,
+                           batching=True, max_batch=_state["max_batch"])
             finally:
                 gate.release_exclusive()
-            _state.setdefault("served_models", []).append(r.served)
+            _state.setdefault("served_models", []).append(sm)
+            if sm.batching_refused is not None:  # unbatched, the hook's own path is the better one
+                r.refused = f"{NOT_SERVED}: the runtime refused batching: {sm.batching_refused}"
+                _fall_back(f"{type(module).__name__}: {r.refused}; its calls take the hook's batched path", r.refused)
+                return None
+            r.served = sm
         return r.served
 
 
