@@ -232,23 +232,77 @@ def prepare(sm: Any, g: StreamGroup, slot: Any, sig: Any, leaves: Sequence[Any],
 def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[BaseException],
                       side: list[Any]) -> None:
     """A second eager run on the group's stream (and the branch streams ``side``): lazy
-    inits (cuBLAS handles and workspaces for these streams) must not happen inside the capture. It runs with
-    PyTorch's sync debug mode set to "error", so a model that synchronizes with the host
-    (.item(), nonzero, ...) is found here and never enters a capture that would fail
-    half-way."""
+    inits (cuBLAS handles and workspaces for these streams) must not happen inside the capture. It runs
+    under :func:`host_syncs`, so a model that synchronizes with the host (.item(), nonzero, a
+    copy to the CPU, ...) is found here and never enters a capture that would fail half-way;
+    one that does so otherwise (``torch.cuda.synchronize()`` in forward) fails its capture,
+    which :func:`capture` handles the same way."""
     torch = sm.torch
     ext = sm._ext[g.index]
-    prev = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        with torch.cuda.stream(ext), sm._activations(g, slot), branched(side):
+        with torch.cuda.stream(ext), sm._activations(g, slot), branched(side), host_syncs(torch):
             sm.model(*e.dev_args)
     except RuntimeError as ex:
         first.append(ex)
         raise
-    finally:
-        torch.cuda.set_sync_debug_mode(prev)
     ext.synchronize()
+
+
+#: operators that wait for the GPU whatever their arguments (``.item()``, ``bool()``,
+#: ``.tolist()``; outputs whose size depends on the data)
+_ALWAYS_SYNC = ("_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
+                "unique_consecutive", "unique_dim_consecutive", "equal", "is_nonzero", "masked_scatter_")
+
+
+def host_syncs(torch: Any) -> Any:
+    """A context in which an operator that synchronizes a CUDA stream with the host raises
+    ``RuntimeError("called a synchronizing CUDA operation: ...")`` before it runs: the
+    operators of :data:`_ALWAYS_SYNC` on a GPU tensor, ``index`` with a boolean mask,
+    ``repeat_interleave`` without ``output_size``, and copies between the host and the GPU
+    (``.cpu()``, ``.to()``, ``copy_``) except non-blocking ones from or to pinned memory, which
+    a graph holds. A dispatch mode, so it sees this thread's operators only: PyTorch's sync debug
+    mode, used before, is one flag for the whole process, and while it was set another thread's
+    synchronization (a client's ``.cpu()``) raised (``bench/apply/results/served_route_h100/``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    T = torch.Tensor
+
+    def on_gpu(args: Any) -> bool:
+        return any(isinstance(a, T) and a.is_cuda for a in args)
+
+    def copy_syncs(dst_type: str, src: Any, non_blocking: bool, host: Any) -> bool:
+        if {dst_type, src.device.type} != {"cuda", "cpu"}:
+            return False
+        return not non_blocking or (host is not None and not host.is_pinned())
+
+    def syncs(name: str, args: Any, kwargs: dict[str, Any]) -> bool:
+        if name == "_to_copy" and args and isinstance(args[0], T):
+            dev = kwargs.get("device")
+            src = args[0]
+            # (a non-blocking copy to the host lands in pinned memory PyTorch allocates)
+            return dev is not None and copy_syncs(torch.device(dev).type, src, bool(kwargs.get("non_blocking")),
+                                                  src if src.device.type == "cpu" else None)
+        if name == "copy_" and len(args) > 1 and isinstance(args[0], T) and isinstance(args[1], T):
+            dst, src = args[0], args[1]
+            nb = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+            return copy_syncs(dst.device.type, src, nb, src if src.device.type == "cpu" else dst)
+        if not on_gpu((*args, *kwargs.values())):
+            return False
+        if name == "index" and len(args) > 1:
+            return any(isinstance(i, T) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+        if name == "repeat_interleave":
+            return kwargs.get("output_size") is None and (len(args) == 1 or isinstance(args[1], T))
+        return name in _ALWAYS_SYNC
+
+    class _HostSyncs(TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            if syncs(name, args, kwargs):
+                raise RuntimeError(f"called a synchronizing CUDA operation: aten.{name}")
+            return func(*args, **kwargs)
+
+    return _HostSyncs()
 
 
 def _captured_query(sm: Any, g: StreamGroup, e: Entry, side: list[Any]) -> None:

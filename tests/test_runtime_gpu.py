@@ -426,6 +426,36 @@ def test_failed_branch_capture_is_captured_again_on_one_stream(wdl, monkeypatch)
     assert list(st["branch_fallbacks"].values()) == [REASON]
 
 
+class WatchesSyncMode(nn.Module):
+    """Records PyTorch's process-wide sync debug mode each time its forward runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.modes: list[int] = []
+
+    def forward(self, x):
+        self.modes.append(torch.cuda.get_sync_debug_mode())
+        return self.lin(x)
+
+
+def test_capture_leaves_the_process_sync_debug_mode_alone():
+    """The eager run before a capture finds host syncs with a dispatch mode of its own thread,
+    not with PyTorch's sync debug mode, one flag for the process: while it was set, any other
+    thread's synchronization raised (a script's .cpu(), bench/apply/results/served_route_h100/)."""
+    from recsys_doctor.runtime import serve
+
+    torch.manual_seed(2)
+    m = WatchesSyncMode().cuda().eval()
+    x = torch.randn(16, 8)
+    with serve(m, (x,), groups=2, graphs=True) as served:
+        out = served(x)
+        fb = dict(served.fallbacks)
+    with torch.no_grad():
+        torch.testing.assert_close(out, m(x.cuda()).cpu(), rtol=1e-5, atol=1e-6)
+    assert fb == {} and m.modes and set(m.modes) == {torch.cuda.get_sync_debug_mode()} == {0}, m.modes
+
+
 # runs last: it exercises a capture that must fail
 class HostSync(nn.Module):
     """Reads a value back to the host in forward: cannot be captured in a CUDA graph."""
