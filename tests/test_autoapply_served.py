@@ -79,7 +79,7 @@ def test_settle_without_a_routed_call_does_nothing():
 
 def test_raw_call_knows_a_copy_again_only_from_plain_arguments():
     from recsys_doctor.applying._autoapply.pageable import Move
-    from recsys_doctor.applying._autoapply.staging import raw_call
+    from recsys_doctor.applying._autoapply.pageable import raw_call
 
     orig = torch.Tensor.to
     m0 = Move(torch.device("cuda", 0), None, True, False, None)

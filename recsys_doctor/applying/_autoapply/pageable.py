@@ -322,6 +322,27 @@ def to_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move |
     return None if bound is None else _move(torch, bound.get("device"), bound, bound.get("dtype"))
 
 
+#: argument types whose equality is their value (a call made with these again is the same call)
+_PLAIN = (str, int, bool, float, type(None))
+
+
+def raw_call(torch: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any], move: Move | None) -> Any:
+    """``(method, args, kwargs, current)`` of a copy the script made, where its arguments are
+    plain values (strings, numbers, devices, dtypes; no tensor): the same method called with
+    equal arguments asks for the same :class:`Move`, on the same current device where the call
+    named none by index (``current``: that device's index, checked again; else None). None where
+    the call cannot be known so (the copy is parsed every time)."""
+    if move is None:
+        return None
+    vals = (*args, *kwargs.values())
+    if not all(isinstance(v, _PLAIN) or isinstance(v, (torch.device, torch.dtype)) for v in vals):
+        return None
+    named = any(isinstance(v, int) and not isinstance(v, bool) for v in vals) or any(
+        isinstance(v, torch.device) and v.index is not None for v in vals) or any(
+        isinstance(v, str) and ":" in v for v in vals)
+    return (orig, args, dict(kwargs), None if named else move.device.index)
+
+
 def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move | None:
     """The :class:`Move` of ``Tensor.cuda(device=None, non_blocking=False, *, memory_format=None)``
     (no device: the current one), or None where PyTorch would refuse its arguments."""

@@ -53,7 +53,7 @@ from .accounting import taken_over
 from .fallback import _fall_back
 from .argtree import Slot, matches, remake, skeleton
 from .pageable import _cuda_at
-from .staging import _materialize, _ThreadCopies, _ThreadGraph
+from .staging import NOT_COPIES, _materialize, _ThreadCopies, _ThreadGraph, copy_sources
 
 #: why a model's calls are not served by the runtime (the reason's first part)
 NOT_SERVED = "not served by the runtime's batching"
@@ -163,20 +163,11 @@ def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
     if not flatten((args, {}), torch.Tensor, tensors) or not tensors:
         st.reason = "the call's arguments are not all the thread's copies"
         return
-    copies = {}
-    for out_ref, src_ref, move, raw in recent:
-        out, s_ = out_ref(), src_ref()
-        if out is not None and s_ is not None:
-            copies[id(out)] = (out, s_, move, raw)
-    src, moves, raws = [], [], []
-    for t in tensors:
-        hit = copies.get(id(t))
-        if hit is None or hit[0] is not t or not t.is_cuda:
-            st.reason = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
-            return
-        src.append(hit[1])
-        moves.append(hit[2])
-        raws.append(hit[3])
+    found = copy_sources(recent, tensors) if all(t.is_cuda for t in tensors) else None
+    if found is None:
+        st.reason = NOT_COPIES
+        return
+    src, moves, raws = found
     tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     tg = _ThreadGraph(module, None, src, tin, skeleton((args, {}), torch.Tensor), None, tensors[0].get_device(), moves)
     tg.raw = raws

@@ -11,7 +11,7 @@ from typing import Any
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
 from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, copy_hazard, cuda_args,
-                       inexact, stage, tensor_args, to_args)
+                       inexact, raw_call, stage, tensor_args, to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -138,25 +138,28 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     return out
 
 
-#: argument types whose equality is their value (a call made with these again is the same call)
-_PLAIN = (str, int, bool, float, type(None))
+#: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
+NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
 
 
-def raw_call(torch: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any], move: Move | None) -> Any:
-    """``(method, args, kwargs, current)`` of a copy the script made, where its arguments are
-    plain values (strings, numbers, devices, dtypes; no tensor): the same method called with
-    equal arguments asks for the same :class:`Move`, on the same current device where the call
-    named none by index (``current``: that device's index, checked again; else None). None where
-    the call cannot be known so (the copy is parsed every time)."""
-    if move is None:
-        return None
-    vals = (*args, *kwargs.values())
-    if not all(isinstance(v, _PLAIN) or isinstance(v, (torch.device, torch.dtype)) for v in vals):
-        return None
-    named = any(isinstance(v, int) and not isinstance(v, bool) for v in vals) or any(
-        isinstance(v, torch.device) and v.index is not None for v in vals) or any(
-        isinstance(v, str) and ":" in v for v in vals)
-    return (orig, args, dict(kwargs), None if named else move.device.index)
+def copy_sources(recent: list[tuple[Any, Any, Any, Any]], tensors: list[Any]) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """Where every tensor of a model call is one of this query's copies (``recent``, as
+    :func:`_copy_in` remembers them): their sources, :class:`Move` and :func:`raw_call` in the
+    call's order; else None."""
+    copies = {}
+    for out_ref, src_ref, move, raw in recent:
+        out, s_ = out_ref(), src_ref()
+        if out is not None and s_ is not None:
+            copies[id(out)] = (out, s_, move, raw)
+    src, moves, raws = [], [], []
+    for t in tensors:
+        hit = copies.get(id(t))
+        if hit is None or hit[0] is not t:
+            return None
+        src.append(hit[1])
+        moves.append(hit[2])
+        raws.append(hit[3])
+    return src, moves, raws
 
 
 def _own_memory(torch: Any, view: Any) -> None:

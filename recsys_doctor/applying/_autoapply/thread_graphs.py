@@ -12,7 +12,7 @@ from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
-from .staging import _materialize, _ThreadCopies, _ThreadGraph
+from .staging import NOT_COPIES, _materialize, _ThreadCopies, _ThreadGraph, copy_sources
 
 
 #: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
@@ -73,20 +73,11 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         if st.learn_tries > LEARN_TRIES:
             st.reason = f"no graph of the call's own shapes after {LEARN_TRIES} calls"
         return
-    copies = {}
-    for out_ref, src_ref, move, raw in recent:
-        out, s_ = out_ref(), src_ref()
-        if out is not None and s_ is not None:
-            copies[id(out)] = (out, s_, move, raw)
-    src, moves, raws = [], [], []
-    for t in kt[1]:
-        hit = copies.get(id(t))
-        if hit is None or hit[0] is not t:
-            st.reason = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
-            return
-        src.append(hit[1])
-        moves.append(hit[2])
-        raws.append(hit[3])
+    found = copy_sources(recent, kt[1])
+    if found is None:
+        st.reason = NOT_COPIES
+        return
+    src, moves, raws = found
     try:
         st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves)
         st.tg.raw = raws
