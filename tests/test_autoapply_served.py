@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from recsys_doctor.applying._autoapply import served  # noqa: E402
-from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph  # noqa: E402
+from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph, settle  # noqa: E402
 
 META = torch.device("meta")
 
@@ -60,12 +60,12 @@ def _routed(n: int):
 def test_settle_copies_only_the_views_the_script_still_holds():
     st, tg = _routed(3)
     kept = tg.handed[1]  # the script's name for its second input copy
-    served.settle(torch, st)
+    settle(torch, st)
     assert torch.equal(kept, torch.full((4,), 2.0))
     assert torch.equal(tg.tin[0], torch.zeros(4)) and torch.equal(tg.tin[2], torch.zeros(4))
     assert st.routed is False
     tg.tin[1].zero_()
-    served.settle(torch, st)  # once a query: nothing more to do
+    settle(torch, st)  # once a query: nothing more to do
     assert torch.equal(kept, torch.zeros(4))
 
 
@@ -73,7 +73,7 @@ def test_settle_without_a_routed_call_does_nothing():
     st, tg = _routed(2)
     st.routed = False
     kept = tg.handed[0]
-    served.settle(torch, st)
+    settle(torch, st)
     assert torch.equal(kept, torch.zeros(4))
 
 
@@ -99,7 +99,7 @@ def test_raw_call_knows_a_copy_again_only_from_plain_arguments():
 def test_copy_sources_maps_a_calls_tensors_to_this_querys_copies():
     import weakref
 
-    from recsys_doctor.applying._autoapply.staging import copy_sources
+    from recsys_doctor.applying._autoapply.thread_graphs import copy_sources
 
     srcs = [torch.zeros(2), torch.ones(3), torch.full((1,), 7.0)]
     outs = [s.clone() for s in srcs]  # (what each .to() returned)

@@ -44,7 +44,6 @@ measures both and keeps the faster.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -53,7 +52,8 @@ from .accounting import taken_over
 from .fallback import _fall_back
 from .argtree import Slot, matches, remake, skeleton
 from .pageable import _cuda_at
-from .staging import NOT_COPIES, _materialize, _ThreadCopies, _ThreadGraph, copy_sources
+from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
+from .thread_graphs import NOT_COPIES, copy_sources
 
 #: why a model's calls are not served by the runtime (the reason's first part)
 NOT_SERVED = "not served by the runtime's batching"
@@ -172,23 +172,6 @@ def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
     tg = _ThreadGraph(module, None, src, tin, skeleton((args, {}), torch.Tensor), None, tensors[0].get_device(), moves)
     tg.raw = raws
     st.tg = tg
-
-
-def settle(torch: Any, st: _ThreadCopies) -> None:
-    """After a routed call: each of its input views the script still holds gets its copy now,
-    from its pinned tensor (see the module docstring); the others stay unwritten."""
-    if not st.routed:
-        return
-    st.routed = False
-    tg = st.tg
-    if tg is None:
-        return
-    orig_copy = torch.Tensor.copy_
-    with torch._C.DisableTorchFunctionSubclass():
-        for i in range(len(tg.handed)):
-            # references: the list and getrefcount's argument; any more is the script's
-            if tg.handed[i] is not None and sys.getrefcount(tg.handed[i]) > 2:
-                orig_copy(tg.tin[i], tg.src[i], non_blocking=True)
 
 
 def _wrap(torch: Any, out: Any, dev: Any, st: _ThreadCopies) -> Any:

@@ -107,8 +107,6 @@ def _copy_source(torch: Any, src: Any, out: Any) -> bool:
 def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any], move: Move | None = None) -> Any:
     if st.routed:
-        from .served import settle
-
         settle(torch, st)
     tg = st.tg
     if tg is not None:
@@ -138,28 +136,21 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     return out
 
 
-#: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
-NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
-
-
-def copy_sources(recent: list[tuple[Any, Any, Any, Any]], tensors: list[Any]) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """Where every tensor of a model call is one of this query's copies (``recent``, as
-    :func:`_copy_in` remembers them): their sources, :class:`Move` and :func:`raw_call` in the
-    call's order; else None."""
-    copies = {}
-    for out_ref, src_ref, move, raw in recent:
-        out, s_ = out_ref(), src_ref()
-        if out is not None and s_ is not None:
-            copies[id(out)] = (out, s_, move, raw)
-    src, moves, raws = [], [], []
-    for t in tensors:
-        hit = copies.get(id(t))
-        if hit is None or hit[0] is not t:
-            return None
-        src.append(hit[1])
-        moves.append(hit[2])
-        raws.append(hit[3])
-    return src, moves, raws
+def settle(torch: Any, st: _ThreadCopies) -> None:
+    """After a routed call: each of its input views the script still holds gets its copy now,
+    from its pinned tensor (see the module docstring); the others stay unwritten."""
+    if not st.routed:
+        return
+    st.routed = False
+    tg = st.tg
+    if tg is None:
+        return
+    orig_copy = torch.Tensor.copy_
+    with torch._C.DisableTorchFunctionSubclass():
+        for i in range(len(tg.handed)):
+            # references: the list and getrefcount's argument; any more is the script's
+            if tg.handed[i] is not None and sys.getrefcount(tg.handed[i]) > 2:
+                orig_copy(tg.tin[i], tg.src[i], non_blocking=True)
 
 
 def _own_memory(torch: Any, view: Any) -> None:
@@ -215,8 +206,6 @@ def _make_lazy_type(torch: Any) -> type:
                 owners(kwargs, found)
                 for st in found:
                     if st.routed:  # (a view of a call the runtime served: its copy now, where still held)
-                        from .served import settle
-
                         settle(torch, st)
                     _materialize(torch, st)
             with torch._C.DisableTorchFunctionSubclass():

@@ -12,11 +12,35 @@ from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
-from .staging import NOT_COPIES, _materialize, _ThreadCopies, _ThreadGraph, copy_sources
+from .staging import _materialize, _ThreadCopies, _ThreadGraph
 
 
 #: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
 LEARN_TRIES = 8
+
+
+#: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
+NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
+
+
+def copy_sources(recent: list[tuple[Any, Any, Any, Any]], tensors: list[Any]) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """Where every tensor of a model call is one of this query's copies (``recent``, as
+    :func:`_copy_in` remembers them): their sources, :class:`Move` and :func:`raw_call` in the
+    call's order; else None."""
+    copies = {}
+    for out_ref, src_ref, move, raw in recent:
+        out, s_ = out_ref(), src_ref()
+        if out is not None and s_ is not None:
+            copies[id(out)] = (out, s_, move, raw)
+    src, moves, raws = [], [], []
+    for t in tensors:
+        hit = copies.get(id(t))
+        if hit is None or hit[0] is not t:
+            return None
+        src.append(hit[1])
+        moves.append(hit[2])
+        raws.append(hit[3])
+    return src, moves, raws
 
 
 def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
