@@ -114,3 +114,18 @@ def test_copy_sources_maps_a_calls_tensors_to_this_querys_copies():
     del srcs[1]
     gone = [(weakref.ref(outs[1]), weakref.ref(torch.ones(3)), "m", "r")]
     assert copy_sources(gone, [outs[1]]) is None
+
+
+def test_same_call_compares_values_and_types():
+    from recsys_doctor.applying._autoapply.pageable import Move, raw_call, same_call
+
+    m0 = Move(torch.device("cuda", 0), None, True, False, None)
+    raw = raw_call(torch, torch.Tensor.to, ("cuda",), {"non_blocking": True}, m0)
+    assert same_call(raw, ("cuda",), {"non_blocking": True})
+    assert same_call(raw, ("cu" + "da",), {"non_blocking": True})  # equal, not the same object
+    assert not same_call(raw, ("cuda",), {"non_blocking": 1})  # PyTorch refuses this one: never taken over
+    assert not same_call(raw, ("cuda",), {})
+    assert not same_call(raw, ("cuda", None), {"non_blocking": True})
+    assert not same_call(raw, ("cuda",), {"non_blocking": True, "copy": False})
+    rd = raw_call(torch, torch.Tensor.to, (torch.device("cuda", 0),), {}, m0)
+    assert same_call(rd, (torch.device("cuda", 0),), {}) and not same_call(rd, (0,), {})

@@ -343,6 +343,25 @@ def raw_call(torch: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     return (orig, args, dict(kwargs), None if named else move.device.index)
 
 
+_MISSING = object()
+
+
+def same_call(raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``args``/``kwargs`` are those of :func:`raw_call`'s ``raw``, value and type (a
+    ``non_blocking=1`` is not the learned ``non_blocking=True``: PyTorch refuses the one)."""
+    a, k = raw[1], raw[2]
+    if len(a) != len(args) or len(k) != len(kwargs):
+        return False
+    for x, y in zip(a, args):
+        if x is not y and (type(x) is not type(y) or x != y):
+            return False
+    for name, x in k.items():
+        y = kwargs.get(name, _MISSING)
+        if x is not y and (type(x) is not type(y) or x != y):
+            return False
+    return True
+
+
 def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move | None:
     """The :class:`Move` of ``Tensor.cuda(device=None, non_blocking=False, *, memory_format=None)``
     (no device: the current one), or None where PyTorch would refuse its arguments."""

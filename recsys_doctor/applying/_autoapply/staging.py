@@ -11,7 +11,7 @@ from typing import Any
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
 from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, copy_hazard, cuda_args,
-                       inexact, raw_call, stage, tensor_args, to_args)
+                       inexact, raw_call, same_call, stage, tensor_args, to_args)
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -264,7 +264,7 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
         tg = cs.tg if cs is not None else None
         if cs is not None and tg is not None and 0 <= cs.n < len(tg.src) and self is tg.src[cs.n] and not _tls.depth:
             raw = tg.raw[cs.n]  # the same call as when learned: the same copy, not parsed again
-            if (raw is not None and raw[0] is orig and raw[1] == args and raw[2] == kwargs
+            if (raw is not None and raw[0] is orig and same_call(raw, args, kwargs)
                     and (raw[3] is None or raw[3] == torch._C._cuda_getDevice())):
                 return _copy_in(torch, cs, self, tg.device, orig, args, kwargs, tg.moves[cs.n])
         m = parse(torch, args, kwargs)
