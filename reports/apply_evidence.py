@@ -58,6 +58,10 @@ def _hook_line(st: Mapping[str, Any] | None, run: str) -> str:
     if st.get("batching"):
         parts.append(f"batching up to {fmt(st.get('max_batch'))}: {fmt(st.get('batched_calls', 0))} calls in "
                      f"{fmt(st.get('batches', 0))} batches ({_sizes(st.get('batch_sizes'))})")
+        served = st.get("served_batch_sizes") or {}
+        if st.get("served_calls"):  # (the hook's route to the runtime's batching: its batches are the runtime's)
+            parts.append(f"{fmt(st['served_calls'])} calls served by the runtime's batching, in "
+                         f"{fmt(sum(int(v) for v in served.values()))} batches ({_sizes(served)})")
     n = len(st.get("fallbacks") or [])
     first = f" ({shorten(str(st['fallbacks'][0]), 80)}{', ...' if n > 1 else ''})" if n else ""
     parts.append(f"{n} fallback{'s' if n != 1 else ''}{first}")

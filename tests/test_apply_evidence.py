@@ -373,3 +373,17 @@ def test_an_unpriced_batching_candidate_is_reported_as_measured_only():
     m = measured_tables(res)
     assert m["candidates"] == [{"plan": cand.label, "predicted": None, "measured": 4200.0, "p99_ms": 3.5, "error": None}]
     assert "g2 merged shared-pool graphs batched&lt;=32" in render_compare_html(a, a, measured=m)
+
+
+def test_calls_served_by_the_runtime_are_in_the_hook_line():
+    """A batching plan whose calls the hook handed to the runtime's batching (the route of
+    ``_autoapply/served.py``): the hook line says how many, in how many of the runtime's batches,
+    by size, largest first; none said where no call was served."""
+    st = json.loads(json.dumps(dict(STATS, batching=True, max_batch=8, batches=2, batched_calls=8,
+                                    batch_sizes={"4": 2}, served_calls=5_457,
+                                    served_batch_sizes={"1": 44, "2": 136, "3": 400, "4": 555, "8": 9})))
+    out = _text(dict(EVIDENCE, hook={"measured": st, "profiled": None})).replace("\n", " ")
+    # 44 + 136 + 400 + 555 + 9 = 1,144 batches
+    assert "5,457 calls served by the runtime's batching, in 1,144 batches (8 x 9, 4 x 555, 3 x 400, 2 x 136, 1 x 44)" in out
+    none = _text(dict(EVIDENCE, hook={"measured": dict(st, served_calls=0), "profiled": None}))
+    assert "served by the runtime" not in none
