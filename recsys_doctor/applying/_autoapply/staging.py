@@ -57,7 +57,7 @@ class _ThreadCopies:
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.recent: list[tuple[Any, Any, Any, Any]] = []  # (result, source, Move) of this query's copies, while learning
+        self.recent: list[tuple[Any, Any, Any, Any]] = []  # (result, source, Move, raw_call) of this query's copies, while learning
         self.tg: _ThreadGraph | None = None
         self.n = 0  # views handed out in this query (slots 0..n-1); -1: this query left the graph's order
         self.pending = False  # those views' copies are deferred (not made yet)
@@ -83,7 +83,7 @@ class _ThreadGraph:
         self.src_ptr = [t.data_ptr() for t in src]
         self.src_shape = [t.shape for t in src]
         # what each copy's ``.to()``/``.cuda()`` asked for when it was learned (None: a slot's
-        # copy, made by the hook): the same call again is the same copy (:func:`_expected_copy`)
+        # copy, made by the hook): the same call again is the same copy (:func:`_copy_method`)
         self.moves: list[Move | None] = list(moves) if moves is not None else [None] * len(src)
         self.tin = tin  # this thread's device buffers, one per copy
         self.handed: list[Any] = [None] * len(src)  # the view last handed out for each copy
@@ -235,17 +235,24 @@ def _graph_copy(src: Any, m: Move) -> bool:
             and m.device == _tls.group.stream.device)
 
 
-def _expected_copy(src: Any, m: Move | None) -> _ThreadCopies | None:
-    """This thread's copy state where ``src.to/cuda`` asking for ``m`` is the copy its thread
-    graph expects next: the same tensor, asked for the same :class:`.pageable.Move` as when
-    the graph learned it (so :func:`.pageable.inexact` and :func:`_graph_copy` say what they
-    said then; :func:`_copy_in` checks the tensor's memory, shape and dtype are the same). The
-    hot path of a script's query: no pinned-memory query, no other check. Else None."""
+def _next_copy(src: Any) -> tuple[_ThreadCopies, _ThreadGraph] | None:
+    """This thread's copy state and thread graph (or route) where ``src`` is the tensor it
+    copies next, outside a nested model call; else None. The hot path of a script's query: no
+    pinned-memory query, no other check."""
     st = getattr(_tls, "copies", None)
-    if st is None or m is None or st.tg is None or _tls.depth:
+    if st is None or st.tg is None or _tls.depth:
         return None
     tg, i = st.tg, st.n
-    return st if 0 <= i < len(tg.src) and src is tg.src[i] and m == tg.moves[i] else None
+    return (st, tg) if 0 <= i < len(tg.src) and src is tg.src[i] else None
+
+
+def _same_raw_call(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, orig: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> bool:
+    """Whether the copy :func:`_next_copy` found is made by the same call, with the same plain
+    arguments, as when it was learned (:func:`.pageable.raw_call`): the same copy, not parsed again."""
+    raw = tg.raw[st.n]
+    return (raw is not None and raw[0] is orig and same_call(raw, args, kwargs)
+            and (raw[3] is None or raw[3] == torch._C._cuda_getDevice()))
 
 
 def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
@@ -260,17 +267,16 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda:
             return orig(self, *args, **kwargs)
-        cs: _ThreadCopies | None = getattr(_tls, "copies", None)
-        tg = cs.tg if cs is not None else None
-        if cs is not None and tg is not None and 0 <= cs.n < len(tg.src) and self is tg.src[cs.n] and not _tls.depth:
-            raw = tg.raw[cs.n]  # the same call as when learned: the same copy, not parsed again
-            if (raw is not None and raw[0] is orig and same_call(raw, args, kwargs)
-                    and (raw[3] is None or raw[3] == torch._C._cuda_getDevice())):
-                return _copy_in(torch, cs, self, tg.device, orig, args, kwargs, tg.moves[cs.n])
+        nxt = _next_copy(self)
+        if nxt is not None and _same_raw_call(torch, *nxt, orig, args, kwargs):
+            cs, tg = nxt
+            return _copy_in(torch, cs, self, tg.device, orig, args, kwargs, tg.moves[cs.n])
         m = parse(torch, args, kwargs)
-        st = _expected_copy(self, m)
-        if st is not None:  # the thread graph's next copy, asked for as when it was learned
-            return _copy_in(torch, st, self, m.device.index, orig, args, kwargs, m)
+        if nxt is not None and m is not None and m == nxt[1].moves[nxt[0].n]:
+            # the thread graph's next copy, asked for with the same Move as when it was learned (so
+            # inexact and _graph_copy say what they said then; _copy_in checks the tensor's memory,
+            # shape and dtype are the same)
+            return _copy_in(torch, nxt[0], self, m.device.index, orig, args, kwargs, m)
         if m is None or self.device.type != "cpu":  # not a host-to-GPU copy
             return orig(self, *args, **kwargs)
         why = inexact(torch, self, m)
