@@ -50,7 +50,7 @@ from typing import Any
 from ._common import _state, _tls
 from .accounting import taken_over
 from .fallback import _fall_back
-from .argtree import Slot, matches, remake, skeleton
+from .argtree import Slot, flatten, matches, remake, skeleton
 from .pageable import _cuda_at
 from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
 from .thread_graphs import NOT_COPIES, copy_sources
@@ -89,8 +89,9 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
         st.n = n
         _materialize(torch, st)
     st.n = 0
-    if tg is not None and tg.module is module and _route_of(module).refused is not None:
-        st.tg, st.reason = None, _route_of(module).refused  # (its copies are PyTorch's again)
+    refused = _route_of(module).refused if tg is not None and tg.module is module else None
+    if refused is not None:
+        st.tg, st.reason = None, refused  # (its copies are PyTorch's again)
     if (tg is None and st.reason is None and recent and not kwargs and not module.training
             and not torch.is_grad_enabled()):
         _learn(torch, st, module, args, recent)
@@ -105,8 +106,7 @@ def _serve(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, r: _Route, module: A
         served = r.served if r.served is not None else _make(torch, r, module, host_args)
         out = served(*host_args) if served is not None else None
     except Exception as ex:  # noqa: BLE001 - the hook's own path from now on, with the reason
-        r.refused = f"{NOT_SERVED}: {type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}"
-        _fall_back(f"{type(module).__name__}: {r.refused}; its calls take the hook's batched path", r.refused)
+        _refuse(r, module, f"{type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}")
         out = None
     finally:
         _tls.group = g
@@ -146,19 +146,22 @@ def _make(torch: Any, r: _Route, module: Any, host_args: tuple[Any, ...]) -> Any
                 gate.release_exclusive()
             _state.setdefault("served_models", []).append(sm)
             if sm.batching_refused is not None:  # unbatched, the hook's own path is the better one
-                r.refused = f"{NOT_SERVED}: the runtime refused batching: {sm.batching_refused}"
-                _fall_back(f"{type(module).__name__}: {r.refused}; its calls take the hook's batched path", r.refused)
+                _refuse(r, module, f"the runtime refused batching: {sm.batching_refused}")
                 return None
             r.served = sm
         return r.served
+
+
+def _refuse(r: _Route, module: Any, why: str) -> None:
+    """The module is not routed again: the reason on stderr and among the fallbacks."""
+    r.refused = f"{NOT_SERVED}: {why}"
+    _fall_back(f"{type(module).__name__}: {r.refused}; its calls take the hook's batched path", r.refused)
 
 
 def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
            recent: list[tuple[Any, Any, Any, Any]]) -> None:
     """The thread's route: every tensor argument of this call is one of this query's copies of
     a pinned tensor (a :class:`_ThreadGraph` without a graph: the copies' sources and order)."""
-    from .argtree import flatten
-
     tensors: list[Any] = []
     if not flatten((args, {}), torch.Tensor, tensors) or not tensors:
         st.reason = "the call's arguments are not all the thread's copies"
