@@ -129,3 +129,16 @@ def test_same_call_compares_values_and_types():
     assert not same_call(raw, ("cuda",), {"non_blocking": True, "copy": False})
     rd = raw_call(torch, torch.Tensor.to, (torch.device("cuda", 0),), {}, m0)
     assert same_call(rd, (torch.device("cuda", 0),), {}) and not same_call(rd, (0,), {})
+
+
+def test_any_use_of_a_routed_output_settles_its_querys_held_views():
+    """An output whose call the runtime served, used anywhere (here inside a list, as
+    ``torch.stack`` takes it, not as the first argument), first gives the query's input views
+    the script still holds their copies."""
+    st, tg = _routed(2)
+    kept = tg.handed[0]
+    typ = served.host_output_type(torch)
+    out = typ(torch.tensor([1.0, 2.0]), META, st)
+    y = torch.stack([out, out])
+    assert y.shape == (2, 2) and y.device == META
+    assert torch.equal(kept, torch.full((4,), 1.0)) and st.routed is False

@@ -218,23 +218,27 @@ def host_output_type(torch: Any) -> type:
             r._rd_host, r._rd_dev, r._rd_st = host, None, st
             return r
 
+        def _rd_host_values(self) -> Any:
+            """The host copy, for a read that needs nothing else. Every use of the output goes
+            through here or :meth:`_rd_device`, and both first settle the query's held input views."""
+            if self._rd_st is not None:
+                settle(torch, self._rd_st)
+            return self._rd_host
+
         def _rd_device(self) -> Any:
+            host = self._rd_host_values()
             if self._rd_dev is None:  # (PyTorch's own copy, not the hook's: this is not the script's copy)
                 to = _state.get("orig_tensor_methods", {}).get("to", torch.Tensor.to)
-                self._rd_dev = to(self._rd_host, self.device)
+                self._rd_dev = to(host, self.device)
             return self._rd_dev
 
         def cpu(self, memory_format: Any = torch.preserve_format) -> Any:  # (no trip through the dispatcher)
-            if self._rd_st is not None:
-                settle(torch, self._rd_st)
             if self._rd_dev is not None or memory_format is not torch.preserve_format:
                 return self._rd_device().cpu(memory_format=memory_format)
-            return _host_copy(torch, self._rd_host)
+            return _host_copy(torch, self._rd_host_values())
 
         def tolist(self) -> Any:  # (PyTorch's refuses tensor subclasses)
-            if self._rd_st is not None:
-                settle(torch, self._rd_st)
-            return (self._rd_host if self._rd_dev is None else self._rd_dev).tolist()
+            return (self._rd_host_values() if self._rd_dev is None else self._rd_device()).tolist()
 
         def __repr__(self, *, tensor_contents: Any = None) -> str:  # (shown as the GPU tensor it stands for)
             return repr(self._rd_device())
@@ -243,16 +247,14 @@ def host_output_type(torch: Any) -> type:
         def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             x = args[0] if args else None
-            if isinstance(x, HostOutput) and x._rd_st is not None:
-                settle(torch, x._rd_st)
             if func in host_reads and isinstance(x, HostOutput) and x._rd_dev is None and len(args) == 1:
                 if func is aten._local_scalar_dense.default:
-                    return x._rd_host.item()
+                    return x._rd_host_values().item()
                 dev = kwargs.get("device")
                 if (dev is not None and torch.device(dev).type == "cpu" and kwargs.get("dtype") in (None, x.dtype)
                         and kwargs.get("layout") in (None, torch.strided) and not kwargs.get("pin_memory")
                         and kwargs.get("memory_format") in (None, torch.preserve_format)):
-                    return _host_copy(torch, x._rd_host)
+                    return _host_copy(torch, x._rd_host_values())
             from torch.utils._pytree import tree_map
 
             def real(t: Any) -> Any:
