@@ -251,7 +251,7 @@ def _second_eager_run(sm: Any, g: StreamGroup, slot: Any, e: Entry, first: list[
 #: operators that wait for the GPU whatever their arguments (``.item()``, ``bool()``,
 #: ``.tolist()``; outputs whose size depends on the data)
 _ALWAYS_SYNC = ("_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-                "unique_consecutive", "unique_dim_consecutive", "equal", "is_nonzero", "masked_scatter_")
+                "unique_consecutive", "unique_dim_consecutive", "equal", "is_nonzero")
 
 
 def host_syncs(torch: Any) -> Any:
