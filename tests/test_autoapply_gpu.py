@@ -697,3 +697,54 @@ def test_thread_graph_outputs_kept_and_used_on_the_gpu_while_inputs_change(tmp_p
             if (k, r, "item") in got:
                 assert abs(got[k, r, "item"] - float(want[3, 0])) <= 1e-6, (k, r)
     assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 8), st
+
+
+def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
+    """The DLRM script's pattern: every query builds new numpy arrays and moves each with
+    ``torch.from_numpy(a).cuda()`` or ``.to("cuda")`` (blocking copies from pageable memory).
+    Once a thread has its graph, those copies are written straight into its slots
+    (:mod:`._autoapply.pageable_fast`, counted in ``pageable_fast``); every output equals eager's
+    for that query's arrays, a last partial batch (fewer rows) and a query on a stream the script
+    set included; each query's values differ from the last one's."""
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    threads, rounds, rows = 4, 40, 32
+    q0 = host_query(rows, 1000)
+    shapes = [tuple(q0[0].shape)] + [tuple(t.shape) for t in q0[1]]
+
+    def arrays(k: int, r: int):
+        rng = np.random.default_rng([k, r])
+        n = rows if r != rounds - 1 else rows // 2  # the last query: a partial batch
+        dense = rng.random((n, shapes[0][1]), dtype=np.float32)
+        hot = shapes[1][0] // rows  # ids per sample
+        idx = [rng.integers(0, 1000, n * hot, dtype=np.int64) for _ in shapes[1:]]
+        return dense, idx, np.arange(0, n * hot, hot, dtype=np.int64)
+
+    def run(k: int, r: int, own_stream=None):
+        dense, idx, offs = arrays(k, r)
+        with torch.no_grad():
+            if own_stream is not None:
+                with torch.cuda.stream(own_stream):
+                    out = model(torch.from_numpy(dense).cuda(), [torch.from_numpy(i).to("cuda") for i in idx],
+                                torch.from_numpy(offs).cuda())
+                own_stream.synchronize()
+                return out.cpu()
+            return model(torch.from_numpy(dense).cuda(), [torch.from_numpy(i).to("cuda") for i in idx],
+                         torch.from_numpy(offs).cuda()).cpu()
+
+    ref = {(k, r): run(k, r) for k in range(threads) for r in range(rounds)}
+    got: dict = {}
+
+    def client(k: int) -> None:
+        side = torch.cuda.Stream()
+        for r in range(rounds):
+            got[k, r] = run(k, r, side if r == rounds // 2 else None)
+
+    st = _run_hooked(tmp_path, 2, threads, client)
+    for key, want in ref.items():
+        assert got[key].shape == want.shape and torch.allclose(got[key], want, atol=1e-6, rtol=1e-5), key
+    assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 10), st
+    copies = 2 + len(shapes) - 1  # dense, offsets and one per index tensor
+    assert st["pageable_fast"] >= threads * (rounds - 12) * copies, st

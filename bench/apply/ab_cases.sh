@@ -9,6 +9,8 @@ ab_case() {
     plain8) _ab_run 8 examples/plain_serving_script.py --threads 8 --duration 3;;
     plain0) _ab_run 0 examples/plain_serving_script.py --threads 8 --duration 3;;
     dlrm4) _ab_run 4 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 3000;;
+    dlrm2) _ab_run 2 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 6000;;
+    dlrm0) _ab_run 0 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 3000;;
     mmoe8) _ab_run 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
     tt4) _ab_run 4 examples/scripts/two_tower_retrieval.py --threads 4 --queries 3000;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;

@@ -33,7 +33,7 @@ def main() -> None:
         res, _ = run_script(argv, env=env, timeout_s=300)
         st = json.loads((d / "stats.json").read_text()) if (d / "stats.json").is_file() else {}
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
-                                               "staged_copies", "captured", "served_calls",
+                                               "staged_copies", "captured", "served_calls", "pageable_fast",
                                                "served_batch_sizes")}
         row["hook"]["fallback_calls"] = sum(s.get("fallback", 0) for s in st.get("sites", []))
         row["hook"]["batch_sizes"] = [s.get("batch_sizes") for s in st.get("sites", []) if s.get("batch_sizes")]

@@ -10,8 +10,24 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, copy_hazard, cuda_args,
-                       inexact, raw_call, same_call, stage, tensor_args, to_args)
+from .pageable import (
+    LEFT_SYNCHRONOUS,
+    MAX_COPY,
+    Move,
+    _host_array,
+    _Slot,
+    as_tensor_args,
+    copy_hazard,
+    cuda_args,
+    inexact,
+    raw_call,
+    same_call,
+    stage,
+    tensor_args,
+    to_args,
+)
+from .deferred import make_lazy_type
+from .pageable_fast import cuda_stream_now, learn, same_copy
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -73,7 +89,7 @@ class _ThreadCopies:
 
 class _ThreadGraph:
     __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
-                 "static_out", "device", "tag", "raw")
+                 "static_out", "device", "tag", "raw", "learned")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None) -> None:
@@ -94,6 +110,8 @@ class _ThreadGraph:
         #: each copy's call as the script made it (:func:`raw_call`), or None: the same call again
         #: is the same copy, known without parsing it (:func:`_copy_method`'s first check)
         self.raw: list[Any] = [None] * len(src)
+        #: each slot copy's pageable call as the script made it (:mod:`.pageable_fast`), or None
+        self.learned: list[Any] = [None] * len(src)
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:
@@ -175,43 +193,8 @@ def _materialize(torch: Any, st: _ThreadCopies) -> None:
 
 
 def _make_lazy_type(torch: Any) -> type:
-    T = torch.Tensor
-    # what reads only a tensor's metadata: no need for its data
-    meta = {T.shape.__get__, T.dtype.__get__, T.device.__get__, T.is_cuda.__get__, T.ndim.__get__,
-            T.requires_grad.__get__, T.layout.__get__, T.get_device, T.dim, T.size, T.numel, T.stride,
-            T.is_contiguous, T.data_ptr, T.element_size, T.__len__}
-
-    def owners(x: Any, out: list[Any]) -> None:
-        if isinstance(x, T):
-            st = getattr(x, "_rd_copies", None)
-            if st is not None and (st.pending or st.routed) and st not in out:
-                out.append(st)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                owners(v, out)
-        elif isinstance(x, dict):
-            for v in x.values():
-                owners(v, out)
-
-    class DeferredCopy(T):  # type: ignore[misc, valid-type]
-        """A view of a thread graph's input buffer whose copy is made by the model call's
-        graph; any other use makes the query's deferred copies first."""
-
-        @classmethod
-        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            if func not in meta:
-                found: list[Any] = []
-                owners(args, found)
-                owners(kwargs, found)
-                for st in found:
-                    if st.routed:  # (a view of a call the runtime served: its copy now, where still held)
-                        settle(torch, st)
-                    _materialize(torch, st)
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
-
-    return DeferredCopy
+    """The view type of a deferred copy (:func:`.deferred.make_lazy_type`)."""
+    return make_lazy_type(torch, settle, _materialize)
 
 
 def _patch_copies(torch: Any) -> None:
@@ -220,6 +203,7 @@ def _patch_copies(torch: Any) -> None:
     T = torch.Tensor
     _state["orig_tensor_methods"] = {"to": T.to, "cuda": T.cuda}
     _state["lazy_type"] = _make_lazy_type(torch)
+    _state["stream_now"] = cuda_stream_now(torch)
     T.to = _copy_method(torch, T.to, to_args)
     T.cuda = _copy_method(torch, T.cuda, cuda_args)
     _state["orig_torch_functions"] = {"as_tensor": torch.as_tensor, "tensor": torch.tensor}
@@ -271,6 +255,15 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
         if nxt is not None and _same_raw_call(torch, *nxt, orig, args, kwargs):
             cs, tg = nxt
             return _copy_in(torch, cs, self, tg.device, orig, args, kwargs, tg.moves[cs.n])
+        if nxt is None:
+            st = getattr(_tls, "copies", None)
+            if st is not None and st.tg is not None and not _tls.depth and st.reason is None:
+                k = same_copy(torch, st, st.tg, self, orig, args, kwargs, _state["stream_now"])
+                if k is not None:  # the thread graph's next pageable copy, its bytes in the slot
+                    _state["pageable_fast"] += 1
+                    taken_over("h2d", script_site(2))
+                    return _copy_in(torch, st, k.slot, st.tg.device, _state["orig_tensor_methods"]["to"],
+                                    (k.device,), {"non_blocking": True})
         m = parse(torch, args, kwargs)
         if nxt is not None and m is not None and m == nxt[1].moves[nxt[0].n]:
             # the thread graph's next copy, asked for with the same Move as when it was learned (so
@@ -290,7 +283,12 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
             fell_back("h2d", script_site(2), why)
             return orig(self, *args, **kwargs)
         out = _take_copy(torch, self, m.device, m.dtype, script_site(2))
-        return orig(self, *args, **kwargs) if out is None else out
+        if out is None:
+            return orig(self, *args, **kwargs)
+        st = getattr(_tls, "copies", None)
+        if st is not None and st.tg is not None and 0 < st.n <= len(st.tg.src) and st.tg.learned[st.n - 1] is None:
+            learn(torch, st, st.tg, self, out, m, raw_call(torch, orig, args, kwargs, m), _tls.group.stream.cuda_stream)
+        return out
 
     method.__name__ = getattr(orig, "__name__", "method")
     method.__wrapped__ = orig  # type: ignore[attr-defined]

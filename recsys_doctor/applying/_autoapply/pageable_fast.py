@@ -1,0 +1,109 @@
+"""A thread graph's pageable copies, known again without the hook's checks.
+
+The usual serving query moves numpy data with ``torch.from_numpy(a).cuda()`` (or ``.to("cuda")``):
+a blocking copy from pageable memory. The hook takes it over through the thread's pinned slot
+for that copy (:func:`.staging._take_copy`), and once the thread has a graph, the slot is that
+graph's source for it. Before, every such copy went through the whole check again: the call's
+arguments parsed, the memory format, the stream, the source converted to numpy, then a numpy
+copy into the slot, which releases the interpreter lock (GIL) for arrays over 500 items; with
+4 client threads getting it back costs ~56 us a time (``bench/apply/results/hostprof_h100/``).
+
+Here the thread remembers, per copy position of its graph, the call that made the copy (its
+method and plain arguments, :func:`.pageable.raw_call`) and the source's dtype and shape.
+The same call again on a plain contiguous CPU tensor of that dtype and shape, on the group's
+stream, outside a capture, is the same copy: its bytes go straight into the slot with one
+``memmove``, holding the GIL for copies up to :data:`HOLD_GIL_BYTES` (a few microseconds,
+shorter than a hand-off), and the slot goes to the thread graph as the slow path would have
+handed it. Anything else takes the slow path, which makes the same decisions as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, NamedTuple
+
+from .pageable import Move, same_call
+
+#: a pageable copy up to this size is written into its slot holding the GIL (~4-10 us of
+#: memcpy); a larger one releases it while it copies
+HOLD_GIL_BYTES = 128 << 10
+
+#: ``memmove`` called holding the GIL (ctypes' own ``memmove`` releases it)
+_memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value or 0)
+
+
+class Learned(NamedTuple):
+    """A pageable copy of a thread graph's position, as the script made it."""
+
+    raw: Any  #: :func:`.pageable.raw_call` of the script's ``.to()``/``.cuda()``
+    dtype: Any  #: the source's dtype (the copy converts nothing)
+    shape: Any  #: the source's shape
+    nbytes: int
+    slot: Any  #: the slot's pinned tensor: the thread graph's source for this copy
+    slot_ptr: int
+    slot_i: int  #: its index among the query's slot copies
+    device: Any  #: the CUDA ``torch.device`` copied to
+    stream: int  #: the group's CUDA stream (a copy on another stream takes the slow path)
+
+
+def plain_source(torch: Any, src: Any) -> bool:
+    """Whether ``src`` is a tensor whose bytes are its values in order: a strided, contiguous
+    CPU tensor of a real dtype, without grad or a negative bit. Asked without ``is_neg()`` or
+    ``is_complex()``: those release the GIL (a hand-off among the client threads), these do not."""
+    return (src.is_cpu and src.layout is torch.strided and not src.requires_grad and src.is_contiguous()
+            and not src.dtype.is_complex and not torch._C._dispatch_keys(src).has(torch._C.DispatchKey.Negative))
+
+
+def learn(torch: Any, st: Any, tg: Any, src: Any, out: Any, m: Move, raw: Any, stream: int) -> None:
+    """After the slow path took the script's copy of ``src`` through the thread's slot into
+    its thread graph ``tg`` as position ``st.n - 1`` (``out`` the view handed back): remember
+    it, where the same call can be known again (a blocking copy, in the source's own dtype,
+    with plain arguments, of a plain source shaped as the slot)."""
+    i = st.n - 1
+    if (raw is None or m.non_blocking or i < 0 or out is not tg.handed[i] or tg.moves[i] is not None
+            or tg.learned[i] is not None or (m.dtype is not None and m.dtype != src.dtype)
+            or m.device.index != tg.device or st.slot_n < 1 or not plain_source(torch, src)):
+        return
+    slot = tg.src[i]
+    if slot.dtype != src.dtype or slot.shape != src.shape:
+        return
+    tg.learned[i] = Learned(raw, src.dtype, src.shape, src.numel() * src.element_size(), slot, slot.data_ptr(),
+                            st.slot_n - 1, m.device, stream)
+
+
+def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              stream_now: Any) -> Learned | None:
+    """The :class:`Learned` copy of ``tg``'s next position where ``src.<orig>(*args,
+    **kwargs)`` is that copy again, its bytes now written into the slot; else None (nothing
+    done). ``stream_now(device_index)``: the current raw CUDA stream there, or None during a
+    capture."""
+    i = st.n
+    if not 0 <= i < len(tg.learned):
+        return None
+    k = tg.learned[i]
+    if (k is None or k.raw[0] is not orig or st.slot_n != k.slot_i or src.dtype is not k.dtype
+            or src.shape != k.shape or not plain_source(torch, src) or not same_call(k.raw, args, kwargs)):
+        return None
+    if k.raw[3] is not None and k.raw[3] != torch._C._cuda_getDevice():
+        return None
+    if stream_now(tg.device) != k.stream:
+        return None
+    if k.slot_i == 0 and st.slot_event is not None and not st.slot_event.query():
+        st.slot_event.synchronize()  # the last model call's graph still reads the slots
+    (_memmove_gil if k.nbytes <= HOLD_GIL_BYTES else ctypes.memmove)(k.slot_ptr, src.data_ptr(), k.nbytes)
+    st.slot_n = k.slot_i + 1
+    return k
+
+
+def cuda_stream_now(torch: Any) -> Any:
+    """``stream_now`` for :func:`same_copy` on this process's CUDA."""
+    capturing = torch._C._cuda_isCurrentStreamCapturing
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+    def now(index: int) -> int | None:
+        if capturing():
+            return None
+        return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+    return now
