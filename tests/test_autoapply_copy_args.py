@@ -168,6 +168,21 @@ def test_a_copy_to_another_gpu_than_the_groups_is_left_to_pytorch(monkeypatch):
     assert pageable.copy_hazard(torch, C1) == "a copy to another device than its thread's group's"
 
 
+def test_a_copy_on_a_stream_the_script_set_is_left_to_pytorch(monkeypatch):
+    """The current stream is read as its raw handle on the copy's device and compared with the
+    group's stream."""
+    group = SimpleNamespace(stream=SimpleNamespace(device=C3, cuda_stream=0x5000))
+    monkeypatch.setattr(pageable._tls, "group", group, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    asked = []
+    current = [0x5000]
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: asked.append(i) or current[0], raising=False)
+    assert pageable.copy_hazard(torch, C3) is None
+    current[0] = 0x6000  # with torch.cuda.stream(own): in the script
+    assert pageable.copy_hazard(torch, C3) == "a copy on a stream the script set"
+    assert asked == [3, 3]
+
+
 def test_the_hooked_to_takes_over_what_it_makes_exactly_and_leaves_pytorch_the_rest(monkeypatch):
     """``Tensor.to`` as a hooked thread has it (:func:`.staging._copy_method`, PyTorch's own ``to``
     behind it): a copy it makes as PyTorch would goes to the hook's copy (``_take_copy``, recorded

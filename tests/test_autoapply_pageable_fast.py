@@ -181,3 +181,69 @@ def test_a_call_naming_no_device_index_checks_the_current_device_again(monkeypat
     current[0] = 1  # torch.cuda.set_device(1) since: .cuda() means another GPU now
     assert pf.same_copy(torch, st, tg, torch.full((2,), 4.0), torch.Tensor.cuda, (), {}, on_group) is None
     assert torch.equal(tg.src[0], torch.full((2,), 3.0))
+
+
+# list_array: the reference is PyTorch itself (torch.tensor of the same data), never our output
+_SAME = [
+    ("ids", [3, 1, 4, 1, 5], None),
+    ("ids as a tuple", (9, 2, 6), None),
+    ("rows of ids", [[1, 2, 3], [4, 5, 6]], None),
+    ("rows as tuples", ((1, 2), (3, 4)), None),
+    ("negative and int64 limits", [-(2**63), 2**63 - 1, 0], None),
+    ("ids with their dtype", [[7, 8], [9, 10]], "int64"),
+    ("flags", [True, False, True], None),
+    ("floats", [0.1, 2.5, -3.75, 1e-40, float("inf"), float("nan")], None),
+    ("floats past float32", [1e39, -1e39, 3.4e38], None),
+    ("rows of floats", [[0.1, 0.2], [0.3, 0.4]], "float32"),
+]
+_TORCH_MAKES = [
+    ("ints and floats", [1, 2.5]),
+    ("ints and bools", [1, True]),
+    ("an int past int64", [2**63, 1]),
+    ("ragged rows", [[1, 2], [3]]),
+    ("three levels", [[[1]], [[2]]]),
+    ("numpy scalars", None),
+    ("a tensor inside", None),
+    ("empty", []),
+    ("empty rows", [[], []]),
+    ("strings", ["a", "b"]),
+    ("a list subclass", None),
+]
+
+
+@pytest.mark.parametrize("name,data,dtype", _SAME, ids=[c[0] for c in _SAME])
+def test_list_array_is_the_tensor_pytorch_makes(name, data, dtype):
+    dt = getattr(torch, dtype) if dtype else None
+    a = pf.list_array(torch, data, dt)
+    assert a is not None and a.flags.c_contiguous
+    got, want = torch.from_numpy(a), torch.tensor(data, dtype=dt)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want) or (got.dtype.is_floating_point and torch.allclose(got, want, equal_nan=True, rtol=0, atol=0))
+
+
+@pytest.mark.parametrize("name,data", _TORCH_MAKES, ids=[c[0] for c in _TORCH_MAKES])
+def test_list_array_leaves_everything_else_to_pytorch(name, data):
+    import numpy as np
+
+    if name == "numpy scalars":
+        data = [np.int32(1), np.int32(2)]
+    elif name == "a tensor inside":
+        data = [torch.tensor(1), torch.tensor(2)]
+    elif name == "a list subclass":
+        data = type("Ids", (list,), {})([1, 2])
+    assert pf.list_array(torch, data, None) is None
+
+
+def test_list_array_follows_the_default_dtype_and_an_asked_dtype():
+    floats = [[0.1, 0.7], [1.3, 2.9]]
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        a = pf.list_array(torch, floats, None)
+        assert a is not None and torch.equal(torch.from_numpy(a), torch.tensor(floats)) and a.dtype.itemsize == 8
+    finally:
+        torch.set_default_dtype(old)
+    # a dtype other than the inferred one converts: PyTorch's own conversion rules apply
+    assert pf.list_array(torch, [1, 2], torch.float32) is None
+    assert pf.list_array(torch, [1.5, 2.5], torch.int64) is None
+    assert pf.list_array(torch, [1, 0], torch.bool) is None

@@ -198,9 +198,16 @@ def copy_hazard(torch: Any, device: Any) -> str | None:
     g = getattr(_tls, "group", None)
     if g is not None and device != g.stream.device:
         return "a copy to another device than its thread's group's"
-    if g is not None and torch.cuda.current_stream(device).cuda_stream != g.stream.cuda_stream:
+    if g is not None and _current_raw_stream(torch, device) != g.stream.cuda_stream:
         return "a copy on a stream the script set"
     return None
+
+
+def _current_raw_stream(torch: Any, device: Any) -> int:
+    """The current CUDA stream's handle on ``device``, asked without making a
+    ``torch.cuda.Stream`` object (a few microseconds a copy, ``gil_release.py``)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def stage(torch: Any, x: Any, device: Any, dtype: Any = None, site: str | None = None) -> Any:

@@ -20,6 +20,8 @@ handed it. Anything else takes the slow path, which makes the same decisions as 
 from __future__ import annotations
 
 import ctypes
+import sys
+from itertools import chain
 from typing import Any, NamedTuple
 
 from .pageable import Move, same_call
@@ -107,3 +109,48 @@ def cuda_stream_now(torch: Any) -> Any:
         return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
     return now
+
+
+def list_array(torch: Any, data: Any, dtype: Any) -> Any:
+    """The values ``torch.tensor(data, dtype=dtype)`` makes, as a numpy array made by numpy,
+    where that is the same tensor: ``data`` a list or tuple (or one of equal-length lists or
+    tuples) of Python ints, floats or bools, one kind of them, ``dtype`` None or what PyTorch
+    infers for that kind (int64; bool; the default dtype for floats, float32 or float64). None
+    otherwise (PyTorch makes it, and says what is wrong). numpy converts such lists 4-5x faster
+    than PyTorch (16 lists of 20 ids: 8.5 against 42 us), time the thread holds the GIL for."""
+    np = sys.modules.get("numpy")
+    if np is None or type(data) not in (list, tuple) or not data:
+        return None
+    nested = type(data[0]) in (list, tuple)
+    if nested:
+        if not set(map(type, data)) <= {list, tuple}:
+            return None
+        kinds = set(map(type, chain.from_iterable(data)))
+    else:
+        kinds = set(map(type, data))
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    if kind is int:
+        want, np_dtype = torch.int64, np.int64
+    elif kind is bool:
+        want, np_dtype = torch.bool, np.bool_
+    elif kind is float:
+        want = torch.get_default_dtype()
+        np_dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(want)
+        if np_dtype is None:
+            return None
+    else:
+        return None
+    if dtype is not None and dtype != want:
+        return None
+    try:
+        a = np.array(data)
+    except (ValueError, OverflowError, TypeError):  # ragged, out of range: PyTorch's own error or result
+        return None
+    if a.ndim != (2 if nested else 1) or a.dtype != (np.float64 if kind is float else np_dtype):
+        return None  # (an int past int64 gives numpy another dtype)
+    if a.dtype != np_dtype:
+        with np.errstate(over="ignore"):  # (past float32's range: inf, as PyTorch gives, without numpy's warning)
+            a = a.astype(np_dtype)
+    return a

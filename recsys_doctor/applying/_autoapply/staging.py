@@ -27,7 +27,7 @@ from .pageable import (
     to_args,
 )
 from .deferred import make_lazy_type
-from .pageable_fast import cuda_stream_now, learn, same_copy
+from .pageable_fast import cuda_stream_now, learn, list_array, same_copy
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -419,8 +419,10 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
         try:
             if isinstance(data, T) or (dtype is None and np is not None and isinstance(data, np.ndarray)):
                 host = data  # a numpy array's bytes and dtype are what PyTorch would copy
-            else:
-                host = orig(data, dtype=dtype)
+            else:  # lists: numpy's conversion where it is the same tensor (faster), else PyTorch's
+                host = list_array(torch, data, dtype)
+                if host is None:
+                    host = orig(data, dtype=dtype)
         except (TypeError, ValueError, RuntimeError):
             return orig(*args, **kwargs)  # PyTorch says what is wrong with the data
         out = _take_copy(torch, host, dev, dtype if isinstance(host, T) else None, site)
