@@ -371,3 +371,53 @@ def test_a_call_of_the_common_row_count_goes_to_its_exact_shape(group, monkeypat
             graphs._graphed_call(type(lin).__call__, lin, (torch.randn(200, 4),), {}, "s.py:5")
     padded = [(("key", 256), (200, 256))] * (buckets.COMMON_AFTER - 1)
     assert went == padded + [(("key", 200), None)] * 2
+
+
+class _Recorder:
+    """A stand-in graph: its replay records what its inputs hold, and writes its output."""
+
+    def __init__(self, e):
+        self.e, self.seen = e, []
+
+    def replay(self):
+        self.seen.append([s.clone() for s in self.e.static_in])
+        self.e.static_out.copy_(self.e.static_in[0][:, :1] * 10)
+
+
+def test_a_padded_replay_copies_the_real_rows_and_repeats_the_last_one_into_the_graphs_inputs(group):
+    """The steady state of a padded call (its padded key has a graph): no padded tensors are made;
+    the call's 5 rows go into the 8-row static inputs, rows 5-7 copies of row 4; a tensor that is
+    not padded (no leading dimension of 5) is copied whole. The expected inputs are written by hand."""
+    e = graphs._Entry()
+    e.static_in = [torch.full((8, 3), -1.0), torch.full((2,), -1.0)]
+    e.static_out = torch.zeros(8, 1)
+    e.graph = _Recorder(e)
+    x = torch.arange(15.0).view(5, 3)
+    w = torch.tensor([7.0, 9.0])
+    for _ in range(2):  # the second time through the cached views
+        out = graphs._replay(e, [x, w], (5, 8), pad=True)
+        rows = x.tolist() + [x[4].tolist()] * 3
+        assert e.graph.seen[-1][0].tolist() == rows and e.graph.seen[-1][1].tolist() == [7.0, 9.0]
+        assert out.tolist() == [[0.0], [30.0], [60.0], [90.0], [120.0]]  # cut back to the call's 5 rows
+    assert list(e.pad_views) == [5]
+
+
+def test_a_padded_call_with_a_graph_takes_the_padded_replay(group, monkeypatch):
+    """_graphed_call: once the padded key of (call key, bucket) is known, verified and graphed,
+    a call of that key goes to its graph with the real rows, not through pad_rows."""
+    lin = torch.nn.Linear(3, 1).eval()
+    s = graphs._site_of(group, lin)
+    x = torch.randn(5, 3)
+    key = ("k", 5)
+    s.pad_keys[(key, 8)] = "pkey"
+    s.verified["pkey"] = buckets.VERIFY_CALLS
+    e = group.entries["pkey"] = graphs._Entry()
+    e.static_in, e.static_out = [torch.zeros(8, 3)], torch.zeros(8, 1)
+    e.graph = _Recorder(e)
+    s.keys.add("pkey")
+    monkeypatch.setattr(graphs, "_key_or_reason", lambda *a: (key, [x]))
+    monkeypatch.setattr(graphs, "pad_rows", lambda *a: pytest.fail("padded tensors made"))
+    with torch.no_grad():
+        out = graphs._graphed_call(type(lin).__call__, lin, (x,), {}, "s.py:21")
+    assert torch.equal(e.graph.seen[0][0][:5], x) and torch.equal(e.graph.seen[0][0][5:], x[4:].expand(3, 3))
+    assert out.shape == (5, 1) and _counts("s.py:21") == (1, 0, {})

@@ -14,6 +14,8 @@ ab_case() {
     mmoe8) _ab_run 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
     tt4) _ab_run 4 examples/scripts/two_tower_retrieval.py --threads 4 --queries 3000;;
     tt8) _ab_run 8 examples/scripts/two_tower_retrieval.py --threads 4 --queries 4000;;
+    cand4) _ab_run 4 examples/scripts/candidates_ranker.py --threads 4 --queries 3000;;
+    cand0) _ab_run 0 examples/scripts/candidates_ranker.py --threads 4 --queries 3000;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
     *) echo "unknown case $3";;
   esac

@@ -2,7 +2,7 @@
 # One device call: where the hooked scripts' host time goes (py-spy --gil, bench/apply/gil_profile.py)
 # for the suite's serving scripts and the plain script, unhooked and under a fixed plan; plus the
 # hook's GPU tests. Everything lands in $OUT/hostprof.tgz.
-# usage: bash bench/apply/hostprof.sh [tests] [deepfm] [deepfm_stage] [dlrm] [plain] [mmoe] [nsys_dlrm] [bt_dlrm] [bt_mmoe] [bt_plain]
+# usage: bash bench/apply/hostprof.sh [tests] [deepfm] [deepfm_stage] [dlrm] [plain] [mmoe] [nsys_dlrm] [bt_dlrm] [bt_mmoe] [bt_plain] [bt_cand]
 # (bt_*: the native call stack of every GIL wait, summed by bench/apply/gil_waits.py)
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 . bench/gpu/gpu_setup.sh
@@ -26,11 +26,12 @@ for w in ${*:-tests deepfm deepfm_stage dlrm plain mmoe}; do
         > "$O/nsys_dlrm.log" 2>&1; echo "nsys_dlrm rc $? $(grep '^{' "$O/nsys_dlrm.log" | tail -1)"
       nsys export --type sqlite -o "$O/dlrm_g4.sqlite" "$O/dlrm_g4.nsys-rep" >> "$O/nsys_dlrm.log" 2>&1
       rm -f "$O/dlrm_g4.nsys-rep"; gzip -f "$O/dlrm_g4.sqlite"; ls -la "$O"/dlrm_g4*;;
-    bt_dlrm|bt_mmoe|bt_plain)  # native call stacks of every OS-runtime wait >= 5 us (the GIL waits), hooked g4
+    bt_dlrm|bt_mmoe|bt_plain|bt_cand)  # native call stacks of every OS-runtime wait >= 5 us (the GIL waits), hooked g4
       python3 -c "from recsys_doctor.planning.io import write_plan; from recsys_doctor.planning.whatif import Candidate; write_plan('$O/g4.json', {}, Candidate(4, True, False, True))"
       case $w in bt_dlrm) s="examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 1500";;
                  bt_mmoe) s="examples/scripts/mmoe_ranker.py --threads 4 --queries 1500";;
-                 bt_plain) s="examples/plain_serving_script.py --threads 8 --duration 2";; esac
+                 bt_plain) s="examples/plain_serving_script.py --threads 8 --duration 2";;
+                 bt_cand) s="examples/scripts/candidates_ranker.py --threads 4 --queries 1500";; esac
       timeout 240 python3 -m recsys_doctor apply "$O/g4.json" -- nsys profile -t osrt --sample=none --cpuctxsw=none \
         --osrt-threshold=5000 --osrt-backtrace-threshold=5000 --backtrace=dwarf -o "$O/$w" -f true python3 $s \
         > "$O/$w.log" 2>&1; echo "$w rc $? $(grep '^{' "$O/$w.log" | tail -1 | cut -c1-200)"

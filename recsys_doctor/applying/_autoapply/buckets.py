@@ -46,6 +46,8 @@ COMMON_SHARE = 0.5
 COMMON_AFTER = 4
 #: row counts a site counts (more distinct ones are not counted: none of them is common)
 MAX_ROW_COUNTS = 64
+#: (call key, bucket) pairs a site remembers the padded key of (:meth:`_Site.pad_keys`)
+MAX_PAD_KEYS = 256
 #: how close a padded call's real rows must be to the unpadded call's (float outputs; others equal)
 PAD_RTOL = 1e-6
 PAD_ATOL = 1e-6
@@ -78,6 +80,18 @@ def bucket_rows(n: int) -> int:
 def row_tensors(tensors: list[Any], n: int) -> list[bool]:
     """Which tensors are padded: those whose leading dimension is the row count ``n``."""
     return [t.dim() > 0 and int(t.shape[0]) == n for t in tensors]
+
+
+def pad_views(static_in: list[Any], tensors: list[Any], n: int) -> tuple[list[Any], list[bool]]:
+    """Where a call of ``n`` rows is copied into a padded graph's inputs ``static_in`` without
+    padded tensors being made first: per tensor, the rows ``[:n]`` and ``[n:]`` of its static
+    input where it is padded (its real rows, then copies of its last row), else the whole one;
+    and which tensors are padded (:func:`row_tensors`)."""
+    which = row_tensors(tensors, n)
+    dsts: list[Any] = []
+    for s, padded in zip(static_in, which):
+        dsts += [s[:n], s[n:]] if padded else [s]
+    return dsts, which
 
 
 def pad_rows(torch: Any, tensors: list[Any], n: int, b: int) -> list[Any]:
@@ -138,9 +152,11 @@ class _Site:
     that hold (or may get) a graph, the padded keys' verifications passed, and why padding
     is off."""
 
-    __slots__ = ("keys", "verified", "no_pad", "rows", "calls")
+    __slots__ = ("keys", "verified", "no_pad", "rows", "calls", "pad_keys")
 
     def __init__(self) -> None:
+        #: (a call's key, its row bucket) -> the padded call's key, learned from the calls padded so far
+        self.pad_keys: dict[tuple[Any, int], Any] = {}
         self.keys: set[Any] = set()
         self.verified: dict[Any, int] = {}
         self.no_pad: str | None = None

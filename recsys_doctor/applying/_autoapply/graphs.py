@@ -11,8 +11,8 @@ from typing import Any
 from ._common import WARMUP_CALLS, _state, _tls, _torch
 from .argtree import remake
 from .accounting import fell_back, taken_over
-from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MIXES_ROWS, VERIFYING, WARMING_UP, _Site,
-                      bucket_rows, call_rows, cut_rows, outputs, pad_rows, rows_differ, same_rows)
+from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING, WARMING_UP,
+                      _Site, bucket_rows, call_rows, cut_rows, outputs, pad_rows, pad_views, rows_differ, same_rows)
 from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason
 from .groups import _capture_stream, _Gate, _Group, _run_shared
 
@@ -21,9 +21,11 @@ GRAD_ON = "gradients on or the module in training mode"
 
 
 class _Entry:
-    __slots__ = ("calls", "graph", "static_in", "static_out", "reason")
+    __slots__ = ("calls", "graph", "static_in", "static_out", "reason", "pad_views")
 
     def __init__(self) -> None:
+        #: a padded key's :func:`.buckets.pad_views` per real row count
+        self.pad_views: dict[int, tuple[list[Any], list[bool]]] = {}
         self.calls = 0
         self.graph: Any = None
         self.static_in: list[Any] = []
@@ -216,11 +218,17 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     if not s.pads(n):
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
     b = bucket_rows(n)
+    pk = s.pad_keys.get((key, b))
+    if pk is not None and s.padded_ok(pk) and getattr(g.entries.get(pk), "graph", None) is not None:
+        # the steady state: the real rows copied into the padded graph's inputs, no padded tensors made
+        return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, pk, tensors, None, None, (n, b))
     ptensors = pad_rows(torch, tensors, n, b)
     pargs, pkwargs = remake((args, kwargs), torch.Tensor, iter(ptensors))
     pkt = _key_or_reason(torch, module, pargs, pkwargs, tag)
     if isinstance(pkt, str):  # (never: the same structure, on the same devices) exact shapes then
         return _keyed_call(torch, g, s, orig_call, module, args, kwargs, site, key, tensors, args, kwargs, None)
+    if len(s.pad_keys) < MAX_PAD_KEYS:
+        s.pad_keys[(key, b)] = pkt[0]
     if not s.padded_ok(pkt[0]):
         return _verify_padding(torch, s, orig_call, module, args, kwargs, site, pargs, pkwargs, pkt[0], tensors,
                                n, b)
@@ -253,8 +261,10 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
                 key: Any, tensors: list[Any], gargs: Any, gkwargs: Any, rows: tuple[int, int] | None) -> Any:
     """The call through the group's graph of ``key``: ``tensors``, ``gargs`` and ``gkwargs`` are
     the arguments at the key's shapes (``args``/``kwargs`` padded from ``n`` to ``b`` rows
-    where ``rows`` is ``(n, b)``). Where it has no graph (warming up, the bound or the memory
-    budget reached, a failed capture or replay), the call as the script made it, eagerly."""
+    where ``rows`` is ``(n, b)``; ``gargs`` None: ``tensors`` are the call's own, of ``n``
+    rows, padded as they are copied into the graph's inputs, and the key has a graph). Where
+    it has no graph (warming up, the bound or the memory budget reached, a failed capture or
+    replay), the call as the script made it, eagerly."""
     e = g.entries.get(key)
     if e is None:
         with g.lock:
@@ -266,6 +276,8 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
     with g.lock:
         if e.reason is not None:  # another thread's capture of this key failed meanwhile
             return _eager(orig_call, module, args, kwargs, site, e.reason)
+        if e.graph is None and gargs is None:  # (never: asked only of a key with a graph)
+            return _eager(orig_call, module, args, kwargs, site, WARMING_UP)
         if e.graph is None:
             e.calls += 1
             if e.calls <= WARMUP_CALLS:
@@ -282,7 +294,7 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
                 why = _eager_from_now(g, e, module, site, f"capture failed: {failure_reason(ex)}")
                 return _eager(orig_call, module, args, kwargs, site, why)
         try:
-            out = _run_shared(_replay, e, tensors, rows)
+            out = _run_shared(_replay, e, tensors, rows, gargs is None)
             taken_over("model", site)
             return out
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
@@ -299,9 +311,22 @@ def _eager_from_now(g: _Group, e: _Entry, module: Any, site: str, reason: str) -
     return reason
 
 
-def _replay(e: _Entry, tensors: list[Any], rows: tuple[int, int] | None = None) -> Any:
+def _replay(e: _Entry, tensors: list[Any], rows: tuple[int, int] | None = None, pad: bool = False) -> Any:
+    """Copy the call's tensors into ``e``'s inputs (with ``pad``: ``tensors`` of ``n`` rows
+    into a graph of ``b``, ``rows`` ``(n, b)``, each padded one's last row copied into the rest),
+    replay, return the outputs (cut back to ``n`` rows where ``rows``)."""
     torch = _torch()
-    torch._foreach_copy_(e.static_in, tensors)
+    if pad and rows is not None:
+        n = rows[0]
+        views = e.pad_views.get(n)
+        if views is None:
+            views = e.pad_views[n] = pad_views(e.static_in, tensors, n)
+        srcs: list[Any] = []
+        for t, padded in zip(tensors, views[1]):
+            srcs += [t, t[n - 1:n]] if padded else [t]
+        torch._foreach_copy_(views[0], srcs)
+    else:
+        torch._foreach_copy_(e.static_in, tensors)
     e.graph.replay()
     _state["replays"] += 1
     return _clone_out(e.static_out, rows)

@@ -118,7 +118,7 @@ def _pinned(torch: Any, nbytes: int) -> Any:
 
 
 #: views of one slot kept (one per shape and dtype); a shape beyond them gets a new view each time
-SLOT_VIEWS = 32
+SLOT_VIEWS = 256
 _TORCH_DTYPES: dict[Any, Any] = {}
 
 
