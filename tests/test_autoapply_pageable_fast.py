@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from recsys_doctor.applying._autoapply import pageable_fast as pf  # noqa: E402
-from recsys_doctor.applying._autoapply.pageable import Move, raw_call  # noqa: E402
+from recsys_doctor.applying._autoapply.pageable import Move  # noqa: E402
 
 C0 = torch.device("cuda", 0)
 STREAM = 1234  # the group's stream, as stream_now gives it
@@ -49,7 +49,7 @@ def _learn_at(st, tg, i, src, args=("cuda:0",), kwargs=None, move=None):
     kwargs = kwargs or {}
     m = move or Move(C0, None, False, False, None)
     st.n, st.slot_n = i + 1, i + 1
-    pf.learn(torch, st, tg, src, tg.handed[i], m, raw_call(torch, TO, args, kwargs, m), STREAM)
+    pf.learn(torch, st, tg, src, tg.handed[i], m, (TO, args, kwargs), STREAM)
 
 
 def _query_start(st):
@@ -152,7 +152,7 @@ def test_what_is_not_remembered(case):
     elif case == "tensor argument":
         args = (torch.zeros(1),)
     st.n, st.slot_n = 1, 1
-    pf.learn(torch, st, tg, src, out, m, raw_call(torch, TO, args, {}, m), STREAM)
+    pf.learn(torch, st, tg, src, out, m, (TO, args, {}), STREAM)
     assert tg.learned[0] is None
 
 
@@ -171,7 +171,7 @@ def test_a_call_naming_no_device_index_checks_the_current_device_again(monkeypat
     st, tg = _thread([(2,)])
     m = Move(C0, None, False, False, None)
     st.n, st.slot_n = 1, 1
-    pf.learn(torch, st, tg, torch.ones(2), tg.handed[0], m, raw_call(torch, torch.Tensor.cuda, (), {}, m), STREAM)
+    pf.learn(torch, st, tg, torch.ones(2), tg.handed[0], m, (torch.Tensor.cuda, (), {}), STREAM)
     assert tg.learned[0].raw[3] == 0
     current = [0]
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)

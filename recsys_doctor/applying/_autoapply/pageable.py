@@ -198,16 +198,16 @@ def copy_hazard(torch: Any, device: Any) -> str | None:
     g = getattr(_tls, "group", None)
     if g is not None and device != g.stream.device:
         return "a copy to another device than its thread's group's"
-    if g is not None and _current_raw_stream(torch, device) != g.stream.cuda_stream:
+    if g is not None and current_raw_stream(torch, device.index) != g.stream.cuda_stream:
         return "a copy on a stream the script set"
     return None
 
 
-def _current_raw_stream(torch: Any, device: Any) -> int:
-    """The current CUDA stream's handle on ``device``, asked without making a
+def current_raw_stream(torch: Any, index: int) -> int:
+    """The current CUDA stream's handle on device ``index``, asked without making a
     ``torch.cuda.Stream`` object (a few microseconds a copy, ``gil_release.py``)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def stage(torch: Any, x: Any, device: Any, dtype: Any = None, site: str | None = None) -> Any:
@@ -351,6 +351,14 @@ def raw_call(torch: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
 
 _MISSING = object()
+
+
+def called_again(torch: Any, raw: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``orig(*args, **kwargs)`` is the copy :func:`raw_call` remembered as ``raw``: the
+    same method, the same plain arguments (:func:`same_call`), and where the call named no
+    device index, the same current device."""
+    return (raw is not None and raw[0] is orig and same_call(raw, args, kwargs)
+            and (raw[3] is None or raw[3] == torch._C._cuda_getDevice()))
 
 
 def same_call(raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

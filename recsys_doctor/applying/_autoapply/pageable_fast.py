@@ -24,7 +24,7 @@ import sys
 from itertools import chain
 from typing import Any, NamedTuple
 
-from .pageable import Move, same_call
+from .pageable import Move, called_again, current_raw_stream, raw_call
 
 #: a pageable copy up to this size is written into its slot holding the GIL (~4-10 us of
 #: memcpy); a larger one releases it while it copies
@@ -57,18 +57,21 @@ def plain_source(torch: Any, src: Any) -> bool:
             and not src.dtype.is_complex and not torch._C._dispatch_keys(src).has(torch._C.DispatchKey.Negative))
 
 
-def learn(torch: Any, st: Any, tg: Any, src: Any, out: Any, m: Move, raw: Any, stream: int) -> None:
-    """After the slow path took the script's copy of ``src`` through the thread's slot into
-    its thread graph ``tg`` as position ``st.n - 1`` (``out`` the view handed back): remember
-    it, where the same call can be known again (a blocking copy, in the source's own dtype,
-    with plain arguments, of a plain source shaped as the slot)."""
+def learn(torch: Any, st: Any, tg: Any, src: Any, out: Any, m: Move, call: tuple[Any, tuple[Any, ...], dict[str, Any]],
+          stream: int) -> None:
+    """After the slow path took the script's copy of ``src`` (``call``: the method, its args and
+    kwargs) into the thread's graph ``tg``, ``out`` the view handed back: where that went through
+    the slot of position ``st.n - 1``, remember it, where the same call can be known again (a
+    blocking copy, in the source's own dtype, with plain arguments, of a plain source shaped as
+    the slot)."""
     i = st.n - 1
-    if (raw is None or m.non_blocking or i < 0 or out is not tg.handed[i] or tg.moves[i] is not None
-            or tg.learned[i] is not None or (m.dtype is not None and m.dtype != src.dtype)
-            or m.device.index != tg.device or st.slot_n < 1 or not plain_source(torch, src)):
+    if (not 0 <= i < len(tg.src) or tg.learned[i] is not None or out is not tg.handed[i] or tg.moves[i] is not None
+            or m.non_blocking or (m.dtype is not None and m.dtype != src.dtype) or m.device.index != tg.device
+            or st.slot_n < 1 or not plain_source(torch, src)):
         return
     slot = tg.src[i]
-    if slot.dtype != src.dtype or slot.shape != src.shape:
+    raw = raw_call(torch, *call, m)
+    if raw is None or slot.dtype != src.dtype or slot.shape != src.shape:
         return
     tg.learned[i] = Learned(raw, src.dtype, src.shape, src.numel() * src.element_size(), slot, slot.data_ptr(),
                             st.slot_n - 1, m.device, stream)
@@ -84,10 +87,8 @@ def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any
     if not 0 <= i < len(tg.learned):
         return None
     k = tg.learned[i]
-    if (k is None or k.raw[0] is not orig or st.slot_n != k.slot_i or src.dtype is not k.dtype
-            or src.shape != k.shape or not plain_source(torch, src) or not same_call(k.raw, args, kwargs)):
-        return None
-    if k.raw[3] is not None and k.raw[3] != torch._C._cuda_getDevice():
+    if (k is None or st.slot_n != k.slot_i or src.dtype is not k.dtype or src.shape != k.shape
+            or not plain_source(torch, src) or not called_again(torch, k.raw, orig, args, kwargs)):
         return None
     if stream_now(tg.device) != k.stream:
         return None
@@ -101,12 +102,9 @@ def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any
 def cuda_stream_now(torch: Any) -> Any:
     """``stream_now`` for :func:`same_copy` on this process's CUDA."""
     capturing = torch._C._cuda_isCurrentStreamCapturing
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
     def now(index: int) -> int | None:
-        if capturing():
-            return None
-        return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+        return None if capturing() else current_raw_stream(torch, index)
 
     return now
 

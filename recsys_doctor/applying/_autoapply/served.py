@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._common import _state, _tls
+from ._common import _first_line, _state, _tls
 from .accounting import taken_over
 from .fallback import _fall_back
 from .argtree import Slot, flatten, matches, remake, skeleton
@@ -106,7 +106,7 @@ def _serve(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, r: _Route, module: A
         served = r.served if r.served is not None else _make(torch, r, module, host_args)
         out = served(*host_args) if served is not None else None
     except Exception as ex:  # noqa: BLE001 - the hook's own path from now on, with the reason
-        _refuse(r, module, f"{type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}")
+        _refuse(r, module, _first_line(ex))
         out = None
     finally:
         _tls.group = g

@@ -17,11 +17,11 @@ from .pageable import (
     _host_array,
     _Slot,
     as_tensor_args,
+    called_again,
     copy_hazard,
     cuda_args,
     inexact,
     raw_call,
-    same_call,
     stage,
     tensor_args,
     to_args,
@@ -234,9 +234,7 @@ def _same_raw_call(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, orig: Any, a
                    kwargs: dict[str, Any]) -> bool:
     """Whether the copy :func:`_next_copy` found is made by the same call, with the same plain
     arguments, as when it was learned (:func:`.pageable.raw_call`): the same copy, not parsed again."""
-    raw = tg.raw[st.n]
-    return (raw is not None and raw[0] is orig and same_call(raw, args, kwargs)
-            and (raw[3] is None or raw[3] == torch._C._cuda_getDevice()))
+    return called_again(torch, tg.raw[st.n], orig, args, kwargs)
 
 
 def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
@@ -245,7 +243,10 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
     hook makes exactly as PyTorch does (:func:`.pageable.inexact`) goes through :func:`_copy_in`
     (the thread graph) where :func:`_graph_copy` says so and the thread has one, else, unless it
     is asynchronous already (pinned, non-blocking), to :func:`_take_copy`; one it would not make
-    exactly is PyTorch's, counted with the reason; everything else goes straight to ``orig``."""
+    exactly is PyTorch's, counted with the reason; everything else goes straight to ``orig``.
+    A copy the thread graph knows already is taken first, unparsed: its pinned tensor copied by
+    the same call (:func:`.pageable.called_again`), or a pageable one written into its slot
+    (:func:`.pageable_fast.same_copy`, learned by :func:`.pageable_fast.learn` after the slow path)."""
     T = torch.Tensor
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -286,8 +287,8 @@ def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
         if out is None:
             return orig(self, *args, **kwargs)
         st = getattr(_tls, "copies", None)
-        if st is not None and st.tg is not None and 0 < st.n <= len(st.tg.src) and st.tg.learned[st.n - 1] is None:
-            learn(torch, st, st.tg, self, out, m, raw_call(torch, orig, args, kwargs, m), _tls.group.stream.cuda_stream)
+        if st is not None and st.tg is not None:
+            learn(torch, st, st.tg, self, out, m, (orig, args, kwargs), _tls.group.stream.cuda_stream)
         return out
 
     method.__name__ = getattr(orig, "__name__", "method")
