@@ -748,3 +748,48 @@ def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
     assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 10), st
     copies = 2 + len(shapes) - 1  # dense, offsets and one per index tensor
     assert st["pageable_fast"] >= threads * (rounds - 12) * copies, st
+
+
+def test_autocast_calls_are_graphed_per_precision_without_the_autocast_cache(tmp_path):
+    """A script scoring under ``torch.autocast("cuda", dtype=torch.bfloat16)`` that also calls
+    the same model in float32 with inputs of the same shapes (``examples/heldout/amp_ranker_serve.py``):
+    each call gets eager PyTorch's output in its own precision (a graph keyed by shapes alone
+    replays the bf16 capture for the float32 call: off by ~1e-2). The first rounds run in one
+    long autocast region, whose cache of cast weights PyTorch frees when it exits; NaN-filled
+    tensors then take that memory, and later rounds (one region per call) must still be right:
+    a graph captured with the cache on would read the freed casts. Inputs are pinned tensors
+    copied with ``.to("cuda", non_blocking=True)`` (the thread graphs' path)."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8)).cuda().eval()
+    threads, rounds = 4, 24
+    g = torch.Generator().manual_seed(5)
+    xs = {(k, r): torch.randn(32, 64, generator=g).pin_memory() for k in range(threads) for r in range(rounds)}
+
+    def bf16(r: int) -> bool:
+        return r % 3 != 2
+
+    def call(x, r):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16(r)):
+            return model(x.to("cuda", non_blocking=True)).float()
+
+    with torch.no_grad():
+        ref = {key: call(x, key[1]).cpu() for key, x in xs.items()}
+    got: dict = {}
+    weights = sum(p.numel() for p in model.parameters())
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            with torch.autocast("cuda", dtype=torch.bfloat16):  # one region: the cache holds the casts
+                for r in range(rounds // 2):
+                    got[k, r] = call(xs[k, r], r).cpu()
+            junk = [torch.full((weights,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+            for r in range(rounds // 2, rounds):  # one region a call
+                got[k, r] = call(xs[k, r], r).cpu()
+            del junk
+
+    st = _run_hooked(tmp_path, 2, threads, client)
+    for key, want in ref.items():
+        assert torch.allclose(got[key], want, atol=1e-5, rtol=1e-5), (key, (got[key] - want).abs().max())
+    assert st["replays"] + st["thread_replays"] >= threads * rounds // 2, st

@@ -28,6 +28,7 @@ ARGS = {
     "dcn_frame_serve.py": ["--threads", "4", "--queries", "2000"],
     "async_rerank_server.py": ["--threads", "4", "--queries", "2000"],
     "fresh_boost_dlrm.py": ["--threads", "4", "--queries", "2000"],
+    "amp_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
 }
 
 

@@ -30,6 +30,7 @@ TINY = {
     "dcn_frame_serve.py": ["--queries", "16", "--rows", "8", "--vocab", "300"],
     "async_rerank_server.py": ["--queries", "16", "--items", "1500", "--users", "300", "--history", "12"],
     "fresh_boost_dlrm.py": ["--queries", "24", "--batch", "16", "--vocab", "300"],
+    "amp_ranker_serve.py": ["--queries", "40", "--batch", "16", "--vocab", "500"],
 }
 THREADS = (1, 3)
 
@@ -120,3 +121,33 @@ def test_rerank_requests_vary_in_size():
     mod = _load("async_rerank_server.py")
     sizes = {len(mod.make_request(0, rid, 300, 1500, 12)["items"]) for rid in range(16)}
     assert len(sizes) > 8 and min(sizes) >= 50 and max(sizes) <= 400
+
+
+def test_amp_ranker_checksum_recomputed_and_its_precisions_differ(runs):
+    """The bf16 autocast ranker: its checksum recomputed from the script's model and requests
+    one at a time (bf16 scores, and the float32 shadow gap of every 16th request); the shadow
+    gaps are not zero (a call replayed in the other precision shows in the checksum)."""
+    mod = _load("amp_ranker_serve.py")
+    args = dict(zip(TINY["amp_ranker_serve.py"][::2], TINY["amp_ranker_serve.py"][1::2]))
+    queries, batch, vocab = int(args["--queries"]), int(args["--batch"]), int(args["--vocab"])
+    torch.manual_seed(0)
+    model = mod.Ranker(vocab).eval()
+    flat, gaps = [], []
+    with torch.inference_mode():
+        for rid in range(queries):
+            dense, ids = (torch.from_numpy(a) for a in mod.make_request(0, rid, batch, vocab))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                low = model(dense, ids)
+            assert low.dtype == torch.bfloat16
+            scores = torch.sigmoid(low.float())
+            gap = 0.0
+            if rid % 16 == 0:
+                gap = float((torch.sigmoid(model(dense, ids)) - scores).abs().max())
+                gaps.append(gap)
+            flat += [*scores.double().tolist(), gap]
+    flat = np.asarray(flat, dtype=np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    assert len(gaps) == 3 and min(gaps) > 1e-4, gaps
+    r = json.loads(runs[("amp_ranker_serve.py", 3)][0])
+    assert r["shadow_requests"] == 3
+    assert r["checksum"] == pytest.approx(expected, rel=1e-12)

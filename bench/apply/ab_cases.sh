@@ -16,6 +16,9 @@ ab_case() {
     tt8) _ab_run 8 examples/scripts/two_tower_retrieval.py --threads 4 --queries 4000;;
     cand4) _ab_run 4 examples/scripts/candidates_ranker.py --threads 4 --queries 3000;;
     cand0) _ab_run 0 examples/scripts/candidates_ranker.py --threads 4 --queries 3000;;
+    amp0) _ab_run 0 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
+    amp2) _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
+    ampb2) RD_BATCHING=1 _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
     *) echo "unknown case $3";;
   esac

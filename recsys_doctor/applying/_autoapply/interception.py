@@ -8,6 +8,7 @@ from typing import Any
 
 from ._common import _lock, _state, _tls, _torch
 from .accounting import script_site
+from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
 from .graphs import _graphed_call
 from .groups import _Group, _streams
@@ -83,6 +84,13 @@ def _patch_module(torch: Any) -> None:
         try:
             site = script_site(2)  # the script's line that called the model
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
+            amp = autocast_dtype(torch)
+            if amp is not None:  # precision-keyed graphs, captured with the autocast cache off
+                try:
+                    return amp_call(torch, st, orig, self, args, kwargs, site, amp)
+                finally:
+                    if st is not None:
+                        slots_read(torch, st)
             if _state.get("batching"):
                 if st is None:
                     return _batched_call(orig, self, args, kwargs, site)
