@@ -793,3 +793,44 @@ def test_autocast_calls_are_graphed_per_precision_without_the_autocast_cache(tmp
     for key, want in ref.items():
         assert torch.allclose(got[key], want, atol=1e-5, rtol=1e-5), (key, (got[key] - want).abs().max())
     assert st["replays"] + st["thread_replays"] >= threads * rounds // 2, st
+
+
+def test_workers_on_their_own_streams_share_the_groups_graphs_safely(tmp_path):
+    """Each worker thread sets a stream of its own (``examples/heldout/pinned_stream_serve.py``):
+    pinned buffers reused every query, ``.to("cuda", non_blocking=True)`` under that stream, the
+    model, the scores copied back non-blocking into a pinned buffer, ``stream.synchronize()``.
+    Two workers per group replay the group's graph (its static inputs and outputs shared) from
+    two streams: every query's scores must equal eager's for that query's values. Unordered,
+    one replay's inputs overwrote the other's while it ran (wrong checksums on the H100)."""
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    threads, rounds, rows = 4, 30, 64
+    qs = {(k, r): host_query(rows, 1000) for k in range(threads) for r in range(rounds)}
+    with torch.no_grad():
+        ref = {key: model(q[0].cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for key, q in qs.items()}
+    torch.cuda.synchronize()
+    got: dict = {}
+
+    def client(k: int) -> None:
+        s = torch.cuda.Stream()
+        q0 = qs[k, 0]
+        bufs = [q0[0].clone().pin_memory(), [t.clone().pin_memory() for t in q0[1]], q0[2].clone().pin_memory()]
+        out = torch.empty(ref[k, 0].shape, pin_memory=True)
+        with torch.no_grad():
+            for r in range(rounds):
+                dense, idx, offs = qs[k, r]
+                bufs[0].copy_(dense)
+                for b, t in zip(bufs[1], idx):
+                    b.copy_(t)
+                bufs[2].copy_(offs)
+                with torch.cuda.stream(s):
+                    y = model(bufs[0].to("cuda", non_blocking=True), [b.to("cuda", non_blocking=True) for b in bufs[1]],
+                              bufs[2].to("cuda", non_blocking=True))
+                    out.copy_(y, non_blocking=True)
+                s.synchronize()
+                got[k, r] = out.clone()
+
+    st = _run_hooked(tmp_path, 2, threads, client)
+    bad = [key for key, want in ref.items() if not torch.allclose(got[key], want, atol=1e-6, rtol=1e-5)]
+    assert not bad, f"{len(bad)} of {len(ref)} queries differ from eager, first {bad[:4]}"
+    assert st["replays"] >= threads * (rounds - 10), st

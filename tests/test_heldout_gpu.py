@@ -29,6 +29,8 @@ ARGS = {
     "async_rerank_server.py": ["--threads", "4", "--queries", "2000"],
     "fresh_boost_dlrm.py": ["--threads", "4", "--queries", "2000"],
     "amp_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
+    "pinned_stream_serve.py": ["--threads", "4", "--queries", "3000"],
+    "mp_pool_serve.py": ["--procs", "2", "--threads", "2", "--queries", "3000"],
 }
 
 

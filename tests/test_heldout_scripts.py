@@ -31,6 +31,8 @@ TINY = {
     "async_rerank_server.py": ["--queries", "16", "--items", "1500", "--users", "300", "--history", "12"],
     "fresh_boost_dlrm.py": ["--queries", "24", "--batch", "16", "--vocab", "300"],
     "amp_ranker_serve.py": ["--queries", "40", "--batch", "16", "--vocab", "500"],
+    "pinned_stream_serve.py": ["--queries", "40", "--rows", "16", "--vocab", "500"],
+    "mp_pool_serve.py": ["--queries", "24", "--procs", "2", "--batch", "16", "--vocab", "500"],
 }
 THREADS = (1, 3)
 

@@ -19,6 +19,11 @@ ab_case() {
     amp0) _ab_run 0 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     amp2) _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     ampb2) RD_BATCHING=1 _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
+    pin0) _ab_run 0 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
+    pin2) _ab_run 2 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
+    pinb2) RD_BATCHING=1 _ab_run 2 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
+    mp0) _ab_run 0 examples/heldout/mp_pool_serve.py --procs 2 --threads 2 --queries 3000;;
+    mp2) _ab_run 2 examples/heldout/mp_pool_serve.py --procs 2 --threads 2 --queries 3000;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
     *) echo "unknown case $3";;
   esac

@@ -79,6 +79,7 @@ def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args
     e.static_in = [t.clone() for t in tensors]
     s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(e.static_in))
     g.stream.synchronize()
+    torch.cuda.current_stream().synchronize()  # (the clones above, where the script set its own stream)
     # capture on a private stream, never on the group stream: the other threads of the
     # group keep enqueuing their copies on the group stream meanwhile, and work from
     # another thread must not land in (or invalidate) this capture. Replays then run on
@@ -294,7 +295,9 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
                 why = _eager_from_now(g, e, module, site, f"capture failed: {failure_reason(ex)}")
                 return _eager(orig_call, module, args, kwargs, site, why)
         try:
+            cur = g.before_replay(torch)
             out = _run_shared(_replay, e, tensors, rows, gargs is None)
+            g.after_replay(cur)
             taken_over("model", site)
             return out
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason

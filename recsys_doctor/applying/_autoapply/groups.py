@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from ._common import _log, _state
+from .pageable import current_raw_stream
 
 
 class _Gate:
@@ -73,6 +74,45 @@ class _Group:
         #: key -> its batches here (:class:`.batching._Batches`), where the plan batches
         self.batches: dict[Any, Any] = {}
         self.capture_stream: Any = None
+        #: whether a replay of this group's graphs has run on another stream than the group's
+        #: (a script that sets its own stream): from then on replays are ordered by ``last_event``
+        self.mixed = False
+        self.last_raw: int | None = None  # the raw stream of the last replay, once mixed
+        self.last_event: Any = None
+
+    def before_replay(self, torch: Any) -> int | None:
+        """Under the group's lock, before one of its graphs replays on the current stream.
+
+        A graph's static inputs and outputs are the group's, shared by its threads. They
+        hand them on in stream order while every thread replays on the group's stream, the
+        stream each thread is given. A script may set its own stream, though, for example
+        one per worker with its copies, the call and a ``stream.synchronize()`` under it
+        (``examples/heldout/pinned_stream_serve.py``). Replays on two streams would then
+        overwrite each other's inputs while the other still runs: wrong outputs on the
+        H100. From the first replay off the group's stream on, each replay waits for the
+        last one, wherever it ran. It first waits for all the group's stream had queued.
+        Returns the raw current stream, for :meth:`after_replay`, or None where nothing is
+        needed (every replay so far on the group's stream)."""
+        if self.stream is None:  # (a group without a stream: the CPU tests')
+            return None
+        dev = self.stream.device_index
+        cur = current_raw_stream(torch, dev)
+        if not self.mixed:
+            if cur == self.stream.cuda_stream:
+                return None
+            self.mixed = True
+            self.last_event = torch.cuda.Event()
+            torch.cuda.current_stream(dev).wait_stream(self.stream)
+        elif cur != self.last_raw:
+            torch.cuda.current_stream(dev).wait_event(self.last_event)
+        return cur
+
+    def after_replay(self, cur: int | None) -> None:
+        """Under the group's lock, after a replay (and the copy of its outputs) that
+        :meth:`before_replay` ordered: the next replay, on any stream, waits for it."""
+        if cur is not None:
+            self.last_event.record()
+            self.last_raw = cur
 
 
 class _Streams:
