@@ -1,8 +1,9 @@
 """The after-state evidence of ``profile --apply`` on a script, without a GPU (issue 25):
 
 * the hook writes its ``stats()`` at exit to ``$RECSYS_DOCTOR_HOOK_STATS`` (after the script's
-  threads and its own ``atexit`` functions, never from a child interpreter, never breaking the
-  program), and the in-process hook of the torch backend does the same when stopped;
+  threads and its own ``atexit`` functions, never breaking the program; a child interpreter
+  whose threads the hook placed, a ``multiprocessing`` worker, writes its own beside it and the
+  reader merges them), and the in-process hook of the torch backend does the same when stopped;
 * syncs per query (step) and GPU busy before and after, on real Nsight Systems exports made on
   the GPU machine, against SQL of our own over the same files;
 * the terminal and HTML renderings of the evidence and of the hook's call-site table.
@@ -93,6 +94,65 @@ def test_hook_writes_its_stats_at_exit_after_the_threads(tmp_path):
     assert h2d["reasons"] == {"pageable source": 6, "no graph for this shape": 1}
     assert sites[("d2h", "pool.py:7")]["taken_over"] == 5
     assert [p.name for p in stats_path.parent.iterdir()] == ["hook_stats.json"]  # no temp file left
+
+
+# Two worker processes of the program whose threads the hook placed (counted in ``started``, as
+# the hook counts a thread it gives a group), each recording its calls; and the program's own.
+_WORKERS = r'''
+import multiprocessing as mp, sys
+
+def work(k):
+    sys.modules["_recsys_doctor_autoapply._common"]._state["started"] += 2
+    acc = sys.modules["_recsys_doctor_autoapply.accounting"]
+    acc.taken_over("model", "w.py:10", 100 + k)
+    acc.fell_back("model", "w.py:10", "warming up", 2)
+    acc.taken_over("h2d", f"w.py:{20 + k}", 7)
+
+if __name__ == "__main__":
+    sys.modules["_recsys_doctor_autoapply.accounting"].taken_over("model", "w.py:10", 1)
+    ps = [mp.get_context("spawn").Process(target=work, args=(k,)) for k in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    print("done")
+'''
+
+
+def test_worker_processes_stats_are_merged_with_the_programs(tmp_path):
+    stats_path = tmp_path / "hook_stats.json"
+    stale = tmp_path / "hook_stats.json.proc-1.json"
+    stale.write_text('{"threads": 99}')  # a worker's file left by an earlier run: removed by script_env
+    env = script_env(_plan(tmp_path), hook_dir=tmp_path / "hook", stats_path=stats_path)
+    assert not stale.exists()
+    script = tmp_path / "w.py"
+    script.write_text(_WORKERS)
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr
+    assert len(list(tmp_path.glob("hook_stats.json.proc-*.json"))) == 2
+    st = read_hook_stats(stats_path)
+    assert st["processes"] == 3 and st["threads"] == 4 and st["groups"] == 3
+    sites = {(s["kind"], s["site"]): s for s in st["sites"]}
+    assert set(sites) == {("model", "w.py:10"), ("h2d", "w.py:20"), ("h2d", "w.py:21")}
+    m = sites[("model", "w.py:10")]
+    assert (m["taken_over"], m["fallback"], m["reasons"]) == (1 + 100 + 101, 4, {"warming up": 4})
+    assert sites[("h2d", "w.py:20")]["taken_over"] == sites[("h2d", "w.py:21")]["taken_over"] == 7
+
+
+def test_merged_stats_add_counters_and_batch_sizes():
+    from recsys_doctor.applying.script_hook import merge_hook_stats
+
+    main = {"groups": 2, "graphs": True, "active": True, "replays": 5, "threads": 0, "batch_sizes": {"2": 1},
+            "fallbacks": ["a"], "sites": []}
+    child = {"groups": 2, "active": True, "replays": 30, "threads": 2, "captured": 3, "batch_sizes": {"2": 4, "8": 1},
+             "fallbacks": ["a", "b"], "sites": [{"kind": "model", "site": "x.py:1", "taken_over": 30, "fallback": 0,
+                                                  "reasons": {}, "batched": 8, "batch_sizes": {"2": 4}}]}
+    st = merge_hook_stats(main, [child, child])
+    assert (st["replays"], st["threads"], st["captured"], st["processes"]) == (65, 4, 6, 3)
+    assert st["batch_sizes"] == {"2": 9, "8": 2} and st["fallbacks"] == ["a", "b"]
+    assert st["sites"] == [{"kind": "model", "site": "x.py:1", "taken_over": 60, "fallback": 0, "reasons": {},
+                            "batched": 16, "batch_sizes": {"2": 8}}]
+    assert merge_hook_stats(main, []) == {**main, "processes": 1}
 
 
 def test_a_stats_file_that_cannot_be_written_is_one_line(tmp_path):
@@ -387,3 +447,12 @@ def test_calls_served_by_the_runtime_are_in_the_hook_line():
     assert "5,457 calls served by the runtime's batching, in 1,144 batches (8 x 9, 4 x 555, 3 x 400, 2 x 136, 1 x 44)" in out
     none = _text(dict(EVIDENCE, hook={"measured": dict(st, served_calls=0), "profiled": None}))
     assert "served by the runtime" not in none
+
+
+def test_the_hook_line_says_over_how_many_processes():
+    """Stats merged from worker processes (``read_hook_stats``): the hook line names the count."""
+    st = json.loads(json.dumps(dict(STATS, threads=4, processes=3)))
+    out = _text(dict(EVIDENCE, hook={"measured": st, "profiled": None})).replace("\n", " ")
+    assert "4 threads in " in out and " (over 3 processes)" in out
+    one = _text(dict(EVIDENCE, hook={"measured": dict(st, processes=1), "profiled": None}))
+    assert "processes" not in one

@@ -28,7 +28,7 @@ from ..planning.io import read_plan
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
 __all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
-           "read_hook_stats", "parse_script_result", "run_script"]
+           "read_hook_stats", "merge_hook_stats", "parse_script_result", "run_script"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
 _AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply") / "__init__.py"  # a package, loaded by path
@@ -81,7 +81,8 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     env.pop(ENV_STATS_PID, None)  # the program's first interpreter writes the stats, not an ancestor
     if stats_path is not None:
         sp = Path(stats_path).resolve()
-        sp.unlink(missing_ok=True)
+        for old in [sp, *sp.parent.glob(sp.name + ".proc-*.json")]:
+            old.unlink(missing_ok=True)
         env[ENV_STATS] = str(sp)
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds recsys_doctor/
     env["PYTHONPATH"] = os.pathsep.join([str(d.resolve()), root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
@@ -134,12 +135,70 @@ def script_treatment(plan_path: str | os.PathLike[str], stats_path: str | os.Pat
 
 def read_hook_stats(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The stats a hooked run wrote (:func:`script_env`'s ``stats_path``), or None where it
-    wrote none (the program ended through ``os._exit`` or a signal, or the file is unreadable)."""
+    wrote none (the program ended through ``os._exit`` or a signal, or the file is unreadable).
+    Child processes of the program whose threads the hook placed (``multiprocessing``
+    workers) write theirs beside it (``PATH.proc-PID.json``); they are merged in
+    (:func:`merge_hook_stats`), ``processes`` saying how many interpreters reported."""
+    d = _read_json(Path(path))
+    if d is None:
+        return None
+    children = [c for c in map(_read_json, sorted(Path(path).parent.glob(Path(path).name + ".proc-*.json")))
+                if c is not None]
+    return merge_hook_stats(d, children)
+
+
+def _read_json(p: Path) -> dict[str, Any] | None:
     try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
+        d = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
+
+
+#: the hook's counters that add up over processes
+_SUMMED = ("threads", "captured", "replays", "thread_graphs", "thread_replays", "materialized", "pageable_fast",
+           "served_calls", "staged_copies", "batches", "batched_calls")
+
+
+def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> dict[str, Any]:
+    """The program's stats with its child processes' added: counters and batch sizes summed,
+    call sites merged by (kind, line) with their counts and reasons summed, fallbacks in order
+    without repeats; the settings (groups, graphs, batching) are the program's."""
+    out = dict(main)
+    out["processes"] = 1 + len(children)
+    if not children:
+        return out
+    every = [main, *children]
+    for k in _SUMMED:
+        out[k] = sum(int(d.get(k) or 0) for d in every)
+    for k in ("batch_sizes", "served_batch_sizes"):
+        out[k] = _sum_counts(d.get(k) or {} for d in every)
+    out["fallbacks"] = list(dict.fromkeys(f for d in every for f in d.get("fallbacks") or []))
+    out["active"] = any(d.get("active") for d in every)
+    sites: dict[tuple[str, str], dict[str, Any]] = {}
+    for d in every:
+        for s in d.get("sites") or []:
+            m = sites.get((s["kind"], s["site"]))
+            if m is None:
+                sites[(s["kind"], s["site"])] = {**s, "reasons": dict(s.get("reasons") or {}),
+                                                 **({"batch_sizes": dict(s["batch_sizes"])} if "batch_sizes" in s else {})}
+                continue
+            for k in ("taken_over", "fallback", "batched"):
+                if k in s:
+                    m[k] = m.get(k, 0) + s[k]
+            m["reasons"] = _sum_counts([m["reasons"], s.get("reasons") or {}])
+            if "batch_sizes" in s:
+                m["batch_sizes"] = _sum_counts([m.get("batch_sizes") or {}, s["batch_sizes"]])
+    out["sites"] = sorted(sites.values(), key=lambda s: (-(s["taken_over"] + s["fallback"]), s["kind"], s["site"]))
+    return out
+
+
+def _sum_counts(dicts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[str(k)] = out.get(str(k), 0) + int(v)
+    return out
 
 
 def parse_script_result(output: str) -> dict[str, Any]:

@@ -89,5 +89,15 @@ def _at_exit() -> None:
     if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
         _log(json.dumps(stats()))
     path = os.environ.get(ENV_STATS)
-    if path and os.environ.get(ENV_STATS_PID) == str(os.getpid()):
+    if not path:
+        return
+    if os.environ.get(ENV_STATS_PID) == str(os.getpid()):
         write_stats(path)
+    elif _state.get("started", 0):  # a child process of the program (multiprocessing) whose threads were hooked
+        write_stats(child_stats_path(path, os.getpid()))
+
+
+def child_stats_path(path: str, pid: int) -> str:
+    """Where a child process of the hooked program writes its stats, beside ``path`` (the
+    program's own, :func:`~recsys_doctor.applying.script_hook.read_hook_stats` merges them)."""
+    return f"{path}.proc-{pid}.json"
