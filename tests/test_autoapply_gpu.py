@@ -801,7 +801,9 @@ def test_workers_on_their_own_streams_share_the_groups_graphs_safely(tmp_path):
     model, the scores copied back non-blocking into a pinned buffer, ``stream.synchronize()``.
     Two workers per group replay the group's graph (its static inputs and outputs shared) from
     two streams: every query's scores must equal eager's for that query's values. Unordered,
-    one replay's inputs overwrote the other's while it ran (wrong checksums on the H100)."""
+    one replay's inputs overwrote the other's while it ran (wrong checksums on the H100).
+    The dense input is scaled on the GPU before the call, as scripts normalize: the call is
+    then no thread's own graph of its copies (those are per thread, nothing shared)."""
     torch = pytest.importorskip("torch")
     model, host_query = _wdl()
     threads, rounds, rows = 4, 30, 64
@@ -824,8 +826,10 @@ def test_workers_on_their_own_streams_share_the_groups_graphs_safely(tmp_path):
                     b.copy_(t)
                 bufs[2].copy_(offs)
                 with torch.cuda.stream(s):
-                    y = model(bufs[0].to("cuda", non_blocking=True), [b.to("cuda", non_blocking=True) for b in bufs[1]],
-                              bufs[2].to("cuda", non_blocking=True))
+                    # (the dense input scaled on the GPU: not a plain copy, so no thread graph of
+                    # the copies; the calls take the group's graph, shared by the group's threads)
+                    y = model(bufs[0].to("cuda", non_blocking=True) * 1.0,
+                              [b.to("cuda", non_blocking=True) for b in bufs[1]], bufs[2].to("cuda", non_blocking=True))
                     out.copy_(y, non_blocking=True)
                 s.synchronize()
                 got[k, r] = out.clone()

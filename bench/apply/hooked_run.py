@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from recsys_doctor.applying.script_hook import run_script, script_env
+from recsys_doctor.applying.script_hook import read_hook_stats, run_script, script_env
 from recsys_doctor.planning.io import write_plan
 from recsys_doctor.planning.whatif import Candidate
 
@@ -31,10 +31,10 @@ def main() -> None:
         row["batching"] = batching
         env = script_env(plan, hook_dir=d / "hook", stats_path=d / "stats.json")
         res, _ = run_script(argv, env=env, timeout_s=300)
-        st = json.loads((d / "stats.json").read_text()) if (d / "stats.json").is_file() else {}
+        st = read_hook_stats(d / "stats.json") or {}  # (worker processes' stats merged in)
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
                                                "staged_copies", "captured", "served_calls", "pageable_fast",
-                                               "served_batch_sizes")}
+                                               "served_batch_sizes", "processes")}
         row["hook"]["fallback_calls"] = sum(s.get("fallback", 0) for s in st.get("sites", []))
         row["hook"]["batch_sizes"] = [s.get("batch_sizes") for s in st.get("sites", []) if s.get("batch_sizes")]
     row.update(res)
