@@ -104,7 +104,7 @@ def test_threads_go_round_robin_to_groups_without_a_limit(capsys):
     try:
         aa._state.clear()
         aa._state.update(active=True, n_groups=2, graphs=True, groups={}, started=0, patched_module=True,
-                         streams=streams, streams_failed=None)
+                         patched_copies=True, streams=streams, streams_failed=None)
         real = sys.modules.get("torch")
         sys.modules["torch"] = fake  # the hook reads torch from sys.modules only
         try:

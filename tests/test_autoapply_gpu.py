@@ -838,3 +838,34 @@ def test_workers_on_their_own_streams_share_the_groups_graphs_safely(tmp_path):
     bad = [key for key, want in ref.items() if not torch.allclose(got[key], want, atol=1e-6, rtol=1e-5)]
     assert not bad, f"{len(bad)} of {len(ref)} queries differ from eager, first {bad[:4]}"
     assert st["replays"] >= threads * (rounds - 10), st
+
+
+def test_a_main_thread_loop_is_placed_at_its_first_call_and_graphed(tmp_path):
+    """A script that serves from its main thread (a loop, or an asyncio server calling the model
+    inline: ``examples/heldout/asyncio_inline_serve.py``) starts no thread for the hook to place:
+    the thread is placed in a group of its own at its first model call, on its current stream,
+    and its calls are graphed there: every output equals eager's, most calls replay."""
+    from recsys_doctor.applying.apply import write_plan
+    from recsys_doctor.applying.script_hook import activate_in_process
+    from recsys_doctor.planning.whatif import Candidate
+
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    qs = []
+    for _ in range(20):
+        d, idx, offs = host_query(32, 1000)
+        qs.append((d.cuda(), [t.cuda() for t in idx], offs.cuda()))
+    with torch.no_grad():
+        ref = [model(*q).cpu() for q in qs]
+    undo = activate_in_process(write_plan(tmp_path / "plan.json", {}, Candidate(2, True, True, True)))
+    hook = sys.modules["_recsys_doctor_autoapply"]
+    try:
+        with torch.no_grad():
+            got = [model(*q).cpu() for q in qs]
+        st = hook.stats()
+    finally:
+        undo()
+    for r, (a, b) in enumerate(zip(got, ref)):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), r
+    assert st["late_threads"] == 1 and st["threads"] == 0, st
+    assert st["captured"] == 1 and st["replays"] >= len(qs) - 3, st

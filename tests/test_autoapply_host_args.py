@@ -93,7 +93,7 @@ def hooked(monkeypatch):
     for key, value in {"orig_tensor_methods": {"to": fake_to}, "host_type": _host_type(_cpu_to), "host_use": {},
                        "fallbacks": []}.items():
         monkeypatch.setitem(staging._state, key, value)
-    monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=CPU)), raising=False)
+    monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=CPU), late=None), raising=False)
     st = staging._ThreadCopies(stream=None)
     return SimpleNamespace(st=st, copied=copied)
 
@@ -405,6 +405,7 @@ def test_the_hooks_model_call_hands_forward_the_copies(hooked, monkeypatch):
     batch = _request(20, seed=3)
     want = _unhooked(model, batch)
     interception._patch_module(torch)
+    interception._patch_thread_copies(torch)  # (as the first thread placed at its start does)
     try:
         staging._state["host_type"] = _host_type(_cpu_to)  # (the CPU plays the group's device)
         monkeypatch.setitem(staging._state["orig_tensor_methods"], "to", lambda t, *a, **k: t.clone())

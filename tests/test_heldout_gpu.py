@@ -31,6 +31,7 @@ ARGS = {
     "amp_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
     "pinned_stream_serve.py": ["--threads", "4", "--queries", "3000"],
     "mp_pool_serve.py": ["--procs", "2", "--threads", "2", "--queries", "3000"],
+    "asyncio_inline_serve.py": ["--concurrency", "16", "--queries", "3000"],
 }
 
 

@@ -33,7 +33,10 @@ TINY = {
     "amp_ranker_serve.py": ["--queries", "40", "--batch", "16", "--vocab", "500"],
     "pinned_stream_serve.py": ["--queries", "40", "--rows", "16", "--vocab", "500"],
     "mp_pool_serve.py": ["--queries", "24", "--procs", "2", "--batch", "16", "--vocab", "500"],
+    "asyncio_inline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
 }
+#: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
+CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency")}
 THREADS = (1, 3)
 
 
@@ -50,7 +53,8 @@ def runs() -> dict[tuple[str, int], list[str]]:
     each, nothing on PYTHONPATH): their stdout lines, by (script, threads)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     procs = {(name, t): subprocess.Popen([sys.executable, str(HELDOUT / name), "--device", "cpu", *args,
-                                          "--threads", str(t)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          CLIENTS.get(name, ("--threads",))[0], str(t)],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          text=True, cwd=HELDOUT, env=env)
              for name, args in TINY.items() for t in THREADS}
     out = {}
@@ -81,7 +85,7 @@ def test_one_json_line_and_a_checksum_that_ignores_the_thread_count(name, runs):
         lines = runs[(name, t)]
         assert len(lines) == 1, lines
         r = json.loads(lines[0])
-        assert r["script"] == name[:-3] and r["threads"] == t and r["queries"] == queries
+        assert r["script"] == name[:-3] and r[CLIENTS.get(name, ("", "threads"))[1]] == t and r["queries"] == queries
         assert r["qps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
         assert isinstance(r["checksum"], float) and math.isfinite(r["checksum"]) and r["checksum"] != 0
         results[t] = r

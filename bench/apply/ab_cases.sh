@@ -24,6 +24,8 @@ ab_case() {
     pinb2) RD_BATCHING=1 _ab_run 2 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
     mp0) _ab_run 0 examples/heldout/mp_pool_serve.py --procs 2 --threads 2 --queries 3000;;
     mp2) _ab_run 2 examples/heldout/mp_pool_serve.py --procs 2 --threads 2 --queries 3000;;
+    aio0) _ab_run 0 examples/heldout/asyncio_inline_serve.py --concurrency 16 --queries 3000;;
+    aio2) _ab_run 2 examples/heldout/asyncio_inline_serve.py --concurrency 16 --queries 3000;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
     *) echo "unknown case $3";;
   esac

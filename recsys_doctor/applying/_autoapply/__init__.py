@@ -92,7 +92,8 @@ from ._common import ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CAL
 from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
-from .interception import _group_for_new_thread, _wrapped_bootstrap  # noqa: F401
+from .importwatch import cancel, when_imported
+from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
 from .settings import read_runtime, unhonoured
 from .staging import _copy_in, _make_lazy_type, _materialize, _ThreadCopies, _ThreadGraph  # noqa: F401
@@ -132,13 +133,16 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0, pageable_fast=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
-                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={})
+                      stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
+                      activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False)
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]
         else:  # pragma: no cover - every CPython we support has it
             raise RuntimeError("threading.Thread has no _bootstrap_inner on this Python")
+    if rt["cuda_graphs"]:  # nn.Module patched once PyTorch is imported: threads placed at their first call
+        _state["torch_watch"] = when_imported("torch", on_torch_imported)  # (outside _lock: may run now)
     return rt
 
 
@@ -148,6 +152,7 @@ def deactivate() -> None:
         if not _state.get("active"):
             return
         threading.Thread._bootstrap_inner = _state.pop("orig_bootstrap")  # type: ignore[attr-defined]
+        cancel(_state.pop("torch_watch", None))
         if _state.get("patched_module"):
             torch = _torch()
             if torch is not None:

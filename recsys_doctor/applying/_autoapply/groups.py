@@ -79,6 +79,9 @@ class _Group:
         self.mixed = False
         self.last_raw: int | None = None  # the raw stream of the last replay, once mixed
         self.last_event: Any = None
+        #: the activation of the hook that placed its one thread at the thread's first model
+        #: call (:func:`.interception._late_group`); None for the plan's groups
+        self.late: int | None = None
 
     def before_replay(self, torch: Any) -> int | None:
         """Under the group's lock, before one of its graphs replays on the current stream.

@@ -41,6 +41,50 @@ def _group_for_new_thread() -> _Group | None:
             g = groups[k] = _Group(k, streams.streams[k], streams)
         if not _state["patched_module"]:
             _patch_module(torch)
+        if not _state.get("patched_copies"):
+            _patch_thread_copies(torch)
+    return g
+
+
+def on_torch_imported(torch: Any) -> None:
+    """Patch ``nn.Module.__call__`` as soon as PyTorch is imported (:mod:`.importwatch`), where
+    the plan graphs: a thread never placed in a group at its start can then be placed at its
+    first model call (:func:`_late_group`)."""
+    with _lock:
+        if _state.get("active") and _state.get("graphs") and not _state["patched_module"]:
+            _patch_module(torch)
+
+
+def _late_group(torch: Any) -> _Group | None:
+    """A group for a thread that was not placed when it started, made at its first top-level
+    model call: the main thread of a single-threaded loop or of an asyncio server that calls the
+    model inline, or a thread started before CUDA was initialized. Its group is its own (no
+    other thread shares its graphs), on the stream the thread is on (its current stream is left
+    as it is: the tensors it made before were made there), with its own captures and replays
+    as every group's; no batching (one thread) and no thread graph of its copies. None where
+    the thread stays as it is (the hook's own threads, no CUDA yet, no stream groups)."""
+    if not _state["active"] or not _state["graphs"]:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None  # (asked again at the next call: CUDA may start later)
+    except (RuntimeError, AttributeError):
+        _tls.unplaced = _state["activation"]
+        return None
+    if _runtime_thread(threading.current_thread()):
+        _tls.unplaced = _state["activation"]
+        return None
+    with _lock:
+        streams = _streams(torch)
+        if streams is None:
+            _tls.unplaced = _state["activation"]
+            return None
+        n = _state["late_threads"] = _state.get("late_threads", 0) + 1
+        g = _Group(_state["n_groups"] + n - 1, torch.cuda.current_stream(), streams)
+    g.late = _state["activation"]
+    _tls.group = g
+    _tls.depth = 0
+    _tls.copies = None
     return g
 
 
@@ -75,7 +119,15 @@ def _patch_module(torch: Any) -> None:
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         g = getattr(_tls, "group", None)
-        if g is None or not _state["graphs"]:
+        if g is not None and g.late is not None and g.late != _state.get("activation"):
+            g = None  # (placed late under an earlier activation of the hook: placed anew)
+        if g is None:
+            if getattr(_tls, "unplaced", None) == _state.get("activation"):
+                return orig(self, *args, **kwargs)
+            g = _late_group(torch)
+            if g is None:
+                return orig(self, *args, **kwargs)
+        if not _state["graphs"]:
             return orig(self, *args, **kwargs)
         depth = _tls.depth
         if depth > 0:
@@ -91,6 +143,8 @@ def _patch_module(torch: Any) -> None:
                 finally:
                     if st is not None:
                         slots_read(torch, st)
+            if g.late is not None:  # a thread placed at its first model call: its own group's graphs
+                return _graphed_call(orig, self, args, kwargs, site)
             if _state.get("batching"):
                 if st is None:
                     return _batched_call(orig, self, args, kwargs, site)
@@ -115,6 +169,12 @@ def _patch_module(torch: Any) -> None:
     nn.Module.__call__ = __call__
     _state["patched_module"] = True
     _state["orig_module_call"] = orig
+
+
+def _patch_thread_copies(torch: Any) -> None:
+    """The copy methods, patched when the first thread is placed at its start (the threads
+    placed late take no copies)."""
+    _state["patched_copies"] = True
     _patch_copies(torch)  # pageable copies always; pinned ones into thread graphs where those are on
     origs = _state["orig_tensor_methods"]
     _state["host_type"] = make_host_type(torch, lambda a, k: to_args(torch, a, k), lambda a, k: cuda_args(torch, a, k),

@@ -34,7 +34,7 @@ def stats() -> dict[str, Any]:
             "graphs": _state.get("graphs"), "batching": bool(_state.get("batching")),
             "max_batch": _state.get("max_batch"), "batches": sum(sizes.values()),
             "batched_calls": sum(k * n for k, n in sizes.items()), "batch_sizes": sizes,
-            "threads": _state.get("started", 0),
+            "threads": _state.get("started", 0), "late_threads": _state.get("late_threads", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
             "materialized": _state.get("materialized", 0), "pageable_fast": _state.get("pageable_fast", 0),

@@ -1,0 +1,127 @@
+"""Threads placed in a group at their first model call (``_late_group``,
+recsys_doctor/applying/_autoapply/interception.py) and the import watch that patches
+``nn.Module.__call__`` once PyTorch is imported (``_autoapply/importwatch.py``), on the CPU.
+The GPU test that a main-thread loop is graphed with outputs equal to eager:
+tests/test_autoapply_gpu.py (``..._main_thread_...``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from recsys_doctor.applying import _autoapply as aa
+from recsys_doctor.applying._autoapply import importwatch, interception
+from recsys_doctor.applying._autoapply._common import _tls
+from recsys_doctor.applying.script_hook import script_env
+from recsys_doctor.planning.io import write_plan
+from recsys_doctor.planning.whatif import Candidate
+
+ADVISED = {"schema": 1, "stream_groups": {"count": 2}, "cuda_graphs": {"enabled": True}}
+
+
+# ------------------------------------------------------------------------------ the import watch
+
+def test_a_watch_fires_once_after_the_module_ran_and_leaves(tmp_path, monkeypatch):
+    (tmp_path / "rd_watched_mod.py").write_text("VALUE = 41\nVALUE += 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    w = importwatch.when_imported("rd_watched_mod", lambda m: seen.append(m.VALUE))
+    assert w in sys.meta_path and not seen
+    try:
+        import rd_watched_mod  # noqa: F401
+        assert seen == [42] and w not in sys.meta_path  # after the module's own code
+        assert importwatch.when_imported("rd_watched_mod", lambda m: seen.append("now")) is None
+        assert seen == [42, "now"]  # already imported: at once
+    finally:
+        sys.modules.pop("rd_watched_mod", None)
+        importwatch.cancel(w)
+
+
+def test_a_failing_callback_never_breaks_the_import(tmp_path, monkeypatch, capsys):
+    (tmp_path / "rd_watched_bad.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    w = importwatch.when_imported("rd_watched_bad", lambda m: 1 / 0)
+    try:
+        import rd_watched_bad
+
+        assert rd_watched_bad.X == 1
+    finally:
+        sys.modules.pop("rd_watched_bad", None)
+        importwatch.cancel(w)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["recsys-doctor apply: after importing rd_watched_bad: ZeroDivisionError: division by zero"]
+
+
+_PATCHED = "import torch; print(hasattr(torch.nn.Module.__call__, '__wrapped__'))"
+
+
+@pytest.mark.parametrize("graphs,want", [(True, "True"), (False, "False")])
+def test_the_module_call_is_patched_at_torch_import_where_the_plan_graphs(tmp_path, graphs, want):
+    """A script that starts no thread (the check prints right after ``import torch``): with a
+    plan that graphs, ``nn.Module.__call__`` is the hook's already; without graphs it is left."""
+    pytest.importorskip("torch")
+    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2, True, False, graphs))
+    env = script_env(plan, hook_dir=tmp_path / "hook")
+    p = subprocess.run([sys.executable, "-c", _PATCHED], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == want
+
+
+# ------------------------------------------------------------------------------ late placement
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A hook state with 2 plan groups and the runtime's streams, a stand-in torch whose CUDA is
+    up and whose current stream is named by the calling thread; this thread unplaced."""
+    state = dict(active=True, n_groups=2, graphs=True, groups={}, started=0, patched_module=True,
+                 patched_copies=True, streams=types.SimpleNamespace(streams=["s0", "s1"]), streams_failed=None,
+                 activation=7, late_threads=0)
+    saved = dict(aa._state)
+    aa._state.clear()
+    aa._state.update(state)
+    for name in ("group", "unplaced", "copies", "depth"):
+        monkeypatch.delattr(_tls, name, raising=False)
+    up = {"on": True}
+    cuda = types.SimpleNamespace(is_initialized=lambda: up["on"],
+                                 current_stream=lambda: f"current-of-{threading.current_thread().name}")
+    yield types.SimpleNamespace(cuda=cuda), up
+    aa._state.clear()
+    aa._state.update(saved)
+    for name in ("group", "unplaced", "copies", "depth"):
+        if hasattr(_tls, name):
+            delattr(_tls, name)
+
+
+def test_a_thread_is_placed_late_in_a_group_of_its_own_on_its_current_stream(fake_cuda):
+    torch, _ = fake_cuda
+    g = interception._late_group(torch)
+    assert g is _tls.group and g.late == 7 and g.index == 2  # after the plan's groups 0 and 1
+    assert g.stream == f"current-of-{threading.current_thread().name}" and _tls.depth == 0 and _tls.copies is None
+    got = {}
+
+    def other():
+        got["g"] = interception._late_group(torch)
+
+    t = threading.Thread(target=other, name="late-other")
+    t.start()
+    t.join()
+    assert got["g"].index == 3 and got["g"].stream == "current-of-late-other" and got["g"] is not g
+    assert aa._state["late_threads"] == 2 and aa._state["started"] == 0 and aa._state["groups"] == {}
+
+
+def test_no_late_group_before_cuda_starts_nor_for_the_hooks_own_threads(fake_cuda, monkeypatch):
+    torch, up = fake_cuda
+    up["on"] = False
+    assert interception._late_group(torch) is None
+    assert getattr(_tls, "unplaced", None) is None  # asked again later: CUDA may start
+    up["on"] = True
+    monkeypatch.setattr(interception, "_runtime_thread", lambda t: True)
+    assert interception._late_group(torch) is None and _tls.unplaced == 7  # never asked again this activation
+    aa._state["graphs"] = False
+    monkeypatch.setattr(interception, "_runtime_thread", lambda t: False)
+    assert interception._late_group(torch) is None
