@@ -844,7 +844,9 @@ def test_a_main_thread_loop_is_placed_at_its_first_call_and_graphed(tmp_path):
     """A script that serves from its main thread (a loop, or an asyncio server calling the model
     inline: ``examples/heldout/asyncio_inline_serve.py``) starts no thread for the hook to place:
     the thread is placed in a group of its own at its first model call, on its current stream,
-    and its calls are graphed there: every output equals eager's, most calls replay."""
+    and its calls are graphed there: every output equals eager's, most calls replay. A graph the
+    script then captures itself (warm-up on a side stream, ``torch.cuda.graph``) is left to it
+    and replays right: the hook makes no call of its own inside the script's capture."""
     from recsys_doctor.applying.apply import write_plan
     from recsys_doctor.applying.script_hook import activate_in_process
     from recsys_doctor.planning.whatif import Candidate
@@ -862,10 +864,29 @@ def test_a_main_thread_loop_is_placed_at_its_first_call_and_graphed(tmp_path):
     try:
         with torch.no_grad():
             got = [model(*q).cpu() for q in qs]
-        st = hook.stats()
+            st = hook.stats()
+            # then the script captures a graph of its own (as a hand-written graph server does):
+            # warm-up on a side stream, capture, replay; the hook keeps out of the capture
+            static = (qs[0][0].clone(), [t.clone() for t in qs[0][1]], qs[0][2].clone())
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            own = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(own):
+                own_out = model(*static)
+            static[0].copy_(qs[5][0])
+            for a, b in zip(static[1], qs[5][1]):
+                a.copy_(b)
+            static[2].copy_(qs[5][2])
+            own.replay()
+            own_got = own_out.cpu()
     finally:
         undo()
     for r, (a, b) in enumerate(zip(got, ref)):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), r
     assert st["late_threads"] == 1 and st["threads"] == 0, st
     assert st["captured"] == 1 and st["replays"] >= len(qs) - 3, st
+    assert torch.allclose(own_got, ref[5], atol=1e-6, rtol=1e-5)

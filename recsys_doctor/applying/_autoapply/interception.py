@@ -113,6 +113,15 @@ def _wrapped_bootstrap(orig: Any) -> Any:
     return bootstrap_inner
 
 
+def _capturing(torch: Any) -> bool:
+    """Whether the current stream is capturing a CUDA graph (the script's own: the hook's
+    captures make their calls through the original ``__call__``)."""
+    try:
+        return bool(torch._C._cuda_isCurrentStreamCapturing())
+    except (RuntimeError, AttributeError, TypeError):  # a PyTorch without CUDA
+        return False
+
+
 def _patch_module(torch: Any) -> None:
     nn = torch.nn
     orig = nn.Module.__call__
@@ -120,9 +129,11 @@ def _patch_module(torch: Any) -> None:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         g = getattr(_tls, "group", None)
         if g is not None and g.late is not None and g.late != _state.get("activation"):
-            g = None  # (placed late under an earlier activation of the hook: placed anew)
+            del _tls.group  # (placed late under an earlier activation of the hook: placed anew)
+            g = None
         if g is None:
-            if getattr(_tls, "unplaced", None) == _state.get("activation"):
+            # (a group set to None, not absent: a placed thread doing the runtime's work, .served)
+            if hasattr(_tls, "group") or getattr(_tls, "unplaced", None) == _state.get("activation"):
                 return orig(self, *args, **kwargs)
             g = _late_group(torch)
             if g is None:
@@ -130,7 +141,7 @@ def _patch_module(torch: Any) -> None:
         if not _state["graphs"]:
             return orig(self, *args, **kwargs)
         depth = _tls.depth
-        if depth > 0:
+        if depth > 0 or _capturing(torch):  # (a nested call; a call in a graph the script captures itself)
             return orig(self, *args, **kwargs)
         _tls.depth = depth + 1
         try:
