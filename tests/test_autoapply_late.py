@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import types
-from pathlib import Path
 
 import pytest
 
