@@ -26,6 +26,10 @@ ab_case() {
     mp2) _ab_run 2 examples/heldout/mp_pool_serve.py --procs 2 --threads 2 --queries 3000;;
     aio0) _ab_run 0 examples/heldout/asyncio_inline_serve.py --concurrency 16 --queries 3000;;
     aio2) _ab_run 2 examples/heldout/asyncio_inline_serve.py --concurrency 16 --queries 3000;;
+    cmp0) _ab_run 0 examples/heldout/compiled_ranker_serve.py --threads 4 --queries 3000;;
+    cmp2) _ab_run 2 examples/heldout/compiled_ranker_serve.py --threads 4 --queries 3000;;
+    cmpro0) _ab_run 0 examples/heldout/compiled_ranker_serve.py --threads 4 --queries 3000 --mode reduce-overhead;;
+    cmpro2) _ab_run 2 examples/heldout/compiled_ranker_serve.py --threads 4 --queries 3000 --mode reduce-overhead;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
     *) echo "unknown case $3";;
   esac
