@@ -32,6 +32,7 @@ ARGS = {
     "pinned_stream_serve.py": ["--threads", "4", "--queries", "3000"],
     "mp_pool_serve.py": ["--procs", "2", "--threads", "2", "--queries", "3000"],
     "asyncio_inline_serve.py": ["--concurrency", "16", "--queries", "3000"],
+    "compiled_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
 }
 
 

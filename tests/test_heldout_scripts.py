@@ -34,6 +34,7 @@ TINY = {
     "pinned_stream_serve.py": ["--queries", "40", "--rows", "16", "--vocab", "500"],
     "mp_pool_serve.py": ["--queries", "24", "--procs", "2", "--batch", "16", "--vocab", "500"],
     "asyncio_inline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
+    "compiled_ranker_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500", "--mode", "none"],
 }
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency")}
