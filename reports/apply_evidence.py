@@ -48,6 +48,8 @@ def _hook_line(st: Mapping[str, Any] | None, run: str) -> str:
     if st.get("not_applied"):
         return f"Hook ({run}): the plan was not applied: {st['not_applied']}"
     parts = [f"{fmt(st.get('threads', 0))} threads in {fmt(st.get('groups'))} stream groups"]
+    if st.get("late_threads"):  # (threads the hook placed at their first model call: the main thread...)
+        parts[0] += f", {fmt(st['late_threads'])} placed at their first model call (a group each)"
     if (st.get("processes") or 1) > 1:  # (worker processes of the program: their threads and calls added)
         parts[0] += f" (over {fmt(st['processes'])} processes)"
     if st.get("graphs"):

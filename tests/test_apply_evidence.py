@@ -147,8 +147,9 @@ def test_merged_stats_add_counters_and_batch_sizes():
     child = {"groups": 2, "active": True, "replays": 30, "threads": 2, "captured": 3, "batch_sizes": {"2": 4, "8": 1},
              "fallbacks": ["a", "b"], "sites": [{"kind": "model", "site": "x.py:1", "taken_over": 30, "fallback": 0,
                                                   "reasons": {}, "batched": 8, "batch_sizes": {"2": 4}}]}
-    st = merge_hook_stats(main, [child, child])
+    st = merge_hook_stats(main, [child, dict(child, late_threads=1)])
     assert (st["replays"], st["threads"], st["captured"], st["processes"]) == (65, 4, 6, 3)
+    assert st["late_threads"] == 1
     assert st["batch_sizes"] == {"2": 9, "8": 2} and st["fallbacks"] == ["a", "b"]
     assert st["sites"] == [{"kind": "model", "site": "x.py:1", "taken_over": 60, "fallback": 0, "reasons": {},
                             "batched": 16, "batch_sizes": {"2": 8}}]
@@ -456,3 +457,13 @@ def test_the_hook_line_says_over_how_many_processes():
     assert "4 threads in " in out and " (over 3 processes)" in out
     one = _text(dict(EVIDENCE, hook={"measured": dict(st, processes=1), "profiled": None}))
     assert "processes" not in one
+
+
+def test_the_hook_line_names_threads_placed_at_their_first_call():
+    """A script serving from its main thread (an asyncio server calling the model inline): no
+    thread placed at its start, one placed at its first model call; the hook line says so."""
+    st = json.loads(json.dumps(dict(STATS, threads=0, late_threads=1)))
+    out = _text(dict(EVIDENCE, hook={"measured": st, "profiled": None})).replace("\n", " ")
+    assert "0 threads in " in out and ", 1 placed at their first model call (a group each)" in out
+    none = _text(dict(EVIDENCE, hook={"measured": dict(st, late_threads=0), "profiled": None}))
+    assert "first model call" not in none

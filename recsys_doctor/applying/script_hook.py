@@ -156,7 +156,7 @@ def _read_json(p: Path) -> dict[str, Any] | None:
 
 
 #: the hook's counters that add up over processes
-_SUMMED = ("threads", "captured", "replays", "thread_graphs", "thread_replays", "materialized", "pageable_fast",
+_SUMMED = ("threads", "late_threads", "captured", "replays", "thread_graphs", "thread_replays", "materialized", "pageable_fast",
            "served_calls", "staged_copies", "batches", "batched_calls")
 
 
