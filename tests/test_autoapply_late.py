@@ -124,3 +124,31 @@ def test_no_late_group_before_cuda_starts_nor_for_the_hooks_own_threads(fake_cud
     aa._state["graphs"] = False
     monkeypatch.setattr(interception, "_runtime_thread", lambda t: False)
     assert interception._late_group(torch) is None
+
+
+_CPU_LOOP = r'''
+import json, sys, torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).eval()
+x = torch.randn(32, 8)
+with torch.no_grad():
+    out = [float(m(x * k).sum()) for k in range(5)]
+print(json.dumps(out))
+'''
+
+
+def test_a_cpu_loop_under_the_hook_runs_as_it_is(tmp_path):
+    """No CUDA: the main thread's model calls go through the patched call to PyTorch's own,
+    unchanged; nothing is placed, taken over or counted."""
+    pytest.importorskip("torch")
+    plan = write_plan(tmp_path / "plan.json", ADVISED, Candidate(2, True, False, True))
+    stats = tmp_path / "stats.json"
+    plain = subprocess.run([sys.executable, "-c", _CPU_LOOP], capture_output=True, text=True, timeout=120)
+    env = script_env(plan, hook_dir=tmp_path / "hook", stats_path=stats)
+    hooked = subprocess.run([sys.executable, "-c", _CPU_LOOP], env=env, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and hooked.returncode == 0, hooked.stderr
+    assert hooked.stdout == plain.stdout and hooked.stderr == ""
+    from recsys_doctor.applying.script_hook import read_hook_stats
+
+    st = read_hook_stats(stats)
+    assert st["active"] and st["late_threads"] == 0 and st["threads"] == 0 and st["sites"] == [], st
