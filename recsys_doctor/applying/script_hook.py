@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..capture.treatment import Treatment
 from ..errors import BadInputError, WorkloadError
 from ..planning.io import read_plan
+from ._autoapply.accounting import merge_sites
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
 __all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
@@ -175,21 +176,7 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
         out[k] = _sum_counts(d.get(k) or {} for d in every)
     out["fallbacks"] = list(dict.fromkeys(f for d in every for f in d.get("fallbacks") or []))
     out["active"] = any(d.get("active") for d in every)
-    sites: dict[tuple[str, str], dict[str, Any]] = {}
-    for d in every:
-        for s in d.get("sites") or []:
-            m = sites.get((s["kind"], s["site"]))
-            if m is None:
-                sites[(s["kind"], s["site"])] = {**s, "reasons": dict(s.get("reasons") or {}),
-                                                 **({"batch_sizes": dict(s["batch_sizes"])} if "batch_sizes" in s else {})}
-                continue
-            for k in ("taken_over", "fallback", "batched"):
-                if k in s:
-                    m[k] = m.get(k, 0) + s[k]
-            m["reasons"] = _sum_counts([m["reasons"], s.get("reasons") or {}])
-            if "batch_sizes" in s:
-                m["batch_sizes"] = _sum_counts([m.get("batch_sizes") or {}, s["batch_sizes"]])
-    out["sites"] = sorted(sites.values(), key=lambda s: (-(s["taken_over"] + s["fallback"]), s["kind"], s["site"]))
+    out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 from ._common import _state, _tls
 
@@ -136,22 +136,32 @@ def sites() -> list[dict[str, Any]]:
     calls of the site)."""
     with _sites_lock:
         tables = list(_state.get("site_tables", []))
+    return merge_sites({"kind": kind, "site": site, "taken_over": c[0], "fallback": c[1], "reasons": c[2],
+                        **({"batched": c[3], "batch_sizes": c[4]} if len(c) > 3 else {})}
+                       for t in tables for (kind, site), c in list(t.items()))
+
+
+def merge_sites(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of :func:`sites` (one per thread's table, or per process: the stats files that
+    :func:`~recsys_doctor.applying.script_hook.read_hook_stats` merges) added up per (kind,
+    site), in new dicts, most calls first."""
     merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for t in tables:
-        for (kind, site), c in list(t.items()):
-            m = merged.get((kind, site))
-            if m is None:
-                m = merged[(kind, site)] = {"kind": kind, "site": site, "taken_over": 0, "fallback": 0, "reasons": {}}
-                if kind == "model":
-                    m.update(batched=0, batch_sizes={})
-            m["taken_over"] += c[0]
-            m["fallback"] += c[1]
-            for r, k in list(c[2].items()):
-                m["reasons"][r] = m["reasons"].get(r, 0) + k
-            if len(c) > 3:
-                m["batched"] += c[3]
-                for size, k in list(c[4].items()):
-                    m["batch_sizes"][size] = m["batch_sizes"].get(size, 0) + k
-    rows = list(merged.values())
-    rows.sort(key=lambda s: (-(s["taken_over"] + s["fallback"]), s["kind"], s["site"]))
-    return rows
+    for s in rows:
+        kind, site = s["kind"], s["site"]
+        m = merged.get((kind, site))
+        if m is None:
+            m = merged[(kind, site)] = {"kind": kind, "site": site, "taken_over": 0, "fallback": 0, "reasons": {}}
+            if kind == "model":
+                m.update(batched=0, batch_sizes={})
+        m["taken_over"] += s["taken_over"]
+        m["fallback"] += s["fallback"]
+        for r, k in list(s["reasons"].items()):
+            m["reasons"][r] = m["reasons"].get(r, 0) + k
+        if "batched" in s:
+            m["batched"] = m.get("batched", 0) + s["batched"]
+            bs = m.setdefault("batch_sizes", {})
+            for size, k in list(s["batch_sizes"].items()):
+                bs[size] = bs.get(size, 0) + k
+    rows_out = list(merged.values())
+    rows_out.sort(key=lambda s: (-(s["taken_over"] + s["fallback"]), s["kind"], s["site"]))
+    return rows_out

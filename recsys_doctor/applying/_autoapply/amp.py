@@ -28,7 +28,7 @@ from typing import Any
 
 from ._common import _state, _torch
 from .graphs import _graphed_call
-from .host_args import take
+from .host_args import _capturing, take
 from .staging import _materialize, settle
 from .thread_graphs import _copies_call
 
@@ -58,7 +58,7 @@ class AmpCall:
 
     def __call__(self, module: Any, *args: Any, **kwargs: Any) -> Any:
         torch = _torch()
-        if torch.cuda.is_current_stream_capturing():
+        if _capturing(torch):
             with torch.autocast("cuda", dtype=self.dtype, cache_enabled=False):
                 return self.orig(module, *args, **kwargs)
         return self.orig(module, *args, **kwargs)

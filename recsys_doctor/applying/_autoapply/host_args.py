@@ -156,7 +156,11 @@ def _release(torch: Any, p: Any) -> Any:
 
 
 def _capturing(torch: Any) -> bool:
-    return bool(torch.cuda.is_current_stream_capturing())
+    """Whether the current stream is capturing a CUDA graph (False for a PyTorch without CUDA)."""
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except (RuntimeError, AttributeError, TypeError):  # a PyTorch without CUDA
+        return False
 
 
 def _use(torch: Any, p: Any, what: Any) -> None:

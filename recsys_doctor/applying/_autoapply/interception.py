@@ -12,7 +12,7 @@ from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
 from .graphs import _graphed_call
 from .groups import _Group, _streams
-from .host_args import make_host_type, take
+from .host_args import _capturing, make_host_type, take
 from .pageable import cuda_args, to_args
 from .served import call as served_call
 from .staging import _patch_copies, _ThreadCopies, slots_read
@@ -113,15 +113,6 @@ def _wrapped_bootstrap(orig: Any) -> Any:
     return bootstrap_inner
 
 
-def _capturing(torch: Any) -> bool:
-    """Whether the current stream is capturing a CUDA graph (the script's own: the hook's
-    captures make their calls through the original ``__call__``)."""
-    try:
-        return bool(torch._C._cuda_isCurrentStreamCapturing())
-    except (RuntimeError, AttributeError, TypeError):  # a PyTorch without CUDA
-        return False
-
-
 def _patch_module(torch: Any) -> None:
     nn = torch.nn
     orig = nn.Module.__call__
@@ -141,7 +132,9 @@ def _patch_module(torch: Any) -> None:
         if not _state["graphs"]:
             return orig(self, *args, **kwargs)
         depth = _tls.depth
-        if depth > 0 or _capturing(torch):  # (a nested call; a call in a graph the script captures itself)
+        # (a nested call; a call in a graph the script captures itself: the hook's own captures
+        # call the original __call__)
+        if depth > 0 or _capturing(torch):
             return orig(self, *args, **kwargs)
         _tls.depth = depth + 1
         try:
