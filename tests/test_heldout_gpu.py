@@ -33,6 +33,9 @@ ARGS = {
     "mp_pool_serve.py": ["--procs", "2", "--threads", "2", "--queries", "3000"],
     "asyncio_inline_serve.py": ["--concurrency", "16", "--queries", "3000"],
     "compiled_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
+    "model_refresh_serve.py": ["--threads", "4", "--queries", "3000"],
+    "jagged_dlrm_serve.py": ["--threads", "4", "--queries", "3000"],
+    "feature_pipeline_serve.py": ["--threads", "4", "--queries", "3000"],
 }
 
 

@@ -35,6 +35,9 @@ TINY = {
     "mp_pool_serve.py": ["--queries", "24", "--procs", "2", "--batch", "16", "--vocab", "500"],
     "asyncio_inline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
     "compiled_ranker_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500", "--mode", "none"],
+    "model_refresh_serve.py": ["--queries", "40", "--refresh-every", "8", "--batch", "16", "--vocab", "500"],
+    "jagged_dlrm_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
+    "feature_pipeline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
 }
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency")}
@@ -158,3 +161,55 @@ def test_amp_ranker_checksum_recomputed_and_its_precisions_differ(runs):
     r = json.loads(runs[("amp_ranker_serve.py", 3)][0])
     assert r["shadow_requests"] == 3
     assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_model_refresh_checksum_recomputed_and_every_refresh_changes_the_scores(runs):
+    """The server that installs a new model version between request waves, four ways in turn
+    (in place, ``assign=True``, a new object, a new temperature): its checksum recomputed with a
+    model built for each wave from the version's weights and the temperature in force, and every
+    refresh changes the next wave's scores (a graph of the version before would show)."""
+    mod = _load("model_refresh_serve.py")
+    args = dict(zip(TINY["model_refresh_serve.py"][::2], TINY["model_refresh_serve.py"][1::2]))
+    queries, every = int(args["--queries"]), int(args["--refresh-every"])
+    batch, vocab = int(args["--batch"]), int(args["--vocab"])
+    w_version, temp = 0, mod.weights(0, 0, vocab, "cpu")[1]
+    flat, modes = [], []
+    prev = None
+    for wave, start in enumerate(range(0, queries, every)):
+        if wave:
+            mode = mod.MODES[(wave - 1) % len(mod.MODES)]
+            modes.append(mode)
+            new_temp = mod.weights(wave, 0, vocab, "cpu")[1]
+            w_version = w_version if mode == "calibrate" else wave
+            temp = new_temp if mode in ("calibrate", "swap") else temp
+        model = mod.Ranker(vocab, temperature=temp)
+        model.load_state_dict(mod.weights(w_version, 0, vocab, "cpu")[0])
+        model.eval()
+        with torch.inference_mode():
+            for rid in range(start, min(start + every, queries)):
+                ids, dense = mod.make_request(0, rid, batch, vocab)
+                scores = model(torch.from_numpy(ids), torch.from_numpy(dense)).numpy()
+                if rid == start and prev is not None:
+                    assert not np.allclose(scores, prev(torch.from_numpy(ids), torch.from_numpy(dense)).numpy())
+                flat += list(scores)
+        prev = model
+    assert modes == ["inplace", "assign", "swap", "calibrate"]
+    flat = np.asarray(flat, dtype=np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    r = json.loads(runs[("model_refresh_serve.py", 3)][0])
+    assert r["versions"] == 5
+    assert r["checksum"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_jagged_requests_change_shape_every_time():
+    """The jagged DLRM's requests: the same batch, but every feature's number of ids (so the
+    shape of its values tensor) differs from request to request; empty bags occur."""
+    mod = _load("jagged_dlrm_serve.py")
+    shapes = set()
+    empty = 0
+    for rid in range(8):
+        dense, values, lengths = mod.make_request(0, rid, 64, 500, 20)
+        assert dense.shape == (64, mod.N_DENSE) and [len(v) for v in values] == [int(n.sum()) for n in lengths]
+        shapes.add(tuple(len(v) for v in values))
+        empty += sum(int((n == 0).sum()) for n in lengths)
+    assert len(shapes) == 8 and empty > 0

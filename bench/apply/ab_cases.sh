@@ -31,6 +31,16 @@ ab_case() {
     cmpro0) _ab_run 0 examples/heldout/compiled_ranker_serve.py --threads 4 --queries 3000 --mode reduce-overhead;;
     cmpro2) _ab_run 2 examples/heldout/compiled_ranker_serve.py --threads 4 --queries 3000 --mode reduce-overhead;;
     dcn4) _ab_run 4 examples/heldout/dcn_frame_serve.py --threads 4 --queries 2000;;
+    ref0) _ab_run 0 examples/heldout/model_refresh_serve.py --threads 4 --queries 3000;;
+    ref1) _ab_run 1 examples/heldout/model_refresh_serve.py --threads 4 --queries 3000;;
+    ref2) _ab_run 2 examples/heldout/model_refresh_serve.py --threads 4 --queries 3000;;
+    refb2) RD_BATCHING=1 _ab_run 2 examples/heldout/model_refresh_serve.py --threads 4 --queries 3000;;
+    jag0) _ab_run 0 examples/heldout/jagged_dlrm_serve.py --threads 4 --queries 3000;;
+    jag2) _ab_run 2 examples/heldout/jagged_dlrm_serve.py --threads 4 --queries 3000;;
+    jagb2) RD_BATCHING=1 _ab_run 2 examples/heldout/jagged_dlrm_serve.py --threads 4 --queries 3000;;
+    pipe0) _ab_run 0 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
+    pipe2) _ab_run 2 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
+    pipe4) _ab_run 4 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
     *) echo "unknown case $3";;
   esac
 }
