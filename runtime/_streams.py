@@ -124,7 +124,8 @@ class Slot:
 class StreamGroup:
     """One stream group on a device. Create through :class:`StreamManager`."""
 
-    def __init__(self, manager: "StreamManager", index: int, merge: bool, slots: int, mr: Any) -> None:
+    def __init__(self, manager: "StreamManager", index: int, merge: bool, slots: int, mr: Any,
+                 blocking: bool = False) -> None:
         import cuda.core as cc
 
         self.manager = manager
@@ -132,7 +133,7 @@ class StreamGroup:
         self.merge = merge
         dev = manager.device
         with translating("cuStreamCreate"):
-            opts = cc.StreamOptions(nonblocking=True)
+            opts = cc.StreamOptions(nonblocking=not blocking)
             self.compute = dev.create_stream(options=opts)
             if merge:
                 self.h2d = self.d2h = self.compute
@@ -241,11 +242,17 @@ class StreamManager:
     ``streams_only``: the groups' streams and nothing else (no slots, pools or events;
     ``slots`` and the pool options are ignored): :meth:`acquire` works, :meth:`acquire_slot`
     and :meth:`StreamGroup.allocate` raise :class:`RuntimeCudaError`.
+
+    ``blocking``: the groups' streams synchronize with the legacy default stream (created
+    without ``CU_STREAM_NON_BLOCKING``), so that work a program puts on the default stream
+    (PyTorch's, in a thread that set no stream) is ordered with the groups' work as it was
+    when everything ran on the default stream; side streams stay non-blocking (a capture on
+    them is never joined by default-stream work). The script hook's streams are blocking.
     """
 
     def __init__(self, groups: int = 4, *, device: int = 0, merge: bool = True, slots: int = 2,
                  per_group_pool: bool = True, pool_limit_bytes: int | None = None,
-                 probe_idle: bool = True, streams_only: bool = False) -> None:
+                 probe_idle: bool = True, streams_only: bool = False, blocking: bool = False) -> None:
         if streams_only:
             slots, per_group_pool, pool_limit_bytes = 0, False, None
         elif slots < 1:
@@ -275,7 +282,7 @@ class StreamManager:
             for _ in range(n_pools):
                 opts = cc.DeviceMemoryResourceOptions(max_size=max_size) if max_size else cc.DeviceMemoryResourceOptions()
                 self._pools.append(cc.DeviceMemoryResource(self.device, options=opts))
-        self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools] if n_pools else None)
+        self.groups = [StreamGroup(self, i, merge, slots, self._pools[i % n_pools] if n_pools else None, blocking)
                        for i in range(groups)]
         # ``probe_idle``: break ties between equally loaded groups by an event query (the
         # served model turns it off: on its hot path, in-flight counts and round-robin are

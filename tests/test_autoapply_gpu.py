@@ -51,6 +51,17 @@ def test_hook_groups_are_the_runtimes_streams(tmp_path):
     # thread k (in start order) on group k mod 2: threads 0 and 2 share a stream, 1 and 3 the other
     assert [seen[k] for k in range(4)] == [handles[0], handles[1], handles[0], handles[1]]
     assert torch.cuda.default_stream().cuda_stream not in handles
+    # blocking streams (flags 0, not CU_STREAM_NON_BLOCKING): ordered with the default stream's
+    # work, as the script's threads were on it (groups.py; a side stream, where captures run, is not)
+    from cuda.bindings import driver
+
+    def flags(h: int) -> int:
+        err, f = driver.cuStreamGetFlags(driver.CUstream(h))
+        assert int(err) == 0, err
+        return int(f)
+
+    assert [flags(h) for h in handles] == [0, 0]
+    assert flags(int(mgr.side_stream())) == int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
 def test_streams_only_manager_has_its_streams_alone():

@@ -11,7 +11,8 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one
   stream shared (and synchronized) by every thread. The groups are the runtime's: the first
   such thread makes one :class:`recsys_doctor.runtime.StreamManager` with the plan's group
-  count (merged, ``streams_only``: the script's copies and memory stay PyTorch's), and a
+  count (merged, ``streams_only``: the script's copies and memory stay PyTorch's; ``blocking``:
+  work a thread puts on the default stream stays ordered with the groups' work), and a
   group's stream is a ``torch.cuda.ExternalStream`` over its group's stream handle, as
   :func:`recsys_doctor.runtime.serve` bridges them; the capture streams are the manager's
   side streams (:mod:`.groups`). ``recsys_doctor.runtime`` is imported then, not before
@@ -92,6 +93,7 @@ from ._common import ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CAL
 from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
+from . import modstate
 from .importwatch import cancel, when_imported
 from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
@@ -134,9 +136,11 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0, pageable_fast=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
-                      activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False)
+                      activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
+                      late_groups=[], module_changes=0)
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
+            modstate.reset()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]
         else:  # pragma: no cover - every CPython we support has it
@@ -157,6 +161,7 @@ def deactivate() -> None:
             torch = _torch()
             if torch is not None:
                 torch.nn.Module.__call__ = _state["orig_module_call"]
+                modstate.unpatch(torch)
                 for name, fn in _state.pop("orig_tensor_methods", {}).items():
                     setattr(torch.Tensor, name, fn)
                 for name, fn in _state.pop("orig_torch_functions", {}).items():

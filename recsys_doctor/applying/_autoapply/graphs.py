@@ -137,7 +137,9 @@ def _capture_into(torch: Any, graph: Any, stream: Any, run: Any) -> Any:
         before = torch.cuda.memory_reserved()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             out = run()
-        _state["graph_bytes"] = _state.get("graph_bytes", 0) + max(0, torch.cuda.memory_reserved() - before)
+        grew = max(0, torch.cuda.memory_reserved() - before)
+        _state["graph_bytes"] = _state.get("graph_bytes", 0) + grew
+        graph.rd_bytes = grew  # (given back to the budget when the graph is retired: .modstate)
         return out
     except BaseException:
         # torch.cuda.graph's __exit__ skips restoring the current stream when ending the

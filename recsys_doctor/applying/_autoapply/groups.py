@@ -141,7 +141,14 @@ class _Streams:
         dev = torch.cuda.current_device()
         self.torch = torch
         self.device = torch.device("cuda", dev)
-        self.manager = StreamManager(n_groups, device=dev, merge=True, streams_only=True, probe_idle=False)
+        # blocking: the script's work on the default stream (a thread that set no stream: the
+        # main thread loading new weights in place between request waves, or reading what a
+        # worker computed) stays ordered with the groups' work, as when every thread ran on the
+        # default stream; non-blocking group streams let a replay read weights a
+        # ``load_state_dict`` on the default stream had not finished copying (wrong scores on the
+        # H200, examples/heldout/model_refresh_serve.py, bench/apply/results/refresh_h200/)
+        self.manager = StreamManager(n_groups, device=dev, merge=True, streams_only=True, probe_idle=False,
+                                     blocking=True)
         try:
             self.streams = [torch.cuda.ExternalStream(g.stream_handles[0], device=self.device)
                             for g in self.manager.groups]
@@ -175,6 +182,11 @@ def _streams(torch: Any) -> _Streams | None:
             _state["fallbacks"].append(reason)
             return None
     return st  # type: ignore[no-any-return]
+
+
+def all_groups() -> list[_Group]:
+    """Every group of this activation: the plan's and those of threads placed late."""
+    return list(_state.get("groups", {}).values()) + list(_state.get("late_groups", []))
 
 
 def _capture_stream(g: _Group) -> Any:

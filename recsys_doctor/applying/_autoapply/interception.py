@@ -10,12 +10,13 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
-from .graphs import _graphed_call
+from . import modstate
+from .graphs import _eager, _graphed_call
 from .groups import _Group, _streams
 from .host_args import _capturing, make_host_type, take
 from .pageable import cuda_args, to_args
 from .served import call as served_call
-from .staging import _patch_copies, _ThreadCopies, slots_read
+from .staging import _materialize, _patch_copies, _ThreadCopies, settle, slots_read
 from .thread_graphs import _copies_call
 
 
@@ -81,6 +82,7 @@ def _late_group(torch: Any) -> _Group | None:
             return None
         n = _state["late_threads"] = _state.get("late_threads", 0) + 1
         g = _Group(_state["n_groups"] + n - 1, torch.cuda.current_stream(), streams)
+        _state.setdefault("late_groups", []).append(g)
     g.late = _state["activation"]
     _tls.group = g
     _tls.depth = 0
@@ -136,10 +138,13 @@ def _patch_module(torch: Any) -> None:
         # call the original __call__)
         if depth > 0 or _capturing(torch):
             return orig(self, *args, **kwargs)
+        rec = modstate.check(torch, self)  # (its graphs retired first where it changed since)
         _tls.depth = depth + 1
         try:
             site = script_site(2)  # the script's line that called the model
             st: _ThreadCopies | None = getattr(_tls, "copies", None)
+            if rec.eager is not None:
+                return _eager_call(torch, st, orig, self, args, kwargs, site, rec.eager)
             amp = autocast_dtype(torch)
             if amp is not None:  # precision-keyed graphs, captured with the autocast cache off
                 try:
@@ -171,8 +176,22 @@ def _patch_module(torch: Any) -> None:
 
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
     nn.Module.__call__ = __call__
+    modstate.patch(torch)
     _state["patched_module"] = True
     _state["orig_module_call"] = orig
+
+
+def _eager_call(torch: Any, st: _ThreadCopies | None, orig: Any, module: Any, args: Any, kwargs: Any, site: str,
+                why: str) -> Any:
+    """The call as the script made it, counted as left to PyTorch: the copies the thread
+    deferred for a graph are made first."""
+    if st is not None:
+        settle(torch, st)
+        if st.pending:
+            _materialize(torch, st)
+        st.n = 0
+        st.recent = []
+    return _eager(orig, module, args, kwargs, site, why)
 
 
 def _patch_thread_copies(torch: Any) -> None:

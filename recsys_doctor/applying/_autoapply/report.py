@@ -39,6 +39,7 @@ def stats() -> dict[str, Any]:
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
             "materialized": _state.get("materialized", 0), "pageable_fast": _state.get("pageable_fast", 0),
             "served_calls": _state.get("served_calls", 0),
+            "module_changes": _state.get("module_changes", 0),
             "served_batch_sizes": _served_batch_sizes(),
             "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
             "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site}

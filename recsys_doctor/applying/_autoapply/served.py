@@ -53,7 +53,8 @@ from .fallback import _fall_back
 from .argtree import Slot, flatten, matches, remake, skeleton
 from .pageable import _cuda_at
 from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
-from .thread_graphs import NOT_COPIES, copy_sources
+from .modstate import fresh, stale
+from .thread_graphs import NOT_COPIES, copy_sources, drop_stale
 
 #: why a model's calls are not served by the runtime (the reason's first part)
 NOT_SERVED = "not served by the runtime's batching"
@@ -74,10 +75,12 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     runtime served it, else None (the copies this query deferred are made, and the caller goes
     the hook's batched path)."""
     settle(torch, st)
+    if st.tg is not None and stale(st.tg, module):
+        drop_stale(torch, st)
     tg, n = st.tg, st.n
     st.n = 0
     recent, st.recent = st.recent, []
-    if (tg is not None and tg.graph is None and st.pending and n == len(tg.src) and module is tg.module
+    if (tg is not None and tg.graph is None and st.pending and n == len(tg.src) and fresh(tg, module)
             and not kwargs and not module.training and not torch.is_grad_enabled()
             and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
         r = _route_of(module)
@@ -89,7 +92,7 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
         st.n = n
         _materialize(torch, st)
     st.n = 0
-    refused = _route_of(module).refused if tg is not None and tg.module is module else None
+    refused = _route_of(module).refused if tg is not None and fresh(tg, module) else None
     if refused is not None:
         st.tg, st.reason = None, refused  # (its copies are PyTorch's again)
     if (tg is None and st.reason is None and recent and not kwargs and not module.training

@@ -9,6 +9,7 @@ import weakref
 from typing import Any
 
 from ._common import _state, _tls
+from .modstate import version
 from .accounting import fell_back, script_site, taken_over
 from .pageable import (
     LEFT_SYNCHRONOUS,
@@ -88,12 +89,18 @@ class _ThreadCopies:
 
 
 class _ThreadGraph:
-    __slots__ = ("module", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
+    __slots__ = ("module_ref", "version", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
                  "static_out", "device", "tag", "raw", "learned")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None) -> None:
-        self.module = module
+        # the module weakly (a model the script replaces is freed: :func:`.modstate.fresh`) and
+        # which of its versions the graph holds (:mod:`.modstate`)
+        try:
+            self.module_ref: Any = weakref.ref(module)
+        except TypeError:  # (not an object a weak reference can name: the tests' stand-ins)
+            self.module_ref = lambda m=module: m
+        self.version = version(module)
         self.graph = graph
         self.src = src  # the script's pinned tensors (kept alive: the graph reads them)
         self.src_ptr = [t.data_ptr() for t in src]

@@ -12,6 +12,7 @@ from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
+from .modstate import fresh, stale
 from .staging import _materialize, _ThreadCopies, _ThreadGraph
 
 
@@ -47,11 +48,13 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
                  kwargs: dict[str, Any], site: str = "?") -> Any:
     """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
+    if st.tg is not None and stale(st.tg, module):
+        drop_stale(torch, st)
     tg, n = st.tg, st.n
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
     # its copy: the replay's own copies give the model exactly what the script handed it)
-    if (tg is not None and st.pending and n == len(tg.src) and module is tg.module and not module.training
+    if (tg is not None and st.pending and n == len(tg.src) and fresh(tg, module) and not module.training
             and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
             and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
         try:
@@ -73,6 +76,17 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     if st.tg is None and st.reason is None and recent:
         _learn(torch, st, orig_call, module, args, kwargs, recent, site)
     return out
+
+
+def drop_stale(torch: Any, st: _ThreadCopies) -> None:
+    """Drop the thread's graph of a model that was freed or changed since (:func:`.modstate.stale`):
+    the copies it deferred are made first, its last replay is waited for, and the thread
+    learns its copies again."""
+    if st.pending:
+        _materialize(torch, st)
+    st.n = 0
+    torch.cuda.current_stream().synchronize()
+    st.tg, st.reason, st.learn_tries = None, None, 0
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],

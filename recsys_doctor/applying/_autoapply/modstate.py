@@ -1,0 +1,277 @@
+"""Models that change while they serve: a graph captured from a module's call holds its
+parameters and buffers by address and its plain attributes by value, so anything that changes
+them after the capture retires the module's graphs, which are captured again.
+
+A serving script may install a new model version without a restart
+(``examples/heldout/model_refresh_serve.py``): ``load_state_dict(sd, assign=True)`` (the state
+dict's tensors become the parameters: new addresses, the old memory freed), ``.to()`` /
+``.half()``, a new temperature (``model.temperature = t``, read by ``forward`` as a Python
+float), or a new model object, which may come to live at the address (``id``) of a dropped one
+that the hook's keys still name. Replaying the old graphs gave wrong scores there, and a crash
+with batching (``bench/apply/results/refresh_h200/``). An in-place
+``load_state_dict(sd)`` (copies into the same parameters) needs nothing: a replay reads the
+new values.
+
+How it is known, at the cost of one dictionary look-up a call:
+
+* ``nn.Module``'s ``__setattr__``, ``__delattr__``, ``_apply`` (``.to()``, ``.cuda()``,
+  ``.half()``...), ``register_buffer``/``register_parameter``/``add_module`` and the forward
+  hook registrations bump one revision counter, unless the thread is inside a hooked model
+  call (a ``forward`` writing its own attributes is not an input change: a replay does not
+  run ``forward`` at all);
+* each top-level hooked call looks its module up (:func:`check`): the same object, the same
+  revision as when it was last looked at: nothing to do. Otherwise its signature (every
+  submodule's type, its parameters' and buffers' addresses, dtypes and shapes, its plain
+  attributes - numbers, strings, tuples of them, tensors by address - and its forward hooks)
+  is taken again. A different signature, or a new object at a known ``id``, retires
+  everything the hook holds for that ``id`` (:func:`_retire`): the groups' graphs, row
+  buckets and batches, the batching spec, the runtime route; a thread's own graph is dropped
+  by its thread at its next call (:func:`fresh`). The graphs' memory goes back to the budget.
+* a module whose graphs keep being retired before they pay off (``THRASH`` times in a row,
+  fewer than ``PAYOFF_CALLS`` calls each) runs eagerly from then on, with the reason.
+
+What is not seen: a global or a closure variable the ``forward`` reads, ``p.data = x`` or
+``torch.utils.swap_tensors`` on a parameter - as with ``torch.cuda.make_graphed_callables``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from ._common import _state, _tls
+from .fallback import _fall_back
+
+#: a module changed this many times in a row within ``PAYOFF_CALLS`` calls of its last change runs eagerly
+THRASH = 3
+PAYOFF_CALLS = 64
+#: why such a module runs eagerly
+CHANGES_OFTEN = "the module changes every few calls (its graphs would never pay off): eager"
+
+_SCALARS = (int, float, bool, str, type(None))
+#: the Module methods that change what a graph of it reads (patched by :func:`patch`)
+_CHANGERS = ("__setattr__", "__delattr__", "_apply", "register_buffer", "register_parameter", "add_module",
+             "register_forward_hook", "register_forward_pre_hook")
+
+_lock = threading.Lock()
+_rev = [0]  # the revision counter (a list: bumped from the patched methods)
+_recs: dict[int, _Rec] = {}
+_dead: list[int] = []  # ids of recorded modules collected since (their records retired at the next slow look-up)
+_internals: frozenset[str] = frozenset()
+
+
+class _Rec:
+    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager")
+
+    def __init__(self, module: Any, rev: int, sig: tuple[Any, ...]) -> None:
+        mid = id(module)
+        self.ref = weakref.ref(module, lambda _r: _dead.append(mid))
+        self.rev = rev
+        self.sig = sig
+        self.version = 0
+        self.calls = 0  # calls since the last change
+        self.thrash = 0  # changes in a row that came within PAYOFF_CALLS calls
+        self.eager: str | None = None
+
+
+def reset() -> None:
+    """Forget every module (a new activation of the hook)."""
+    with _lock:
+        _recs.clear()
+        _dead.clear()
+
+
+def _bump() -> None:
+    if not getattr(_tls, "depth", 0):
+        _rev[0] += 1
+
+
+def patch(torch: Any) -> None:
+    """Patch the ``nn.Module`` methods that change a module (once; :func:`unpatch` undoes it)."""
+    global _internals
+    nn = torch.nn
+    if _state.get("orig_module_changers"):
+        return
+    _internals = frozenset(nn.Module().__dict__)
+    origs = {name: getattr(nn.Module, name) for name in _CHANGERS}
+
+    def wrap(orig: Any) -> Any:
+        def changer(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                _bump()
+
+        changer.__wrapped__ = orig  # type: ignore[attr-defined]
+        changer.__name__ = orig.__name__
+        return changer
+
+    for name, orig in origs.items():
+        setattr(nn.Module, name, wrap(orig))
+    _state["orig_module_changers"] = origs
+
+
+def unpatch(torch: Any) -> None:
+    for name, orig in (_state.pop("orig_module_changers", None) or {}).items():
+        setattr(torch.nn.Module, name, orig)
+
+
+def _value(torch: Any, v: Any) -> Any:
+    """A plain attribute as the signature holds it, or None where it is not one it follows."""
+    if isinstance(v, _SCALARS):
+        return (type(v).__name__, repr(v))  # (repr: a NaN equals itself, 1 and 1.0 and True differ)
+    if isinstance(v, torch.Tensor):
+        return ("T", v.data_ptr(), v.dtype, tuple(v.shape), v.device) if v.device.type != "meta" else ("T", "meta")
+    if isinstance(v, (torch.dtype, torch.device)):
+        return ("D", str(v))
+    if isinstance(v, (tuple, list)) and len(v) <= 64 and all(isinstance(x, _SCALARS) for x in v):
+        return (type(v).__name__, repr(v))
+    return None
+
+
+def signature(torch: Any, module: Any) -> tuple[Any, ...]:
+    """What a graph of ``module``'s call depends on beyond its arguments (see the module's doc)."""
+    parts: list[Any] = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        parts.append((name, type(m)))
+        d = getattr(m, "__dict__", {})
+        for group in ("_parameters", "_buffers"):
+            for k, t in (d.get(group) or {}).items():
+                parts.append((group, k, None if t is None else _value(torch, t)))
+        for group in ("_forward_hooks", "_forward_pre_hooks"):
+            hooks = d.get(group)
+            if hooks:
+                parts.append((group, tuple(id(h) for h in hooks.values())))
+        for k, v in d.items():
+            if k not in _internals:
+                val = _value(torch, v)
+                if val is not None:
+                    parts.append((k, val))
+    return tuple(parts)
+
+
+def _changed(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
+    """What differs between two signatures, in a few words (the first difference)."""
+    for a, b in zip(old, new):
+        if a != b:
+            what = b[1] if b and b[0] in ("_parameters", "_buffers") else b[0]
+            return f"{what!s} changed"
+    return "its submodules changed"
+
+
+def check(torch: Any, module: Any) -> _Rec:
+    """``module``'s record, its graphs retired first where it changed since they were made: at
+    every top-level hooked call, before anything keyed by ``id(module)`` is used."""
+    rec = _recs.get(id(module))
+    if rec is not None and rec.rev == _rev[0] and rec.ref() is module:
+        rec.calls += 1
+        return rec
+    return _look_again(torch, module)
+
+
+def _look_again(torch: Any, module: Any) -> _Rec:
+    with _lock:
+        while _dead:
+            mid = _dead.pop()
+            old = _recs.get(mid)
+            if old is not None and old.ref() is None:
+                del _recs[mid]
+                _retire(torch, mid)
+        rev = _rev[0]  # (read before the signature: a change made meanwhile is seen at the next call)
+        mid = id(module)
+        rec = _recs.get(mid)
+        if rec is None or rec.ref() is not module:
+            if rec is not None:  # a new object at the address of a collected one, not yet retired
+                _retire(torch, mid)
+            rec = _recs[mid] = _Rec(module, rev, signature(torch, module))
+            return rec
+        if rec.rev == rev:
+            return rec
+        sig = signature(torch, module)
+        if sig == rec.sig:
+            rec.rev = rev
+            return rec
+        why = _changed(rec.sig, sig)
+        rec.sig = sig
+        rec.version += 1
+        rec.thrash = rec.thrash + 1 if rec.calls < PAYOFF_CALLS else 1
+        rec.calls = 0
+        n = _retire(torch, mid)
+        # only now may another thread's call take the fast path of check(): set before the
+        # retire, a thread of another group replayed a graph of the version before (one request
+        # scored with the old weights after load_state_dict(assign=True), on the H200)
+        rec.rev = rev
+        _state["module_changes"] = _state.get("module_changes", 0) + 1
+        if rec.thrash >= THRASH and rec.eager is None:
+            rec.eager = f"{CHANGES_OFTEN} ({why})"
+            _fall_back(f"{type(module).__name__}: {rec.eager}", CHANGES_OFTEN)
+        elif n:
+            from ._common import _log
+
+            _log(f"{type(module).__name__} changed after its graphs were captured ({why}): "
+                 f"{n} retired, captured again")
+        return rec
+
+
+def version(module: Any) -> int:
+    """The number of changes of ``module`` seen so far (after :func:`check` of this call)."""
+    rec = _recs.get(id(module))
+    return rec.version if rec is not None else 0
+
+
+def _key_id(key: Any) -> Any:
+    """The module id a graph key names (``(id, parts)`` or ``((id, tag), parts)``)."""
+    k0 = key[0] if isinstance(key, tuple) and key else None
+    return k0[0] if isinstance(k0, tuple) and k0 else k0
+
+
+def _retire(torch: Any, mid: int) -> int:
+    """Drop everything the hook holds for the module of id ``mid`` (under ``_lock``); returns how
+    many graphs and batch queues went. Each group's work is finished first, under its lock,
+    so no graph is freed while a replay of it may run."""
+    from .groups import all_groups
+
+    n = 0
+    for g in all_groups():
+        with g.lock:
+            keys = [k for k in g.entries if _key_id(k) == mid]
+            bkeys = [k for k in g.batches if _key_id(k) == mid]
+            if not keys and not bkeys and mid not in g.sites:
+                continue
+            if g.stream is not None and (keys or bkeys):
+                g.stream.synchronize()
+                if g.last_event is not None:
+                    g.last_event.synchronize()
+            for k in keys:
+                e = g.entries.pop(k)
+                if e.graph is not None:
+                    n += 1
+                    _state["graph_bytes"] = max(0, _state.get("graph_bytes", 0) - getattr(e.graph, "rd_bytes", 0))
+            for k in bkeys:
+                b = g.batches.pop(k)
+                n += 1 + len(b.graphs)
+                for graph, _ in b.graphs.values():
+                    _state["graph_bytes"] = max(0, _state.get("graph_bytes", 0) - getattr(graph, "rd_bytes", 0))
+            g.sites.pop(mid, None)
+    specs = _state.get("batch_specs")
+    if specs:
+        for k in [k for k in specs if _key_id(k) == mid]:
+            specs.pop(k, None)
+    if (_state.get("routes") or {}).pop(mid, None) is not None:
+        n += 1  # (its served model is kept to the process's end, as every one: .served)
+    (_state.get("host_use") or {}).pop(mid, None)
+    return n
+
+
+def stale(tg: Any, module: Any) -> bool:
+    """Whether thread graph ``tg`` must go before a call of ``module``: its model was freed,
+    or it is ``module`` and ``module`` changed since the graph was made."""
+    m = tg.module_ref()
+    return m is None or (m is module and tg.version != version(module))
+
+
+def fresh(tg: Any, module: Any) -> bool:
+    """Whether thread graph ``tg`` (:class:`.staging._ThreadGraph`) was made from ``module``
+    as it is now."""
+    return tg.module_ref() is module and tg.version == version(module)

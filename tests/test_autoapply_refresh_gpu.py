@@ -1,0 +1,58 @@
+"""A model refreshed while it serves, under the script hook on a real GPU (run on the GPU
+machine: ``pytest -m gpu tests/test_autoapply_refresh_gpu.py``).
+
+``examples/heldout/model_refresh_serve.py`` installs a new model version between request waves
+in the four ways teams do (``load_state_dict`` in place, ``load_state_dict(assign=True)``, a new
+model object, a new Python-float temperature). Under each plan - one group, two groups (with
+the threads' own graphs of their copies), two groups batching (the runtime's served route) -
+every score must be the unhooked run's: the checksum covers every request in order. Before
+``_autoapply/modstate.py`` the graphs captured from the first version replayed for every later
+one (wrong checksums), and the batching plan crashed the process
+(``bench/apply/results/refresh_h200/``). The graphs must also be used (most calls replayed),
+and the changes seen (``module_changes``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recsys_doctor.applying.script_hook import read_hook_stats, script_env
+from recsys_doctor.planning.io import write_plan
+from recsys_doctor.planning.whatif import Candidate
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "heldout" / "model_refresh_serve.py"
+ARGS = ["--threads", "4", "--queries", "1200", "--refresh-every", "150"]
+
+
+def _run(env: dict | None = None) -> dict:
+    p = subprocess.run([sys.executable, str(SCRIPT), *ARGS], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def unhooked() -> dict:
+    return _run()
+
+
+@pytest.mark.parametrize("groups,batching", [(1, False), (2, False), (2, True)])
+def test_a_refreshed_model_keeps_the_unhooked_scores(tmp_path, unhooked, groups, batching):
+    plan = write_plan(tmp_path / "plan.json", {}, Candidate(groups, True, False, True, batching=batching))
+    env = script_env(plan, base_env=dict(os.environ), hook_dir=tmp_path / "hook", stats_path=tmp_path / "stats.json")
+    got = _run(env)
+    st = read_hook_stats(tmp_path / "stats.json")
+    assert st is not None and st["active"], st
+    rel = abs(got["checksum"] - unhooked["checksum"]) / abs(unhooked["checksum"])
+    assert rel <= 1e-6, (got["checksum"], unhooked["checksum"], st)
+    assert got["versions"] == unhooked["versions"] == 8
+    # assign x2, calibrate x1 (in place needs nothing; a new object is a new module)
+    assert st["module_changes"] >= 3, st
+    graphed = st["replays"] + st["thread_replays"] + st["served_calls"]
+    assert graphed >= 1200 // 2, st
