@@ -152,3 +152,67 @@ def test_a_cpu_loop_under_the_hook_runs_as_it_is(tmp_path):
 
     st = read_hook_stats(stats)
     assert st["active"] and st["late_threads"] == 0 and st["threads"] == 0 and st["sites"] == [], st
+
+
+# ------------------------------------------------------------------------------ placement at the first call
+
+@pytest.fixture
+def deferred(fake_cuda, monkeypatch):
+    """The fake CUDA above with placement at the first model call (``RECSYS_DOCTOR_PLACE=first-call``):
+    the plan's two group streams, the default stream 0, and every ``set_stream`` recorded."""
+    torch, up = fake_cuda
+    streams = [types.SimpleNamespace(device_index=0, cuda_stream=100 + k) for k in range(2)]
+    current = {"s": types.SimpleNamespace(device_index=0, cuda_stream=0)}
+    sets = []
+
+    def set_stream(s):
+        sets.append(s)
+        current["s"] = s
+
+    torch.cuda = types.SimpleNamespace(is_initialized=lambda: up["on"], current_stream=lambda dev=None: current["s"],
+                                       default_stream=lambda dev=None: types.SimpleNamespace(cuda_stream=0),
+                                       set_stream=set_stream)
+    aa._state.update(place_at_first_call=True, thread_graphs=True,
+                     streams=types.SimpleNamespace(streams=streams))
+    monkeypatch.setattr(interception, "_torch", lambda: torch)
+    monkeypatch.delattr(_tls, "defer", raising=False)
+    yield torch, streams, current, sets
+    if hasattr(_tls, "defer"):
+        del _tls.defer
+
+
+def test_a_deferred_thread_joins_the_next_plan_group_at_its_first_call(deferred):
+    torch, streams, current, sets = deferred
+    _tls.defer = 7
+    g = interception._place_deferred(torch)
+    assert g is _tls.group and g.index == 0 and g.late is None and g.stream is streams[0]
+    assert _tls.depth == 0 and _tls.copies is not None and not hasattr(_tls, "defer")
+    assert sets == [streams[0]] and current["s"] is streams[0]  # the default stream left for the group's
+    assert aa._state["started"] == 1 and aa._state["groups"] == {0: g}
+
+
+def test_a_deferred_thread_on_a_stream_of_its_own_stays_there(deferred):
+    torch, streams, current, sets = deferred
+    aa._state["started"] = 1  # (one thread placed before it: this one gets group 1)
+    own = types.SimpleNamespace(device_index=0, cuda_stream=555)
+    current["s"] = own
+    _tls.defer = 7
+    g = interception._place_deferred(torch)
+    assert g.index == 1 and g.stream is streams[1]
+    assert sets == [] and current["s"] is own  # the script's stream is not replaced
+
+
+def test_with_placement_at_the_first_call_a_thread_starts_unplaced(deferred):
+    """A thread started once CUDA is up is only marked at its start: it runs on the stream it
+    starts on (PyTorch's default), in no group, until it calls a model."""
+    torch, streams, current, sets = deferred
+    seen = {}
+
+    def run():
+        seen["defer"] = getattr(_tls, "defer", None)
+        seen["group"] = hasattr(_tls, "group")
+
+    boot = interception._wrapped_bootstrap(lambda self: self.run())
+    t = threading.Thread(target=run)
+    boot(t)  # (the thread's body, run here: what _bootstrap_inner runs in the new thread)
+    assert seen == {"defer": 7, "group": False} and sets == [] and aa._state["started"] == 0

@@ -234,3 +234,17 @@ def test_no_call_takes_the_fast_path_before_the_retire_is_done(hooked, monkeypat
     assert modstate.check(torch, m).version == 1
     assert seen == [False]
     assert modstate.check(torch, m).rev == modstate._rev[0]
+
+
+def test_model_eval_before_every_request_changes_nothing(hooked):
+    """A handler calling ``model.eval()`` before every request sets ``training`` to the same
+    False on every submodule: no revision bump, so no signature is taken again at the call."""
+    m = Scorer().eval()
+    rec = modstate.check(torch, m)
+    r = modstate._rev[0]
+    for _ in range(3):
+        m.eval()
+        assert modstate.check(torch, m) is rec
+    assert modstate._rev[0] == r
+    m.train()  # (a real change: training True)
+    assert modstate._rev[0] > r

@@ -41,6 +41,11 @@ ab_case() {
     pipe0) _ab_run 0 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
     pipe2) _ab_run 2 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
     pipe4) _ab_run 4 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
+    pipe2f) RECSYS_DOCTOR_PLACE=first-call _ab_run 2 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
+    pipe4f) RECSYS_DOCTOR_PLACE=first-call _ab_run 4 examples/heldout/feature_pipeline_serve.py --threads 4 --queries 3000;;
+    plain4f) RECSYS_DOCTOR_PLACE=first-call _ab_run 4 examples/plain_serving_script.py --threads 8 --duration 3;;
+    dlrm2f) RECSYS_DOCTOR_PLACE=first-call _ab_run 2 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 6000;;
+    mmoe8f) RECSYS_DOCTOR_PLACE=first-call _ab_run 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
     *) echo "unknown case $3";;
   esac
 }

@@ -7,7 +7,9 @@ this module is loaded by file path, so at interpreter start it imports nothing o
 
 * **a stream per client thread**: every ``threading.Thread`` started once torch has
   initialized CUDA runs its whole life inside ``torch.cuda.stream(group_stream)``; thread
-  ``i`` (in start order) gets group ``i mod groups``. The script's own copies, kernels and
+  ``i`` (in start order) gets group ``i mod groups``. With ``RECSYS_DOCTOR_PLACE=first-call``
+  (and graphs) such a thread is placed at its first top-level model call instead, and a thread
+  that calls no model stays on PyTorch's default stream (:func:`.interception._place_deferred`). The script's own copies, kernels and
   ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one
   stream shared (and synchronized) by every thread. The groups are the runtime's: the first
   such thread makes one :class:`recsys_doctor.runtime.StreamManager` with the plan's group
@@ -88,7 +90,7 @@ import os
 import threading
 from typing import Any
 
-from ._common import ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CALLS, _first_line, _lock, _log, _state, _torch
+from ._common import ENV_PLACE, ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS, WARMUP_CALLS, _first_line, _lock, _log, _state, _torch
 # the private names re-exported here are the ones tests and benchmarks reach through the package
 from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
@@ -101,7 +103,7 @@ from .settings import read_runtime, unhonoured
 from .staging import _copy_in, _make_lazy_type, _materialize, _ThreadCopies, _ThreadGraph  # noqa: F401
 
 __all__ = ["activate", "deactivate", "read_runtime", "stats", "write_stats", "ENV_PLAN", "ENV_STATS", "ENV_THREAD_GRAPHS",
-           "ENV_STAGE_PAGEABLE", "WARMUP_CALLS"]
+           "ENV_STAGE_PAGEABLE", "ENV_PLACE", "WARMUP_CALLS"]
 
 
 #: served models of earlier activations (:func:`deactivate`), alive to the process's end
@@ -137,7 +139,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
-                      late_groups=[], module_changes=0)
+                      late_groups=[], module_changes=0,
+                      place_at_first_call=os.environ.get(ENV_PLACE, "start") == "first-call" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             modstate.reset()

@@ -97,9 +97,56 @@ def _runtime_thread(t: threading.Thread) -> bool:
     return type(getattr(target, "__self__", None)).__module__.startswith("recsys_doctor.runtime")
 
 
+def _deferrable() -> bool:
+    """Whether a thread starting now would be placed, where placement waits for its first model
+    call (``RECSYS_DOCTOR_PLACE=first-call``): the hook active, CUDA up (as
+    :func:`_group_for_new_thread` asks)."""
+    torch = _torch()
+    if torch is None or not _state["active"]:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _place_deferred(torch: Any) -> _Group | None:
+    """Place a thread whose placement waited for its first top-level model call: the next
+    plan group (the start order of :func:`_group_for_new_thread`, counted at first calls), its
+    copy state, and the group's stream as the thread's current stream from now on - unless the
+    script set a stream of its own around the call (then its replays run there, ordered as
+    :meth:`.groups._Group.before_replay` says, and the thread stays where it was between calls).
+
+    Why wait: a thread that never calls a model (a feature thread putting GPU tensors on a
+    queue for the model threads, a post-processing thread) then stays on PyTorch's default
+    stream, and the group streams are blocking, so what it hands over is ordered with the model
+    threads' work as it was unhooked; placed at its start on a group stream of its own, its
+    kernels and the model threads' reads of their results were on two streams with nothing
+    between them (``examples/heldout/feature_pipeline_serve.py``)."""
+    del _tls.defer
+    g = _group_for_new_thread()
+    if g is None:
+        _tls.unplaced = _state["activation"]
+        return None
+    _tls.group = g
+    _tls.depth = 0
+    if _state.get("thread_graphs"):
+        _tls.copies = _ThreadCopies(g.stream)
+    dev = g.stream.device_index
+    if torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream:
+        torch.cuda.set_stream(g.stream)
+    return g
+
+
 def _wrapped_bootstrap(orig: Any) -> Any:
     def bootstrap_inner(self: threading.Thread) -> None:
-        g = None if _runtime_thread(self) else _group_for_new_thread()
+        if _runtime_thread(self):
+            return orig(self)
+        if _state.get("place_at_first_call"):
+            if _deferrable():
+                _tls.defer = _state["activation"]
+            return orig(self)
+        g = _group_for_new_thread()
         if g is None:
             return orig(self)
         torch = _torch()
@@ -128,7 +175,10 @@ def _patch_module(torch: Any) -> None:
             # (a group set to None, not absent: a placed thread doing the runtime's work, .served)
             if hasattr(_tls, "group") or getattr(_tls, "unplaced", None) == _state.get("activation"):
                 return orig(self, *args, **kwargs)
-            g = _late_group(torch)
+            if getattr(_tls, "defer", None) == _state.get("activation"):
+                g = _place_deferred(torch)
+            else:
+                g = _late_group(torch)
             if g is None:
                 return orig(self, *args, **kwargs)
         if not _state["graphs"]:

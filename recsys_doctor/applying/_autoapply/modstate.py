@@ -18,7 +18,8 @@ How it is known, at the cost of one dictionary look-up a call:
   ``.half()``...), ``register_buffer``/``register_parameter``/``add_module`` and the forward
   hook registrations bump one revision counter, unless the thread is inside a hooked model
   call (a ``forward`` writing its own attributes is not an input change: a replay does not
-  run ``forward`` at all);
+  run ``forward`` at all), or where ``__setattr__`` sets the object an attribute holds already
+  (``model.eval()`` before every request);
 * each top-level hooked call looks its module up (:func:`check`): the same object, the same
   revision as when it was last looked at: nothing to do. Otherwise its signature (every
   submodule's type, its parameters' and buffers' addresses, dtypes and shapes, its plain
@@ -50,6 +51,7 @@ PAYOFF_CALLS = 64
 CHANGES_OFTEN = "the module changes every few calls (its graphs would never pay off): eager"
 
 _SCALARS = (int, float, bool, str, type(None))
+_MISSING = object()
 #: the Module methods that change what a graph of it reads (patched by :func:`patch`)
 _CHANGERS = ("__setattr__", "__delattr__", "_apply", "register_buffer", "register_parameter", "add_module",
              "register_forward_hook", "register_forward_pre_hook")
@@ -107,8 +109,22 @@ def patch(torch: Any) -> None:
         changer.__name__ = orig.__name__
         return changer
 
+    def wrap_setattr(orig: Any) -> Any:
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            if self.__dict__.get(name, _MISSING) is value:
+                # the same object again (``model.eval()`` before every request sets ``training``
+                # to False on every submodule): nothing changed, no signature taken again
+                return orig(self, name, value)  # type: ignore[no-any-return]
+            try:
+                return orig(self, name, value)  # type: ignore[no-any-return]
+            finally:
+                _bump()
+
+        __setattr__.__wrapped__ = orig  # type: ignore[attr-defined]
+        return __setattr__
+
     for name, orig in origs.items():
-        setattr(nn.Module, name, wrap(orig))
+        setattr(nn.Module, name, wrap_setattr(orig) if name == "__setattr__" else wrap(orig))
     _state["orig_module_changers"] = origs
 
 

@@ -1,0 +1,55 @@
+"""A two-stage server under the script hook on a real GPU (run on the GPU machine:
+``pytest -m gpu tests/test_autoapply_pipeline_gpu.py``).
+
+``examples/heldout/feature_pipeline_serve.py``: a feature thread moves each request to the GPU,
+hashes and normalizes it there, and hands the GPU tensors over a queue to model threads, with
+nothing synchronizing the two stages (on PyTorch's one default stream the order holds by itself).
+Every score must be the unhooked run's, with threads placed in their groups at their start
+(the default) and at their first model call (``RECSYS_DOCTOR_PLACE=first-call``: the feature
+thread, which calls no model, stays on the default stream, with which the blocking group streams
+are ordered). Written in the eleventh session, after its last GPU call: not run yet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recsys_doctor.applying.script_hook import read_hook_stats, script_env
+from recsys_doctor.planning.io import write_plan
+from recsys_doctor.planning.whatif import Candidate
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "heldout" / "feature_pipeline_serve.py"
+ARGS = ["--threads", "4", "--queries", "2000"]
+
+
+def _run(env: dict | None = None) -> dict:
+    p = subprocess.run([sys.executable, str(SCRIPT), *ARGS], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def unhooked() -> dict:
+    return _run()
+
+
+@pytest.mark.parametrize("place", ["start", "first-call"])
+@pytest.mark.parametrize("groups", [2, 4])
+def test_a_pipeline_keeps_the_unhooked_scores(tmp_path, unhooked, place, groups):
+    plan = write_plan(tmp_path / "plan.json", {}, Candidate(groups, True, False, True))
+    env = script_env(plan, base_env={**os.environ, "RECSYS_DOCTOR_PLACE": place}, hook_dir=tmp_path / "hook",
+                     stats_path=tmp_path / "stats.json")
+    got = _run(env)
+    st = read_hook_stats(tmp_path / "stats.json")
+    assert st is not None and st["active"], st
+    assert got["checksum"] == pytest.approx(unhooked["checksum"], rel=1e-9), st
+    # the model threads placed (the feature thread too where placed at its start)
+    assert st["threads"] == (5 if place == "start" else 4), st
+    assert st["replays"] + st["thread_replays"] >= 2000 // 2, st
