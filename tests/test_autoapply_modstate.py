@@ -248,3 +248,26 @@ def test_model_eval_before_every_request_changes_nothing(hooked):
     assert modstate._rev[0] == r
     m.train()  # (a real change: training True)
     assert modstate._rev[0] > r
+
+
+def test_scripted_traced_and_sparse_modules_have_a_signature_and_a_broken_one_never_raises():
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            self.t = 2.0
+            self.register_buffer("sp", torch.eye(3).to_sparse())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) / self.t
+
+    m = M().eval()
+    for mod in (m, torch.jit.script(m), torch.jit.trace(m, torch.randn(3, 4))):
+        sig = modstate.signature(torch, mod)
+        assert sig == modstate.signature(torch, mod) and len(sig) > 2
+
+    class Broken(torch.nn.Module):
+        def named_modules(self, *a, **k):  # (a module that cannot be walked)
+            raise RuntimeError("no")
+
+    assert modstate.signature(torch, Broken()) == (("signature not taken", "RuntimeError"),)

@@ -138,7 +138,10 @@ def _value(torch: Any, v: Any) -> Any:
     if isinstance(v, _SCALARS):
         return (type(v).__name__, repr(v))  # (repr: a NaN equals itself, 1 and 1.0 and True differ)
     if isinstance(v, torch.Tensor):
-        return ("T", v.data_ptr(), v.dtype, tuple(v.shape), v.device) if v.device.type != "meta" else ("T", "meta")
+        try:
+            return ("T", v.data_ptr(), v.dtype, tuple(v.shape), v.device) if v.device.type != "meta" else ("T", "meta")
+        except (RuntimeError, NotImplementedError):  # (a sparse or other tensor without one data pointer)
+            return ("T", id(v), v.dtype, tuple(v.shape), v.device)
     if isinstance(v, (torch.dtype, torch.device)):
         return ("D", str(v))
     if isinstance(v, (tuple, list)) and len(v) <= 64 and all(isinstance(x, _SCALARS) for x in v):
@@ -147,7 +150,16 @@ def _value(torch: Any, v: Any) -> Any:
 
 
 def signature(torch: Any, module: Any) -> tuple[Any, ...]:
-    """What a graph of ``module``'s call depends on beyond its arguments (see the module's doc)."""
+    """What a graph of ``module``'s call depends on beyond its arguments (see the module's doc);
+    where a module cannot be walked, a constant (its changes are then not seen, and the call
+    is never broken by the check)."""
+    try:
+        return _signature(torch, module)
+    except Exception as ex:  # noqa: BLE001 - never break the script's call
+        return (("signature not taken", type(ex).__name__),)
+
+
+def _signature(torch: Any, module: Any) -> tuple[Any, ...]:
     parts: list[Any] = []
     for name, m in module.named_modules(remove_duplicate=False):
         parts.append((name, type(m)))
