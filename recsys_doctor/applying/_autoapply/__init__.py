@@ -43,7 +43,10 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   static output. A group's copy-in, replay and clone are enqueued under the group's lock,
   so threads sharing a group never read each other's results. Anything that cannot be
   captured (a host sync in the forward, data-dependent shapes, non-tensor outputs) runs
-  eagerly from then on; the reason is printed to stderr once per key.
+  eagerly from then on; the reason is printed to stderr once per key. So does a key whose
+  model writes into its own arguments (found on its first call: :mod:`.argwrites`), and a
+  module that changed after its capture has its graphs retired and captured again
+  (:mod:`.modstate`).
 * **a thread's own graph for its input copies** (graphs on; ``RECSYS_DOCTOR_THREAD_GRAPHS=0``
   turns it off): once a thread's model call is graphed and every tensor argument of it was
   copied just before from a pinned CPU tensor with ``.to("cuda", non_blocking=True)`` (or
@@ -74,7 +77,8 @@ capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:
 :mod:`.staging` (a thread's deferred input copies), :mod:`.thread_graphs` (a thread's own
 graph), :mod:`.served` (batched calls served by the runtime), :mod:`.host_args` (a model's host arguments, copied inside its forward),
 :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
-left, per line of the script),
+left, per line of the script), :mod:`.modstate` (models that change while they serve),
+:mod:`.argwrites` (models that write into their arguments),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:

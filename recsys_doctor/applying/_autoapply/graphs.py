@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._common import WARMUP_CALLS, _state, _tls, _torch
-from .argtree import remake
+from .argtree import flatten, remake
+from .argwrites import WRITES_ARGS, watched_call
 from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING, WARMING_UP,
                       _Site, bucket_rows, call_rows, cut_rows, outputs, pad_rows, pad_views, rows_differ, same_rows)
@@ -283,6 +284,8 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
             return _eager(orig_call, module, args, kwargs, site, WARMING_UP)
         if e.graph is None:
             e.calls += 1
+            if e.calls == 1:  # the key's first call: does the model write into its arguments?
+                return _first_warmup(torch, g, e, orig_call, module, args, kwargs, site)
             if e.calls <= WARMUP_CALLS:
                 return _eager(orig_call, module, args, kwargs, site, WARMING_UP)
             if _state.get("graph_bytes", 0) >= GRAPH_MEMORY_BUDGET:
@@ -305,6 +308,20 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
         except Exception as ex:  # noqa: BLE001 - replay trouble: eager from now on, with the reason
             why = _eager_from_now(g, e, module, site, f"replay failed: {failure_reason(ex)}")
     return _eager(orig_call, module, args, kwargs, site, why)
+
+
+def _first_warmup(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args: Any, kwargs: Any,
+                  site: str) -> Any:
+    """A key's first call, eager as every warm-up call, watched for writes into the call's own
+    tensor arguments (:mod:`.argwrites`): where the model makes one, the key runs eagerly from
+    now on (a graph would write its static inputs instead of the script's tensors)."""
+    tensors: list[Any] = []
+    flatten((args, kwargs), torch.Tensor, tensors)
+    fell_back("model", site, WARMING_UP)
+    out, op = _run_shared(watched_call, torch, lambda: orig_call(module, *args, **kwargs), module, tensors)
+    if op is not None:
+        _eager_from_now(g, e, module, site, f"{WRITES_ARGS} ({op})")
+    return out
 
 
 def _eager_from_now(g: _Group, e: _Entry, module: Any, site: str, reason: str) -> str:

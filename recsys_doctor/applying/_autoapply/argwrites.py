@@ -1,0 +1,78 @@
+"""Models that write into their own arguments: found on a key's first warm-up call.
+
+A ``forward`` may change its inputs in place - ``ids %= self.vocab`` to hash ids into the
+table, ``x.clamp_(-3, 3)``, ``mask.masked_fill_(...)``, an ``out=`` argument. Eager, the
+script's tensors get the write. Replayed from a group's graph they do not: the graph reads
+copies of them (its static inputs) and writes those, so a script that reads its input tensors
+after the call would see them unwritten. The first eager warm-up call of each key therefore
+runs under a ``TorchDispatchMode`` that looks at every operator whose schema says it writes an
+argument (``alias_info.is_write``: the in-place and ``out=`` forms) and notes the first one
+whose written tensor shares storage with one of the call's tensor arguments (a view of an
+argument too). Such a key runs eagerly from then on, with the operator in the reason
+(:func:`.graphs._keyed_call`). The watched call is the script's own call (its output is the
+one returned, its writes are the script's): no extra call is made, so nothing runs twice.
+
+Not watched: a ``torch.compile``\\ d module (its kernels bypass the dispatcher, and a mode there
+would only cost a recompile), and the batching paths. A watch that cannot be set up leaves the
+call as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["WRITES_ARGS", "watched_call"]
+
+#: why a key whose model writes into its arguments runs eagerly
+WRITES_ARGS = "the model writes into its arguments in place: eager, so the script's tensors get the write"
+
+
+def _storage(torch: Any, t: Any) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # (a tensor without one storage: sparse, nested)
+        return None
+
+
+def watched_call(torch: Any, run: Any, module: Any, tensors: list[Any]) -> tuple[Any, str | None]:
+    """``run()`` (the call as the script made it), and the first operator it ran that wrote into
+    one of ``tensors`` (the call's tensor arguments), or None."""
+    if type(module).__name__ == "OptimizedModule" or not tensors:
+        return run(), None
+    ptrs = {p for p in (_storage(torch, t) for t in tensors) if p}
+    if not ptrs:
+        return run(), None
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:  # pragma: no cover - every PyTorch the hook supports has it
+        return run(), None
+
+    Tensor = torch.Tensor
+
+    def hits(v: Any) -> bool:
+        if isinstance(v, Tensor):
+            return _storage(torch, v) in ptrs
+        if isinstance(v, (list, tuple)):
+            return any(isinstance(x, Tensor) and _storage(torch, x) in ptrs for x in v)
+        return False
+
+    class Watch(TorchDispatchMode):  # type: ignore[misc]
+        hit: str | None = None
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if self.hit is None:
+                schema = func._schema
+                if schema.is_mutable:
+                    for i, a in enumerate(schema.arguments):
+                        if a.alias_info is not None and a.alias_info.is_write:
+                            v = args[i] if i < len(args) else kwargs.get(a.name)
+                            if hits(v):
+                                self.hit = str(func)
+                                break
+            return func(*args, **kwargs)
+
+    w = Watch()
+    with w:
+        out = run()
+    return out, w.hit
