@@ -62,8 +62,9 @@ def watched_call(torch: Any, run: Any, module: Any, tensors: list[Any]) -> tuple
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if self.hit is None:
-                schema = func._schema
-                if schema.is_mutable:
+                # (an operator without a schema, such as a higher-order one, is not looked at)
+                schema = getattr(func, "_schema", None)
+                if schema is not None and getattr(schema, "is_mutable", False):
                     for i, a in enumerate(schema.arguments):
                         if a.alias_info is not None and a.alias_info.is_write:
                             v = args[i] if i < len(args) else kwargs.get(a.name)
