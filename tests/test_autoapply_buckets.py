@@ -421,3 +421,46 @@ def test_a_padded_call_with_a_graph_takes_the_padded_replay(group, monkeypatch):
         out = graphs._graphed_call(type(lin).__call__, lin, (x,), {}, "s.py:21")
     assert torch.equal(e.graph.seen[0][0][:5], x) and torch.equal(e.graph.seen[0][0][5:], x[4:].expand(3, 3))
     assert out.shape == (5, 1) and _counts("s.py:21") == (1, 0, {})
+
+
+# ------------------------------------------------------------------------------ index outputs
+
+class _TopK(torch.nn.Module):
+    """Scores its candidate rows and returns the indices of the best three: not one value per row."""
+
+    def forward(self, x):
+        return x.sum(1).topk(3).indices
+
+
+def test_index_outputs_are_integer_outputs_that_are_not_per_row():
+    x = torch.randn(5, 2)
+    assert buckets.index_outputs(torch, _TopK()(x), 5)
+    assert buckets.index_outputs(torch, (x.sum(1), x.sum(1).argmax()), 5)  # a 0-dim argmax beside the scores
+    assert not buckets.index_outputs(torch, x.argmax(1), 5)  # one index per row: cut like any per-row output
+    assert not buckets.index_outputs(torch, (x.sum(1), x.new_tensor(2.0)), 5)  # a float scalar: verified as before
+    assert not buckets.index_outputs(torch, {"ctr": x[:, 0], "n": x.sum()}, 5)
+
+
+def test_padding_would_put_a_copy_of_the_last_row_into_a_top_k():
+    """Why index outputs are never padded: with the last real row among the best, its copies
+    take the other places (indices >= n); with it elsewhere, padding changes nothing, so a
+    verification on such calls passes."""
+    m = _TopK()
+    best_last = torch.tensor([[0.1, 0.0], [0.5, 0.0], [0.3, 0.0], [0.2, 0.0], [0.9, 0.0]])
+    padded = buckets.pad_rows(torch, [best_last], 5, 8)[0]
+    assert set(m(best_last).tolist()) == {1, 2, 4} and max(m(padded).tolist()) >= 5
+    worst_last = best_last.flip(0)
+    padded = buckets.pad_rows(torch, [worst_last], 5, 8)[0]
+    assert buckets.same_rows(torch, m(worst_last), m(padded), 5, 8)  # the old verification passed here
+
+
+def test_a_model_returning_top_k_indices_is_never_padded(group, capsys):
+    m = _TopK().eval()
+    s = graphs._site_of(group, m)
+    x = torch.tensor([[0.9, 0.0], [0.5, 0.0], [0.3, 0.0], [0.2, 0.0], [0.1, 0.0]])  # last row not among the best
+    px = buckets.pad_rows(torch, [x], 5, 8)[0]
+    with torch.no_grad():
+        out = graphs._verify_padding(torch, s, type(m).__call__, m, (x,), {}, "s.py:3", (px,), {}, "pk", [x], 5, 8)
+    assert torch.equal(out, m(x))
+    assert s.no_pad == buckets.INDEX_OUTPUT and "pk" not in s.verified
+    assert buckets.INDEX_OUTPUT in capsys.readouterr().err

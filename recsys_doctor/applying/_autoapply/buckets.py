@@ -20,7 +20,12 @@ Why padding is safe where it is used:
   gets exact-shape graphs only (another padding, copies of the first row say, would make a
   non-decreasing input such as EmbeddingBag offsets decrease: not a valid input);
 * an output is cut back to the real rows only where its leading dimension is the padded row
-  count, and the verification checks the cut outputs' shapes against the unpadded ones.
+  count, and the verification checks the cut outputs' shapes against the unpadded ones;
+* a call whose output holds integers that are not one value per row (the indices of a top-k or
+  an argmax over the rows) is never padded: a copy of the last row changes such an output only
+  when it ranks among the chosen, which two verification calls rarely show
+  (:func:`index_outputs`). Float order statistics over the rows (a top-k's values alone, a
+  median) have the same weakness and are only verified.
 
 A site whose padding failed a verification keeps the graphs of the buckets verified before
 (their keys keep their places in the bound; a graph is never freed while it may replay) and
@@ -58,6 +63,8 @@ BUDGET_SPENT = "no graph for this shape: the graphs' memory budget is spent"
 VERIFYING = "padding rows to a bucket being verified on this call"
 WARMING_UP = "the first calls of a shape run eagerly before its capture"
 MIXES_ROWS = "padded rows change the real rows' outputs (rows mixed): exact shapes only"
+INDEX_OUTPUT = ("an output that is not one value per row holds integers (top-k or argmax indices, counts): "
+                "padded rows could enter it: exact shapes only")
 
 
 def call_rows(tensors: list[Any]) -> int:
@@ -119,6 +126,19 @@ def outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:
     if not leaves or not all(isinstance(o, torch.Tensor) for o in leaves):
         return None
     return tuple(leaves)
+
+
+def index_outputs(torch: Any, out: Any, n: int) -> bool:
+    """Whether a call of ``n`` rows returns an integer (or bool) tensor that is not one value per
+    row (its leading dimension not ``n``, or none): the indices of a top-k or an argmax over the
+    rows, a count. Such an output changes only when a padding row (a copy of the last real row)
+    ranks among the chosen, which two verification calls rarely show (the last row is in a
+    top-10 of 200 one call in 20), so padding is not tried at all (:func:`.graphs._verify_padding`)."""
+    leaves = outputs(torch, out)
+    if leaves is None:
+        return False
+    return any(not (o.is_floating_point() or o.is_complex()) and not (o.dim() > 0 and int(o.shape[0]) == n)
+               for o in leaves)
 
 
 def cut_rows(o: Any, n: int, b: int) -> Any:

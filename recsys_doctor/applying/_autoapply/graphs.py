@@ -12,7 +12,8 @@ from ._common import WARMUP_CALLS, _state, _tls, _torch
 from .argtree import flatten, remake
 from .argwrites import WRITES_ARGS, watched_call
 from .accounting import fell_back, taken_over
-from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING, WARMING_UP,
+from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, INDEX_OUTPUT, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING,
+                      WARMING_UP, index_outputs,
                       _Site, bucket_rows, call_rows, cut_rows, outputs, pad_rows, pad_views, rows_differ, same_rows)
 from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason
 from .groups import _capture_stream, _Gate, _Group, _run_shared
@@ -246,6 +247,11 @@ def _verify_padding(torch: Any, s: _Site, orig_call: Any, module: Any, args: Any
     returned) and padded, both eager; padding stays on for the site only if the real rows are
     the same (:func:`.buckets.same_rows`), on a call whose padded tensors have rows that differ."""
     out = _eager(orig_call, module, args, kwargs, site, VERIFYING)
+    if index_outputs(torch, out, n):  # (top-k or argmax indices over the rows: never padded)
+        if s.no_pad is None:
+            s.no_pad = INDEX_OUTPUT
+            _fall_back(f"{type(module).__name__} ({site}): {INDEX_OUTPUT}", INDEX_OUTPUT)
+        return out
     if not rows_differ(torch, tensors, n):
         return out  # no evidence either way: the next padded call of the bucket verifies
     try:
