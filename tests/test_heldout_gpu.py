@@ -36,6 +36,7 @@ ARGS = {
     "model_refresh_serve.py": ["--threads", "4", "--queries", "3000"],
     "jagged_dlrm_serve.py": ["--threads", "4", "--queries", "3000"],
     "feature_pipeline_serve.py": ["--threads", "4", "--queries", "3000"],
+    "topk_candidates_serve.py": ["--threads", "4", "--queries", "3000"],
 }
 
 

@@ -38,6 +38,7 @@ TINY = {
     "model_refresh_serve.py": ["--queries", "40", "--refresh-every", "8", "--batch", "16", "--vocab", "500"],
     "jagged_dlrm_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
     "feature_pipeline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
+    "topk_candidates_serve.py": ["--queries", "24", "--items", "2000", "--users", "300"],
 }
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency")}
@@ -213,3 +214,19 @@ def test_jagged_requests_change_shape_every_time():
         shapes.add(tuple(len(v) for v in values))
         empty += sum(int((n == 0).sum()) for n in lengths)
     assert len(shapes) == 8 and empty > 0
+
+
+def test_topk_requests_vary_in_size_and_the_model_returns_positions_among_them():
+    """The top-k ranker: candidate counts 50..400 change from request to request, and the model
+    returns k positions within the request's own candidates (a padded row would be one past them)."""
+    mod = _load("topk_candidates_serve.py")
+    torch.manual_seed(0)
+    m = mod.TopKRanker(300, 2000, 10).eval()
+    sizes = set()
+    with torch.no_grad():
+        for rid in range(12):
+            user, items, feats = mod.make_request(0, rid, 300, 2000)
+            sizes.add(len(items))
+            best = m(torch.as_tensor(user), torch.as_tensor(items), torch.as_tensor(feats))
+            assert best.indices.shape == (10,) and int(best.indices.max()) < len(items)
+    assert len(sizes) > 8 and min(sizes) >= 50 and max(sizes) <= 400

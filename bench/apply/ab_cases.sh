@@ -46,6 +46,8 @@ ab_case() {
     plain4f) RECSYS_DOCTOR_PLACE=first-call _ab_run 4 examples/plain_serving_script.py --threads 8 --duration 3;;
     dlrm2f) RECSYS_DOCTOR_PLACE=first-call _ab_run 2 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 6000;;
     mmoe8f) RECSYS_DOCTOR_PLACE=first-call _ab_run 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
+    topk0) _ab_run 0 examples/heldout/topk_candidates_serve.py --threads 4 --queries 3000;;
+    topk2) _ab_run 2 examples/heldout/topk_candidates_serve.py --threads 4 --queries 3000;;
     *) echo "unknown case $3";;
   esac
 }
