@@ -123,3 +123,25 @@ def test_a_scripted_model_is_watched_too():
         out, hit = argwrites.watched_call(torch, lambda: m(x), m, [x])
     assert hit is not None and "clamp_" in hit
     assert torch.equal(x, torch.tensor([[1.0, 2.0], [-1.0, 1.0]])) and torch.equal(out, torch.tensor([3.0, 0.0]))
+
+
+def test_a_wrapper_subclass_argument_is_passed_through():
+    """A tensor subclass without a storage of its own (as the hook's host-argument proxies are)
+    among the arguments: the watch names no write for it and the call runs as it is."""
+
+    class Wrapper(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner):
+            r = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+            r.inner = inner
+            return r
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            unwrap = lambda t: t.inner if isinstance(t, Wrapper) else t  # noqa: E731
+            return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+    w = Wrapper(torch.tensor([1.0, -2.0]))
+    m = torch.nn.ReLU()
+    out, hit = argwrites.watched_call(torch, lambda: m(w) * 2, m, [w])
+    assert hit is None and torch.equal(out, torch.tensor([2.0, 0.0]))
