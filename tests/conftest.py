@@ -4,6 +4,7 @@
   that use it skip cleanly where it is absent (anyone can clone and ``make test``).
 * ``project_data``: the project's own small fixtures in ``tests/data``.
 * the ``gpu`` marker: such tests skip unless an NVIDIA GPU is usable.
+* ``hook_group``: a script-hook thread's group on the CPU (no stream) over a fresh hook state.
 """
 
 from __future__ import annotations
@@ -70,3 +71,21 @@ def _private_history_db(tmp_path_factory, monkeypatch):
         db = tmp_path_factory.mktemp("history") / "history.db"
         monkeypatch.setenv("RECSYS_DOCTOR_DB", str(db))
         monkeypatch.setenv("RECSYS_DOCTOR_TEST_DB_SET", "1")
+
+
+@pytest.fixture
+def hook_group(monkeypatch):
+    """A hooked thread's group of the script hook (no stream: nothing reaches a capture) and a
+    fresh state: what its graph path needs to run on the CPU up to a capture."""
+    from recsys_doctor.applying import _autoapply as hook
+    from recsys_doctor.applying._autoapply import accounting
+    from recsys_doctor.applying._autoapply._common import _tls
+    from recsys_doctor.applying._autoapply.groups import _Gate, _Group
+
+    for k, v in {"gate": _Gate(), "fallbacks": [], "graph_bytes": 0, "captured": 0, "replays": 0}.items():
+        monkeypatch.setitem(hook._state, k, v)
+    accounting.reset()
+    g = _Group(0, stream=None)
+    _tls.group = g
+    yield g
+    del _tls.group

@@ -10,10 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from recsys_doctor.applying import _autoapply as hook  # noqa: E402
 from recsys_doctor.applying._autoapply import accounting, argwrites, graphs  # noqa: E402
-from recsys_doctor.applying._autoapply._common import _tls  # noqa: E402
-from recsys_doctor.applying._autoapply.groups import _Gate, _Group  # noqa: E402
 
 
 class Hashing(torch.nn.Module):
@@ -75,23 +72,13 @@ def test_writes_into_copies_and_weights_are_not_the_arguments():
     assert hit is None and torch.equal(ids, torch.tensor([[1, 2], [3, 9]])) and got.shape == (2, 3)
 
 
-@pytest.fixture
-def group(monkeypatch):
-    for k, v in {"gate": _Gate(), "fallbacks": [], "graph_bytes": 0, "captured": 0, "replays": 0}.items():
-        monkeypatch.setitem(hook._state, k, v)
-    accounting.reset()
-    g = _Group(0, stream=None)
-    _tls.group = g
-    yield g
-    del _tls.group
-
-
 def _call(g, module, key, x, site="s.py:5"):
     s = graphs._site_of(g, module)
     return graphs._keyed_call(torch, g, s, type(module).__call__, module, (x,), {}, site, key, [x], (x,), {}, None)
 
 
-def test_a_key_whose_model_writes_its_arguments_runs_eagerly_from_its_first_call(group, capsys):
+def test_a_key_whose_model_writes_its_arguments_runs_eagerly_from_its_first_call(hook_group, capsys):
+    group = hook_group
     m = Hashing().eval()
     with torch.no_grad():
         for _ in range(4):
@@ -106,7 +93,8 @@ def test_a_key_whose_model_writes_its_arguments_runs_eagerly_from_its_first_call
     assert "remainder_" in capsys.readouterr().err
 
 
-def test_a_key_whose_model_leaves_its_arguments_warms_up_as_before(group):
+def test_a_key_whose_model_leaves_its_arguments_warms_up_as_before(hook_group):
+    group = hook_group
     m = Clean().eval()
     with torch.no_grad():
         ids = torch.tensor([[1, 2], [3, 9]])

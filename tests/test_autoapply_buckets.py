@@ -15,9 +15,7 @@ import pytest
 
 from recsys_doctor.applying import _autoapply as hook
 from recsys_doctor.applying._autoapply import accounting, buckets, graphs
-from recsys_doctor.applying._autoapply._common import _tls
 from recsys_doctor.applying._autoapply.fallback import failure_reason
-from recsys_doctor.applying._autoapply.groups import _Gate, _Group
 
 torch = pytest.importorskip("torch")
 
@@ -149,15 +147,9 @@ def test_a_site_admits_at_most_the_bound():
 
 
 @pytest.fixture
-def group(monkeypatch):
-    """A hooked thread's group (no stream: nothing here reaches a capture) and a fresh state."""
-    for k, v in {"gate": _Gate(), "fallbacks": [], "graph_bytes": 0, "captured": 0, "replays": 0}.items():
-        monkeypatch.setitem(hook._state, k, v)
-    accounting.reset()
-    g = _Group(0, stream=None)
-    _tls.group = g
-    yield g
-    del _tls.group
+def group(hook_group):
+    """A hooked thread's group (no stream: nothing here reaches a capture) and a fresh state (conftest)."""
+    return hook_group
 
 
 def _counts(site):

@@ -11,17 +11,10 @@ are ordered). Written in the eleventh session, after its last GPU call: not run 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from recsys_doctor.applying.script_hook import read_hook_stats, script_env
-from recsys_doctor.planning.io import write_plan
-from recsys_doctor.planning.whatif import Candidate
+from _hooked_script import run_hooked, run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -29,26 +22,15 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "heldout" / "feature
 ARGS = ["--threads", "4", "--queries", "2000"]
 
 
-def _run(env: dict | None = None) -> dict:
-    p = subprocess.run([sys.executable, str(SCRIPT), *ARGS], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def unhooked() -> dict:
-    return _run()
+    return run_json(SCRIPT, ARGS)
 
 
 @pytest.mark.parametrize("place", ["start", "first-call"])
 @pytest.mark.parametrize("groups", [2, 4])
 def test_a_pipeline_keeps_the_unhooked_scores(tmp_path, unhooked, place, groups):
-    plan = write_plan(tmp_path / "plan.json", {}, Candidate(groups, True, False, True))
-    env = script_env(plan, base_env={**os.environ, "RECSYS_DOCTOR_PLACE": place}, hook_dir=tmp_path / "hook",
-                     stats_path=tmp_path / "stats.json")
-    got = _run(env)
-    st = read_hook_stats(tmp_path / "stats.json")
-    assert st is not None and st["active"], st
+    got, st = run_hooked(tmp_path, SCRIPT, ARGS, groups, extra_env={"RECSYS_DOCTOR_PLACE": place})
     assert got["checksum"] == pytest.approx(unhooked["checksum"], rel=1e-9), st
     # the model threads placed (the feature thread too where placed at its start)
     assert st["threads"] == (5 if place == "start" else 4), st

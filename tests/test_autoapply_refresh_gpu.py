@@ -13,17 +13,10 @@ and the changes seen (``module_changes``)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from recsys_doctor.applying.script_hook import read_hook_stats, script_env
-from recsys_doctor.planning.io import write_plan
-from recsys_doctor.planning.whatif import Candidate
+from _hooked_script import run_hooked, run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -31,24 +24,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "heldout" / "model_r
 ARGS = ["--threads", "4", "--queries", "1200", "--refresh-every", "150"]
 
 
-def _run(env: dict | None = None) -> dict:
-    p = subprocess.run([sys.executable, str(SCRIPT), *ARGS], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def unhooked() -> dict:
-    return _run()
+    return run_json(SCRIPT, ARGS)
 
 
 @pytest.mark.parametrize("groups,batching", [(1, False), (2, False), (2, True)])
 def test_a_refreshed_model_keeps_the_unhooked_scores(tmp_path, unhooked, groups, batching):
-    plan = write_plan(tmp_path / "plan.json", {}, Candidate(groups, True, False, True, batching=batching))
-    env = script_env(plan, base_env=dict(os.environ), hook_dir=tmp_path / "hook", stats_path=tmp_path / "stats.json")
-    got = _run(env)
-    st = read_hook_stats(tmp_path / "stats.json")
-    assert st is not None and st["active"], st
+    got, st = run_hooked(tmp_path, SCRIPT, ARGS, groups, batching)
     rel = abs(got["checksum"] - unhooked["checksum"]) / abs(unhooked["checksum"])
     assert rel <= 1e-6, (got["checksum"], unhooked["checksum"], st)
     assert got["versions"] == unhooked["versions"] == 8
