@@ -29,8 +29,7 @@ from typing import Any
 from ._common import _state, _torch
 from .graphs import _graphed_call
 from .host_args import _capturing, take
-from .staging import _materialize, settle
-from .thread_graphs import _copies_call
+from .thread_graphs import _copies_call, flush
 
 __all__ = ["autocast_dtype", "AmpCall", "amp_call"]
 
@@ -75,9 +74,5 @@ def amp_call(torch: Any, st: Any, orig: Any, module: Any, args: tuple[Any, ...],
         return _copies_call(st, AmpCall(inner, dtype), module, args, kwargs, site)
     # batching: the copies this query deferred for the runtime's route are made, as on the
     # hook's own batched path (.served.call), and the group's graphs take the call
-    settle(torch, st)
-    if st.pending:
-        _materialize(torch, st)
-    st.n = 0
-    st.recent = []
+    flush(torch, st)
     return _graphed_call(AmpCall(orig, dtype), module, args, kwargs, site)

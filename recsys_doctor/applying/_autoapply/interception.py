@@ -16,18 +16,25 @@ from .groups import _Group, _streams
 from .host_args import _capturing, make_host_type, take
 from .pageable import cuda_args, to_args
 from .served import call as served_call
-from .staging import _materialize, _patch_copies, _ThreadCopies, settle, slots_read
-from .thread_graphs import _copies_call
+from .staging import _patch_copies, _ThreadCopies, slots_read
+from .thread_graphs import _copies_call, flush
 
 
-def _group_for_new_thread() -> _Group | None:
+def _cuda_torch() -> Any:
+    """PyTorch where the hook is active and CUDA is up (a thread starting now would be placed),
+    else None."""
     torch = _torch()
     if torch is None or not _state["active"]:
         return None
     try:
-        if not torch.cuda.is_initialized():
-            return None
+        return torch if torch.cuda.is_initialized() else None
     except (RuntimeError, AttributeError):  # a torch without CUDA (or a broken one): nothing to do
+        return None
+
+
+def _group_for_new_thread() -> _Group | None:
+    torch = _cuda_torch()
+    if torch is None:
         return None
     with _lock:
         streams = _streams(torch)
@@ -97,19 +104,6 @@ def _runtime_thread(t: threading.Thread) -> bool:
     return type(getattr(target, "__self__", None)).__module__.startswith("recsys_doctor.runtime")
 
 
-def _deferrable() -> bool:
-    """Whether a thread starting now would be placed, where placement waits for its first model
-    call (``RECSYS_DOCTOR_PLACE=first-call``): the hook active, CUDA up (as
-    :func:`_group_for_new_thread` asks)."""
-    torch = _torch()
-    if torch is None or not _state["active"]:
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except (RuntimeError, AttributeError):
-        return False
-
-
 def _place_deferred(torch: Any) -> _Group | None:
     """Place a thread whose placement waited for its first top-level model call: the next
     plan group (the start order of :func:`_group_for_new_thread`, counted at first calls), its
@@ -143,7 +137,7 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         if _runtime_thread(self):
             return orig(self)
         if _state.get("place_at_first_call"):
-            if _deferrable():
+            if _cuda_torch() is not None:  # (placed at its first model call)
                 _tls.defer = _state["activation"]
             return orig(self)
         g = _group_for_new_thread()
@@ -236,11 +230,7 @@ def _eager_call(torch: Any, st: _ThreadCopies | None, orig: Any, module: Any, ar
     """The call as the script made it, counted as left to PyTorch: the copies the thread
     deferred for a graph are made first."""
     if st is not None:
-        settle(torch, st)
-        if st.pending:
-            _materialize(torch, st)
-        st.n = 0
-        st.recent = []
+        flush(torch, st)
     return _eager(orig, module, args, kwargs, site, why)
 
 

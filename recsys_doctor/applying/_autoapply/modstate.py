@@ -271,16 +271,13 @@ def _retire(torch: Any, mid: int) -> int:
                 g.stream.synchronize()
                 if g.last_event is not None:
                     g.last_event.synchronize()
-            for k in keys:
-                e = g.entries.pop(k)
-                if e.graph is not None:
-                    n += 1
-                    _state["graph_bytes"] = max(0, _state.get("graph_bytes", 0) - getattr(e.graph, "rd_bytes", 0))
+            graphs = [e.graph for e in (g.entries.pop(k) for k in keys) if e.graph is not None]
             for k in bkeys:
                 b = g.batches.pop(k)
-                n += 1 + len(b.graphs)
-                for graph, _ in b.graphs.values():
-                    _state["graph_bytes"] = max(0, _state.get("graph_bytes", 0) - getattr(graph, "rd_bytes", 0))
+                graphs += [graph for graph, _ in b.graphs.values()]
+            n += len(graphs) + len(bkeys)
+            for graph in graphs:  # (their memory back to the budget)
+                _state["graph_bytes"] = max(0, _state.get("graph_bytes", 0) - getattr(graph, "rd_bytes", 0))
             g.sites.pop(mid, None)
     specs = _state.get("batch_specs")
     if specs:

@@ -53,7 +53,7 @@ from .fallback import _fall_back
 from .argtree import Slot, flatten, matches, remake, skeleton
 from .pageable import _cuda_at
 from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
-from .modstate import fresh, stale
+from .modstate import fresh
 from .thread_graphs import NOT_COPIES, copy_sources, drop_stale
 
 #: why a model's calls are not served by the runtime (the reason's first part)
@@ -75,8 +75,7 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     runtime served it, else None (the copies this query deferred are made, and the caller goes
     the hook's batched path)."""
     settle(torch, st)
-    if st.tg is not None and stale(st.tg, module):
-        drop_stale(torch, st)
+    drop_stale(torch, st, module)
     tg, n = st.tg, st.n
     st.n = 0
     recent, st.recent = st.recent, []

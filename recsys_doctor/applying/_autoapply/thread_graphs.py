@@ -13,7 +13,7 @@ from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failur
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
 from .modstate import fresh, stale
-from .staging import _materialize, _ThreadCopies, _ThreadGraph
+from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
 
 
 #: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
@@ -48,8 +48,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
                  kwargs: dict[str, Any], site: str = "?") -> Any:
     """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
-    if st.tg is not None and stale(st.tg, module):
-        drop_stale(torch, st)
+    drop_stale(torch, st, module)
     tg, n = st.tg, st.n
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
@@ -78,10 +77,22 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     return out
 
 
-def drop_stale(torch: Any, st: _ThreadCopies) -> None:
-    """Drop the thread's graph of a model that was freed or changed since (:func:`.modstate.stale`):
-    the copies it deferred are made first, its last replay is waited for, and the thread
-    learns its copies again."""
+def flush(torch: Any, st: _ThreadCopies) -> None:
+    """Before a call that no thread graph will replay: the copies this query deferred (for the
+    runtime's route, or for a replay) are made, and the query's copies are forgotten."""
+    settle(torch, st)
+    if st.pending:
+        _materialize(torch, st)
+    st.n = 0
+    st.recent = []
+
+
+def drop_stale(torch: Any, st: _ThreadCopies, module: Any) -> None:
+    """Before a call of ``module``: drop the thread's graph where its model was freed or
+    changed since (:func:`.modstate.stale`): the copies it deferred are made first, its last
+    replay is waited for, and the thread learns its copies again."""
+    if st.tg is None or not stale(st.tg, module):
+        return
     if st.pending:
         _materialize(torch, st)
     st.n = 0
