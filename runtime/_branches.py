@@ -211,9 +211,18 @@ class _OriginWatch:
             self.expect = self.b.capture_deps(self.origin)
 
 
-@functools.cache
 def _mode_class() -> Any:
+    from ._modes import dynamo_loaded
+
+    return _mode_class_for(dynamo_loaded())
+
+
+@functools.cache
+def _mode_class_for(dynamo: bool) -> Any:
+    """(one class by whether Dynamo is loaded: :mod:`._modes`)"""
     import torch
+
+    from ._modes import unwrapped_dispatch
 
     class _Mode(_mode_base()):  # type: ignore[misc]
         def __init__(self, backend: Any) -> None:
@@ -277,7 +286,7 @@ def _mode_class() -> Any:
                 self.watch.moved()
             return out
 
-    return _Mode
+    return unwrapped_dispatch(_Mode)
 
 
 def _key(t: Any) -> int:

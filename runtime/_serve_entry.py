@@ -302,7 +302,9 @@ def host_syncs(torch: Any) -> Any:
                 raise RuntimeError(f"called a synchronizing CUDA operation: aten.{name}")
             return func(*args, **kwargs)
 
-    return _HostSyncs()
+    from ._modes import unwrapped_dispatch
+
+    return unwrapped_dispatch(_HostSyncs)()  # (no torch._dynamo import on its first operator: ._modes)
 
 
 def _captured_query(sm: Any, g: StreamGroup, e: Entry, side: list[Any]) -> None:

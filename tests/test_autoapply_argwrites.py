@@ -133,3 +133,54 @@ def test_a_wrapper_subclass_argument_is_passed_through():
     m = torch.nn.ReLU()
     out, hit = argwrites.watched_call(torch, lambda: m(w) * 2, m, [w])
     assert hit is None and torch.equal(out, torch.tensor([2.0, 0.0]))
+
+
+_NO_DYNAMO = """
+import sys, torch
+from recsys_doctor.applying._autoapply import argwrites
+
+class Hashing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.EmbeddingBag(10, 3, mode="sum")
+
+    def forward(self, ids):
+        ids %= 10
+        return self.emb(ids)
+
+m, ids = Hashing(), torch.tensor([[3, 14], [25, 7]])
+with torch.no_grad():
+    out, hit = argwrites.watched_call(torch, lambda: m(ids), m, [ids])
+    out2, hit2 = argwrites.watched_call(torch, lambda: m(ids), m, [ids])
+print(hit, hit2, ids.tolist(), "torch._dynamo" in sys.modules)
+"""
+
+
+def test_the_watch_does_not_load_dynamo():
+    """PyTorch wraps a dispatch mode's method so that its first call imports ``torch._dynamo``
+    (on the GPU machine, where nothing of it was compiled, seconds of the script's first
+    requests with every other thread waiting on the import lock). The watch finds the write
+    without loading it, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_DYNAMO], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    hit, hit2, *rest = r.stdout.split()
+    assert "remainder_" in hit and "remainder_" in hit2
+    assert " ".join(rest) == "[[3, 4], [5, 7]] False"
+
+
+def test_where_dynamo_is_loaded_the_watch_keeps_pytorchs_wrapper():
+    """Once ``torch._dynamo`` is loaded (the script compiles something), the watch's method
+    keeps PyTorch's wrapper, so compiled code does not trace into it; it still finds writes."""
+    import torch._dynamo  # noqa: F401
+
+    cls = argwrites._watch_class(torch)
+    assert cls is argwrites._CLASSES[True]
+    if argwrites._CLASSES.get(False) is not None:
+        assert cls.__dict__["__torch_dispatch__"] is not argwrites._CLASSES[False].__dict__["__torch_dispatch__"]
+    x = torch.tensor([[5.0, 2.0], [-4.0, 1.0]])
+    m = Clamp()
+    _, hit = argwrites.watched_call(torch, lambda: m(x), m, [x])
+    assert hit is not None and "clamp_" in hit

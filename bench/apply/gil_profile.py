@@ -1,7 +1,7 @@
 """Where a plain script's GIL time goes, hooked and not (issue 25): ``python
 bench/apply/gil_profile.py OUTDIR SCRIPT [ARGS...]`` runs SCRIPT under ``py-spy record --gil``
 (samples only while a thread holds the GIL) unhooked and with a fixed plan (``RD_GROUPS`` groups, default 2; graphs
-on), writing each run's folded stacks (``*.folded``), its JSON line and the hooked run's
+on), writing each run's folded stacks (``*.folded``), its JSON line, its stderr and the hooked run's
 ``hook_stats.json``; then prints the frames
 with the most GIL samples (self and total) of each run."""
 
@@ -61,6 +61,7 @@ def main() -> None:
                             str(folded), "--", sys.executable, script, *args],
                            env=env, capture_output=True, text=True, timeout=400)
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        (out / f"{name}.stderr").write_text(p.stderr)  # (the hook's log lines: captures, fallbacks)
         (out / f"{name}.json").write_text((line[-1] if line else json.dumps({"stderr": p.stderr[-2000:]})) + "\n")
         report += [f"{name}: {line[-1] if line else p.stderr[-500:]}"] + (top(folded) if folded.is_file() else [])
     (out / "top.txt").write_text("\n".join(report) + "\n")

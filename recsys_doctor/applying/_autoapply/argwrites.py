@@ -34,6 +34,55 @@ def _storage(torch: Any, t: Any) -> int | None:
         return None
 
 
+def _watch_class(torch: Any) -> Any:
+    """The dispatch mode that notes the first operator writing into a watched storage (one class
+    for the process, by whether Dynamo is loaded): made so that its first operator does not
+    import ``torch._dynamo`` (:mod:`recsys_doctor.runtime._modes`)."""
+    from recsys_doctor.runtime._modes import dynamo_loaded, unwrapped_dispatch
+
+    key = dynamo_loaded()
+    cls = _CLASSES.get(key)
+    if cls is not None:
+        return cls
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    Tensor = torch.Tensor
+
+    def hits(ptrs: set[int], v: Any) -> bool:
+        if isinstance(v, Tensor):
+            return _storage(torch, v) in ptrs
+        if isinstance(v, (list, tuple)):
+            return any(isinstance(x, Tensor) and _storage(torch, x) in ptrs for x in v)
+        return False
+
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.hit is None:
+            # (an operator without a schema, such as a higher-order one, is not looked at)
+            schema = getattr(func, "_schema", None)
+            if schema is not None and getattr(schema, "is_mutable", False):
+                for i, a in enumerate(schema.arguments):
+                    if a.alias_info is not None and a.alias_info.is_write:
+                        v = args[i] if i < len(args) else kwargs.get(a.name)
+                        if hits(self.ptrs, v):
+                            self.hit = str(func)
+                            break
+        return func(*args, **kwargs)
+
+    class Watch(TorchDispatchMode):  # type: ignore[misc]
+        hit: str | None = None
+        ptrs: set[int] = set()
+
+        __torch_dispatch__ = dispatch
+
+    _CLASSES[key] = unwrapped_dispatch(Watch)
+    return Watch
+
+
+#: the watch class, by whether ``torch._dynamo`` was loaded when it was made
+_CLASSES: dict[bool, Any] = {}
+
+
 def watched_call(torch: Any, run: Any, module: Any, tensors: list[Any]) -> tuple[Any, str | None]:
     """``run()`` (the call as the script made it), and the first operator it ran that wrote into
     one of ``tensors`` (the call's tensor arguments), or None."""
@@ -43,37 +92,10 @@ def watched_call(torch: Any, run: Any, module: Any, tensors: list[Any]) -> tuple
     if not ptrs:
         return run(), None
     try:
-        from torch.utils._python_dispatch import TorchDispatchMode
+        w = _watch_class(torch)()
     except ImportError:  # pragma: no cover - every PyTorch the hook supports has it
         return run(), None
-
-    Tensor = torch.Tensor
-
-    def hits(v: Any) -> bool:
-        if isinstance(v, Tensor):
-            return _storage(torch, v) in ptrs
-        if isinstance(v, (list, tuple)):
-            return any(isinstance(x, Tensor) and _storage(torch, x) in ptrs for x in v)
-        return False
-
-    class Watch(TorchDispatchMode):  # type: ignore[misc]
-        hit: str | None = None
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            if self.hit is None:
-                # (an operator without a schema, such as a higher-order one, is not looked at)
-                schema = getattr(func, "_schema", None)
-                if schema is not None and getattr(schema, "is_mutable", False):
-                    for i, a in enumerate(schema.arguments):
-                        if a.alias_info is not None and a.alias_info.is_write:
-                            v = args[i] if i < len(args) else kwargs.get(a.name)
-                            if hits(v):
-                                self.hit = str(func)
-                                break
-            return func(*args, **kwargs)
-
-    w = Watch()
+    w.ptrs = ptrs
     with w:
         out = run()
     return out, w.hit
