@@ -48,6 +48,8 @@ ab_case() {
     mmoe8f) RECSYS_DOCTOR_PLACE=first-call _ab_run 8 examples/scripts/mmoe_ranker.py --threads 4 --queries 3000;;
     topk0) _ab_run 0 examples/heldout/topk_candidates_serve.py --threads 4 --queries 3000;;
     topk2) _ab_run 2 examples/heldout/topk_candidates_serve.py --threads 4 --queries 3000;;
+    topk0l) _ab_run 0 examples/heldout/topk_candidates_serve.py --threads 4 --queries 20000;;
+    topk2l) _ab_run 2 examples/heldout/topk_candidates_serve.py --threads 4 --queries 20000;;
     *) echo "unknown case $3";;
   esac
 }
