@@ -22,6 +22,8 @@ def main() -> None:
     g = int(groups)
     argv = [sys.executable, script, *args]
     row = {"label": label, "script": Path(script).name, "args": args, "groups": g}
+    if os.environ.get("RECSYS_DOCTOR_PLACE"):  # (where hooked threads are placed: start or first-call)
+        row["place"] = os.environ["RECSYS_DOCTOR_PLACE"]
     if g == 0:
         res, _ = run_script(argv, timeout_s=300)
     else:
