@@ -24,3 +24,12 @@ print(json.dumps({"gpu": smi[0], "driver": smi[-1], "cuda": torch.version.cuda, 
                   "python": platform.python_version()}))
 PY
 echo "setup $(( $(date +%s) - t0 )) s"
+# gpu_test NAME FILE... [pytest options]: one pytest run of GPU tests, its log in $OUT/NAME.log and
+# its last line echoed with the call's seconds so far (T: its timeout, default 150 s; STOP_AT:
+# the call's second past which it starts nothing, so the call returns within the device's limit)
+gpu_test() {
+  [ "$SECONDS" -lt "${STOP_AT:-100000}" ] || return 0
+  local name=$1; shift
+  timeout "${T:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: $(tail -1 "$OUT/$name.log" | cut -c1-150) [${SECONDS}s]"
+}

@@ -5,7 +5,7 @@
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 R=$PWD
-t() { local name=$1; shift; timeout ${T:-200} python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > $OUT/$name.log 2>&1; echo "$name: $(tail -1 $OUT/$name.log | cut -c1-150)"; }
+t() { T=${T:-200} gpu_test "$@"; }
 t refresh tests/test_autoapply_refresh_gpu.py
 T=120 t autoapply tests/test_autoapply_gpu.py
 T=60 t apply tests/test_apply_gpu.py

@@ -20,7 +20,7 @@ for r in rows:
     h = r.get("hook") or {}
     print(r["label"], r.get("qps"), "bad waves", bad, "checksum", r["checksum"], "replays", h.get("replays"), h.get("served_calls"))
 PY
-t() { local name=$1; shift; timeout ${T:-200} python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > $OUT/$name.log 2>&1; echo "$name: $(tail -1 $OUT/$name.log | cut -c1-150)"; }
+t() { T=${T:-200} gpu_test "$@"; }
 t refresh tests/test_autoapply_refresh_gpu.py
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 T=150 t heldout_refresh tests/test_heldout_gpu.py -k model_refresh

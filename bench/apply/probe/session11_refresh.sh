@@ -4,7 +4,7 @@
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 cat $OUT/env.json
-t() { local name=$1; shift; timeout ${T:-200} python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > $OUT/$name.log 2>&1; echo "$name: $(tail -1 $OUT/$name.log)"; }
+t() { T=${T:-200} gpu_test "$@"; }
 t test_autoapply_refresh_gpu tests/test_autoapply_refresh_gpu.py
 J=$OUT/refresh_ab.jsonl
 for c in ref0 ref1 ref2 refb2; do

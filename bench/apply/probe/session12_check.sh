@@ -8,7 +8,7 @@ J=$OUT/check_ab.jsonl
 run() { [ $SECONDS -lt 540 ] || return 0; timeout 60 bash -c ". bench/apply/ab_cases.sh; ab_case $J $1 $2" 2>>$OUT/cases.err | cut -c1-120; }
 for i in 1 2; do run c$i topk0; run c$i topk2; run c$i pipe0; run c$i pipe2; done
 run c1 pipe4; run c1 pipe2f
-t() { [ $SECONDS -lt 540 ] || return 0; local name=$1; shift; timeout ${T:-150} python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > $OUT/$name.log 2>&1; echo "$name: $(tail -1 $OUT/$name.log) [${SECONDS}s]"; }
+t() { STOP_AT=540 gpu_test "$@"; }
 t autoapply tests/test_autoapply_gpu.py
 t refresh tests/test_autoapply_refresh_gpu.py
 t apply tests/test_apply_gpu.py

@@ -5,7 +5,7 @@
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 cat $OUT/env.json
-t() { local name=$1; shift; timeout ${T:-100} python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > $OUT/$name.log 2>&1; echo "$name: $(tail -1 $OUT/$name.log) [${SECONDS}s]"; }
+t() { T=${T:-100} gpu_test "$@"; }
 t test_runtime_gpu tests/test_runtime_gpu.py
 t test_batching_gpu tests/test_batching_gpu.py
 t test_capture_gpu tests/test_capture_gpu.py

@@ -8,7 +8,7 @@
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 cat $OUT/env.json
-t() { local name=$1; shift; timeout ${T:-150} python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > $OUT/$name.log 2>&1; echo "$name: $(tail -1 $OUT/$name.log) [${SECONDS}s]"; }
+t() { gpu_test "$@"; }
 t argwrites tests/test_autoapply_argwrites_gpu.py
 t pipeline tests/test_autoapply_pipeline_gpu.py
 J=$OUT/pipeline_ab.jsonl
