@@ -37,6 +37,7 @@ ARGS = {
     "jagged_dlrm_serve.py": ["--threads", "4", "--queries", "3000"],
     "feature_pipeline_serve.py": ["--threads", "4", "--queries", "3000"],
     "topk_candidates_serve.py": ["--threads", "4", "--queries", "3000"],
+    "own_graphs_serve.py": ["--threads", "4", "--queries", "4000"],
 }
 
 

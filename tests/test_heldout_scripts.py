@@ -39,6 +39,7 @@ TINY = {
     "jagged_dlrm_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
     "feature_pipeline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
     "topk_candidates_serve.py": ["--queries", "24", "--items", "2000", "--users", "300"],
+    "own_graphs_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
 }
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency")}
@@ -230,3 +231,27 @@ def test_topk_requests_vary_in_size_and_the_model_returns_positions_among_them()
             best = m(torch.as_tensor(user), torch.as_tensor(items), torch.as_tensor(feats))
             assert best.indices.shape == (10,) and int(best.indices.max()) < len(items)
     assert len(sizes) > 8 and min(sizes) >= 50 and max(sizes) <= 400
+
+
+def test_own_graphs_checksum_recomputed_without_padding(runs):
+    """The script that pads its partial requests itself (to the size of its own graphs) and
+    drops the padded rows' scores: its checksum recomputed from its model and requests, each
+    request scored at its own row count; some requests are partial."""
+    mod = _load("own_graphs_serve.py")
+    args = dict(zip(TINY["own_graphs_serve.py"][::2], TINY["own_graphs_serve.py"][1::2]))
+    queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
+    torch.manual_seed(0)
+    model = mod.WideDeep(vocab).eval()
+    flat, partial = [], 0
+    with torch.inference_mode():
+        for rid in range(queries):
+            dense, ids = mod.make_request(0, rid, rows, vocab)
+            partial += len(dense) < rows
+            flat += list(model(torch.from_numpy(dense), torch.from_numpy(ids)).numpy())
+    flat = np.asarray(flat, dtype=np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    assert 0 < partial < queries
+    for t in THREADS:
+        r = json.loads(runs[("own_graphs_serve.py", t)][0])
+        assert r["partial_requests"] == partial and r["capture"] == "main"
+        assert r["checksum"] == pytest.approx(expected, rel=1e-6)

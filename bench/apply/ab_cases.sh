@@ -50,6 +50,10 @@ ab_case() {
     topk2) _ab_run 2 examples/heldout/topk_candidates_serve.py --threads 4 --queries 3000;;
     topk0l) _ab_run 0 examples/heldout/topk_candidates_serve.py --threads 4 --queries 20000;;
     topk2l) _ab_run 2 examples/heldout/topk_candidates_serve.py --threads 4 --queries 20000;;
+    own0) _ab_run 0 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000;;
+    own2) _ab_run 2 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000;;
+    ownw0) _ab_run 0 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000 --capture worker;;
+    ownw2) _ab_run 2 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000 --capture worker;;
     *) echo "unknown case $3";;
   esac
 }
