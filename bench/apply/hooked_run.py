@@ -1,7 +1,8 @@
 """One script under the hook with a fixed plan, the result appended to a JSONL file:
 ``python bench/apply/hooked_run.py OUT.jsonl LABEL GROUPS SCRIPT [ARGS...]`` (GROUPS 0: the script
 unhooked). Each row: the label, the plan, the script's JSON line (q/s, p99, checksum) and the
-hook's counters (replays, thread replays, fallbacks). ``bench/apply/hook_ab.sh`` alternates two
+hook's counters (replays, thread replays, fallbacks). Every run's output goes to ``OUT.jsonl.log``
+(a failed run's whole traceback: the error names only its last line). ``bench/apply/hook_ab.sh`` alternates two
 trees of the package with it, on one machine."""
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ def main() -> None:
     out, label, groups, script, *args = sys.argv[1:]
     g = int(groups)
     argv = [sys.executable, script, *args]
+    log = Path(out + ".log")  # every run's stdout and stderr (a failed run's traceback), beside OUT
     row = {"label": label, "script": Path(script).name, "args": args, "groups": g}
     if os.environ.get("RECSYS_DOCTOR_PLACE"):  # (where hooked threads are placed: start or first-call)
         row["place"] = os.environ["RECSYS_DOCTOR_PLACE"]
     if g == 0:
-        res, _ = run_script(argv, timeout_s=300)
+        res, _ = run_script(argv, log=log, timeout_s=300)
     else:
         d = Path(tempfile.mkdtemp(prefix="hooked-run-"))
         batching = os.environ.get("RD_BATCHING") == "1"  # the hook's batching plan (batches of up to 32)
         plan = write_plan(d / "plan.json", {}, Candidate(g, True, False, True, batching=batching))
         row["batching"] = batching
         env = script_env(plan, hook_dir=d / "hook", stats_path=d / "stats.json")
-        res, _ = run_script(argv, env=env, timeout_s=300)
+        res, _ = run_script(argv, env=env, log=log, timeout_s=300)
         st = read_hook_stats(d / "stats.json") or {}  # (worker processes' stats merged in)
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
                                                "staged_copies", "captured", "served_calls", "pageable_fast",

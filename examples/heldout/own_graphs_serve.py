@@ -3,8 +3,11 @@
 Written by a team that has read PyTorch's CUDA-graph notes: every worker owns a
 ``torch.cuda.Stream``, a ``torch.cuda.CUDAGraph`` of the model at the largest request size,
 static GPU inputs and outputs, and pinned host buffers. The graph is captured the documented
-way: three warm-up calls on a side stream, then ``with torch.cuda.graph(g)`` (each graph its
-own memory pool: the workers replay at the same time). A request fills the pinned buffers with numpy,
+way: three warm-up calls on a side stream, then ``with torch.cuda.graph(g, stream=...)`` on the
+worker's own stream, each graph with its own memory pool (the workers replay at the same time;
+graphs captured on one stream - ``torch.cuda.graph``'s default - share cuBLAS's workspace for
+that stream and race on it when replayed at once: the first version of this script gave a
+different checksum on every run). A request fills the pinned buffers with numpy,
 pads a partial request with zeros itself (the model scores each row alone, so the padded rows'
 scores are dropped), copies them into the static inputs with ``copy_(..., non_blocking=True)``
 on the worker's stream, calls ``g.replay()``, copies the scores back the same way and waits
@@ -90,7 +93,7 @@ def main():
                     model(self.dense, self.ids)
             torch.cuda.current_stream(dev).wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            with torch.cuda.graph(g, stream=self.stream, capture_error_mode="thread_local"):
                 self.out = model(self.dense, self.ids)
             torch.cuda.synchronize(dev)
             self.graph = g
