@@ -612,7 +612,7 @@ def test_cli_apply_says_the_plan_is_not_active_without_cuda(tmp_path):
 def test_a_kept_batching_plan_whose_calls_ran_unbatched_says_so():
     """The hook stats of two-tower's kept plan on the H100 (bench/apply/results/suite_h100_2026-11-26c):
     a batching plan whose model inputs the hook refused; its label says batched, so a note must."""
-    from recsys_doctor.applying.apply import _batching_refused
+    from recsys_doctor.applying.report import batching_refused as _batching_refused
 
     refused = {"batching": True, "max_batch": 32, "batches": 0, "batched_calls": 0,
                "fallbacks": ["not batched: no floating-point input tells the rows of a query; declare batch_spec"]}

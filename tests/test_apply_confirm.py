@@ -91,3 +91,14 @@ def test_a_plan_whose_second_run_fails_is_declined_and_one_whose_baseline_fails_
     assert why is None and search.runs == ["as it is"]  # the plan is not run again
     assert notes == ["a close win (1.03x) not measured again: the script as it is failed its second run: "
                      "python s.py exited with status 1: boom"]
+
+
+def test_a_second_run_under_which_a_thread_raised_is_declined(search, monkeypatch):
+    """The plan's second run printed a faster line, but a thread of the script raised under it
+    (the hook's stats say so, :mod:`._autoapply.threaderrors`): that run failed."""
+    stats = {"thread_error_count": 1, "thread_errors": [{"thread": "worker-2", "error": "KeyError: 2", "at": None}]}
+    monkeypatch.setattr(cf, "read_hook_stats", lambda path: stats if path.name == "confirm.hook_stats.json" else None)
+    search.printed = [{"qps": 700.0}, {"qps": 800.0}]
+    why, _ = _confirm(search)
+    assert why == ("declined: g1 merged shared-pool graphs won its first run by 1.03x and failed the second: "
+                   "a thread of the script raised under this plan: worker-2: KeyError: 2")

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
-from .report import (ApplyResult, CandidateResult, keep_within, measured_tables, _meas_numbers, _pred_numbers,
-                     _summary_point, before_after_rows)
+from .report import (ApplyResult, CandidateResult, batching_refused, keep_within, measured_tables, _meas_numbers,
+                     _pred_numbers, _summary_point, before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
 from ..capture.nvml import NvmlSampler
@@ -46,7 +46,8 @@ from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
 from .confirm import confirm, metric, needs_confirming, ratio
 from .evidence import HOOK_STATS_FILE, sync_evidence
-from .script_hook import ENV_PLAN, parse_script_result, read_hook_stats, run_script, script_env, script_treatment
+from .script_hook import (ENV_PLAN, fail_on_thread_errors, parse_script_result, read_hook_stats, run_script,
+                          script_env, script_treatment)
 from .train_runner import make_runner, runtime_treatment
 from ..planning.whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
 from ..capture.workload import is_workload_module
@@ -334,7 +335,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     run.say("profiling the script")
     before = run.profile("before")
     run.say("measuring the script as it is")
-    base, _ = run_script(argv, log=run.out / "program.log", timeout_s=script_timeout_s)
+    base, base_out = run_script(argv, log=run.out / "program.log", timeout_s=script_timeout_s)
     stats = _script_stats(before, base)
     clients = int(base.get("threads") or stats.threads)
     # a plain training loop prints its step time, not q/s: the fastest step is kept (and its
@@ -349,7 +350,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     if prefer not in [p.candidate for p in ranked]:
         prefer = None
     results = _measure_script_candidates(run, argv, ranked, select_to_measure(ranked, top_k, prefer), advised,
-                                         script_timeout_s)
+                                         script_timeout_s, base_out)
     notes: list[str] = []
     best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
     units = base.get("queries") or base.get("calls") or base.get("steps")
@@ -373,7 +374,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     ev = _evidence(before, after, before_pt, after_pt)
     ev["hook"] = {"measured": None if decline else best.info.get("hook"),
                   "profiled": read_hook_stats(hook_stats) if after else None}
-    unbatched = None if decline else _batching_refused(best.prediction.candidate, ev["hook"]["measured"])
+    unbatched = None if decline else batching_refused(best.prediction.candidate, ev["hook"]["measured"])
     if unbatched:
         notes.append(unbatched)
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
@@ -411,15 +412,6 @@ def _label_script_bounds(ranked: Sequence[Prediction]) -> None:
             p.notes.append(SCRIPT_BOUND)
 
 
-def _batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None:
-    """What to say where the kept plan asks for batching and its measured run batched no call
-    (the hook refused the model's inputs: its label says batched, its calls ran unbatched)."""
-    if not cand.batching or not hook or hook.get("batched_calls"):
-        return None
-    why = next((f for f in hook.get("fallbacks") or [] if f.startswith("not batched")), "no call was batched")
-    return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, as the plan without it"
-
-
 def _script_stats(before: Any, base: dict[str, Any]) -> TraceStats:
     """What-if stats of the script's trace, with the tail ratio the script itself measured."""
     if before.advise.trace is None:
@@ -429,9 +421,10 @@ def _script_stats(before: Any, base: dict[str, Any]) -> TraceStats:
 
 
 def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Prediction], todo: list[Prediction],
-                               advised: dict[str, Any], timeout_s: float) -> list[CandidateResult]:
+                               advised: dict[str, Any], timeout_s: float, out_as_is: str = "") -> list[CandidateResult]:
     """Every ranked candidate's result; those in ``todo`` measured by running the script
-    unmodified with the candidate's plan file applied at interpreter start."""
+    unmodified with the candidate's plan file applied at interpreter start (not kept where a
+    thread of the script raised under it: :func:`.script_hook.fail_on_thread_errors`)."""
     results = [CandidateResult(p) for p in ranked]
     by_cand = {r.prediction.candidate: r for r in results}
     for i, p in enumerate(todo):
@@ -447,4 +440,5 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
         except RecsysDoctorError as e:
             r.error = str(e)
         r.info["hook"] = read_hook_stats(sp)
+        fail_on_thread_errors(r, r.info["hook"], out_as_is)
     return results

@@ -12,7 +12,8 @@ from typing import Any
 
 from ..errors import RecsysDoctorError
 from ..planning.io import write_plan
-from .script_hook import run_script, script_env
+from .report import CandidateResult
+from .script_hook import fail_on_thread_errors, read_hook_stats, run_script, script_env
 
 __all__ = ["CONFIRM_BELOW", "metric", "ratio", "needs_confirming", "confirm"]
 
@@ -54,15 +55,22 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
     run.say(f"measuring a close win once more ({first:.2f}x): the script as it is, then {label}")
     log = run.out / "confirm.log"
     try:
-        base2, _ = run_script(argv, log=log, timeout_s=timeout_s)
+        base2, out2 = run_script(argv, log=log, timeout_s=timeout_s)
     except RecsysDoctorError as e:  # nothing to hold the plan's second run against: its first stands
         notes.append(f"a close win ({first:.2f}x) not measured again: the script as it is failed its second run: {e}")
         return None
     plan = write_plan(run.out / "confirm.plan.json", advised, best.prediction.candidate)
+    sp = run.out / "confirm.hook_stats.json"
+    second_run = CandidateResult(best.prediction)
     try:
-        m2, _ = run_script(argv, env=script_env(plan, hook_dir=run.out / "hook"), log=log, timeout_s=timeout_s)
+        second_run.measured, _ = run_script(argv, env=script_env(plan, hook_dir=run.out / "hook", stats_path=sp),
+                                            log=log, timeout_s=timeout_s)
     except RecsysDoctorError as e:
-        return f"declined: {label} won its first run by {first:.2f}x and failed the second: {e}"
+        second_run.error = str(e)
+    fail_on_thread_errors(second_run, read_hook_stats(sp), out2)  # (a thread that raised: that run failed)
+    if second_run.error:
+        return f"declined: {label} won its first run by {first:.2f}x and failed the second: {second_run.error}"
+    m2 = second_run.measured or {}
     second = ratio(base2, m2, train)
     said = (f"{base2.get(key)} -> {m2.get(key)} {unit}" if second is not None
             else "no number printed")

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from ..planning._batching import UNPRICED
 from ..planning.whatif import Candidate, Prediction
 
-__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within"]
+__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused"]
 
 
 @dataclass
@@ -156,3 +156,12 @@ def keep_within(results: Sequence[CandidateResult], p99_budget_ms: float | None)
     best = min((r.measured.get("p99_ms") or math.inf for r in results if r.measured), default=math.inf)
     return list(results), (f"no measured plan met p99 <= {p99_budget_ms:g} ms (lowest: {best:.2f} ms): "
                            "kept the most queries/s regardless")
+
+
+def batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None:
+    """What to say where the kept plan asks for batching and its measured run batched no call
+    (the hook refused the model's inputs: its label says batched, its calls ran unbatched)."""
+    if not cand.batching or not hook or hook.get("batched_calls"):
+        return None
+    why = next((f for f in hook.get("fallbacks") or [] if f.startswith("not batched")), "no call was batched")
+    return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, as the plan without it"

@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,8 @@ from ._autoapply.accounting import merge_sites
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
 __all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
-           "read_hook_stats", "merge_hook_stats", "parse_script_result", "run_script"]
+           "read_hook_stats", "merge_hook_stats", "parse_script_result", "run_script",
+           "thread_errors_note", "fail_on_thread_errors"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
 _AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply") / "__init__.py"  # a package, loaded by path
@@ -158,7 +160,7 @@ def _read_json(p: Path) -> dict[str, Any] | None:
 
 #: the hook's counters that add up over processes
 _SUMMED = ("threads", "late_threads", "captured", "replays", "thread_graphs", "thread_replays", "materialized", "pageable_fast",
-           "served_calls", "staged_copies", "batches", "batched_calls", "module_changes")
+           "served_calls", "staged_copies", "batches", "batched_calls", "module_changes", "thread_error_count")
 
 
 def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,6 +177,7 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
     for k in ("batch_sizes", "served_batch_sizes"):
         out[k] = _sum_counts(d.get(k) or {} for d in every)
     out["fallbacks"] = list(dict.fromkeys(f for d in every for f in d.get("fallbacks") or []))
+    out["thread_errors"] = [e for d in every for e in d.get("thread_errors") or []][:8]
     out["active"] = any(d.get("active") for d in every)
     out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
     return out
@@ -186,6 +189,36 @@ def _sum_counts(dicts: Any) -> dict[str, int]:
         for k, v in d.items():
             out[str(k)] = out.get(str(k), 0) + int(v)
     return out
+
+
+#: the first line of what Python's default ``threading.excepthook`` prints for a thread that raised
+_THREAD_RAISED = re.compile(r"^Exception in thread ", re.M)
+
+
+def thread_errors_note(stats: dict[str, Any] | None) -> str | None:
+    """One line on the exceptions that ended threads of a hooked run (``stats``: its hook
+    stats, :mod:`._autoapply.threaderrors`), or None where none did."""
+    errs = (stats or {}).get("thread_errors") or []
+    if not errs:
+        return None
+    n, e = max(int((stats or {}).get("thread_error_count") or 0), len(errs)), errs[0]
+    return (f"a thread of the script raised under this plan: {e.get('thread')}: {e.get('error')}"
+            + (f" at {e['at']}" if e.get("at") else "") + (f" (and {n - 1} more)" if n > 1 else ""))
+
+
+def fail_on_thread_errors(result: Any, stats: dict[str, Any] | None, output_as_is: str) -> None:
+    """A candidate (``result``: its ``measured``, ``error``, ``info``) under which a thread of the
+    script raised is not kept: its measurement is dropped and the exception becomes its error -
+    unless threads raised in the script as it is too (``output_as_is``: that run's output, where
+    Python's default hook printed them), when it is only noted."""
+    note = thread_errors_note(stats)
+    if note is None:
+        return
+    if _THREAD_RAISED.search(output_as_is or ""):
+        result.info["thread_errors"] = note + " (threads raised in the script as it is too)"
+        return
+    result.error = f"{result.error}; {note}" if result.error else note
+    result.measured = None
 
 
 def parse_script_result(output: str) -> dict[str, Any]:

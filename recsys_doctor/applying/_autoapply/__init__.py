@@ -99,7 +99,7 @@ from ._common import ENV_PLACE, ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS,
 from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
-from . import modstate
+from . import modstate, threaderrors
 from .importwatch import cancel, when_imported
 from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
@@ -143,13 +143,14 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
-                      late_groups=[], module_changes=0,
+                      late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
                       place_at_first_call=os.environ.get(ENV_PLACE, "start") == "first-call" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             modstate.reset()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
             threading.Thread._bootstrap_inner = _wrapped_bootstrap(_state["orig_bootstrap"])  # type: ignore[attr-defined]
+            threaderrors.install()
         else:  # pragma: no cover - every CPython we support has it
             raise RuntimeError("threading.Thread has no _bootstrap_inner on this Python")
     if rt["cuda_graphs"]:  # nn.Module patched once PyTorch is imported: threads placed at their first call
@@ -163,6 +164,7 @@ def deactivate() -> None:
         if not _state.get("active"):
             return
         threading.Thread._bootstrap_inner = _state.pop("orig_bootstrap")  # type: ignore[attr-defined]
+        threaderrors.uninstall()
         cancel(_state.pop("torch_watch", None))
         if _state.get("patched_module"):
             torch = _torch()

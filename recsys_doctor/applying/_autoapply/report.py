@@ -27,7 +27,8 @@ def stats() -> dict[str, Any]:
     """Groups created, threads placed, graphs captured, replays, fallback reasons, batches (where
     the plan batches: their count, the calls in them, ``batch_sizes``: size -> batches), and per
     call site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch.
-    ``not_applied``: why the plan did nothing (a bad plan file), else None."""
+    ``not_applied``: why the plan did nothing (a bad plan file), else None. ``thread_errors``:
+    exceptions that ended a thread of the script (:mod:`.threaderrors`), the first few."""
     per_site = sites()
     sizes = dict(sorted((_state.get("batch_sizes") or {}).items()))
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
@@ -40,6 +41,8 @@ def stats() -> dict[str, Any]:
             "materialized": _state.get("materialized", 0), "pageable_fast": _state.get("pageable_fast", 0),
             "served_calls": _state.get("served_calls", 0),
             "module_changes": _state.get("module_changes", 0),
+            "thread_errors": list(_state.get("thread_errors", [])),
+            "thread_error_count": _state.get("thread_error_count", 0),
             "served_batch_sizes": _served_batch_sizes(),
             "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
             "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site}
