@@ -1,8 +1,8 @@
 """Exceptions that end a thread of the script while the hook is active, in ``stats()``.
 
 A worker thread that raises under a plan loses the requests it held, and the script may fail
-much later with an error that says nothing of it (a server whose worker died in its first
-request exits with ``KeyError: 2`` when it reads the results: the request that worker took).
+much later with an error that says nothing of it (a server that reads its results by request
+id exits with ``KeyError: 2`` when the worker that took request 2 died).
 ``threading.excepthook`` is wrapped while the hook is active: each such exception is counted,
 the first :data:`MAX_KEPT` are kept with the thread's name, the exception's first line and the
 script's line it was raised from (``stats()["thread_errors"]``), one line goes to stderr, and
