@@ -243,3 +243,34 @@ def test_the_thread_graphs_next_copy_asked_for_as_learned_takes_the_short_path(m
     st.n, tg.moves = 0, [learned]
     tg.src_ptr = [src.data_ptr() + 4]  # the same tensor on other memory: _copy_in refuses it
     assert to(src, "cuda:0", non_blocking=True) == "pytorch" and st.n == -1
+
+
+def test_while_the_script_captures_a_graph_of_its_own_every_copy_is_pytorchs(monkeypatch):
+    """A hooked thread whose current stream captures a graph of the script's own (a worker that
+    captures its model, ``examples/heldout/own_graphs_serve.py``): the copy its thread graph
+    expects next is not deferred into a view (the script's graph must hold the copy itself),
+    and ``torch.as_tensor`` of host data is PyTorch's (which refuses a synchronous copy in a
+    capture, as without the hook): both reach PyTorch's own function, nothing else is asked."""
+    from recsys_doctor.applying import _autoapply as hook
+
+    src = torch.arange(4.0)
+    learned = Move(C0, None, True, False, None)
+    tg = hook._ThreadGraph(module="m", graph=None, src=[src], tin=[torch.zeros(4)], template=None,
+                           out=torch.zeros(1), device=0, moves=[learned])
+    st = hook._ThreadCopies(stream=None)
+    st.tg = tg
+    monkeypatch.setitem(staging._state, "lazy_type", staging._make_lazy_type(torch))
+    monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=C0)), raising=False)
+    monkeypatch.setattr(staging._tls, "copies", st, raising=False)
+    monkeypatch.setattr(staging._tls, "depth", 0, raising=False)
+    monkeypatch.setattr(staging, "_take_copy", lambda *a: pytest.fail("the hook's copy in a capture"))
+    capturing = [True]
+    to = staging._copy_method(torch, lambda t, *a, **k: "pytorch", pageable.to_args, capturing=lambda: capturing[0])
+    assert to(src, "cuda:0", non_blocking=True) == "pytorch" and st.n == 0 and not st.pending
+    as_tensor = staging._factory(torch, lambda *a, **k: "pytorch's as_tensor",
+                                 lambda t, a, k: pytest.fail("parsed in a capture"), "as_tensor",
+                                 capturing=lambda: capturing[0])
+    assert as_tensor([1, 2, 3], device="cuda") == "pytorch's as_tensor"
+    capturing[0] = False  # the capture over: the thread graph's copy is deferred again
+    view = to(src, "cuda:0", non_blocking=True)
+    assert type(view) is staging._state["lazy_type"] and st.n == 1

@@ -99,6 +99,19 @@ def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any
     return k
 
 
+def capture_probe(torch: Any) -> Any:
+    """A function saying whether the calling thread's current stream captures a CUDA graph (the
+    script's own capture: a copy made there belongs in the script's graph, exactly as PyTorch
+    makes it, and a copy PyTorch cannot make in a capture must fail as it does); ``lambda: False``
+    where this PyTorch has no CUDA."""
+    f = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    try:
+        ok = f is not None and torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a PyTorch without a working CUDA
+        ok = False
+    return f if ok else (lambda: False)
+
+
 def cuda_stream_now(torch: Any) -> Any:
     """``stream_now`` for :func:`same_copy` on this process's CUDA."""
     capturing = torch._C._cuda_isCurrentStreamCapturing

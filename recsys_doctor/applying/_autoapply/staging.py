@@ -28,7 +28,7 @@ from .pageable import (
     to_args,
 )
 from .deferred import make_lazy_type
-from .pageable_fast import cuda_stream_now, learn, list_array, same_copy
+from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -244,20 +244,22 @@ def _same_raw_call(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, orig: Any, a
     return called_again(torch, tg.raw[st.n], orig, args, kwargs)
 
 
-def _copy_method(torch: Any, orig: Any, parse: Any) -> Any:
+def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> Any:
     """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy of a host tensor to the GPU
     that ``parse`` (:func:`.pageable.to_args` / :func:`.pageable.cuda_args`) recognizes and the
     hook makes exactly as PyTorch does (:func:`.pageable.inexact`) goes through :func:`_copy_in`
     (the thread graph) where :func:`_graph_copy` says so and the thread has one, else, unless it
     is asynchronous already (pinned, non-blocking), to :func:`_take_copy`; one it would not make
     exactly is PyTorch's, counted with the reason; everything else goes straight to ``orig``.
-    A copy the thread graph knows already is taken first, unparsed: its pinned tensor copied by
+    While the thread's stream captures a graph of the script's own, every call is PyTorch's
+    (:func:`.pageable_fast.capture_probe`). A copy the thread graph knows already is taken first, unparsed: its pinned tensor copied by
     the same call (:func:`.pageable.called_again`), or a pageable one written into its slot
     (:func:`.pageable_fast.same_copy`, learned by :func:`.pageable_fast.learn` after the slow path)."""
     T = torch.Tensor
+    capturing = capturing or capture_probe(torch)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda:
+        if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda or capturing():
             return orig(self, *args, **kwargs)
         nxt = _next_copy(self)
         if nxt is not None and _same_raw_call(torch, *nxt, orig, args, kwargs):
@@ -400,16 +402,18 @@ def _take_copy(torch: Any, x: Any, dev: Any, dtype: Any, site: str) -> Any:
     return stage(torch, x, dev, dtype, site=site)
 
 
-def _factory(torch: Any, orig: Any, parse: Any, name: str) -> Any:
+def _factory(torch: Any, orig: Any, parse: Any, name: str, capturing: Any = None) -> Any:
     """``torch.as_tensor`` / ``torch.tensor`` for hooked threads: host data (numpy, lists, a CPU
     tensor) asked for on the GPU goes to the thread's slots (:func:`_slot_copy`) or, with
     staging on, to :func:`.pageable.stage`; either way made on the CPU first by PyTorch's own
     function (its dtype rules), but for a numpy array copied as it is. Anything else, and every
-    call where neither applies, goes straight to ``orig`` (counted)."""
+    call where neither applies, goes straight to ``orig`` (counted); so does every call while the
+    thread's stream captures a graph of the script's own (:func:`.pageable_fast.capture_probe`)."""
     T = torch.Tensor
+    capturing = capturing or capture_probe(torch)
 
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None:
+        if getattr(_tls, "group", None) is None or capturing():
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")
