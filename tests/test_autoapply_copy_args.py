@@ -209,11 +209,9 @@ def test_the_hooked_to_takes_over_what_it_makes_exactly_and_leaves_pytorch_the_r
     assert len(taken) == 2
 
 
-def test_the_thread_graphs_next_copy_asked_for_as_learned_takes_the_short_path(monkeypatch):
-    """A hooked ``.to()`` of the tensor the thread graph expects next, asked for with the
-    :class:`Move` it was learned with, goes straight to ``_copy_in``: the checks the learned
-    copy passed (pinned, non-blocking, the group's device) are not asked again. Another move
-    of the same tensor, or a slot's copy (learned with no move), takes the long path."""
+def _thread_graph_of(monkeypatch):
+    """A hooked thread (group on cuda:0) whose thread graph expects one pinned copy next: its
+    source tensor, the learned :class:`Move`, the thread graph and the thread's copy state."""
     from recsys_doctor.applying import _autoapply as hook
 
     src = torch.arange(4.0)
@@ -226,6 +224,15 @@ def test_the_thread_graphs_next_copy_asked_for_as_learned_takes_the_short_path(m
     monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=C0)), raising=False)
     monkeypatch.setattr(staging._tls, "copies", st, raising=False)
     monkeypatch.setattr(staging._tls, "depth", 0, raising=False)
+    return src, learned, tg, st
+
+
+def test_the_thread_graphs_next_copy_asked_for_as_learned_takes_the_short_path(monkeypatch):
+    """A hooked ``.to()`` of the tensor the thread graph expects next, asked for with the
+    :class:`Move` it was learned with, goes straight to ``_copy_in``: the checks the learned
+    copy passed (pinned, non-blocking, the group's device) are not asked again. Another move
+    of the same tensor, or a slot's copy (learned with no move), takes the long path."""
+    src, learned, tg, st = _thread_graph_of(monkeypatch)
     asked = []
     monkeypatch.setattr(staging, "_graph_copy", lambda s, m: asked.append(m) or False)
     monkeypatch.setattr(staging, "_take_copy", lambda *a: None)  # (the long path's pageable copy: PyTorch's)
@@ -251,18 +258,7 @@ def test_while_the_script_captures_a_graph_of_its_own_every_copy_is_pytorchs(mon
     expects next is not deferred into a view (the script's graph must hold the copy itself),
     and ``torch.as_tensor`` of host data is PyTorch's (which refuses a synchronous copy in a
     capture, as without the hook): both reach PyTorch's own function, nothing else is asked."""
-    from recsys_doctor.applying import _autoapply as hook
-
-    src = torch.arange(4.0)
-    learned = Move(C0, None, True, False, None)
-    tg = hook._ThreadGraph(module="m", graph=None, src=[src], tin=[torch.zeros(4)], template=None,
-                           out=torch.zeros(1), device=0, moves=[learned])
-    st = hook._ThreadCopies(stream=None)
-    st.tg = tg
-    monkeypatch.setitem(staging._state, "lazy_type", staging._make_lazy_type(torch))
-    monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=C0)), raising=False)
-    monkeypatch.setattr(staging._tls, "copies", st, raising=False)
-    monkeypatch.setattr(staging._tls, "depth", 0, raising=False)
+    src, learned, tg, st = _thread_graph_of(monkeypatch)
     monkeypatch.setattr(staging, "_take_copy", lambda *a: pytest.fail("the hook's copy in a capture"))
     capturing = [True]
     to = staging._copy_method(torch, lambda t, *a, **k: "pytorch", pageable.to_args, capturing=lambda: capturing[0])
