@@ -263,10 +263,17 @@ def test_while_the_script_captures_a_graph_of_its_own_every_copy_is_pytorchs(mon
     capturing = [True]
     to = staging._copy_method(torch, lambda t, *a, **k: "pytorch", pageable.to_args, capturing=lambda: capturing[0])
     assert to(src, "cuda:0", non_blocking=True) == "pytorch" and st.n == 0 and not st.pending
-    as_tensor = staging._factory(torch, lambda *a, **k: "pytorch's as_tensor",
-                                 lambda t, a, k: pytest.fail("parsed in a capture"), "as_tensor",
-                                 capturing=lambda: capturing[0])
+    monkeypatch.setattr(staging, "_slot_thread", lambda: pytest.fail("the thread's slots in a capture"))
+    as_tensor = staging._factory(torch, lambda *a, **k: "pytorch's as_tensor", lambda t, a, k: (C0, None),
+                                 "as_tensor", capturing=lambda: capturing[0])
     assert as_tensor([1, 2, 3], device="cuda") == "pytorch's as_tensor"
+
+    class HostArg(torch.Tensor):  # a model's host argument (.host_args): its own take, in the hook's captures too
+        @staticmethod
+        def rd_take(data, orig, name, args, kwargs, p):
+            return ("taken", name, p)
+
+    assert as_tensor(torch.zeros(2).as_subclass(HostArg), device="cuda") == ("taken", "as_tensor", (C0, None))
     capturing[0] = False  # the capture over: the thread graph's copy is deferred again
     view = to(src, "cuda:0", non_blocking=True)
     assert type(view) is staging._state["lazy_type"] and st.n == 1

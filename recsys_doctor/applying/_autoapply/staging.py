@@ -408,19 +408,20 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str, capturing: Any = None
     staging on, to :func:`.pageable.stage`; either way made on the CPU first by PyTorch's own
     function (its dtype rules), but for a numpy array copied as it is. Anything else, and every
     call where neither applies, goes straight to ``orig`` (counted); so does every call while the
-    thread's stream captures a graph of the script's own (:func:`.pageable_fast.capture_probe`)."""
+    thread's stream captures (:func:`.pageable_fast.capture_probe`), but for a model's host
+    argument, whose own ``rd_take`` serves the hook's captures."""
     T = torch.Tensor
     capturing = capturing or capture_probe(torch)
 
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None or capturing():
+        if getattr(_tls, "group", None) is None:
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")
         take = getattr(type(data), "rd_take", None)
-        if take is not None:  # a model's host argument inside its forward (.host_args)
+        if take is not None:  # a model's host argument inside its forward (.host_args; in the hook's captures too)
             return take(data, orig, name, args, kwargs, p)
-        if p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
+        if capturing() or p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
             return orig(*args, **kwargs)
         dev, dtype = p
         site = script_site(2)
