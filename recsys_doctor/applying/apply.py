@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
-from .report import (ApplyResult, CandidateResult, batching_refused, keep_within, measured_tables, _meas_numbers,
-                     _pred_numbers, _summary_point, before_after_rows)
+from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, measured_tables,
+                     _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
 from ..capture.nvml import NvmlSampler
@@ -374,9 +374,9 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     ev = _evidence(before, after, before_pt, after_pt)
     ev["hook"] = {"measured": None if decline else best.info.get("hook"),
                   "profiled": read_hook_stats(hook_stats) if after else None}
-    unbatched = None if decline else batching_refused(best.prediction.candidate, ev["hook"]["measured"])
-    if unbatched:
-        notes.append(unbatched)
+    for note in ([] if decline else [batching_refused(best.prediction.candidate, ev["hook"]["measured"]),
+                                      copy_only_note(ev["hook"]["measured"])]):
+        notes += [note] if note else []
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)

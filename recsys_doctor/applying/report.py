@@ -10,7 +10,8 @@ from typing import Any, Sequence
 from ..planning._batching import UNPRICED
 from ..planning.whatif import Candidate, Prediction
 
-__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused"]
+__all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
+           "copy_only_note"]
 
 
 @dataclass
@@ -165,3 +166,17 @@ def batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None
         return None
     why = next((f for f in hook.get("fallbacks") or [] if f.startswith("not batched")), "no call was batched")
     return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, as the plan without it"
+
+
+def copy_only_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where the kept plan's run had threads, placed at their start, that copied to
+    the GPU but called no model (the hook's ``copy_only_threads``): they may hand GPU tensors to
+    the model threads with nothing ordering the two (``RECSYS_DOCTOR_PLACE=first-call``)."""
+    names = (hook or {}).get("copy_only_threads") or []
+    if not names:
+        return None
+    n = max(int((hook or {}).get("copy_only_count") or 0), len(names))
+    return (f"{n} thread{'s' if n > 1 else ''} ({', '.join(names)}{', ...' if n > len(names) else ''}) copied data "
+            "to the GPU but called no model, on group streams of their own: where such a thread hands GPU tensors "
+            "to the model threads nothing orders its work before their use; RECSYS_DOCTOR_PLACE=first-call keeps "
+            "such threads on PyTorch's default stream, with which the group streams are ordered")

@@ -144,6 +144,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
+                      copy_only_threads=[], copy_only_count=0,
                       place_at_first_call=os.environ.get(ENV_PLACE, "start") == "first-call" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()

@@ -132,6 +132,30 @@ def _place_deferred(torch: Any) -> _Group | None:
     return g
 
 
+#: threads of :data:`COPY_ONLY` kept by name (all are counted)
+MAX_COPY_ONLY = 8
+COPY_ONLY = ("threads placed at their start that copied data to the GPU but called no model ran on group "
+             "streams: a thread that hands GPU tensors to others this way is not ordered with their use "
+             "(RECSYS_DOCTOR_PLACE=first-call keeps such threads on PyTorch's default stream)")
+
+
+def _note_copy_only(t: threading.Thread) -> None:
+    """At the end of a thread placed at its start: where it copied host data to the GPU (an
+    ``h2d`` call site in its counts) but never called a model, count it (``stats()
+    ["copy_only_threads"]``): a producer of GPU tensors for other threads, on a group stream of
+    its own (:func:`_place_deferred` says why that matters)."""
+    if getattr(_tls, "called", False):
+        return
+    table = getattr(_tls, "site_table", None) or {}
+    if not any(kind == "h2d" for kind, _ in table):
+        return
+    with _lock:
+        _state["copy_only_count"] = _state.get("copy_only_count", 0) + 1
+        names = _state.setdefault("copy_only_threads", [])
+        if len(names) < MAX_COPY_ONLY:
+            names.append(t.name)
+
+
 def _wrapped_bootstrap(orig: Any) -> Any:
     def bootstrap_inner(self: threading.Thread) -> None:
         if _runtime_thread(self):
@@ -149,8 +173,11 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         if _state.get("thread_graphs") and _state.get("graphs"):
             # (with batching, no thread graph is learned: the copies feed the runtime's batching, .served)
             _tls.copies = _ThreadCopies(g.stream)
-        with torch.cuda.stream(g.stream):
-            return orig(self)
+        try:
+            with torch.cuda.stream(g.stream):
+                return orig(self)
+        finally:
+            _note_copy_only(self)
 
     bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
     return bootstrap_inner
@@ -175,6 +202,7 @@ def _patch_module(torch: Any) -> None:
                 g = _late_group(torch)
             if g is None:
                 return orig(self, *args, **kwargs)
+        _tls.called = True  # (a thread that calls a model: :func:`_note_copy_only`)
         if not _state["graphs"]:
             return orig(self, *args, **kwargs)
         depth = _tls.depth

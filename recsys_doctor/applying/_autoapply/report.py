@@ -28,7 +28,9 @@ def stats() -> dict[str, Any]:
     the plan batches: their count, the calls in them, ``batch_sizes``: size -> batches), and per
     call site of the script (:func:`.accounting.sites`) the calls taken over and left to PyTorch.
     ``not_applied``: why the plan did nothing (a bad plan file), else None. ``thread_errors``:
-    exceptions that ended a thread of the script (:mod:`.threaderrors`), the first few."""
+    exceptions that ended a thread of the script (:mod:`.threaderrors`), the first few;
+    ``copy_only_threads``: threads placed at their start that copied to the GPU but called no
+    model (:func:`.interception._note_copy_only`)."""
     per_site = sites()
     sizes = dict(sorted((_state.get("batch_sizes") or {}).items()))
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
@@ -43,6 +45,8 @@ def stats() -> dict[str, Any]:
             "module_changes": _state.get("module_changes", 0),
             "thread_errors": list(_state.get("thread_errors", [])),
             "thread_error_count": _state.get("thread_error_count", 0),
+            "copy_only_threads": list(_state.get("copy_only_threads", [])),
+            "copy_only_count": _state.get("copy_only_count", 0),
             "served_batch_sizes": _served_batch_sizes(),
             "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
             "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site}

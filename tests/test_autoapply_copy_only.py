@@ -1,0 +1,58 @@
+"""Threads placed at their start that copied host data to the GPU but called no model
+(``interception._note_copy_only``): counted in the hook's stats, and the kept plan's notes say
+what that risks and which setting avoids it (``report.copy_only_note``). The placement itself
+needs CUDA (the GPU tests); here each thread's end is run as the hook runs it."""
+
+from __future__ import annotations
+
+import threading
+
+from recsys_doctor.applying._autoapply import accounting, interception
+from recsys_doctor.applying._autoapply._common import _state, _tls
+from recsys_doctor.applying.report import copy_only_note
+from recsys_doctor.applying.script_hook import merge_hook_stats
+
+
+def _thread(name, copies, calls):
+    """A thread that made ``copies`` host-to-device copies and ``calls`` model calls, then ended."""
+
+    def body():
+        for _ in range(copies):
+            accounting.fell_back("h2d", "pipe.py:80", "left to PyTorch")
+        if calls:
+            _tls.called = True
+            accounting.taken_over("model", "pipe.py:93", calls)
+        interception._note_copy_only(threading.current_thread())
+
+    t = threading.Thread(target=body, name=name)
+    t.start()
+    t.join()
+
+
+def test_a_thread_that_copied_but_called_no_model_is_counted(monkeypatch):
+    monkeypatch.setitem(_state, "copy_only_threads", [])
+    monkeypatch.setitem(_state, "copy_only_count", 0)
+    monkeypatch.setattr(interception, "MAX_COPY_ONLY", 2)
+    accounting.reset()
+    _thread("features-0", copies=3, calls=0)
+    _thread("model-0", copies=3, calls=5)  # copies its own inputs and calls the model: not counted
+    _thread("idle", copies=0, calls=0)  # no GPU copy: not counted
+    _thread("features-1", copies=1, calls=0)
+    _thread("features-2", copies=1, calls=0)  # counted, not named (2 kept)
+    assert _state["copy_only_count"] == 3 and _state["copy_only_threads"] == ["features-0", "features-1"]
+
+
+def test_the_note_names_the_threads_and_the_setting():
+    assert copy_only_note(None) is None and copy_only_note({"copy_only_threads": []}) is None
+    note = copy_only_note({"copy_only_threads": ["features-0", "features-1"], "copy_only_count": 3})
+    assert note.startswith("3 threads (features-0, features-1, ...) copied data to the GPU but called no model")
+    assert note.endswith("RECSYS_DOCTOR_PLACE=first-call keeps such threads on PyTorch's default stream, with "
+                         "which the group streams are ordered")
+    one = copy_only_note({"copy_only_threads": ["features-0"], "copy_only_count": 1})
+    assert one.startswith("1 thread (features-0) copied")
+
+
+def test_worker_processes_copy_only_threads_are_merged():
+    m = merge_hook_stats({"copy_only_count": 1, "copy_only_threads": ["a"]},
+                         [{"copy_only_count": 2, "copy_only_threads": ["b", "c"]}])
+    assert m["copy_only_count"] == 3 and m["copy_only_threads"] == ["a", "b", "c"]
