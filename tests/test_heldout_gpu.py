@@ -38,10 +38,13 @@ ARGS = {
     "feature_pipeline_serve.py": ["--threads", "4", "--queries", "3000"],
     "topk_candidates_serve.py": ["--threads", "4", "--queries", "3000"],
     "own_graphs_serve.py": ["--threads", "4", "--queries", "4000"],
+    "amp_accum_train.py": ["--epochs", "2"],
 }
+#: the training loops among them, compared as the suite's training loop is (step time, loss tolerance)
+KINDS = {"amp_accum_train.py": "train"}
 
 
 @pytest.mark.parametrize("name", list(ARGS))
 def test_heldout_script_through_profile_apply_keeps_its_outputs(name, tmp_path):
-    row, res, stdout = suite.run_through_apply(HELDOUT / name, "heldout", ARGS[name], tmp_path)
+    row, res, stdout = suite.run_through_apply(HELDOUT / name, KINDS.get(name, "heldout"), ARGS[name], tmp_path)
     suite.check_kept_outputs(row, res, stdout)

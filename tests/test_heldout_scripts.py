@@ -40,9 +40,13 @@ TINY = {
     "feature_pipeline_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
     "topk_candidates_serve.py": ["--queries", "24", "--items", "2000", "--users", "300"],
     "own_graphs_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
+    "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
+                           "--eval-every", "2"],
 }
+#: the training loops among them (a step time, no queries): their worker count must not change the checksum
+TRAIN = {"amp_accum_train.py"}
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
-CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency")}
+CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers")}
 THREADS = (1, 3)
 
 
@@ -83,7 +87,7 @@ def test_a_heldout_script_imports_nothing_of_ours(name):
     assert mods and mods <= ALLOWED, mods - ALLOWED
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", sorted(set(TINY) - TRAIN))
 def test_one_json_line_and_a_checksum_that_ignores_the_thread_count(name, runs):
     queries = int(TINY[name][TINY[name].index("--queries") + 1])
     results = {}
@@ -255,3 +259,19 @@ def test_own_graphs_checksum_recomputed_without_padding(runs):
         r = json.loads(runs[("own_graphs_serve.py", t)][0])
         assert r["partial_requests"] == partial and r["capture"] == "main"
         assert r["checksum"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_training_loop_prints_its_steps_and_a_checksum_that_ignores_its_workers(runs):
+    """The AMP / accumulation training loop: 2,048 samples in batches of 128 are 16 micro-batches,
+    8 optimizer steps at 2 a step, a validation pass every 2 steps (4); its DataLoader's worker
+    processes (1 or 3) do not change what it trains on, so not its checksum either."""
+    out = {}
+    for t in THREADS:
+        lines = runs[("amp_accum_train.py", t)]
+        assert len(lines) == 1, lines
+        r = json.loads(lines[0])
+        assert r["script"] == "amp_accum_train" and r["workers"] == t and r["amp"] is False
+        assert (r["steps"], r["evals"]) == (2048 // 128 // 2, 2048 // 128 // 2 // 2)
+        assert r["step_ms"] > 0 and math.isfinite(r["checksum"])
+        out[t] = r["checksum"]
+    assert out[1] == out[3]

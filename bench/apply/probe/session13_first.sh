@@ -13,3 +13,7 @@ for c in own0 own0 ownw0 own2 ownw2; do run s13 $c; done
 T=150 STOP_AT=420 gpu_test own_graphs_gpu tests/test_autoapply_own_graphs_gpu.py
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 T=$(( 560 - SECONDS )) gpu_test heldout_own tests/test_heldout_gpu.py -k own_graphs
+# the held-out training loop (AMP, accumulation, a validation pass the hook may graph): as it
+# is and at 2 groups, then through profile --apply if time is left
+run t1 train0; run t1 train2
+T=$(( 580 - SECONDS )) STOP_AT=480 gpu_test heldout_train tests/test_heldout_gpu.py -k amp_accum
