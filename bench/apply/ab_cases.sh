@@ -54,6 +54,8 @@ ab_case() {
     own2) _ab_run 2 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000;;
     ownw0) _ab_run 0 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000 --capture worker;;
     ownw2) _ab_run 2 examples/heldout/own_graphs_serve.py --threads 4 --queries 4000 --capture worker;;
+    batch0) _ab_run 0 examples/heldout/own_batcher_serve.py --threads 16 --queries 4000;;
+    batch2) _ab_run 2 examples/heldout/own_batcher_serve.py --threads 16 --queries 4000;;
     train0) _ab_run 0 examples/heldout/amp_accum_train.py --epochs 2;;
     train2) _ab_run 2 examples/heldout/amp_accum_train.py --epochs 2;;
     *) echo "unknown case $3";;

@@ -17,3 +17,5 @@ T=$(( 560 - SECONDS )) gpu_test heldout_own tests/test_heldout_gpu.py -k own_gra
 # is and at 2 groups, then through profile --apply if time is left
 run t1 train0; run t1 train2
 T=$(( 580 - SECONDS )) STOP_AT=480 gpu_test heldout_train tests/test_heldout_gpu.py -k amp_accum
+# the held-out server with its own dynamic batcher (one thread calls the model, row counts vary)
+run b1 batch0; run b1 batch2
