@@ -132,11 +132,8 @@ def _place_deferred(torch: Any) -> _Group | None:
     return g
 
 
-#: threads of :data:`COPY_ONLY` kept by name (all are counted)
+#: threads counted by :func:`_note_copy_only` kept by name (all are counted)
 MAX_COPY_ONLY = 8
-COPY_ONLY = ("threads placed at their start that copied data to the GPU but called no model ran on group "
-             "streams: a thread that hands GPU tensors to others this way is not ordered with their use "
-             "(RECSYS_DOCTOR_PLACE=first-call keeps such threads on PyTorch's default stream)")
 
 
 def _note_copy_only(t: threading.Thread) -> None:
