@@ -252,9 +252,10 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
     is asynchronous already (pinned, non-blocking), to :func:`_take_copy`; one it would not make
     exactly is PyTorch's, counted with the reason; everything else goes straight to ``orig``.
     While the thread's stream captures a graph of the script's own, every call is PyTorch's
-    (:func:`.pageable_fast.capture_probe`). A copy the thread graph knows already is taken first, unparsed: its pinned tensor copied by
-    the same call (:func:`.pageable.called_again`), or a pageable one written into its slot
-    (:func:`.pageable_fast.same_copy`, learned by :func:`.pageable_fast.learn` after the slow path)."""
+    (:func:`.pageable_fast.capture_probe`). A copy the thread graph knows already is taken
+    first, unparsed: its pinned tensor copied by the same call (:func:`.pageable.called_again`),
+    or a pageable one written into its slot (:func:`.pageable_fast.same_copy`, learned by
+    :func:`.pageable_fast.learn` after the slow path)."""
     T = torch.Tensor
     capturing = capturing or capture_probe(torch)
 
@@ -419,7 +420,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str, capturing: Any = None
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")
         take = getattr(type(data), "rd_take", None)
-        if take is not None:  # a model's host argument inside its forward (.host_args; in the hook's captures too)
+        if take is not None:  # a model's host argument inside its forward (.host_args; in captures too)
             return take(data, orig, name, args, kwargs, p)
         if capturing() or p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
             return orig(*args, **kwargs)
