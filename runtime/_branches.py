@@ -38,8 +38,9 @@ GPU may run independent operations changes. Needs torch with CUDA at capture tim
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Callable
+
+from ._modes import per_dynamo_state
 
 __all__ = ["BranchCapture", "CudaStreams", "Schedule", "DEFAULT_BRANCH_STREAMS", "branch_streams", "branched",
            "capture_branched", "check_branch_streams"]
@@ -211,18 +212,9 @@ class _OriginWatch:
             self.expect = self.b.capture_deps(self.origin)
 
 
-def _mode_class() -> Any:
-    from ._modes import dynamo_loaded
-
-    return _mode_class_for(dynamo_loaded())
-
-
-@functools.cache
-def _mode_class_for(dynamo: bool) -> Any:
-    """(one class by whether Dynamo is loaded: :mod:`._modes`)"""
+def _make_mode_class() -> Any:
+    """The branch-capture mode's class (one per Dynamo state: :data:`_mode_class`)."""
     import torch
-
-    from ._modes import unwrapped_dispatch
 
     class _Mode(_mode_base()):  # type: ignore[misc]
         def __init__(self, backend: Any) -> None:
@@ -286,7 +278,10 @@ def _mode_class_for(dynamo: bool) -> Any:
                 self.watch.moved()
             return out
 
-    return unwrapped_dispatch(_Mode)
+    return _Mode
+
+
+_mode_class = per_dynamo_state(_make_mode_class)
 
 
 def _key(t: Any) -> int:

@@ -12,9 +12,9 @@ once it is loaded (the script compiled something), the wrapper stays."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["dynamo_loaded", "unwrapped_dispatch"]
+__all__ = ["dynamo_loaded", "unwrapped_dispatch", "per_dynamo_state"]
 
 
 def dynamo_loaded() -> bool:
@@ -23,11 +23,28 @@ def dynamo_loaded() -> bool:
 
 def unwrapped_dispatch(cls: Any) -> Any:
     """``cls`` with its own ``__torch_dispatch__`` unwrapped from ``torch._disable_dynamo``
-    where Dynamo is not loaded (as it is, where it is); for a class made while it was not loaded,
-    callers keep one class per :func:`dynamo_loaded` value."""
+    where Dynamo is not loaded (as it is, where it is); a class made while it was not loaded must
+    not serve once it is: :func:`per_dynamo_state` keeps one class per state."""
     if dynamo_loaded():
         return cls
     raw = getattr(cls.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
     if callable(raw):
         cls.__torch_dispatch__ = raw
     return cls
+
+
+def per_dynamo_state(make: Callable[[], Any]) -> Callable[[], Any]:
+    """``make`` (which returns a new ``TorchDispatchMode`` subclass) as a function that returns
+    one class per :func:`dynamo_loaded` value, made on first use through :func:`unwrapped_dispatch`
+    (the classes so far in its ``classes``, by that value)."""
+    classes: dict[bool, Any] = {}
+
+    def mode_class() -> Any:
+        key = dynamo_loaded()
+        cls = classes.get(key)
+        if cls is None:
+            cls = classes[key] = unwrapped_dispatch(make())
+        return cls
+
+    mode_class.classes = classes  # type: ignore[attr-defined]
+    return mode_class

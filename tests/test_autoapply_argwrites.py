@@ -176,10 +176,11 @@ def test_where_dynamo_is_loaded_the_watch_keeps_pytorchs_wrapper():
     keeps PyTorch's wrapper, so compiled code does not trace into it; it still finds writes."""
     import torch._dynamo  # noqa: F401
 
-    cls = argwrites._watch_class(torch)
-    assert cls is argwrites._CLASSES[True]
-    if argwrites._CLASSES.get(False) is not None:
-        assert cls.__dict__["__torch_dispatch__"] is not argwrites._CLASSES[False].__dict__["__torch_dispatch__"]
+    classes = argwrites._per_state().classes
+    cls = argwrites._watch_class()
+    assert cls is classes[True]
+    if classes.get(False) is not None:
+        assert cls.__dict__["__torch_dispatch__"] is not classes[False].__dict__["__torch_dispatch__"]
     x = torch.tensor([[5.0, 2.0], [-4.0, 1.0]])
     m = Clamp()
     _, hit = argwrites.watched_call(torch, lambda: m(x), m, [x])

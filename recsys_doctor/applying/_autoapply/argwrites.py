@@ -19,6 +19,7 @@ call as it is.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = ["WRITES_ARGS", "watched_call"]
@@ -34,16 +35,11 @@ def _storage(torch: Any, t: Any) -> int | None:
         return None
 
 
-def _watch_class(torch: Any) -> Any:
+def _make_watch_class() -> Any:
     """The dispatch mode that notes the first operator writing into a watched storage (one class
-    for the process, by whether Dynamo is loaded): made so that its first operator does not
-    import ``torch._dynamo`` (:mod:`recsys_doctor.runtime._modes`)."""
-    from recsys_doctor.runtime._modes import dynamo_loaded, unwrapped_dispatch
-
-    key = dynamo_loaded()
-    cls = _CLASSES.get(key)
-    if cls is not None:
-        return cls
+    per Dynamo state, :func:`_per_state`: its first operator does not import ``torch._dynamo``,
+    :mod:`recsys_doctor.runtime._modes`)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     Tensor = torch.Tensor
@@ -75,12 +71,21 @@ def _watch_class(torch: Any) -> Any:
 
         __torch_dispatch__ = dispatch
 
-    _CLASSES[key] = unwrapped_dispatch(Watch)
     return Watch
 
 
-#: the watch class, by whether ``torch._dynamo`` was loaded when it was made
-_CLASSES: dict[bool, Any] = {}
+@functools.cache
+def _per_state() -> Any:
+    """:func:`_make_watch_class` through :func:`recsys_doctor.runtime._modes.per_dynamo_state`
+    (its ``classes``: those made so far, by whether ``torch._dynamo`` was loaded). The runtime is
+    imported here, not with this module: the hook is loaded at interpreter start, before the package."""
+    from recsys_doctor.runtime._modes import per_dynamo_state
+
+    return per_dynamo_state(_make_watch_class)
+
+
+def _watch_class() -> Any:
+    return _per_state()()
 
 
 def watched_call(torch: Any, run: Any, module: Any, tensors: list[Any]) -> tuple[Any, str | None]:
@@ -92,7 +97,7 @@ def watched_call(torch: Any, run: Any, module: Any, tensors: list[Any]) -> tuple
     if not ptrs:
         return run(), None
     try:
-        w = _watch_class(torch)()
+        w = _watch_class()()
     except ImportError:  # pragma: no cover - every PyTorch the hook supports has it
         return run(), None
     w.ptrs = ptrs
