@@ -374,9 +374,9 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     ev = _evidence(before, after, before_pt, after_pt)
     ev["hook"] = {"measured": None if decline else best.info.get("hook"),
                   "profiled": read_hook_stats(hook_stats) if after else None}
-    for note in ([] if decline else [batching_refused(best.prediction.candidate, ev["hook"]["measured"]),
-                                      copy_only_note(ev["hook"]["measured"])]):
-        notes += [note] if note else []
+    if not decline:  # what the kept plan's run says of itself
+        kept = (batching_refused(best.prediction.candidate, ev["hook"]["measured"]), copy_only_note(ev["hook"]["measured"]))
+        notes += [n for n in kept if n]
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)

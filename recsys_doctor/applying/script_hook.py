@@ -27,6 +27,8 @@ from ..capture.treatment import Treatment
 from ..errors import BadInputError, WorkloadError
 from ..planning.io import read_plan
 from ._autoapply.accounting import merge_sites
+from ._autoapply.interception import MAX_COPY_ONLY
+from ._autoapply.threaderrors import MAX_KEPT
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
 __all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
@@ -178,8 +180,8 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
     for k in ("batch_sizes", "served_batch_sizes"):
         out[k] = _sum_counts(d.get(k) or {} for d in every)
     out["fallbacks"] = list(dict.fromkeys(f for d in every for f in d.get("fallbacks") or []))
-    out["thread_errors"] = [e for d in every for e in d.get("thread_errors") or []][:8]
-    out["copy_only_threads"] = [n for d in every for n in d.get("copy_only_threads") or []][:8]
+    out["thread_errors"] = [e for d in every for e in d.get("thread_errors") or []][:MAX_KEPT]
+    out["copy_only_threads"] = [n for d in every for n in d.get("copy_only_threads") or []][:MAX_COPY_ONLY]
     out["active"] = any(d.get("active") for d in every)
     out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
     return out

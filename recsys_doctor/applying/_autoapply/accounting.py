@@ -84,6 +84,12 @@ def _table() -> dict[tuple[str, str], list[Any]]:
     return t
 
 
+def counted_here(kind: str) -> bool:
+    """Whether this thread counted a call of ``kind`` (taken over or not) in this activation."""
+    t: dict[tuple[str, str], list[Any]] = getattr(_tls, "site_table", None) or {}
+    return getattr(_tls, "site_gen", None) == _state.get("sites_gen", 0) and any(k == kind for k, _ in t)
+
+
 def taken_over(kind: str, site: str, n: int = 1) -> None:
     """``n`` calls of ``kind`` (``"model"``, ``"h2d"``, ``"d2h"``) at ``site`` were taken over."""
     t = _table()

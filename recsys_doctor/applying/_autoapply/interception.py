@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from ._common import _lock, _state, _tls, _torch
-from .accounting import script_site
+from .accounting import counted_here, script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
 from . import modstate
@@ -91,10 +91,16 @@ def _late_group(torch: Any) -> _Group | None:
         g = _Group(_state["n_groups"] + n - 1, torch.cuda.current_stream(), streams)
         _state.setdefault("late_groups", []).append(g)
     g.late = _state["activation"]
+    _join(g, copies=False)
+    return g
+
+
+def _join(g: _Group, copies: bool) -> None:
+    """This thread is placed in group ``g`` from now on, with a copy state where ``copies``
+    (:class:`.staging._ThreadCopies`: the thread graphs of its copies)."""
     _tls.group = g
     _tls.depth = 0
-    _tls.copies = None
-    return g
+    _tls.copies = _ThreadCopies(g.stream) if copies else None
 
 
 def _runtime_thread(t: threading.Thread) -> bool:
@@ -122,10 +128,7 @@ def _place_deferred(torch: Any) -> _Group | None:
     if g is None:
         _tls.unplaced = _state["activation"]
         return None
-    _tls.group = g
-    _tls.depth = 0
-    if _state.get("thread_graphs"):
-        _tls.copies = _ThreadCopies(g.stream)
+    _join(g, copies=bool(_state.get("thread_graphs")))
     dev = g.stream.device_index
     if torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream:
         torch.cuda.set_stream(g.stream)
@@ -141,10 +144,7 @@ def _note_copy_only(t: threading.Thread) -> None:
     ``h2d`` call site in its counts) but never called a model, count it (``stats()
     ["copy_only_threads"]``): a producer of GPU tensors for other threads, on a group stream of
     its own (:func:`_place_deferred` says why that matters)."""
-    if getattr(_tls, "called", False):
-        return
-    table = getattr(_tls, "site_table", None) or {}
-    if not any(kind == "h2d" for kind, _ in table):
+    if getattr(_tls, "called", False) or not counted_here("h2d"):
         return
     with _lock:
         _state["copy_only_count"] = _state.get("copy_only_count", 0) + 1
@@ -165,11 +165,8 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         if g is None:
             return orig(self)
         torch = _torch()
-        _tls.group = g
-        _tls.depth = 0
-        if _state.get("thread_graphs") and _state.get("graphs"):
-            # (with batching, no thread graph is learned: the copies feed the runtime's batching, .served)
-            _tls.copies = _ThreadCopies(g.stream)
+        # (with batching, no thread graph is learned: the copies feed the runtime's batching, .served)
+        _join(g, copies=bool(_state.get("thread_graphs") and _state.get("graphs")))
         try:
             with torch.cuda.stream(g.stream):
                 return orig(self)

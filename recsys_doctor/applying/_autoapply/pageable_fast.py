@@ -114,7 +114,7 @@ def capture_probe(torch: Any) -> Any:
 
 def cuda_stream_now(torch: Any) -> Any:
     """``stream_now`` for :func:`same_copy` on this process's CUDA."""
-    capturing = torch._C._cuda_isCurrentStreamCapturing
+    capturing = capture_probe(torch)
 
     def now(index: int) -> int | None:
         return None if capturing() else current_raw_stream(torch, index)
