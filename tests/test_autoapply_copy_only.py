@@ -46,8 +46,9 @@ def test_the_note_names_the_threads_and_the_setting():
     assert copy_only_note(None) is None and copy_only_note({"copy_only_threads": []}) is None
     note = copy_only_note({"copy_only_threads": ["features-0", "features-1"], "copy_only_count": 3})
     assert note.startswith("3 threads (features-0, features-1, ...) copied data to the GPU but called no model")
-    assert note.endswith("RECSYS_DOCTOR_PLACE=first-call keeps such threads on PyTorch's default stream, with "
-                         "which the group streams are ordered")
+    assert note.endswith("threads are placed at their first model call (the default, unless "
+                         "RECSYS_DOCTOR_PLACE=start), so such threads stay on PyTorch's default stream, with which "
+                         "the group streams are ordered")
     one = copy_only_note({"copy_only_threads": ["features-0"], "copy_only_count": 1})
     assert one.startswith("1 thread (features-0) copied")
 

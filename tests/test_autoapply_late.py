@@ -216,3 +216,63 @@ def test_with_placement_at_the_first_call_a_thread_starts_unplaced(deferred):
     t = threading.Thread(target=run)
     boot(t)  # (the thread's body, run here: what _bootstrap_inner runs in the new thread)
     assert seen == {"defer": 7, "group": False} and sets == [] and aa._state["started"] == 0
+
+
+@pytest.mark.parametrize("env,graphs,first_call", [(None, True, True), ("first-call", True, True),
+                                                   ("start", True, False), (None, False, False)])
+def test_threads_are_placed_at_their_first_model_call_by_default(monkeypatch, env, graphs, first_call):
+    """Placement at the first model call is the default where the plan has CUDA graphs;
+    ``RECSYS_DOCTOR_PLACE=start`` places threads at their start, as a plan without graphs does."""
+    if env is None:
+        monkeypatch.delenv("RECSYS_DOCTOR_PLACE", raising=False)
+    else:
+        monkeypatch.setenv("RECSYS_DOCTOR_PLACE", env)
+    saved = dict(aa._state)
+    aa._state.clear()
+    aa._state["active"] = False
+    try:
+        aa.activate({"schema": 1, "stream_groups": {"count": 2}, "cuda_graphs": {"enabled": graphs}})
+        assert aa._state["place_at_first_call"] is first_call
+    finally:
+        aa.deactivate()
+        aa._state.clear()
+        aa._state.update(saved)
+
+
+def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferred):
+    """A thread marked for placement at its first model call: its host-to-GPU copies until then
+    (``.to``/``.cuda`` of a CPU tensor to CUDA, ``torch.as_tensor``/``torch.tensor`` of host data
+    on CUDA) are counted at the calling line as left to PyTorch, with why; a copy that is not
+    host-to-GPU, and any copy once the thread is placed, is not counted here."""
+    from recsys_doctor.applying._autoapply import accounting, unplaced
+
+    torch, *_ = deferred
+    aa._state["sites_gen"] = aa._state.get("sites_gen", 0) + 1  # (a fresh count for this thread)
+    to = lambda t, a, k: ("cuda",) if a and a[0] == "cuda" else None  # noqa: E731  (a stand-in for pageable.to_args)
+    torch.Tensor = type("Tensor", (), {})  # (the stand-in torch's tensor type)
+    cpu, gpu = torch.Tensor(), torch.Tensor()
+    cpu.device, gpu.device = types.SimpleNamespace(type="cpu"), types.SimpleNamespace(type="cuda")
+    facs = lambda t, a, k: ("cuda", None) if k.get("device") == "cuda" else None  # noqa: E731
+
+    def copy(src, *a):  # (as staging's Tensor.to / .cuda call it: one frame between the script and the count)
+        unplaced.unplaced_copy(torch, src, to, a, {})
+
+    def factory(*a, **k):  # (as staging's torch.as_tensor / torch.tensor call it)
+        unplaced.unplaced_factory(torch, facs, a, k)
+
+    _tls.defer = 7
+    copy(cpu, "cuda"); line_to = sys._getframe().f_lineno  # noqa: E702
+    copy(cpu, "cpu")  # (not to the GPU)
+    copy(gpu, "cuda")  # (already on the GPU)
+    factory([1, 2], device="cuda"); line_f = sys._getframe().f_lineno  # noqa: E702
+    factory(gpu, device="cuda")  # (a GPU tensor: no host copy)
+    factory([1, 2])  # (on the CPU)
+    _tls.defer = 6  # (marked by an earlier activation: not this one's)
+    copy(cpu, "cuda")
+    del _tls.defer
+    copy(cpu, "cuda")  # (placed)
+    rows = {r["site"]: r for r in accounting.sites() if r["kind"] == "h2d"}
+    here = __file__.rsplit("/", 1)[-1]
+    assert {s.rsplit("/", 1)[-1] for s in rows} == {f"{here}:{line_to}", f"{here}:{line_f}"}, rows
+    for r in rows.values():
+        assert r["taken_over"] == 0 and r["fallback"] == 1 and list(r["reasons"]) == [unplaced.BEFORE_PLACED], r

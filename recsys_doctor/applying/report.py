@@ -171,12 +171,14 @@ def batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None
 def copy_only_note(hook: dict[str, Any] | None) -> str | None:
     """What to say where the kept plan's run had threads, placed at their start, that copied to
     the GPU but called no model (the hook's ``copy_only_threads``): they may hand GPU tensors to
-    the model threads with nothing ordering the two (``RECSYS_DOCTOR_PLACE=first-call``)."""
+    the model threads with nothing ordering the two (placed at start: ``RECSYS_DOCTOR_PLACE=start``,
+    or a plan without CUDA graphs)."""
     names = (hook or {}).get("copy_only_threads") or []
     if not names:
         return None
     n = max(int((hook or {}).get("copy_only_count") or 0), len(names))
     return (f"{n} thread{'s' if n > 1 else ''} ({', '.join(names)}{', ...' if n > len(names) else ''}) copied data "
             "to the GPU but called no model, on group streams of their own: where such a thread hands GPU tensors "
-            "to the model threads nothing orders its work before their use; RECSYS_DOCTOR_PLACE=first-call keeps "
-            "such threads on PyTorch's default stream, with which the group streams are ordered")
+            "to the model threads nothing orders its work before their use; where the plan has CUDA graphs, threads "
+            "are placed at their first model call (the default, unless RECSYS_DOCTOR_PLACE=start), so such threads "
+            "stay on PyTorch's default stream, with which the group streams are ordered")

@@ -6,10 +6,11 @@ this module is loaded by file path, so at interpreter start it imports nothing o
 ``recsys_doctor`` but ``plan.py`` (below), and it never imports torch itself. What it does:
 
 * **a stream per client thread**: every ``threading.Thread`` started once torch has
-  initialized CUDA runs its whole life inside ``torch.cuda.stream(group_stream)``; thread
-  ``i`` (in start order) gets group ``i mod groups``. With ``RECSYS_DOCTOR_PLACE=first-call``
-  (and graphs) such a thread is placed at its first top-level model call instead, and a thread
-  that calls no model stays on PyTorch's default stream (:func:`.interception._place_deferred`). The script's own copies, kernels and
+  initialized CUDA is placed in a group at its first top-level model call (where the plan has
+  graphs; at its start otherwise, or with ``RECSYS_DOCTOR_PLACE=start``) and from then on runs
+  on the group's stream; the ``i``-th thread placed gets group ``i mod groups``. A thread that
+  calls no model stays on PyTorch's default stream (:func:`.interception._place_deferred`);
+  the copies a thread makes before it is placed are PyTorch's, counted (:mod:`.unplaced`). The script's own copies, kernels and
   ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one
   stream shared (and synchronized) by every thread. The groups are the runtime's: the first
   such thread makes one :class:`recsys_doctor.runtime.StreamManager` with the plan's group
@@ -145,7 +146,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
                       copy_only_threads=[], copy_only_count=0,
-                      place_at_first_call=os.environ.get(ENV_PLACE, "start") == "first-call" and rt["cuda_graphs"])
+                      place_at_first_call=os.environ.get(ENV_PLACE, "first-call") != "start" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             modstate.reset()

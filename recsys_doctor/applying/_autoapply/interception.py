@@ -196,7 +196,6 @@ def _patch_module(torch: Any) -> None:
                 g = _late_group(torch)
             if g is None:
                 return orig(self, *args, **kwargs)
-        first = not getattr(_tls, "called", False)
         _tls.called = True  # (a thread that calls a model: :func:`_note_copy_only`)
         if not _state["graphs"]:
             return orig(self, *args, **kwargs)
@@ -205,8 +204,7 @@ def _patch_module(torch: Any) -> None:
         # call the original __call__)
         if depth > 0 or _capturing(torch):
             return orig(self, *args, **kwargs)
-        if first:
-            _thread_handles(torch)
+        _thread_handles(torch)
         rec = modstate.check(torch, self)  # (its graphs retired first where it changed since)
         _tls.depth = depth + 1
         try:
@@ -257,9 +255,11 @@ def _thread_handles(torch: Any) -> None:
     script's warm-up before capturing a graph of its own, as ``torch.cuda.graphs`` asks), the
     thread's first eager matmul is inside the script's capture, where ``cublasCreate`` fails
     (``CUBLAS_STATUS_NOT_INITIALIZED``, ``examples/heldout/own_graphs_serve.py --capture worker``).
-    cuBLASLt's handle is this one on CUDA builds."""
-    if torch.cuda.is_available():
-        torch.cuda.current_blas_handle()
+    cuBLASLt's handle is this one on CUDA builds. Once a thread (and activation)."""
+    if getattr(_tls, "handles", None) != _state.get("activation"):
+        _tls.handles = _state.get("activation")
+        if torch.cuda.is_available():
+            torch.cuda.current_blas_handle()
 
 
 def _eager_call(torch: Any, st: _ThreadCopies | None, orig: Any, module: Any, args: Any, kwargs: Any, site: str,

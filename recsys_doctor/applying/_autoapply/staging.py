@@ -11,24 +11,11 @@ from typing import Any
 from ._common import _state, _tls
 from .modstate import version
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (
-    LEFT_SYNCHRONOUS,
-    MAX_COPY,
-    Move,
-    _host_array,
-    _Slot,
-    as_tensor_args,
-    called_again,
-    copy_hazard,
-    cuda_args,
-    inexact,
-    raw_call,
-    stage,
-    tensor_args,
-    to_args,
-)
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again, copy_hazard,
+                       cuda_args, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import make_lazy_type
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
+from .unplaced import unplaced_copy, unplaced_factory
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
 # (``x.to("cuda", non_blocking=True)`` from pinned memory), and then calls the model. Made
@@ -260,7 +247,10 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
     capturing = capturing or capture_probe(torch)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "group", None) is None or type(self) is not T or self.is_cuda or capturing():
+        if getattr(_tls, "group", None) is None:
+            unplaced_copy(torch, self, parse, args, kwargs)
+            return orig(self, *args, **kwargs)
+        if type(self) is not T or self.is_cuda or capturing():
             return orig(self, *args, **kwargs)
         nxt = _next_copy(self)
         if nxt is not None and _same_raw_call(torch, *nxt, orig, args, kwargs):
@@ -416,6 +406,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str, capturing: Any = None
 
     def factory(*args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "group", None) is None:
+            unplaced_factory(torch, parse, args, kwargs)
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")

@@ -1,0 +1,37 @@
+"""The copies a thread makes before it is placed in its group (placed at its first top-level
+model call, :func:`.interception._place_deferred`): PyTorch's, on PyTorch's default stream,
+counted as left to it with why (``stats()["sites"]``), so the per-site counts hold every
+host-to-GPU copy of a hooked thread. A thread that calls no model stays unplaced; its copies are
+counted so all its life."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import _state, _tls
+from .accounting import fell_back, script_site
+
+#: why a copy made before its thread's first model call is PyTorch's
+BEFORE_PLACED = ("made before its thread's first model call, where the hook places the thread in its group (a "
+                 "thread that calls no model stays on PyTorch's default stream): PyTorch's copy")
+
+
+def _deferred() -> bool:
+    return getattr(_tls, "defer", None) == _state.get("activation")
+
+
+def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``src.to/cuda(*args, **kwargs)`` by a thread not placed yet: counted where it copies host
+    memory to the GPU (``parse``: :func:`.pageable.to_args` / :func:`.pageable.cuda_args`)."""
+    if _deferred() and type(src) is torch.Tensor and src.device.type == "cpu" and parse(torch, args, kwargs):
+        fell_back("h2d", script_site(3), BEFORE_PLACED)
+
+
+def unplaced_factory(torch: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``torch.as_tensor`` / ``torch.tensor`` by a thread not placed yet: counted where it makes
+    a GPU tensor of host data (``parse``: :func:`.pageable.as_tensor_args` / :func:`.pageable.tensor_args`)."""
+    if not _deferred() or parse(torch, args, kwargs) is None:
+        return
+    data = args[0] if args else kwargs.get("data")
+    if not isinstance(data, torch.Tensor) or data.device.type == "cpu":
+        fell_back("h2d", script_site(3), BEFORE_PLACED)
