@@ -202,20 +202,29 @@ def test_a_deferred_thread_on_a_stream_of_its_own_stays_there(deferred):
     assert sets == [] and current["s"] is own  # the script's stream is not replaced
 
 
-def test_with_placement_at_the_first_call_a_thread_starts_unplaced(deferred):
+def test_with_placement_at_the_first_call_a_thread_starts_unplaced(deferred, monkeypatch):
     """A thread started once CUDA is up is only marked at its start: it runs on the stream it
-    starts on (PyTorch's default), in no group, until it calls a model."""
+    starts on (PyTorch's default), in no group, until it calls a model. The copy methods are
+    patched before the first such thread runs (its copies before its first model call are
+    counted, ``_autoapply/unplaced.py``), once."""
     torch, streams, current, sets = deferred
+    aa._state["patched_copies"] = False
+    patched = []
+    monkeypatch.setattr(interception, "_patch_thread_copies",
+                        lambda t: (patched.append(t), aa._state.update(patched_copies=True)))
     seen = {}
 
     def run():
         seen["defer"] = getattr(_tls, "defer", None)
         seen["group"] = hasattr(_tls, "group")
+        seen["patched"] = list(patched)
 
     boot = interception._wrapped_bootstrap(lambda self: self.run())
     t = threading.Thread(target=run)
     boot(t)  # (the thread's body, run here: what _bootstrap_inner runs in the new thread)
-    assert seen == {"defer": 7, "group": False} and sets == [] and aa._state["started"] == 0
+    assert seen == {"defer": 7, "group": False, "patched": [torch]} and sets == [] and aa._state["started"] == 0
+    boot(threading.Thread(target=run))
+    assert patched == [torch]
 
 
 @pytest.mark.parametrize("env,graphs,first_call", [(None, True, True), ("first-call", True, True),

@@ -158,8 +158,12 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         if _runtime_thread(self):
             return orig(self)
         if _state.get("place_at_first_call"):
-            if _cuda_torch() is not None:  # (placed at its first model call)
+            torch = _cuda_torch()
+            if torch is not None:  # (placed at its first model call; its copies before it counted)
                 _tls.defer = _state["activation"]
+                with _lock:
+                    if not _state.get("patched_copies"):
+                        _patch_thread_copies(torch)
             return orig(self)
         g = _group_for_new_thread()
         if g is None:
@@ -272,8 +276,9 @@ def _eager_call(torch: Any, st: _ThreadCopies | None, orig: Any, module: Any, ar
 
 
 def _patch_thread_copies(torch: Any) -> None:
-    """The copy methods, patched when the first thread is placed at its start (the threads
-    placed late take no copies)."""
+    """The copy methods, patched when the first thread is placed at its start or marked for
+    placement at its first model call (its copies until then counted, :mod:`.unplaced`); the
+    threads placed late take no copies."""
     _state["patched_copies"] = True
     _patch_copies(torch)  # pageable copies always; pinned ones into thread graphs where those are on
     origs = _state["orig_tensor_methods"]
