@@ -252,19 +252,22 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     """A thread marked for placement at its first model call: its host-to-GPU copies until then
     (``.to``/``.cuda`` of a CPU tensor to CUDA, ``torch.as_tensor``/``torch.tensor`` of host data
     on CUDA) are counted at the calling line as left to PyTorch, with why; a copy that is not
-    host-to-GPU, and any copy once the thread is placed, is not counted here."""
+    host-to-GPU, a non-blocking copy of pinned memory (placed, the thread graph takes it over,
+    uncounted at its line) and any copy once the thread is placed are not counted here."""
     from recsys_doctor.applying._autoapply import accounting, unplaced
 
     torch, *_ = deferred
     aa._state["sites_gen"] = aa._state.get("sites_gen", 0) + 1  # (a fresh count for this thread)
-    to = lambda t, a, k: ("cuda",) if a and a[0] == "cuda" else None  # noqa: E731  (a stand-in for pageable.to_args)
-    torch.Tensor = type("Tensor", (), {})  # (the stand-in torch's tensor type)
-    cpu, gpu = torch.Tensor(), torch.Tensor()
+    # (a stand-in for pageable.to_args: a Move's non_blocking)
+    to = lambda t, a, k: types.SimpleNamespace(non_blocking=k.get("non_blocking", False)) if a and a[0] == "cuda" else None  # noqa: E731
+    torch.Tensor = type("Tensor", (), {"is_pinned": lambda self: self.pinned})  # (the stand-in torch's tensor type)
+    cpu, gpu, pinned = torch.Tensor(), torch.Tensor(), torch.Tensor()
     cpu.device, gpu.device = types.SimpleNamespace(type="cpu"), types.SimpleNamespace(type="cuda")
+    pinned.device, cpu.pinned, pinned.pinned = cpu.device, False, True
     facs = lambda t, a, k: ("cuda", None) if k.get("device") == "cuda" else None  # noqa: E731
 
-    def copy(src, *a):  # (as staging's Tensor.to / .cuda call it: one frame between the script and the count)
-        unplaced.unplaced_copy(torch, src, to, a, {})
+    def copy(src, *a, **k):  # (as staging's Tensor.to / .cuda call it: one frame between the script and the count)
+        unplaced.unplaced_copy(torch, src, to, a, k)
 
     def factory(*a, **k):  # (as staging's torch.as_tensor / torch.tensor call it)
         unplaced.unplaced_factory(torch, facs, a, k)
@@ -273,6 +276,8 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     copy(cpu, "cuda"); line_to = sys._getframe().f_lineno  # noqa: E702
     copy(cpu, "cpu")  # (not to the GPU)
     copy(gpu, "cuda")  # (already on the GPU)
+    copy(pinned, "cuda", non_blocking=True)  # (asynchronous already: placed, not counted at its line either)
+    copy(pinned, "cuda"); line_pinned = sys._getframe().f_lineno  # noqa: E702  (blocking: counted)
     factory([1, 2], device="cuda"); line_f = sys._getframe().f_lineno  # noqa: E702
     factory(gpu, device="cuda")  # (a GPU tensor: no host copy)
     factory([1, 2])  # (on the CPU)
@@ -282,6 +287,6 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     copy(cpu, "cuda")  # (placed)
     rows = {r["site"]: r for r in accounting.sites() if r["kind"] == "h2d"}
     here = __file__.rsplit("/", 1)[-1]
-    assert {s.rsplit("/", 1)[-1] for s in rows} == {f"{here}:{line_to}", f"{here}:{line_f}"}, rows
+    assert {s.rsplit("/", 1)[-1] for s in rows} == {f"{here}:{line_to}", f"{here}:{line_f}", f"{here}:{line_pinned}"}, rows
     for r in rows.values():
         assert r["taken_over"] == 0 and r["fallback"] == 1 and list(r["reasons"]) == [unplaced.BEFORE_PLACED], r

@@ -1,8 +1,8 @@
 """The copies a thread makes before it is placed in its group (placed at its first top-level
 model call, :func:`.interception._place_deferred`): PyTorch's, on PyTorch's default stream,
-counted as left to it with why (``stats()["sites"]``), so the per-site counts hold every
-host-to-GPU copy of a hooked thread. A thread that calls no model stays unplaced; its copies are
-counted so all its life."""
+counted as left to it with why (``stats()["sites"]``) where a placed thread's copy would be
+counted too (pageable memory, numpy arrays, lists; not non-blocking copies of pinned memory).
+A thread that calls no model stays unplaced; its copies are counted so all its life."""
 
 from __future__ import annotations
 
@@ -22,8 +22,14 @@ def _deferred() -> bool:
 
 def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``src.to/cuda(*args, **kwargs)`` by a thread not placed yet: counted where it copies host
-    memory to the GPU (``parse``: :func:`.pageable.to_args` / :func:`.pageable.cuda_args`)."""
-    if _deferred() and type(src) is torch.Tensor and src.device.type == "cpu" and parse(torch, args, kwargs):
+    memory to the GPU (``parse``: :func:`.pageable.to_args` / :func:`.pageable.cuda_args`) and a
+    placed thread's copy would be counted too: not a non-blocking copy of pinned memory, which
+    is asynchronous already (and, placed, taken into the thread graph uncounted at its line, its
+    replays counted at the model call's)."""
+    if not _deferred() or type(src) is not torch.Tensor or src.device.type != "cpu":
+        return
+    m = parse(torch, args, kwargs)
+    if m is not None and not (m.non_blocking and src.is_pinned()):
         fell_back("h2d", script_site(3), BEFORE_PLACED)
 
 
