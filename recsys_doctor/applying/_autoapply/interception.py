@@ -259,7 +259,9 @@ def _thread_handles(torch: Any) -> None:
     script's warm-up before capturing a graph of its own, as ``torch.cuda.graphs`` asks), the
     thread's first eager matmul is inside the script's capture, where ``cublasCreate`` fails
     (``CUBLAS_STATUS_NOT_INITIALIZED``, ``examples/heldout/own_graphs_serve.py --capture worker``).
-    cuBLASLt's handle is this one on CUDA builds. Once a thread (and activation)."""
+    cuBLASLt's handle is this one on CUDA builds. PyTorch also gives the handle its workspace
+    for the thread's current stream, as the thread's first eager matmul would have unhooked.
+    Once a thread (and activation)."""
     if getattr(_tls, "handles", None) != _state.get("activation"):
         _tls.handles = _state.get("activation")
         if torch.cuda.is_available():
