@@ -119,3 +119,38 @@ def test_refcount_of_a_dropped_view_is_what_copy_in_expects():
     assert sys.getrefcount(view) == 3
     keep = view  # noqa: F841 - the script's reference
     assert sys.getrefcount(view) == 4
+
+
+def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
+    """While a thread learns its copies, each remembers the script's line that made it; the
+    copies a thread graph (or the runtime's route) then serves per call are counted as taken
+    over at those lines - the script's own ``.to()`` of pinned tensors, as many per line as it
+    makes there (a loop), not a slot's copy (``move`` None), which the hook counts where it
+    fills the slot."""
+    import sys as _sys
+
+    from recsys_doctor.applying._autoapply import accounting, staging, thread_graphs
+
+    monkeypatch.setattr(staging, "_copy_source", lambda *a: True)  # (no pinned memory on the CPU)
+    monkeypatch.setattr(staging, "raw_call", lambda *a: "raw")
+    monkeypatch.setitem(hook._state, "sites_gen", hook._state.get("sites_gen", 0) + 1)
+    st = hook._ThreadCopies(stream=None)
+    orig = lambda t, *a, **k: t.clone()  # noqa: E731
+    src = [torch.arange(4.0), torch.arange(3.0), torch.arange(2.0)]
+    outs, lines = [], []
+    for s in src[:2]:  # two copies from one line
+        outs.append(hook._copy_in(torch, st, s, 0, orig, ("cuda",), {"non_blocking": True}, "a Move"))
+        lines.append(_sys._getframe().f_lineno - 1)
+    outs.append(hook._copy_in(torch, st, src[2], 0, orig, ("cuda",), {"non_blocking": True})); lines.append(_sys._getframe().f_lineno)  # noqa: E702
+    here = __file__.rsplit("/", 1)[-1]
+    assert [r[4].rsplit("/", 1)[-1] for r in st.recent] == [f"{here}:{n}" for n in lines]
+    found = thread_graphs.copy_sources(st.recent, outs)
+    assert found is not None
+    _src, moves, _raws, got_lines = found
+    tg = hook._ThreadGraph(module="m", graph=None, src=src, tin=outs, template=None, out=None, device=0)
+    tg.copy_sites = thread_graphs.copy_sites(moves, got_lines)
+    assert [(s.rsplit("/", 1)[-1], k) for s, k in tg.copy_sites] == [(f"{here}:{lines[0]}", 2)]
+    for _ in range(3):  # three calls served
+        thread_graphs.count_copies(tg)
+    rows = [r for r in accounting.sites() if r["kind"] == "h2d"]
+    assert [(r["site"].rsplit("/", 1)[-1], r["taken_over"], r["fallback"]) for r in rows] == [(f"{here}:{lines[0]}", 6, 0)]

@@ -103,16 +103,18 @@ def test_copy_sources_maps_a_calls_tensors_to_this_querys_copies():
 
     srcs = [torch.zeros(2), torch.ones(3), torch.full((1,), 7.0)]
     outs = [s.clone() for s in srcs]  # (what each .to() returned)
-    recent = [(weakref.ref(o), weakref.ref(s), f"move{i}", f"raw{i}") for i, (o, s) in enumerate(zip(outs, srcs))]
+    recent = [(weakref.ref(o), weakref.ref(s), f"move{i}", f"raw{i}", f"s.py:{10 + i}")
+              for i, (o, s) in enumerate(zip(outs, srcs))]
     got = copy_sources(recent, [outs[2], outs[0]])  # the call's order, not the copies'
     assert got is not None
-    src, moves, raws = got
+    src, moves, raws, lines = got
     assert src[0] is srcs[2] and src[1] is srcs[0] and moves == ["move2", "move0"] and raws == ["raw2", "raw0"]
+    assert lines == ["s.py:12", "s.py:10"]
     # a tensor the thread did not copy just before: not learned
     assert copy_sources(recent, [outs[0], torch.zeros(2)]) is None
     # a copy whose source is gone (weak references): not learned either
     del srcs[1]
-    gone = [(weakref.ref(outs[1]), weakref.ref(torch.ones(3)), "m", "r")]
+    gone = [(weakref.ref(outs[1]), weakref.ref(torch.ones(3)), "m", "r", "s.py:11")]
     assert copy_sources(gone, [outs[1]]) is None
 
 

@@ -54,7 +54,7 @@ from .argtree import Slot, flatten, matches, remake, skeleton
 from .pageable import _cuda_at
 from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
 from .modstate import fresh
-from .thread_graphs import NOT_COPIES, copy_sources, drop_stale
+from .thread_graphs import NOT_COPIES, copy_sites, copy_sources, count_copies, drop_stale
 
 #: why a model's calls are not served by the runtime (the reason's first part)
 NOT_SERVED = "not served by the runtime's batching"
@@ -86,6 +86,7 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
         out = _serve(torch, st, tg, r, module) if r.refused is None else None
         if out is not None:
             taken_over("model", site)
+            count_copies(tg)
             return out
     if st.pending:
         st.n = n
@@ -161,7 +162,7 @@ def _refuse(r: _Route, module: Any, why: str) -> None:
 
 
 def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
-           recent: list[tuple[Any, Any, Any, Any]]) -> None:
+           recent: list[tuple[Any, Any, Any, Any, str]]) -> None:
     """The thread's route: every tensor argument of this call is one of this query's copies of
     a pinned tensor (a :class:`_ThreadGraph` without a graph: the copies' sources and order)."""
     tensors: list[Any] = []
@@ -172,10 +173,11 @@ def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
     if found is None:
         st.reason = NOT_COPIES
         return
-    src, moves, raws = found
+    src, moves, raws, lines = found
     tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     tg = _ThreadGraph(module, None, src, tin, skeleton((args, {}), torch.Tensor), None, tensors[0].get_device(), moves)
     tg.raw = raws
+    tg.copy_sites = copy_sites(moves, lines)
     st.tg = tg
 
 

@@ -61,7 +61,8 @@ class _ThreadCopies:
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.recent: list[tuple[Any, Any, Any, Any]] = []  # (result, source, Move, raw_call) of this query's copies, while learning
+        # (result, source, Move, raw_call, the script's line) of this query's copies, while learning
+        self.recent: list[tuple[Any, Any, Any, Any, str]] = []
         self.tg: _ThreadGraph | None = None
         self.n = 0  # views handed out in this query (slots 0..n-1); -1: this query left the graph's order
         self.pending = False  # those views' copies are deferred (not made yet)
@@ -77,7 +78,7 @@ class _ThreadCopies:
 
 class _ThreadGraph:
     __slots__ = ("module_ref", "version", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
-                 "static_out", "device", "tag", "raw", "learned")
+                 "static_out", "device", "tag", "raw", "learned", "copy_sites")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None) -> None:
@@ -106,6 +107,8 @@ class _ThreadGraph:
         self.raw: list[Any] = [None] * len(src)
         #: each slot copy's pageable call as the script made it (:mod:`.pageable_fast`), or None
         self.learned: list[Any] = [None] * len(src)
+        #: (script line, copies) of the script's own copies it makes per call (:func:`.thread_graphs.copy_sites`)
+        self.copy_sites: tuple[tuple[str, int], ...] = ()
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:
@@ -144,7 +147,8 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     out = orig(src, *args, **kwargs)
     if st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
         # weak references: a thread that copies but never calls a model keeps nothing alive
-        st.recent.append((weakref.ref(out), weakref.ref(src), move, raw_call(torch, orig, args, kwargs, move)))
+        st.recent.append((weakref.ref(out), weakref.ref(src), move, raw_call(torch, orig, args, kwargs, move),
+                          script_site(2)))
     return out
 
 

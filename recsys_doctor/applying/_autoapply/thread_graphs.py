@@ -24,16 +24,17 @@ LEARN_TRIES = 8
 NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
 
 
-def copy_sources(recent: list[tuple[Any, Any, Any, Any]], tensors: list[Any]) -> tuple[list[Any], list[Any], list[Any]] | None:
+def copy_sources(recent: list[tuple[Any, Any, Any, Any, str]],
+                 tensors: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[str]] | None:
     """Where every tensor of a model call is one of this query's copies (``recent``, as
-    :func:`_copy_in` remembers them): their sources, :class:`Move` and :func:`raw_call` in the
-    call's order; else None."""
+    :func:`_copy_in` remembers them): their sources, :class:`Move`, :func:`raw_call` and script
+    lines in the call's order; else None."""
     copies = {}
-    for out_ref, src_ref, move, raw in recent:
+    for out_ref, src_ref, move, raw, line in recent:
         out, s_ = out_ref(), src_ref()
         if out is not None and s_ is not None:
-            copies[id(out)] = (out, s_, move, raw)
-    src, moves, raws = [], [], []
+            copies[id(out)] = (out, s_, move, raw, line)
+    src, moves, raws, lines = [], [], [], []
     for t in tensors:
         hit = copies.get(id(t))
         if hit is None or hit[0] is not t:
@@ -41,7 +42,26 @@ def copy_sources(recent: list[tuple[Any, Any, Any, Any]], tensors: list[Any]) ->
         src.append(hit[1])
         moves.append(hit[2])
         raws.append(hit[3])
-    return src, moves, raws
+        lines.append(hit[4])
+    return src, moves, raws, lines
+
+
+def copy_sites(moves: list[Any], lines: list[str]) -> tuple[tuple[str, int], ...]:
+    """(script line, copies) of a thread graph's copies that are the script's own ``.to()`` /
+    ``.cuda()`` of pinned tensors (a :class:`Move`; None is a slot's copy, counted where the
+    hook fills the slot): each call the graph or route serves takes them over, counted at their
+    lines (:func:`count_copies`) as the model call is at its own."""
+    n: dict[str, int] = {}
+    for m, line in zip(moves, lines):
+        if m is not None:
+            n[line] = n.get(line, 0) + 1
+    return tuple(n.items())
+
+
+def count_copies(tg: _ThreadGraph) -> None:
+    """The copies of one call ``tg`` served, taken over at the script's lines."""
+    for line, k in tg.copy_sites:
+        taken_over("h2d", line, k)
 
 
 def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
@@ -60,6 +80,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
             out = _run_shared(_thread_replay, tg)
             st.pending = False
             taken_over("model", site)
+            count_copies(tg)
             return out
         except Exception as ex:  # noqa: BLE001 - eager and the group's graphs from now on, with the reason
             st.n = n
@@ -101,7 +122,7 @@ def drop_stale(torch: Any, st: _ThreadCopies, module: Any) -> None:
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
-           kwargs: dict[str, Any], recent: list[tuple[Any, Any, Any, Any]], site: str = "?") -> None:
+           kwargs: dict[str, Any], recent: list[tuple[Any, Any, Any, Any, str]], site: str = "?") -> None:
     """Capture this thread's graph once the group's graph of this call exists and every
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
@@ -126,10 +147,11 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     if found is None:
         st.reason = NOT_COPIES
         return
-    src, moves, raws = found
+    src, moves, raws, lines = found
     try:
         st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves)
         st.tg.raw = raws
+        st.tg.copy_sites = copy_sites(moves, lines)
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()
