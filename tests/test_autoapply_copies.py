@@ -133,7 +133,7 @@ def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
 
     monkeypatch.setattr(staging, "_copy_source", lambda *a: True)  # (no pinned memory on the CPU)
     monkeypatch.setattr(staging, "raw_call", lambda *a: "raw")
-    monkeypatch.setitem(hook._state, "sites_gen", hook._state.get("sites_gen", 0) + 1)
+    accounting.reset()  # (a fresh count)
     st = hook._ThreadCopies(stream=None)
     orig = lambda t, *a, **k: t.clone()  # noqa: E731
     src = [torch.arange(4.0), torch.arange(3.0), torch.arange(2.0)]

@@ -257,7 +257,7 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     from recsys_doctor.applying._autoapply import accounting, unplaced
 
     torch, *_ = deferred
-    aa._state["sites_gen"] = aa._state.get("sites_gen", 0) + 1  # (a fresh count for this thread)
+    accounting.reset()  # (a fresh count)
     # (a stand-in for pageable.to_args: a Move's non_blocking)
     to = lambda t, a, k: types.SimpleNamespace(non_blocking=k.get("non_blocking", False)) if a and a[0] == "cuda" else None  # noqa: E731
     torch.Tensor = type("Tensor", (), {"is_pinned": lambda self: self.pinned})  # (the stand-in torch's tensor type)
@@ -290,3 +290,26 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     assert {s.rsplit("/", 1)[-1] for s in rows} == {f"{here}:{line_to}", f"{here}:{line_f}", f"{here}:{line_pinned}"}, rows
     for r in rows.values():
         assert r["taken_over"] == 0 and r["fallback"] == 1 and list(r["reasons"]) == [unplaced.BEFORE_PLACED], r
+
+
+def test_a_thread_started_before_cuda_is_placed_in_a_plan_group_at_its_first_call_once_cuda_is_up(deferred, monkeypatch):
+    """With placement at the first model call, a thread started before CUDA is initialized (a
+    pool started early) is marked too, its copies not patched yet; a model call before CUDA is
+    up places nothing and keeps the mark, and the first call after joins the next plan group
+    (not a group of its own on its current stream, as a thread placed at start would get)."""
+    torch, streams, current, sets = deferred
+    up = {"on": False}
+    torch.cuda.is_initialized = lambda: up["on"]
+    aa._state["patched_copies"] = False
+    patched = []
+    monkeypatch.setattr(interception, "_patch_thread_copies", lambda t: patched.append(t))
+    boot = interception._wrapped_bootstrap(lambda self: self.run())
+    seen = {}
+    boot(threading.Thread(target=lambda: seen.setdefault("defer", getattr(_tls, "defer", None))))
+    assert seen == {"defer": 7} and patched == []
+    _tls.defer = 7  # (this thread, as marked above)
+    assert interception._place_deferred(torch) is None and _tls.defer == 7 and not hasattr(_tls, "group")
+    up["on"] = True
+    g = interception._place_deferred(torch)
+    assert g is _tls.group and g.index == 0 and g.late is None and g.stream is streams[0] and sets == [streams[0]]
+    assert not hasattr(_tls, "defer") and aa._state["late_threads"] == 0

@@ -5,10 +5,10 @@ Activated at interpreter start by a generated ``sitecustomize.py`` (see
 this module is loaded by file path, so at interpreter start it imports nothing of
 ``recsys_doctor`` but ``plan.py`` (below), and it never imports torch itself. What it does:
 
-* **a stream per client thread**: every ``threading.Thread`` started once torch has
-  initialized CUDA is placed in a group at its first top-level model call (where the plan has
-  graphs; at its start otherwise, or with ``RECSYS_DOCTOR_PLACE=start``) and from then on runs
-  on the group's stream; the ``i``-th thread placed gets group ``i mod groups``. A thread that
+* **a stream per client thread**: every ``threading.Thread`` the script starts is placed in a
+  group at its first top-level model call once CUDA is up (where the plan has graphs; at its
+  start otherwise, or with ``RECSYS_DOCTOR_PLACE=start``, if CUDA is up by then) and from then
+  on runs on the group's stream; the ``i``-th thread placed gets group ``i mod groups``. A thread that
   calls no model stays on PyTorch's default stream (:func:`.interception._place_deferred`);
   the copies a thread makes before it is placed are PyTorch's, counted (:mod:`.unplaced`). The script's own copies, kernels and
   ``.cpu()`` waits then go to, and wait for, that group's stream only, instead of one

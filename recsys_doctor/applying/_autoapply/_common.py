@@ -13,9 +13,9 @@ ENV_THREAD_GRAPHS = "RECSYS_DOCTOR_THREAD_GRAPHS"
 #: "1" stages host-to-device copies from pageable memory (pageable.py); off by default: on the
 #: H100 it measured slower than PyTorch's own copies (bench/apply/results/staging_ab_h100/)
 ENV_STAGE_PAGEABLE = "RECSYS_DOCTOR_STAGE_PAGEABLE"
-#: "first-call" (the default): a thread started once CUDA is up joins its group at its first
-#: top-level model call, not when it starts (with graphs on; :func:`.interception._place_deferred`);
-#: "start": when it starts (as without graphs)
+#: "first-call" (the default): a thread joins its group at its first top-level model call once
+#: CUDA is up, not when it starts (with graphs on; :func:`.interception._place_deferred`);
+#: "start": when it starts, if CUDA is up by then (as without graphs)
 ENV_PLACE = "RECSYS_DOCTOR_PLACE"
 
 

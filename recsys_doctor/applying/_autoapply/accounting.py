@@ -4,6 +4,7 @@ left to PyTorch, and why; ``stats()["sites"]``. Standard library only (loaded at
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -127,10 +128,15 @@ def batched(sites: list[str]) -> None:
         sizes[n] = sizes.get(n, 0) + 1
 
 
+#: the generations :func:`reset` hands out, never one twice (a thread's table of an older one
+#: is never taken for the new one's, even where the state dict was put back to an older copy)
+_GENERATIONS = itertools.count(1)
+
+
 def reset() -> None:
     """Forget every count (a new activation)."""
     with _sites_lock:
-        _state["sites_gen"] = _state.get("sites_gen", 0) + 1
+        _state["sites_gen"] = next(_GENERATIONS)
         _state["site_tables"] = []
         _state["batch_sizes"] = {}
 

@@ -66,7 +66,8 @@ def on_torch_imported(torch: Any) -> None:
 def _late_group(torch: Any) -> _Group | None:
     """A group for a thread that was not placed when it started, made at its first top-level
     model call: the main thread of a single-threaded loop or of an asyncio server that calls the
-    model inline, or a thread started before CUDA was initialized. Its group is its own (no
+    model inline, or, placed at their start (``RECSYS_DOCTOR_PLACE=start``, or no graphs), a
+    thread started before CUDA was initialized. Its group is its own (no
     other thread shares its graphs), on the stream the thread is on (its current stream is left
     as it is: the tensors it made before were made there), with its own captures and replays
     as every group's; no batching (one thread) and no thread graph of its copies. None where
@@ -122,7 +123,11 @@ def _place_deferred(torch: Any) -> _Group | None:
     stream, and the group streams are blocking, so what it hands over is ordered with the model
     threads' work as it was unhooked; placed at its start on a group stream of its own, its
     kernels and the model threads' reads of their results were on two streams with nothing
-    between them (``examples/heldout/feature_pipeline_serve.py``)."""
+    between them (``examples/heldout/feature_pipeline_serve.py``). A call before CUDA is up
+    (a thread started before it, calling a model on the CPU) places nothing: asked again at
+    the next call."""
+    if _cuda_torch() is None:
+        return None
     del _tls.defer
     g = _group_for_new_thread()
     if g is None:
@@ -158,9 +163,11 @@ def _wrapped_bootstrap(orig: Any) -> Any:
         if _runtime_thread(self):
             return orig(self)
         if _state.get("place_at_first_call"):
+            # placed at its first model call, in a plan group even where CUDA starts after the
+            # thread (a pool started early); its copies before it counted, once CUDA is up
+            _tls.defer = _state["activation"]
             torch = _cuda_torch()
-            if torch is not None:  # (placed at its first model call; its copies before it counted)
-                _tls.defer = _state["activation"]
+            if torch is not None:
                 with _lock:
                     if not _state.get("patched_copies"):
                         _patch_thread_copies(torch)
