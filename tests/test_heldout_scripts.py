@@ -41,6 +41,7 @@ TINY = {
     "topk_candidates_serve.py": ["--queries", "24", "--items", "2000", "--users", "300"],
     "own_graphs_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "own_batcher_serve.py": ["--queries", "40", "--vocab", "500", "--max-delay-ms", "20"],
+    "early_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
 }
@@ -304,3 +305,31 @@ def test_own_batcher_checksum_recomputed_request_by_request(runs):
     assert one["batches"] == queries and three["batches"] < queries  # alone: a batch a request
     for r in (one, three):
         assert r["checksum"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_early_pool_checksum_recomputed_request_by_request(runs):
+    """The scorer whose pool builds the tables before the model moves to the device: its
+    checksum recomputed from its model (tables from its own shard loader) one request at a
+    time, and its pool threads were up before the model moved (at least one; as many as the
+    shard loads needed, up to the thread count)."""
+    mod = _load("early_pool_serve.py")
+    args = dict(zip(TINY["early_pool_serve.py"][::2], TINY["early_pool_serve.py"][1::2]))
+    queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
+    torch.manual_seed(0)
+    model = mod.DLRM(vocab).eval()
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as the runs: OMP_NUM_THREADS=1, so the same summation order)
+    try:
+        with torch.no_grad():
+            for k, table in enumerate(model.tables):
+                table.weight.copy_(torch.from_numpy(mod.load_shard(0, k, vocab)))
+            flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
+                    for d, i in (mod.make_request(0, rid, rows, vocab) for rid in range(queries))]
+    finally:
+        torch.set_num_threads(intra)
+    flat = np.concatenate(flat).astype(np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    for t in THREADS:
+        r = json.loads(runs[("early_pool_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+        assert 1 <= r["pool_threads_before_cuda"] <= t
