@@ -12,8 +12,7 @@ from ._common import _state, _tls
 from .accounting import fell_back, script_site
 
 #: why a copy made before its thread's first model call is PyTorch's
-BEFORE_PLACED = ("made before its thread's first model call, where the hook places the thread in its group (a "
-                 "thread that calls no model stays on PyTorch's default stream): PyTorch's copy")
+BEFORE_PLACED = "made before its thread's first model call, where the hook places the thread: PyTorch's copy"
 
 
 def _deferred() -> bool:
