@@ -138,10 +138,14 @@ def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
     orig = lambda t, *a, **k: t.clone()  # noqa: E731
     src = [torch.arange(4.0), torch.arange(3.0), torch.arange(2.0)]
     outs, lines = [], []
+
+    def to(s, move=None):  # (as the hook's Tensor.to calls it: one frame between the script and _copy_in)
+        return hook._copy_in(torch, st, s, 0, orig, ("cuda",), {"non_blocking": True}, move)
+
     for s in src[:2]:  # two copies from one line
-        outs.append(hook._copy_in(torch, st, s, 0, orig, ("cuda",), {"non_blocking": True}, "a Move"))
+        outs.append(to(s, "a Move"))
         lines.append(_sys._getframe().f_lineno - 1)
-    outs.append(hook._copy_in(torch, st, src[2], 0, orig, ("cuda",), {"non_blocking": True})); lines.append(_sys._getframe().f_lineno)  # noqa: E702
+    outs.append(to(src[2])); lines.append(_sys._getframe().f_lineno)  # noqa: E702
     here = __file__.rsplit("/", 1)[-1]
     assert [r[4].rsplit("/", 1)[-1] for r in st.recent] == [f"{here}:{n}" for n in lines]
     found = thread_graphs.copy_sources(st.recent, outs)

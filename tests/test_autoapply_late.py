@@ -253,7 +253,8 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     (``.to``/``.cuda`` of a CPU tensor to CUDA, ``torch.as_tensor``/``torch.tensor`` of host data
     on CUDA) are counted at the calling line as left to PyTorch, with why; a copy that is not
     host-to-GPU, a non-blocking copy of pinned memory (placed, the thread graph takes it over,
-    uncounted at its line) and any copy once the thread is placed are not counted here."""
+    uncounted at its line), one while the thread's stream captures, one of a tensor subclass,
+    and any copy once the thread is placed are not counted here."""
     from recsys_doctor.applying._autoapply import accounting, unplaced
 
     torch, *_ = deferred
@@ -277,6 +278,9 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     copy(cpu, "cpu")  # (not to the GPU)
     copy(gpu, "cuda")  # (already on the GPU)
     copy(pinned, "cuda", non_blocking=True)  # (asynchronous already: placed, not counted at its line either)
+    unplaced.unplaced_copy(torch, cpu, to, ("cuda",), {}, lambda: True)  # (in the thread's own capture)
+    unplaced.unplaced_factory(torch, facs, ([1, 2],), {"device": "cuda"}, lambda: True)  # (the same)
+    factory(type("Param", (torch.Tensor,), {})(), device="cuda")  # (a tensor subclass: PyTorch's, as placed)
     copy(pinned, "cuda"); line_pinned = sys._getframe().f_lineno  # noqa: E702  (blocking: counted)
     factory([1, 2], device="cuda"); line_f = sys._getframe().f_lineno  # noqa: E702
     factory(gpu, device="cuda")  # (a GPU tensor: no host copy)
@@ -313,3 +317,26 @@ def test_a_thread_started_before_cuda_is_placed_in_a_plan_group_at_its_first_cal
     g = interception._place_deferred(torch)
     assert g is _tls.group and g.index == 0 and g.late is None and g.stream is streams[0] and sets == [streams[0]]
     assert not hasattr(_tls, "defer") and aa._state["late_threads"] == 0
+
+
+def test_a_call_nested_in_an_unplaced_call_places_nothing(deferred):
+    """A thread's model call made before CUDA is up runs as PyTorch's; where CUDA comes up
+    inside it (another thread moves the model meanwhile), a submodule's call nested in it does
+    not place the thread (it would be taken for a top-level call and switch the thread's stream
+    mid-forward); the next top-level call does."""
+    torch, streams, current, sets = deferred
+    up = {"on": False}
+    torch.cuda.is_initialized = lambda: up["on"]
+    _tls.defer = 7
+    seen = {}
+
+    def forward(module, x):
+        up["on"] = True  # (CUDA comes up during this call)
+        seen["nested"] = interception._place_deferred(torch)
+        seen["late"] = interception._late_group(torch)
+        return x + 1
+
+    assert interception._unplaced_call(forward, "m", (1,), {}) == 2
+    assert seen == {"nested": None, "late": None} and _tls.defer == 7 and not hasattr(_tls, "group")
+    g = interception._place_deferred(torch)
+    assert g is _tls.group and g.index == 0 and sets == [streams[0]]

@@ -12,7 +12,7 @@ from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
 from . import modstate
 from .graphs import _eager, _graphed_call
-from .groups import _Group, _streams
+from .groups import _Group, _run_shared, _streams
 from .host_args import _capturing, make_host_type, take
 from .pageable import cuda_args, to_args
 from .served import call as served_call
@@ -72,7 +72,7 @@ def _late_group(torch: Any) -> _Group | None:
     as it is: the tensors it made before were made there), with its own captures and replays
     as every group's; no batching (one thread) and no thread graph of its copies. None where
     the thread stays as it is (the hook's own threads, no CUDA yet, no stream groups)."""
-    if not _state["active"] or not _state["graphs"]:
+    if not _state["active"] or not _state["graphs"] or getattr(_tls, "outer", False):
         return None
     try:
         if not torch.cuda.is_initialized():
@@ -125,8 +125,8 @@ def _place_deferred(torch: Any) -> _Group | None:
     kernels and the model threads' reads of their results were on two streams with nothing
     between them (``examples/heldout/feature_pipeline_serve.py``). A call before CUDA is up
     (a thread started before it, calling a model on the CPU) places nothing: asked again at
-    the next call."""
-    if _cuda_torch() is None:
+    the next call; nor does a call nested in such a call (CUDA may come up inside it)."""
+    if getattr(_tls, "outer", False) or _cuda_torch() is None:
         return None
     del _tls.defer
     g = _group_for_new_thread()
@@ -206,7 +206,7 @@ def _patch_module(torch: Any) -> None:
             else:
                 g = _late_group(torch)
             if g is None:
-                return orig(self, *args, **kwargs)
+                return _unplaced_call(orig, self, args, kwargs)
         _tls.called = True  # (a thread that calls a model: :func:`_note_copy_only`)
         if not _state["graphs"]:
             return orig(self, *args, **kwargs)
@@ -259,6 +259,18 @@ def _patch_module(torch: Any) -> None:
     _state["orig_module_call"] = orig
 
 
+def _unplaced_call(orig: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A model call of a thread not placed (yet): PyTorch's, and no call nested in it places
+    the thread (:func:`_place_deferred`, :func:`_late_group`), even where CUDA comes up inside it."""
+    if getattr(_tls, "outer", False):
+        return orig(module, *args, **kwargs)
+    _tls.outer = True
+    try:
+        return orig(module, *args, **kwargs)
+    finally:
+        _tls.outer = False
+
+
 def _thread_handles(torch: Any) -> None:
     """Before a thread's first model call that the hook may serve from a graph: the thread's
     own cuBLAS handle, made now, outside any capture. PyTorch keeps one per thread and makes it
@@ -272,7 +284,10 @@ def _thread_handles(torch: Any) -> None:
     if getattr(_tls, "handles", None) != _state.get("activation"):
         _tls.handles = _state.get("activation")
         if torch.cuda.is_available():
-            torch.cuda.current_blas_handle()
+            try:  # (beside no capture of the hook's: its gate, shared, as eager calls take it)
+                _run_shared(torch.cuda.current_blas_handle)
+            except RuntimeError:  # (PyTorch says what failed at the model call itself)
+                pass
 
 
 def _eager_call(torch: Any, st: _ThreadCopies | None, orig: Any, module: Any, args: Any, kwargs: Any, site: str,

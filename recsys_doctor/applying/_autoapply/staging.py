@@ -148,7 +148,7 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     if st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
         # weak references: a thread that copies but never calls a model keeps nothing alive
         st.recent.append((weakref.ref(out), weakref.ref(src), move, raw_call(torch, orig, args, kwargs, move),
-                          script_site(2)))
+                          script_site(3)))  # (3: the script's frame where _copy_method called: cached)
     return out
 
 
@@ -252,7 +252,7 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "group", None) is None:
-            unplaced_copy(torch, self, parse, args, kwargs)
+            unplaced_copy(torch, self, parse, args, kwargs, capturing)
             return orig(self, *args, **kwargs)
         if type(self) is not T or self.is_cuda or capturing():
             return orig(self, *args, **kwargs)
@@ -410,7 +410,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str, capturing: Any = None
 
     def factory(*args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "group", None) is None:
-            unplaced_factory(torch, parse, args, kwargs)
+            unplaced_factory(torch, parse, args, kwargs, capturing)
             return orig(*args, **kwargs)
         p = parse(torch, args, kwargs)
         data = args[0] if args else kwargs.get("data")

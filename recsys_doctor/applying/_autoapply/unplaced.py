@@ -19,24 +19,29 @@ def _deferred() -> bool:
     return getattr(_tls, "defer", None) == _state.get("activation")
 
 
-def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  capturing: Any = bool) -> None:
     """``src.to/cuda(*args, **kwargs)`` by a thread not placed yet: counted where it copies host
     memory to the GPU (``parse``: :func:`.pageable.to_args` / :func:`.pageable.cuda_args`) and a
     placed thread's copy would be counted too: not a non-blocking copy of pinned memory, which
     is asynchronous already (and, placed, taken into the thread graph uncounted at its line, its
-    replays counted at the model call's)."""
-    if not _deferred() or type(src) is not torch.Tensor or src.device.type != "cpu":
+    replays counted at the model call's); nor one while the thread's stream captures
+    (``capturing``: :func:`.pageable_fast.capture_probe`), as a placed thread's is not."""
+    if not _deferred() or type(src) is not torch.Tensor or src.device.type != "cpu" or capturing():
         return
     m = parse(torch, args, kwargs)
     if m is not None and not (m.non_blocking and src.is_pinned()):
         fell_back("h2d", script_site(3), BEFORE_PLACED)
 
 
-def unplaced_factory(torch: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def unplaced_factory(torch: Any, parse: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     capturing: Any = bool) -> None:
     """``torch.as_tensor`` / ``torch.tensor`` by a thread not placed yet: counted where it makes
-    a GPU tensor of host data (``parse``: :func:`.pageable.as_tensor_args` / :func:`.pageable.tensor_args`)."""
+    a GPU tensor of host data (``parse``: :func:`.pageable.as_tensor_args` / :func:`.pageable.tensor_args`)
+    as a placed thread's would be: not of a tensor subclass, nor while the thread's stream captures."""
     if not _deferred() or parse(torch, args, kwargs) is None:
         return
     data = args[0] if args else kwargs.get("data")
-    if not isinstance(data, torch.Tensor) or data.device.type == "cpu":
+    T = torch.Tensor
+    if not (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")) and not capturing():
         fell_back("h2d", script_site(3), BEFORE_PLACED)
