@@ -228,10 +228,12 @@ def test_with_placement_at_the_first_call_a_thread_starts_unplaced(deferred, mon
 
 
 @pytest.mark.parametrize("env,graphs,first_call", [(None, True, True), ("first-call", True, True),
-                                                   ("start", True, False), (None, False, False)])
-def test_threads_are_placed_at_their_first_model_call_by_default(monkeypatch, env, graphs, first_call):
+                                                   ("start", True, False), (None, False, False),
+                                                   ("Start", True, True)])
+def test_threads_are_placed_at_their_first_model_call_by_default(monkeypatch, capsys, env, graphs, first_call):
     """Placement at the first model call is the default where the plan has CUDA graphs;
-    ``RECSYS_DOCTOR_PLACE=start`` places threads at their start, as a plan without graphs does."""
+    ``RECSYS_DOCTOR_PLACE=start`` places threads at their start, as a plan without graphs does;
+    any other value is said in one line and the default kept."""
     if env is None:
         monkeypatch.delenv("RECSYS_DOCTOR_PLACE", raising=False)
     else:
@@ -242,6 +244,10 @@ def test_threads_are_placed_at_their_first_model_call_by_default(monkeypatch, en
     try:
         aa.activate({"schema": 1, "stream_groups": {"count": 2}, "cuda_graphs": {"enabled": graphs}})
         assert aa._state["place_at_first_call"] is first_call
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ([] if env != "Start" else [
+            "recsys-doctor apply: RECSYS_DOCTOR_PLACE='Start' is neither 'first-call' nor 'start': threads are "
+            "placed at their first model call"]), err
     finally:
         aa.deactivate()
         aa._state.clear()

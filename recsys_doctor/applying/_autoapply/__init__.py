@@ -133,6 +133,9 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
     rt = read_runtime(doc)
     for line in unhonoured(doc):
         _log(line)
+    place = os.environ.get(ENV_PLACE, "first-call")
+    if place not in ("first-call", "start"):
+        _log(f"{ENV_PLACE}={place!r} is neither 'first-call' nor 'start': threads are placed at their first model call")
     with _lock:
         if _state["active"]:
             return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"], "batching": _state["batching"],
@@ -146,7 +149,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
                       copy_only_threads=[], copy_only_count=0,
-                      place_at_first_call=os.environ.get(ENV_PLACE, "first-call") != "start" and rt["cuda_graphs"])
+                      place_at_first_call=place != "start" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()
             modstate.reset()
