@@ -96,13 +96,16 @@ def test_hook_writes_its_stats_at_exit_after_the_threads(tmp_path):
     assert [p.name for p in stats_path.parent.iterdir()] == ["hook_stats.json"]  # no temp file left
 
 
-# Two worker processes of the program whose threads the hook placed (counted in ``started``, as
-# the hook counts a thread it gives a group), each recording its calls; and the program's own.
+# Two worker processes of the program whose threads the hook placed, each recording its calls: one
+# with two threads in plan groups (counted in ``started``, as the hook counts a thread it gives a
+# plan group), one serving on its main thread (a group of its own: ``late_threads``); and the
+# program's own.
 _WORKERS = r'''
 import multiprocessing as mp, sys
 
 def work(k):
-    sys.modules["_recsys_doctor_autoapply._common"]._state["started"] += 2
+    state = sys.modules["_recsys_doctor_autoapply._common"]._state
+    state["started" if k == 0 else "late_threads"] += 2 if k == 0 else 1
     acc = sys.modules["_recsys_doctor_autoapply.accounting"]
     acc.taken_over("model", "w.py:10", 100 + k)
     acc.fell_back("model", "w.py:10", "warming up", 2)
@@ -131,7 +134,7 @@ def test_worker_processes_stats_are_merged_with_the_programs(tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr
     assert len(list(tmp_path.glob("hook_stats.json.proc-*.json"))) == 2
     st = read_hook_stats(stats_path)
-    assert st["processes"] == 3 and st["threads"] == 4 and st["groups"] == 3
+    assert st["processes"] == 3 and st["threads"] == 2 and st["late_threads"] == 1 and st["groups"] == 3
     sites = {(s["kind"], s["site"]): s for s in st["sites"]}
     assert set(sites) == {("model", "w.py:10"), ("h2d", "w.py:20"), ("h2d", "w.py:21")}
     m = sites[("model", "w.py:10")]

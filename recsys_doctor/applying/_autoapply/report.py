@@ -101,7 +101,9 @@ def _at_exit() -> None:
         return
     if os.environ.get(ENV_STATS_PID) == str(os.getpid()):
         write_stats(path)
-    elif _state.get("started", 0):  # a child process of the program (multiprocessing) whose threads were hooked
+    elif _state.get("started", 0) or _state.get("late_threads", 0):
+        # a child process of the program (multiprocessing) with threads the hook placed: in plan
+        # groups, or a group of their own (a worker serving on its main thread)
         write_stats(child_stats_path(path, os.getpid()))
 
 
