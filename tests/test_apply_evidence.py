@@ -470,3 +470,46 @@ def test_the_hook_line_names_threads_placed_at_their_first_call():
     assert "0 threads in " in out and ", 1 placed at their first model call (a group each)" in out
     none = _text(dict(EVIDENCE, hook={"measured": dict(st, late_threads=0), "profiled": None}))
     assert "first model call" not in none
+
+
+# A worker process that a pool terminates (``with multiprocessing.Pool() as pool:`` ends in
+# SIGTERM, so no atexit function runs there): once a thread of it is placed (here: its main
+# thread given a group of its own, as the hook counts it), its stats are written every
+# RECSYS_DOCTOR_HOOK_STATS_EVERY_S seconds, so its counts up to the last snapshot reach the report.
+_TERMINATED = r'''
+import multiprocessing as mp, sys, time
+
+def work(ready):
+    hook = "_recsys_doctor_autoapply"
+    sys.modules[hook + "._common"]._state["late_threads"] += 1
+    sys.modules[hook + ".report"].snapshots_in_child()
+    sys.modules[hook + ".accounting"].taken_over("model", "pool.py:5", 42)
+    ready.set()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=work, args=(ready,))
+    p.start()
+    assert ready.wait(60)
+    time.sleep(1.0)  # (several snapshots)
+    p.terminate()
+    p.join()
+    print(p.exitcode)
+'''
+
+
+def test_a_terminated_worker_process_keeps_its_counts_to_its_last_snapshot(tmp_path):
+    stats_path = tmp_path / "hook_stats.json"
+    env = script_env(_plan(tmp_path), hook_dir=tmp_path / "hook", stats_path=stats_path)
+    env["RECSYS_DOCTOR_HOOK_STATS_EVERY_S"] = "0.1"
+    script = tmp_path / "t.py"
+    script.write_text(_TERMINATED)
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "-15", p.stderr  # (killed by SIGTERM, as a pool's worker)
+    assert len(list(tmp_path.glob("hook_stats.json.proc-*.json"))) == 1
+    assert not list(tmp_path.glob("*.tmp"))
+    st = read_hook_stats(stats_path)
+    assert st["processes"] == 2 and st["late_threads"] == 1
+    assert [(s["kind"], s["site"], s["taken_over"]) for s in st["sites"]] == [("model", "pool.py:5", 42)]

@@ -42,6 +42,7 @@ TINY = {
     "own_graphs_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "own_batcher_serve.py": ["--queries", "40", "--vocab", "500", "--max-delay-ms", "20"],
     "early_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
+    "proc_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
 }
@@ -51,7 +52,8 @@ APPROX = {"own_batcher_serve.py": 1e-9}
 #: the training loops among them (a step time, no queries): their worker count must not change the checksum
 TRAIN = {"amp_accum_train.py"}
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
-CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers")}
+CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers"),
+           "proc_pool_serve.py": ("--procs", "procs")}
 THREADS = (1, 3)
 
 
@@ -333,3 +335,26 @@ def test_early_pool_checksum_recomputed_request_by_request(runs):
         r = json.loads(runs[("early_pool_serve.py", t)][0])
         assert r["checksum"] == pytest.approx(expected, rel=1e-12)
         assert 1 <= r["pool_threads_before_cuda"] <= t
+
+
+def test_proc_pool_checksum_recomputed_request_by_request(runs):
+    """The pool of worker processes scoring on their main threads: its checksum recomputed
+    from its model one request at a time, the same at 1 and 3 processes."""
+    mod = _load("proc_pool_serve.py")
+    args = dict(zip(TINY["proc_pool_serve.py"][::2], TINY["proc_pool_serve.py"][1::2]))
+    queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
+    torch.manual_seed(0)
+    model = mod.Ranker(vocab).eval()
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as the runs: OMP_NUM_THREADS=1, so the same summation order)
+    try:
+        with torch.no_grad():
+            flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
+                    for d, i in (mod.make_request(0, rid, rows, vocab) for rid in range(queries))]
+    finally:
+        torch.set_num_threads(intra)
+    flat = np.concatenate(flat).astype(np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    for t in THREADS:
+        r = json.loads(runs[("proc_pool_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-12)

@@ -58,6 +58,8 @@ ab_case() {
     batch2) _ab_run 2 examples/heldout/own_batcher_serve.py --threads 16 --queries 4000;;
     early0) _ab_run 0 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
     early2) _ab_run 2 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
+    proc0) _ab_run 0 examples/heldout/proc_pool_serve.py --procs 4 --queries 3000;;
+    proc2) _ab_run 2 examples/heldout/proc_pool_serve.py --procs 4 --queries 3000;;
     early2s) RECSYS_DOCTOR_PLACE=start _ab_run 2 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
     train0) _ab_run 0 examples/heldout/amp_accum_train.py --epochs 2;;
     train2) _ab_run 2 examples/heldout/amp_accum_train.py --epochs 2;;

@@ -15,6 +15,7 @@ from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
 from .host_args import _capturing, make_host_type, take
 from .pageable import cuda_args, to_args
+from .report import snapshots_in_child
 from .served import call as served_call
 from .staging import _patch_copies, _ThreadCopies, slots_read
 from .thread_graphs import _copies_call, flush
@@ -51,6 +52,7 @@ def _group_for_new_thread() -> _Group | None:
             _patch_module(torch)
         if not _state.get("patched_copies"):
             _patch_thread_copies(torch)
+    snapshots_in_child()
     return g
 
 
@@ -91,6 +93,7 @@ def _late_group(torch: Any) -> _Group | None:
         n = _state["late_threads"] = _state.get("late_threads", 0) + 1
         g = _Group(_state["n_groups"] + n - 1, torch.cuda.current_stream(), streams)
         _state.setdefault("late_groups", []).append(g)
+    snapshots_in_child()
     g.late = _state["activation"]
     _join(g, copies=False)
     return g
@@ -108,6 +111,8 @@ def _runtime_thread(t: threading.Thread) -> bool:
     """Whether ``t`` is a thread of the runtime's (a batch driver of a model served for the hook,
     :mod:`.served`): it runs the runtime's work, not the script's, and joins no group."""
     target = getattr(t, "_target", None)
+    if getattr(t, "rd_hook_thread", False):  # (the hook's own: .report's snapshots)
+        return True
     return type(getattr(target, "__self__", None)).__module__.startswith("recsys_doctor.runtime")
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from typing import Any
 
 from ._common import _first_line, _log, _state
@@ -77,9 +79,10 @@ def write_stats(path: str | os.PathLike[str]) -> bool:
     exception: the user's program ends as it would have without the hook."""
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(stats(), f, default=str)
-        os.replace(tmp, path)
+        with _write_lock:  # (a snapshot and the last write of a worker process: one at a time)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(stats(), f, default=str)
+            os.replace(tmp, path)
         return True
     except Exception as ex:  # noqa: BLE001 - never break the user's program
         _log(f"could not write the hook's stats to {os.fspath(path)}: {_first_line(ex)}")
@@ -88,6 +91,34 @@ def write_stats(path: str | os.PathLike[str]) -> bool:
         except OSError:
             pass
         return False
+
+
+#: seconds between the snapshots of its stats a worker process of the program writes
+SNAPSHOT_S = float(os.environ.get("RECSYS_DOCTOR_HOOK_STATS_EVERY_S") or 2.0)
+_write_lock = threading.Lock()
+
+
+def snapshots_in_child() -> None:
+    """Where this is a child process of the hooked program (a stats path not this process's):
+    from its first placed thread on, a daemon thread of the hook's writes its stats every
+    :data:`SNAPSHOT_S` seconds, as :func:`_at_exit` does at the end. A worker its pool
+    terminates (``with multiprocessing.Pool() as pool:`` ends in SIGTERM) runs no ``atexit``
+    function: its counts up to the last snapshot are kept. Once a process."""
+    path = os.environ.get(ENV_STATS)
+    if not path or os.environ.get(ENV_STATS_PID) == str(os.getpid()) or _state.get("snapshots") == os.getpid():
+        return
+    _state["snapshots"] = os.getpid()
+    target = child_stats_path(path, os.getpid())
+
+    def snapshot() -> None:
+        while True:
+            time.sleep(SNAPSHOT_S)
+            write_stats(target)
+
+    t = threading.Thread(target=snapshot, name="recsys-doctor-stats", daemon=True)
+    # (placed in no group: .interception._runtime_thread)
+    t.rd_hook_thread = True  # type: ignore[attr-defined]
+    t.start()
 
 
 def _at_exit() -> None:
