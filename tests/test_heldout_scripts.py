@@ -309,28 +309,39 @@ def test_own_batcher_checksum_recomputed_request_by_request(runs):
         assert r["checksum"] == pytest.approx(expected, rel=1e-9)
 
 
-def test_early_pool_checksum_recomputed_request_by_request(runs):
-    """The scorer whose pool builds the tables before the model moves to the device: its
-    checksum recomputed from its model (tables from its own shard loader) one request at a
-    time, and its pool threads were up before the model moved (at least one; as many as the
-    shard loads needed, up to the thread count)."""
-    mod = _load("early_pool_serve.py")
-    args = dict(zip(TINY["early_pool_serve.py"][::2], TINY["early_pool_serve.py"][1::2]))
+def _rows_checksum(name: str, make_model) -> float:
+    """``name``'s checksum recomputed one request at a time: ``make_model(mod, vocab)`` (its
+    weights set), each of the script's TINY requests scored alone, every score weighted by
+    position; one intra-op thread, as the runs (OMP_NUM_THREADS=1: the same summation order)."""
+    mod = _load(name)
+    args = dict(zip(TINY[name][::2], TINY[name][1::2]))
     queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
     torch.manual_seed(0)
-    model = mod.DLRM(vocab).eval()
     intra = torch.get_num_threads()
-    torch.set_num_threads(1)  # (as the runs: OMP_NUM_THREADS=1, so the same summation order)
+    torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            for k, table in enumerate(model.tables):
-                table.weight.copy_(torch.from_numpy(mod.load_shard(0, k, vocab)))
+            model = make_model(mod, vocab).eval()
             flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
                     for d, i in (mod.make_request(0, rid, rows, vocab) for rid in range(queries))]
     finally:
         torch.set_num_threads(intra)
     flat = np.concatenate(flat).astype(np.float64)
-    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    return float(flat @ np.linspace(1.0, 2.0, flat.size))
+
+
+def _early_pool_model(mod, vocab):
+    model = mod.DLRM(vocab)
+    for k, table in enumerate(model.tables):  # (the tables from the script's own shard loader)
+        table.weight.copy_(torch.from_numpy(mod.load_shard(0, k, vocab)))
+    return model
+
+
+def test_early_pool_checksum_recomputed_request_by_request(runs):
+    """The scorer whose pool builds the tables before the model moves to the device: its
+    checksum recomputed one request at a time, and its pool threads were up before the model
+    moved (at least one; as many as the shard loads needed, up to the thread count)."""
+    expected = _rows_checksum("early_pool_serve.py", _early_pool_model)
     for t in THREADS:
         r = json.loads(runs[("early_pool_serve.py", t)][0])
         assert r["checksum"] == pytest.approx(expected, rel=1e-12)
@@ -339,22 +350,8 @@ def test_early_pool_checksum_recomputed_request_by_request(runs):
 
 def test_proc_pool_checksum_recomputed_request_by_request(runs):
     """The pool of worker processes scoring on their main threads: its checksum recomputed
-    from its model one request at a time, the same at 1 and 3 processes."""
-    mod = _load("proc_pool_serve.py")
-    args = dict(zip(TINY["proc_pool_serve.py"][::2], TINY["proc_pool_serve.py"][1::2]))
-    queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
-    torch.manual_seed(0)
-    model = mod.Ranker(vocab).eval()
-    intra = torch.get_num_threads()
-    torch.set_num_threads(1)  # (as the runs: OMP_NUM_THREADS=1, so the same summation order)
-    try:
-        with torch.no_grad():
-            flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
-                    for d, i in (mod.make_request(0, rid, rows, vocab) for rid in range(queries))]
-    finally:
-        torch.set_num_threads(intra)
-    flat = np.concatenate(flat).astype(np.float64)
-    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    one request at a time, the same at 1 and 3 processes."""
+    expected = _rows_checksum("proc_pool_serve.py", lambda mod, vocab: mod.Ranker(vocab))
     for t in THREADS:
         r = json.loads(runs[("proc_pool_serve.py", t)][0])
         assert r["checksum"] == pytest.approx(expected, rel=1e-12)
