@@ -13,7 +13,7 @@ J=$OUT/early.jsonl
 run() { [ $SECONDS -lt 360 ] || return 0; timeout 60 bash -c ". bench/apply/ab_cases.sh; ab_case $J $1 $2" 2>>$OUT/cases.err | cut -c1-220; }
 for i in 1 2; do for c in early0 early2 early2s; do run e$i $c; done; done
 # a spawn Pool of processes scoring on their main threads (late groups in the workers; their stats
-# written every 2 s, the pool terminating them at the with-block's end): hook stats' processes
+# written every 0.5 s, the pool terminating them at the with-block's end): hook stats' processes
 run p1 proc0; run p1 proc2
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 T=$(( 585 - SECONDS )) STOP_AT=450 gpu_test heldout_early tests/test_heldout_gpu.py -k early_pool

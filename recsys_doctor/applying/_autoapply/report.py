@@ -94,7 +94,7 @@ def write_stats(path: str | os.PathLike[str]) -> bool:
 
 
 #: seconds between the snapshots of its stats a worker process of the program writes
-SNAPSHOT_S = float(os.environ.get("RECSYS_DOCTOR_HOOK_STATS_EVERY_S") or 2.0)
+SNAPSHOT_S = float(os.environ.get("RECSYS_DOCTOR_HOOK_STATS_EVERY_S") or 0.5)
 _write_lock = threading.Lock()
 
 
@@ -103,7 +103,9 @@ def snapshots_in_child() -> None:
     from its first placed thread on, a daemon thread of the hook's writes its stats every
     :data:`SNAPSHOT_S` seconds, as :func:`_at_exit` does at the end. A worker its pool
     terminates (``with multiprocessing.Pool() as pool:`` ends in SIGTERM) runs no ``atexit``
-    function: its counts up to the last snapshot are kept. Once a process."""
+    function: its counts up to the last snapshot are kept. (Not a SIGTERM handler: a worker
+    whose main thread is stuck in a C call would no longer die of its pool's SIGTERM, and the
+    pool's ``terminate`` would wait for it forever.) Once a process."""
     path = os.environ.get(ENV_STATS)
     if not path or os.environ.get(ENV_STATS_PID) == str(os.getpid()) or _state.get("snapshots") == os.getpid():
         return
