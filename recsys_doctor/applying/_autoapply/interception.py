@@ -110,9 +110,9 @@ def _join(g: _Group, copies: bool) -> None:
 def _runtime_thread(t: threading.Thread) -> bool:
     """Whether ``t`` is a thread of the runtime's (a batch driver of a model served for the hook,
     :mod:`.served`): it runs the runtime's work, not the script's, and joins no group."""
-    target = getattr(t, "_target", None)
     if getattr(t, "rd_hook_thread", False):  # (the hook's own: .report's snapshots)
         return True
+    target = getattr(t, "_target", None)
     return type(getattr(target, "__self__", None)).__module__.startswith("recsys_doctor.runtime")
 
 

@@ -387,6 +387,19 @@ def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move
     return _move(torch, "cuda" if dev is None else dev, bound)
 
 
+def asynchronous(src: Any, m: Move) -> bool:
+    """Whether ``src.to/cuda`` asking for ``m`` is asynchronous already (non-blocking, from
+    pinned memory): a copy the hook stages or counts at its line only in a thread graph."""
+    return m.non_blocking and src.is_pinned()
+
+
+def host_data(T: Any, data: Any) -> bool:
+    """Whether ``data`` given to ``torch.as_tensor`` / ``torch.tensor`` is host data the hook
+    takes (``T``: ``torch.Tensor``): not a tensor (numpy, a list), or a plain CPU tensor (not a
+    GPU tensor, nor a subclass such as a parameter or a model's host argument)."""
+    return not isinstance(data, T) or (type(data) is T and data.device.type == "cpu")
+
+
 def inexact(torch: Any, src: Any, m: Move) -> str | None:
     """Why the hook's copy of the CPU tensor ``src`` (C-contiguous: :func:`_host_array`'s bytes)
     would not be the tensor PyTorch makes for ``m``, else None. PyTorch's copy has the strides

@@ -11,8 +11,8 @@ from typing import Any
 from ._common import _state, _tls
 from .modstate import version
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again, copy_hazard,
-                       cuda_args, inexact, raw_call, stage, tensor_args, to_args)
+from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, asynchronous, called_again,
+                       copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import make_lazy_type
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
 from .unplaced import unplaced_copy, unplaced_factory
@@ -282,7 +282,7 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
             st = getattr(_tls, "copies", None)
             if st is not None and not _tls.depth:
                 return _copy_in(torch, st, self, m.device.index, orig, args, kwargs, m)
-        if m.non_blocking and self.is_pinned():  # asynchronous already
+        if asynchronous(self, m):
             return orig(self, *args, **kwargs)
         if why is not None:
             fell_back("h2d", script_site(2), why)
@@ -417,7 +417,7 @@ def _factory(torch: Any, orig: Any, parse: Any, name: str, capturing: Any = None
         take = getattr(type(data), "rd_take", None)
         if take is not None:  # a model's host argument inside its forward (.host_args; in captures too)
             return take(data, orig, name, args, kwargs, p)
-        if capturing() or p is None or (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")):
+        if capturing() or p is None or not host_data(T, data):
             return orig(*args, **kwargs)
         dev, dtype = p
         site = script_site(2)

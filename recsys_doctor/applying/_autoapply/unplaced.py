@@ -10,6 +10,7 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site
+from .pageable import asynchronous, host_data
 
 #: why a copy made before its thread's first model call is PyTorch's
 BEFORE_PLACED = "made before its thread's first model call, where the hook places the thread: PyTorch's copy"
@@ -30,7 +31,7 @@ def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwarg
     if not _deferred() or type(src) is not torch.Tensor or src.device.type != "cpu" or capturing():
         return
     m = parse(torch, args, kwargs)
-    if m is not None and not (m.non_blocking and src.is_pinned()):
+    if m is not None and not asynchronous(src, m):
         fell_back("h2d", script_site(3), BEFORE_PLACED)
 
 
@@ -42,6 +43,5 @@ def unplaced_factory(torch: Any, parse: Any, args: tuple[Any, ...], kwargs: dict
     if not _deferred() or parse(torch, args, kwargs) is None:
         return
     data = args[0] if args else kwargs.get("data")
-    T = torch.Tensor
-    if not (isinstance(data, T) and (type(data) is not T or data.device.type != "cpu")) and not capturing():
+    if host_data(torch.Tensor, data) and not capturing():
         fell_back("h2d", script_site(3), BEFORE_PLACED)
