@@ -151,8 +151,8 @@ def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
     found = thread_graphs.copy_sources(st.recent, outs)
     assert found is not None
     _src, moves, _raws, got_lines = found
-    tg = hook._ThreadGraph(module="m", graph=None, src=src, tin=outs, template=None, out=None, device=0)
-    tg.copy_sites = thread_graphs.copy_sites(moves, got_lines)
+    tg = hook._ThreadGraph(module="m", graph=None, src=src, tin=outs, template=None, out=None, device=0, moves=moves,
+                           lines=got_lines)
     assert [(s.rsplit("/", 1)[-1], k) for s, k in tg.copy_sites] == [(f"{here}:{lines[0]}", 2)]
     for _ in range(3):  # three calls served
         thread_graphs.count_copies(tg)

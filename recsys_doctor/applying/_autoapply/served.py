@@ -54,7 +54,7 @@ from .argtree import Slot, flatten, matches, remake, skeleton
 from .pageable import _cuda_at
 from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
 from .modstate import fresh
-from .thread_graphs import NOT_COPIES, copy_sites, copy_sources, count_copies, drop_stale
+from .thread_graphs import NOT_COPIES, copy_sources, count_copies, drop_stale
 
 #: why a model's calls are not served by the runtime (the reason's first part)
 NOT_SERVED = "not served by the runtime's batching"
@@ -175,9 +175,9 @@ def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
         return
     src, moves, raws, lines = found
     tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    tg = _ThreadGraph(module, None, src, tin, skeleton((args, {}), torch.Tensor), None, tensors[0].get_device(), moves)
+    tg = _ThreadGraph(module, None, src, tin, skeleton((args, {}), torch.Tensor), None, tensors[0].get_device(), moves,
+                      lines)
     tg.raw = raws
-    tg.copy_sites = copy_sites(moves, lines)
     st.tg = tg
 
 

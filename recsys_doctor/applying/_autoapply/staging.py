@@ -81,7 +81,7 @@ class _ThreadGraph:
                  "static_out", "device", "tag", "raw", "learned", "copy_sites")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
-                 device: int, moves: list[Move | None] | None = None) -> None:
+                 device: int, moves: list[Move | None] | None = None, lines: list[str] | None = None) -> None:
         # the module weakly (a model the script replaces is freed: :func:`.modstate.fresh`) and
         # which of its versions the graph holds (:mod:`.modstate`)
         try:
@@ -107,8 +107,15 @@ class _ThreadGraph:
         self.raw: list[Any] = [None] * len(src)
         #: each slot copy's pageable call as the script made it (:mod:`.pageable_fast`), or None
         self.learned: list[Any] = [None] * len(src)
-        #: (script line, copies) of the script's own copies it makes per call (:func:`.thread_graphs.copy_sites`)
-        self.copy_sites: tuple[tuple[str, int], ...] = ()
+        #: (script line, copies) of the script's own ``.to()`` / ``.cuda()`` of pinned tensors among
+        #: its copies (a Move; None is a slot's copy, counted where the hook fills the slot), from
+        #: ``lines``, each copy's script line: counted as taken over at each call it serves
+        #: (:func:`.thread_graphs.count_copies`) as the model call is at its own
+        n: dict[str, int] = {}
+        for m, line in zip(self.moves, lines or ()):
+            if m is not None:
+                n[line] = n.get(line, 0) + 1
+        self.copy_sites = tuple(n.items())
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:

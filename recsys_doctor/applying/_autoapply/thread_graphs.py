@@ -46,18 +46,6 @@ def copy_sources(recent: list[tuple[Any, Any, Any, Any, str]],
     return src, moves, raws, lines
 
 
-def copy_sites(moves: list[Any], lines: list[str]) -> tuple[tuple[str, int], ...]:
-    """(script line, copies) of a thread graph's copies that are the script's own ``.to()`` /
-    ``.cuda()`` of pinned tensors (a :class:`Move`; None is a slot's copy, counted where the
-    hook fills the slot): each call the graph or route serves takes them over, counted at their
-    lines (:func:`count_copies`) as the model call is at its own."""
-    n: dict[str, int] = {}
-    for m, line in zip(moves, lines):
-        if m is not None:
-            n[line] = n.get(line, 0) + 1
-    return tuple(n.items())
-
-
 def count_copies(tg: _ThreadGraph) -> None:
     """The copies of one call ``tg`` served, taken over at the script's lines."""
     for line, k in tg.copy_sites:
@@ -149,9 +137,8 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         return
     src, moves, raws, lines = found
     try:
-        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves)
+        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves, lines)
         st.tg.raw = raws
-        st.tg.copy_sites = copy_sites(moves, lines)
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()
@@ -178,7 +165,8 @@ def _h2d(dst: Any, src: Any, stream: Any) -> None:
 
 
 def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: Any, kwargs: Any,
-                    tensors: list[Any], src: list[Any], moves: list[Any] | None = None) -> _ThreadGraph:
+                    tensors: list[Any], src: list[Any], moves: list[Any] | None = None,
+                    lines: list[str] | None = None) -> _ThreadGraph:
     tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(tin))
     template = skeleton((args, kwargs), torch.Tensor)
@@ -195,7 +183,7 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
 
     graph, out = _graph_of(torch, stream, run)
     tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device(),
-                      moves)
+                      moves, lines)
     tg.tag = getattr(orig_call, "key_tag", None)
     return tg
 
