@@ -906,3 +906,75 @@ def test_a_main_thread_loop_is_placed_at_its_first_call_and_graphed(tmp_path):
     assert st["late_threads"] == 1 and st["threads"] == 0, st
     assert st["captured"] == 1 and st["replays"] >= len(qs) - 3, st
     assert torch.allclose(own_got, ref[5], atol=1e-6, rtol=1e-5)
+
+
+def test_threads_of_one_request_each_stop_learning_graphs_of_their_own(tmp_path):
+    """A thread per request, at most two alive (a threading server's pattern: every thread makes
+    the pinned copies and the model call once, then ends): every output equals eager's; thread
+    graphs are captured only until enough threads have ended to judge their lives (each capture
+    holds every other hooked thread off), none by a thread started after that; then one thread
+    that lives long learns its graph once it has made enough calls, and replays it."""
+    import threading
+
+    from recsys_doctor.applying._autoapply.thread_graphs import LIVES_SEEN, MIN_THREAD_CALLS
+
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    n_short, long_calls = 24, MIN_THREAD_CALLS + 8
+    qs = []
+    for r in range(n_short + 1):
+        torch.manual_seed(300 + r)
+        qs.append(host_query(32, 1000))
+
+    def query(q):
+        dense, idx, offs = q
+        with torch.no_grad():
+            return model(dense.cuda(non_blocking=True), [t.cuda(non_blocking=True) for t in idx],
+                         offs.cuda(non_blocking=True)).cpu()
+
+    ref = [query(q) for q in qs]
+    got, learned = {}, {}
+
+    def tls():  # the hooked thread's own state (the hook is loaded once _run_hooked starts it)
+        return sys.modules["_recsys_doctor_autoapply._common"]._tls
+
+    def one(r: int) -> None:
+        got[r] = query(qs[r])
+        learned[r] = tls().copies is not None and tls().copies.tg is not None
+
+    def long_lived() -> None:
+        got["long"] = [query(qs[-1]) for _ in range(long_calls)]
+        learned["long"] = tls().copies.tg is not None
+
+    def server(k: int) -> None:
+        slots = threading.BoundedSemaphore(2)
+
+        def run(r: int) -> None:
+            try:
+                one(r)
+            finally:
+                slots.release()
+
+        threads = []
+        for r in range(n_short):
+            slots.acquire()
+            threads.append(threading.Thread(target=run, args=(r,)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+        t = threading.Thread(target=long_lived)
+        t.start()
+        t.join()
+
+    st = _run_hooked(tmp_path, 2, 1, server)
+    for r in range(n_short):
+        assert torch.allclose(got[r], ref[r], atol=1e-6, rtol=1e-5), r
+    for out in got["long"]:
+        assert torch.allclose(out, ref[-1], atol=1e-6, rtol=1e-5)
+    assert st["ended_threads"] >= n_short + 1 and st["short_lived_threads"] >= n_short, st
+    # the threads judged: every short thread alive while the LIVES_SEEN-th ended, at most
+    assert sum(learned[r] for r in range(n_short)) <= LIVES_SEEN + 1, learned
+    assert not any(learned[r] for r in range(LIVES_SEEN + 2, n_short)), learned
+    assert learned["long"] and st["thread_graphs"] <= LIVES_SEEN + 2, st
+    assert st["thread_replays"] >= long_calls - MIN_THREAD_CALLS - 1, st
+

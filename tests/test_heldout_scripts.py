@@ -43,6 +43,7 @@ TINY = {
     "own_batcher_serve.py": ["--queries", "40", "--vocab", "500", "--max-delay-ms", "20"],
     "early_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "proc_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
+    "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
 }
@@ -355,3 +356,22 @@ def test_proc_pool_checksum_recomputed_request_by_request(runs):
     for t in THREADS:
         r = json.loads(runs[("proc_pool_serve.py", t)][0])
         assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_short_threads_checksum_recomputed_for_both_spawn_modes(runs):
+    """The scorer whose threads serve one request each (the default, ``--spawn request``), or
+    one wave each (a new pool per ``--wave`` requests): its checksum recomputed one request at a
+    time; one thread per request started, and in waves of 5 at 3 threads a pool per wave."""
+    expected = _rows_checksum("short_threads_serve.py", lambda mod, vocab: mod.WideDeep(vocab))
+    for t in THREADS:
+        r = json.loads(runs[("short_threads_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+        assert r["spawn"] == "request" and r["threads_started"] == r["queries"] == 24
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    out = subprocess.run([sys.executable, str(HELDOUT / "short_threads_serve.py"), "--device", "cpu",
+                          *TINY["short_threads_serve.py"], "--threads", "3", "--spawn", "wave", "--wave", "5"],
+                         capture_output=True, text=True, cwd=HELDOUT, env=env, timeout=180, check=True)
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+    # 5 waves (24 requests, 5 a wave), each its own pool of at most 3 threads, at least 1
+    assert r["spawn"] == "wave" and 5 <= r["threads_started"] <= 15

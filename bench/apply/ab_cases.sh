@@ -60,6 +60,16 @@ ab_case() {
     early2) _ab_run 2 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
     proc0) _ab_run 0 examples/heldout/proc_pool_serve.py --procs 4 --queries 3000;;
     proc2) _ab_run 2 examples/heldout/proc_pool_serve.py --procs 4 --queries 3000;;
+    early4) _ab_run 4 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
+    early4n) RECSYS_DOCTOR_THREAD_GRAPHS=0 _ab_run 4 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
+    dlrm2n) RECSYS_DOCTOR_THREAD_GRAPHS=0 _ab_run 2 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 6000;;
+    short0) _ab_run 0 examples/heldout/short_threads_serve.py --threads 4 --queries 3000;;
+    short2) _ab_run 2 examples/heldout/short_threads_serve.py --threads 4 --queries 3000;;
+    short2a) RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS=0 _ab_run 2 examples/heldout/short_threads_serve.py --threads 4 --queries 3000;;
+    short2n) RECSYS_DOCTOR_THREAD_GRAPHS=0 _ab_run 2 examples/heldout/short_threads_serve.py --threads 4 --queries 3000;;
+    wave0) _ab_run 0 examples/heldout/short_threads_serve.py --threads 4 --queries 3000 --spawn wave;;
+    wave2) _ab_run 2 examples/heldout/short_threads_serve.py --threads 4 --queries 3000 --spawn wave;;
+    wave2a) RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS=0 _ab_run 2 examples/heldout/short_threads_serve.py --threads 4 --queries 3000 --spawn wave;;
     early2s) RECSYS_DOCTOR_PLACE=start _ab_run 2 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
     train0) _ab_run 0 examples/heldout/amp_accum_train.py --epochs 2;;
     train2) _ab_run 2 examples/heldout/amp_accum_train.py --epochs 2;;

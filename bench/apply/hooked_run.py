@@ -38,7 +38,8 @@ def main() -> None:
         st = read_hook_stats(d / "stats.json") or {}  # (worker processes' stats merged in)
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
                                                "staged_copies", "captured", "served_calls", "pageable_fast",
-                                               "served_batch_sizes", "processes", "threads", "late_threads")}
+                                               "served_batch_sizes", "processes", "threads", "late_threads",
+                                               "ended_threads", "short_lived_threads")}
         row["hook"]["fallback_calls"] = sum(s.get("fallback", 0) for s in st.get("sites", []))
         row["hook"]["batch_sizes"] = [s.get("batch_sizes") for s in st.get("sites", []) if s.get("batch_sizes")]
     row.update(res)

@@ -11,7 +11,7 @@ from ..planning._batching import UNPRICED
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note"]
+           "copy_only_note", "short_lives_note"]
 
 
 @dataclass
@@ -182,3 +182,18 @@ def copy_only_note(hook: dict[str, Any] | None) -> str | None:
             "to the model threads nothing orders its work before their use; where the plan has CUDA graphs, threads "
             "are placed at their first model call (the default, unless RECSYS_DOCTOR_PLACE=start), so such threads "
             "stay on PyTorch's default stream, with which the group streams are ordered")
+
+
+def short_lives_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where most of the kept plan's hooked threads that ended lived short lives (the
+    hook's ``ended_threads`` / ``short_lived_threads``, :func:`._autoapply.thread_graphs.short_lived`:
+    a thread per request, a pool per wave): what that costs, and the remedy in the script."""
+    ended = int((hook or {}).get("ended_threads") or 0)
+    short = int((hook or {}).get("short_lived_threads") or 0)
+    if ended < 4 or 2 * short <= ended:
+        return None
+    return (f"{short} of the {ended} hooked threads that ended made few model calls each (a thread per request, "
+            "or a new pool per wave of requests): a thread's first call runs its copies as PyTorch makes them, and "
+            "no thread learned a graph of its own copies and model before 32 calls of its own "
+            "(RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS); serving threads kept for the whole run (one pool) "
+            "would let the plan take their copies over")

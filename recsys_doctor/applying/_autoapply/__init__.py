@@ -105,6 +105,7 @@ from .importwatch import cancel, when_imported
 from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
 from .settings import read_runtime, unhonoured
+from .thread_graphs import _min_calls
 from .staging import _copy_in, _make_lazy_type, _materialize, _ThreadCopies, _ThreadGraph  # noqa: F401
 
 __all__ = ["activate", "deactivate", "read_runtime", "stats", "write_stats", "ENV_PLAN", "ENV_STATS", "ENV_THREAD_GRAPHS",
@@ -148,7 +149,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
-                      copy_only_threads=[], copy_only_count=0,
+                      copy_only_threads=[], copy_only_count=0, ended_threads=0, short_lived_threads=0,
+                      min_thread_calls=_min_calls(),
                       place_at_first_call=place != "start" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             reset_sites()

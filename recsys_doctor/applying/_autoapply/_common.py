@@ -10,6 +10,9 @@ from typing import Any
 ENV_PLAN = "RECSYS_DOCTOR_PLAN"
 #: "0" turns off the per-thread graphs that take over a thread's pinned input copies
 ENV_THREAD_GRAPHS = "RECSYS_DOCTOR_THREAD_GRAPHS"
+#: the model calls a thread makes before it learns a thread graph, where the script's threads
+#: that ended lived short lives (:data:`.thread_graphs.MIN_THREAD_CALLS`; 0: never waits)
+ENV_THREAD_GRAPH_MIN_CALLS = "RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS"
 #: "1" stages host-to-device copies from pageable memory (pageable.py); off by default: on the
 #: H100 it measured slower than PyTorch's own copies (bench/apply/results/staging_ab_h100/)
 ENV_STAGE_PAGEABLE = "RECSYS_DOCTOR_STAGE_PAGEABLE"

@@ -18,7 +18,7 @@ from .pageable import cuda_args, to_args
 from .report import snapshots_in_child
 from .served import call as served_call
 from .staging import _patch_copies, _ThreadCopies, slots_read
-from .thread_graphs import _copies_call, flush
+from .thread_graphs import _copies_call, flush, thread_ended
 
 
 def _cuda_torch() -> Any:
@@ -176,7 +176,10 @@ def _wrapped_bootstrap(orig: Any) -> Any:
                 with _lock:
                     if not _state.get("patched_copies"):
                         _patch_thread_copies(torch)
-            return orig(self)
+            try:
+                return orig(self)
+            finally:
+                thread_ended()
         g = _group_for_new_thread()
         if g is None:
             return orig(self)
@@ -188,6 +191,7 @@ def _wrapped_bootstrap(orig: Any) -> Any:
                 return orig(self)
         finally:
             _note_copy_only(self)
+            thread_ended()
 
     bootstrap_inner.__wrapped__ = orig  # type: ignore[attr-defined]
     return bootstrap_inner

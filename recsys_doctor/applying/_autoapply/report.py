@@ -32,7 +32,9 @@ def stats() -> dict[str, Any]:
     ``not_applied``: why the plan did nothing (a bad plan file), else None. ``thread_errors``:
     exceptions that ended a thread of the script (:mod:`.threaderrors`), the first few;
     ``copy_only_threads``: threads placed at their start that copied to the GPU but called no
-    model (:func:`.interception._note_copy_only`)."""
+    model (:func:`.interception._note_copy_only`); ``ended_threads`` / ``short_lived_threads``:
+    placed threads that ended, and those of them that made fewer model calls than a thread graph
+    needs to pay for its capture (:func:`.thread_graphs.short_lived`)."""
     per_site = sites()
     sizes = dict(sorted((_state.get("batch_sizes") or {}).items()))
     return {"active": _state.get("active", False), "groups": _state.get("n_groups"),
@@ -42,6 +44,7 @@ def stats() -> dict[str, Any]:
             "threads": _state.get("started", 0), "late_threads": _state.get("late_threads", 0),
             "captured": _state.get("captured", 0), "replays": _state.get("replays", 0),
             "thread_graphs": _state.get("thread_captured", 0), "thread_replays": _state.get("thread_replays", 0),
+            "ended_threads": _state.get("ended_threads", 0), "short_lived_threads": _state.get("short_lived_threads", 0),
             "materialized": _state.get("materialized", 0), "pageable_fast": _state.get("pageable_fast", 0),
             "served_calls": _state.get("served_calls", 0),
             "module_changes": _state.get("module_changes", 0),

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import _state, _tls, _torch
+import os
+
+from ._common import ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch
 from .accounting import taken_over
 from .argtree import matches, remake, skeleton
 from .buckets import call_rows
@@ -18,6 +20,47 @@ from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
 
 #: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
 LEARN_TRIES = 8
+
+
+#: A thread graph pays for its capture (every other hooked thread held off meanwhile, a few ms)
+#: over many calls of its one thread. Where most of the script's threads that ended made fewer
+#: top-level model calls than this (a thread per request, a pool per wave of requests), a
+#: thread learns its graph only once it has made this many calls itself (set by
+#: ``RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS``; 0: every thread learns at once, whatever the lives)
+MIN_THREAD_CALLS = 32
+
+
+def _min_calls() -> int:
+    raw = os.environ.get(ENV_THREAD_GRAPH_MIN_CALLS)
+    if raw is None:
+        return MIN_THREAD_CALLS
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        _log(f"{ENV_THREAD_GRAPH_MIN_CALLS}={raw!r} is not an integer: {MIN_THREAD_CALLS} calls")
+        return MIN_THREAD_CALLS
+
+
+#: threads that ended before their lives are judged (:func:`short_lived`)
+LIVES_SEEN = 4
+
+
+def thread_ended() -> None:
+    """At the end of a thread placed with a copy state: its top-level model calls counted
+    towards :func:`short_lived`."""
+    if getattr(_tls, "copies", None) is None:
+        return
+    young = getattr(_tls, "calls", 0) < _state.get("min_thread_calls", MIN_THREAD_CALLS)
+    with _lock:
+        _state["ended_threads"] = _state.get("ended_threads", 0) + 1
+        _state["short_lived_threads"] = _state.get("short_lived_threads", 0) + young
+
+
+def short_lived() -> bool:
+    """Whether most of the placed threads that ended so far (at least :data:`LIVES_SEEN`) made
+    fewer than :data:`MIN_THREAD_CALLS` model calls."""
+    ended = _state.get("ended_threads", 0)
+    return ended >= LIVES_SEEN and 2 * _state.get("short_lived_threads", 0) > ended
 
 
 #: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
@@ -57,6 +100,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
     drop_stale(torch, st, module)
+    _tls.calls = getattr(_tls, "calls", 0) + 1
     tg, n = st.tg, st.n
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
@@ -115,6 +159,8 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     tensor argument of the call is one of this query's copies of a pinned tensor."""
     if module.training or torch.is_grad_enabled():
         return
+    if _tls.calls < _state.get("min_thread_calls", MIN_THREAD_CALLS) and short_lived():
+        return  # (not learned yet: asked again at this thread's next calls)
     kt = _key(torch, module, args, kwargs, getattr(orig_call, "key_tag", None))
     g: _Group = _tls.group
     if kt is None:

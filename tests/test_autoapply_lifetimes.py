@@ -1,0 +1,98 @@
+"""The script hook's thread graphs where the script's threads live short lives (a thread per
+request, a pool per wave of requests): once most placed threads that ended made fewer model
+calls than :data:`~recsys_doctor.applying._autoapply.thread_graphs.MIN_THREAD_CALLS`, a thread
+learns no graph until it has made that many calls itself; a thread that ended is counted once,
+and only where it was placed with a copy state. The GPU side (the capture count and outputs of
+a thread-per-request script) is in ``tests/test_autoapply_gpu.py``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from recsys_doctor.applying import _autoapply as hook
+from recsys_doctor.applying._autoapply import thread_graphs as tgm
+from recsys_doctor.applying._autoapply._common import _tls
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def lives(monkeypatch):
+    monkeypatch.setitem(hook._state, "ended_threads", 0)
+    monkeypatch.setitem(hook._state, "short_lived_threads", 0)
+
+
+def _end_thread(calls: int | None) -> None:
+    """A thread that made ``calls`` model calls (None: never placed with a copy state) ends."""
+
+    def body() -> None:
+        if calls is not None:
+            _tls.copies = hook._ThreadCopies(stream=None)
+            _tls.calls = calls
+        tgm.thread_ended()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+
+
+def test_lives_are_judged_after_enough_threads_ended(lives):
+    for _ in range(tgm.LIVES_SEEN - 1):
+        _end_thread(1)
+    assert not tgm.short_lived()  # 3 ended: too few to judge
+    _end_thread(1)
+    assert tgm.short_lived()
+    assert (hook._state["ended_threads"], hook._state["short_lived_threads"]) == (4, 4)
+
+
+def test_long_lives_keep_thread_graphs(lives):
+    for calls in (tgm.MIN_THREAD_CALLS, 500, 1, tgm.MIN_THREAD_CALLS - 1):
+        _end_thread(calls)
+    assert not tgm.short_lived()  # 2 of 4 short: not most
+    _end_thread(2)
+    assert tgm.short_lived()  # 3 of 5
+
+
+def test_threads_never_placed_with_copies_are_not_counted(lives):
+    for _ in range(6):
+        _end_thread(None)
+    assert hook._state["ended_threads"] == 0 and not tgm.short_lived()
+
+
+def test_a_young_thread_learns_nothing_where_lives_are_short(hook_group, lives):
+    """``_learn`` of a call the group has no graph of counts a learning try; where threads are
+    short-lived, a thread of fewer calls than the minimum is not even tried (nothing counted, no
+    reason set: it is asked again at its later calls), and one past the minimum is."""
+    lin = torch.nn.Linear(4, 2).eval()
+    st = hook._ThreadCopies(stream=None)
+    recent = [(lambda: None, lambda: None, None, None, "s.py:3")]
+
+    def learn(calls: int) -> int:
+        _tls.calls = calls
+        before = st.learn_tries
+        with torch.no_grad():
+            tgm._learn(torch, st, type(lin).__call__, lin, (), {}, recent, "s.py:4")  # (no tensor: a key on the CPU)
+        assert st.reason is None and st.tg is None
+        return st.learn_tries - before
+
+    try:
+        assert learn(1) == 1  # nothing judged yet: tried
+        for _ in range(tgm.LIVES_SEEN):
+            _end_thread(1)
+        assert learn(1) == 0  # young, among short lives: not tried
+        assert learn(tgm.MIN_THREAD_CALLS) == 1  # this thread has lived long enough
+    finally:
+        del _tls.calls
+
+
+def test_the_report_says_when_threads_lived_short_lives():
+    from recsys_doctor.applying.report import short_lives_note
+
+    assert short_lives_note(None) is None
+    assert short_lives_note({"ended_threads": 3, "short_lived_threads": 3}) is None  # too few to judge
+    assert short_lives_note({"ended_threads": 10, "short_lived_threads": 5}) is None  # not most
+    note = short_lives_note({"ended_threads": 376, "short_lived_threads": 372})
+    assert note.startswith("372 of the 376 hooked threads that ended made few model calls each")
+    assert "RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS" in note and "one pool" in note
