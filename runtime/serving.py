@@ -29,8 +29,8 @@ from ._cuda import torch_module as _torch
 from ._policy import RuntimeConfig, flatten, out_flatten, out_unflatten
 from ._serve_entry import Entry as _Entry
 from ._request import Request
-from ._serve_entry import STAGED as _STAGED
-from ._serve_entry import graph_copies_inside, has_mem_pool, prepare
+from ._serve_entry import STAGED as _STAGED, graph_copies_inside, has_mem_pool, prepare
+from ._hostvalues import host_values_off
 from ._serve_batching import BatchedCalls, BatchingOptions, batching_stats, start_batching
 from ._streams import StreamGroup, StreamManager
 
@@ -433,10 +433,10 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     by side when it is replayed (:mod:`._branches`; 1: one stream, as PyTorch captures).
     """
     torch = _torch()
-    cfg = RuntimeConfig.from_plan(plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs,
-                                  slots_per_group=slots_per_group, per_stream_allocator=per_stream_allocator,
-                                  pool_limit_bytes=pool_limit_bytes, batching=batching, max_batch=max_batch,
-                                  max_delay_ms=max_delay_ms)
+    cfg = host_values_off(model, RuntimeConfig.from_plan(
+        plan or {}, groups=groups, merge_streams=merge, cuda_graphs=graphs, slots_per_group=slots_per_group,
+        per_stream_allocator=per_stream_allocator, pool_limit_bytes=pool_limit_bytes, batching=batching,
+        max_batch=max_batch, max_delay_ms=max_delay_ms))
     if device is None:
         p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
         device = p.device.index if p is not None and p.is_cuda else torch.cuda.current_device()

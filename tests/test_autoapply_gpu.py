@@ -978,3 +978,47 @@ def test_threads_of_one_request_each_stop_learning_graphs_of_their_own(tmp_path)
     assert learned["long"] and st["thread_graphs"] <= LIVES_SEEN + 2, st
     assert st["thread_replays"] >= long_calls - MIN_THREAD_CALLS - 1, st
 
+
+def test_a_forward_drawing_host_random_numbers_runs_eagerly_and_stays_exact(tmp_path):
+    """An epsilon-greedy ranker: ``forward`` draws from a ``random.Random`` the module keeps and
+    reverses the ranking when the draw is under 0.3. A graph would replay the branch of its
+    capture for every call; the hook runs the module eagerly instead (``runtime/_hostvalues.py``),
+    so every output equals the unhooked run's with the same draws, both branches taken."""
+    import random
+
+    torch = pytest.importorskip("torch")
+
+    class Explore(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 4)
+            self.rng = random.Random(7)
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.rng.random() < 0.3:
+                y = y.flip(0)
+            return y
+
+    torch.manual_seed(0)
+    model = Explore().cuda().eval()
+    xs = [torch.randn(32, 16, device="cuda") for _ in range(40)]
+    draws = random.Random(7)
+    flips = sum(draws.random() < 0.3 for _ in xs)
+    assert 0 < flips < len(xs)  # (both branches taken)
+    with torch.no_grad():
+        ref = [model(x).cpu() for x in xs]
+    model.rng.seed(7)
+    got = {}
+
+    def client(k: int) -> None:
+        with torch.no_grad():
+            got["out"] = [model(x).cpu() for x in xs]
+
+    st = _run_hooked(tmp_path, 1, 1, client)
+    for r, (a, b) in enumerate(zip(got["out"], ref)):
+        assert torch.equal(a, b), r
+    assert st["captured"] == 0 and st["replays"] == 0, st
+    sites = _model_sites(st)
+    assert sum(s["fallback"] for s in sites) == len(xs), sites
+    assert all("reads the host's clock or random numbers" in why for s in sites for why in s["reasons"]), sites

@@ -486,3 +486,39 @@ def test_capture_failure_falls_back_to_eager_and_says_why():
     assert len(fb) == 1
     (reason,) = fb.values()
     assert "capture failed" in reason and "running eagerly" in reason
+
+
+def test_a_model_drawing_host_random_numbers_is_served_without_graphs(wdl):
+    """An epsilon-greedy wrapper whose ``forward`` draws from a ``random.Random`` it keeps:
+    ``serve(graphs=True, batching=True)`` warns and serves it eagerly and unbatched
+    (``runtime/_hostvalues.py``); from one client thread every output equals the unserved
+    model's with the same draws, both branches taken."""
+    import random
+
+    from recsys_doctor.runtime import serve
+
+    class Explore(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.rng = random.Random(11)
+
+        def forward(self, dense, idx, offs):
+            y = self.inner(dense, idx, offs)
+            return y.flip(0) if self.rng.random() < 0.3 else y
+
+    model = Explore(wdl)
+    queries = [make_query(400 + j) for j in range(30)]
+    refs = [reference(model, q) for q in queries]
+    draws = random.Random(11)
+    assert 0 < sum(draws.random() < 0.3 for _ in queries) < len(queries)
+    with pytest.warns(RuntimeWarning, match="served without CUDA graphs or batching"):
+        served = serve(model, queries[0], groups=2, graphs=True, batching=True)
+    model.rng.seed(11)  # (whatever serve() ran of the model while setting up)
+    with served:
+        got = [served(*q) for q in queries]
+        st = served.stats()
+    for j, ref in enumerate(refs):
+        torch.testing.assert_close(got[j], ref, rtol=1e-5, atol=1e-6)
+    assert st["config"]["cuda_graphs"] is False and st["batching"]["enabled"] is False
+    assert all(g["graphs"] == 0 for g in st["groups"])

@@ -1,0 +1,181 @@
+"""Models whose ``forward`` reads the host's clock or random numbers: a CUDA graph would replay
+the values of its capture.
+
+A graph holds what its capture computed from Python: ``time.time()`` in a freshness decay,
+``random.random() < eps`` choosing an exploration branch, ``np.random`` noise, a
+``random.Random`` / numpy generator the module keeps, are run once, at the capture, and every
+replay gives that value again (and skips the Python: a latency logged from ``forward`` is never
+logged). The outputs would be wrong, silently, as ``torch.cuda.make_graphed_callables`` warns.
+So its ``forward`` is read first (:func:`host_value_reason`): the
+code of every submodule's ``forward`` that is not PyTorch's own, the methods of its class it
+calls on ``self`` and the functions of the script it calls, a few levels deep, looking for
+* a global that is one of the modules ``time``, ``random``, ``datetime``, ``secrets``, ``uuid``,
+  ``numpy.random`` (or ``numpy`` followed by ``.random``), or a function of them
+  (``from time import time``), or ``datetime`` / ``date`` followed by ``.now`` / ``.today`` /
+  ``.utcnow``;
+* a global or an attribute of the module that is a random generator (``random.Random``, numpy's
+  ``Generator`` or ``RandomState``).
+The script hook runs such a module eagerly from its first call, with the reason and the line
+(counted at its call sites as left to PyTorch: ``recsys_doctor/applying/_autoapply/modstate.py``);
+:func:`~.serving.serve` serves it without CUDA graphs and without batching, with a warning
+(:func:`host_values_off`: a batch would also draw one value for all its requests where each
+request drew its own). PyTorch's own random operations (``torch.rand``, dropout) are not host values: CUDA
+graphs advance their generator at every replay.
+
+What is not seen: a value that comes through other objects (a config dict a thread rewrites, a
+closure), or code reached through ``getattr`` or ``exec``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import sys
+import types
+import warnings
+from typing import Any, Iterator
+
+__all__ = ["host_value_reason", "host_values_off", "HOST_VALUES"]
+
+#: the modules whose values a graph would freeze
+HOST_MODULES = frozenset({"time", "random", "datetime", "secrets", "uuid", "numpy.random"})
+#: what, called on ``datetime.datetime`` or ``datetime.date``, reads the clock
+CLOCK_ATTRS = frozenset({"now", "today", "utcnow"})
+#: how deep calls are followed from a ``forward`` (a method of ``self``, a function of the script)
+MAX_DEPTH = 3
+#: the start of the reason (the whole: ``<Module>.forward reads <what> (<file>:<line>): ...``)
+HOST_VALUES = "reads the host's clock or random numbers"
+
+
+def _generators() -> tuple[type, ...]:
+    import random
+
+    out: list[type] = [random.Random]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        out += [np.random.Generator, np.random.RandomState]
+    return tuple(out)
+
+
+def _host_module(v: Any) -> bool:
+    return isinstance(v, types.ModuleType) and (v.__name__ in HOST_MODULES or v.__name__.startswith("numpy.random."))
+
+
+def _host_callable(v: Any, gens: tuple[type, ...]) -> bool:
+    """``from time import time``, ``from random import random`` (a bound method of random's own
+    generator), a bound method of any generator."""
+    if isinstance(getattr(v, "__self__", None), gens):
+        return True
+    mod = getattr(v, "__module__", None)
+    return callable(v) and not isinstance(v, type) and mod in HOST_MODULES
+
+
+def _clock_class(v: Any) -> bool:
+    return isinstance(v, type) and v.__module__ == "datetime" and v.__name__ in ("datetime", "date")
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _code_objects(c)
+
+
+def _line(ins: dis.Instruction, code: types.CodeType) -> int:
+    pos = getattr(ins, "positions", None)
+    return (pos.lineno if pos is not None and pos.lineno else None) or code.co_firstlineno
+
+
+def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[int]) -> str | None:
+    """What ``func`` (a function; ``owner``: the module whose method it is, else None) or the
+    code it calls reads of the host, as ``what (file:line)``, else None."""
+    code = getattr(func, "__code__", None)
+    if code is None or id(code) in seen:
+        return None
+    seen.add(id(code))
+    glb = getattr(func, "__globals__", {})
+    builtins = glb.get("__builtins__", {})
+    follow: list[tuple[Any, Any]] = []
+    for co in _code_objects(code):
+        ins_list = list(dis.get_instructions(co))
+        self_name = co.co_varnames[0] if owner is not None and co.co_argcount else None
+        for i, ins in enumerate(ins_list):
+            nxt = ins_list[i + 1].argval if i + 1 < len(ins_list) else None
+            where = f"{co.co_filename}:{_line(ins, co)}"
+            if ins.opname == "LOAD_GLOBAL":
+                name = ins.argval
+                v = glb.get(name, builtins.get(name) if isinstance(builtins, dict) else getattr(builtins, name, None))
+                if _host_module(v):
+                    return f"{name}.{nxt} ({where})" if isinstance(nxt, str) else f"{name} ({where})"
+                if getattr(v, "__name__", None) == "numpy" and nxt == "random":
+                    return f"{name}.random ({where})"
+                if _host_callable(v, gens) or isinstance(v, gens):
+                    return f"{name} ({where})"
+                if _clock_class(v) and nxt in CLOCK_ATTRS:
+                    return f"{name}.{nxt} ({where})"
+                if isinstance(v, types.FunctionType) and not _library(v):
+                    follow.append((v, None))
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and self_name is not None and i > 0 \
+                    and _loads(ins_list[i - 1], self_name):
+                name = ins.argval
+                v = owner.__dict__.get(name)
+                if isinstance(v, gens):
+                    return f"self.{name} ({where})"
+                meth = getattr(type(owner), name, None)
+                if isinstance(meth, types.FunctionType) and not _library(meth):
+                    follow.append((meth, owner))
+    if depth >= MAX_DEPTH:
+        return None
+    for f, o in follow:
+        found = _scan(f, o, gens, depth + 1, seen)
+        if found:
+            return found
+    return None
+
+
+def _loads(ins: dis.Instruction, name: str) -> bool:
+    """Whether ``ins`` leaves local ``name`` on top of the stack (3.13's pair loads too)."""
+    if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK"):
+        return bool(ins.argval == name)
+    return ins.opname == "LOAD_FAST_LOAD_FAST" and isinstance(ins.argval, tuple) and ins.argval[-1] == name
+
+
+def _library(f: Any) -> bool:
+    """PyTorch's own code (and numpy's): not read."""
+    mod = getattr(f, "__module__", None) or ""
+    return mod.split(".")[0] in ("torch", "numpy")
+
+
+def host_value_reason(module: Any) -> str | None:
+    """Why ``module`` must run eagerly because a ``forward`` of it (or of a submodule, or code
+    they call) reads the host's clock or random numbers, with the line; else None."""
+    gens = _generators()
+    seen: set[int] = set()
+    try:
+        subs = list(module.modules())
+    except Exception:  # noqa: BLE001 - not a module tree we can walk: nothing said
+        return None
+    for sub in subs:
+        fwd = getattr(type(sub), "forward", None)
+        if not isinstance(fwd, types.FunctionType) or _library(fwd):
+            continue
+        try:
+            found = _scan(fwd, sub, gens, 0, seen)
+        except Exception:  # noqa: BLE001 - code we cannot read (a C extension's): nothing said
+            found = None
+        if found:
+            return (f"{type(sub).__name__}.forward {HOST_VALUES}, {found}: a CUDA graph would replay the values of "
+                    "its capture: eager")
+    return None
+
+
+def host_values_off(model: Any, cfg: Any) -> Any:
+    """``cfg`` (a :class:`~._policy.RuntimeConfig`) with CUDA graphs and batching off, and a
+    warning saying why, where ``model`` reads host values; else ``cfg`` as it is."""
+    if not (cfg.cuda_graphs or cfg.batching):
+        return cfg
+    why = host_value_reason(model)
+    if why is None:
+        return cfg
+    warnings.warn(f"recsys-doctor serve: served without CUDA graphs or batching: {why}", RuntimeWarning, stacklevel=3)
+    return dataclasses.replace(cfg, cuda_graphs=False, batching=False)
