@@ -57,3 +57,18 @@ def test_worker_processes_copy_only_threads_are_merged():
     m = merge_hook_stats({"copy_only_count": 1, "copy_only_threads": ["a"]},
                          [{"copy_only_count": 2, "copy_only_threads": ["b", "c"]}])
     assert m["copy_only_count"] == 3 and m["copy_only_threads"] == ["a", "b", "c"]
+
+
+def test_a_run_that_called_no_model_through_module_call_says_so():
+    from recsys_doctor.applying.report import no_model_calls_note
+
+    h2d = {"kind": "h2d", "site": "s.py:9", "taken_over": 0, "fallback": 120, "reasons": {}}
+    model = {"kind": "model", "site": "s.py:10", "taken_over": 50, "fallback": 10, "reasons": {}}
+    assert no_model_calls_note(None) is None
+    assert no_model_calls_note({"active": True, "graphs": False, "sites": [h2d]}) is None  # (not counted then)
+    assert no_model_calls_note({"active": True, "graphs": True, "sites": [h2d, model]}) is None
+    note = no_model_calls_note({"active": True, "graphs": True, "sites": [h2d, dict(h2d, site="s.py:11")]})
+    assert note.startswith("the hook saw no model call: the script's model is not called through "
+                           "torch.nn.Module.__call__ (model.forward(...) called directly")
+    assert "; 240 copies to the GPU were seen;" in note and note.endswith("lets a plan take it over")
+    assert "copies" not in no_model_calls_note({"active": True, "graphs": True, "sites": []})

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
 from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, measured_tables,
-                     short_lives_note, _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
+                     short_lives_note, no_model_calls_note, _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
 from ..capture.nvml import NvmlSampler
@@ -365,7 +365,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
         decline = confirm(run, argv, advised, base, best, train, script_timeout_s, notes)
     chosen = None if decline else best.prediction.candidate
     if decline:  # no plan beat the script as it is: it is left unchanged (after = its own run)
-        notes.append(decline)
+        notes += [n for n in (decline, no_model_calls_note(best.info.get("hook"))) if n]
         after, after_pt = None, dict(before_pt)
     else:
         after = _profile_after(run, best.prediction.candidate, notes,

@@ -11,7 +11,7 @@ from ..planning._batching import UNPRICED
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "short_lives_note"]
+           "copy_only_note", "short_lives_note", "no_model_calls_note"]
 
 
 @dataclass
@@ -197,3 +197,19 @@ def short_lives_note(hook: dict[str, Any] | None) -> str | None:
             "no thread learned a graph of its own copies and model before 32 calls of its own "
             "(RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS); serving threads kept for the whole run (one pool) "
             "would let the plan take their copies over")
+
+
+def no_model_calls_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where the hook ran with CUDA graphs (its stats were written) and saw no model
+    call at all: the script's model is not called through ``nn.Module.__call__``, so nothing
+    could be graphed."""
+    if not hook or not hook.get("active") or not hook.get("graphs"):  # (without graphs, model calls are not counted)
+        return None
+    if any(s.get("kind") == "model" for s in hook.get("sites") or []):
+        return None
+    copies = sum(int(s.get("taken_over", 0)) + int(s.get("fallback", 0)) for s in hook.get("sites") or [])
+    return ("the hook saw no model call: the script's model is not called through torch.nn.Module.__call__ "
+            "(model.forward(...) called directly, or a model that is not a torch.nn.Module: a torch.export or "
+            "AOTInductor package, ONNX Runtime, TensorRT), so nothing was graphed or placed in a group"
+            + (f"; {copies} copies to the GPU were seen" if copies else "")
+            + "; calling the model as model(...) lets a plan take it over")
