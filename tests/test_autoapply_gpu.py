@@ -1022,3 +1022,55 @@ def test_a_forward_drawing_host_random_numbers_runs_eagerly_and_stays_exact(tmp_
     sites = _model_sites(st)
     assert sum(s["fallback"] for s in sites) == len(xs), sites
     assert all("reads the host's clock or random numbers" in why for s in sites for why in s["reasons"]), sites
+
+
+
+def test_forward_called_directly_and_a_model_that_is_no_module(tmp_path):
+    """A script calling ``model.forward(...)`` itself: the model's own call never goes through
+    ``nn.Module.__call__``, its submodules' calls do, and the hook takes those over one by one
+    (their sites are the model's lines, not the script's); outputs equal eager's, and no note.
+    A model that is a plain function of tensor operations (not an ``nn.Module``): the hook sees
+    no model call, graphs nothing, its outputs are eager's, its copies are counted at their
+    lines, and the note of ``profile --apply`` (``report.no_model_calls_note``) says so from
+    those real stats."""
+    from recsys_doctor.applying.report import no_model_calls_note
+
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    qs = []
+    for k in range(2):
+        torch.manual_seed(500 + k)
+        dense, idx, offs = host_query(32, 1000)  # (pageable copies of them: PyTorch's copies, counted)
+        qs.append((dense.clone(), [t.clone() for t in idx], offs.clone()))
+
+    def direct(q):
+        dense, idx, offs = q
+        with torch.no_grad():
+            return model.forward(dense.cuda(), [t.cuda() for t in idx], offs.cuda()).cpu()
+
+    w = torch.randn(qs[0][0].shape[1], 8, device="cuda")
+
+    def plain(q):  # a "model" that is a function
+        return torch.relu(q[0].cuda() @ w).sum(1).cpu()
+
+    for fn in (direct, plain):
+        ref = [fn(q) for q in qs]
+        got = {}
+
+        def client(k: int) -> None:
+            got[k] = [fn(qs[k]) for _ in range(10)]
+
+        st = _run_hooked(tmp_path, 2, 2, client)
+        for k in range(2):
+            for out in got[k]:
+                assert torch.allclose(out, ref[k], atol=1e-6, rtol=1e-5), fn.__name__
+        models = [s for s in st["sites"] if s["kind"] == "model"]
+        if fn is direct:
+            assert models and all("wdl_serving.py:" in s["site"] for s in models), models
+            assert st["replays"] > 0 and no_model_calls_note(st) is None, st
+            continue
+        assert not models and st["captured"] == 0 and st["threads"] == 0, st
+        copies = sum(s["taken_over"] + s["fallback"] for s in st["sites"])
+        assert copies == 2 * 10, st["sites"]  # (one copy a query)
+        note = no_model_calls_note(st)
+        assert note is not None and "; 20 copies to the GPU were seen;" in note

@@ -209,7 +209,7 @@ def no_model_calls_note(hook: dict[str, Any] | None) -> str | None:
         return None
     copies = sum(int(s.get("taken_over", 0)) + int(s.get("fallback", 0)) for s in hook.get("sites") or [])
     return ("the hook saw no model call: the script's model is not called through torch.nn.Module.__call__ "
-            "(model.forward(...) called directly, or a model that is not a torch.nn.Module: a torch.export or "
+            "(a model that is not a torch.nn.Module: a plain function of tensor operations, a torch.export or "
             "AOTInductor package, ONNX Runtime, TensorRT), so nothing was graphed or placed in a group"
             + (f"; {copies} copies to the GPU were seen" if copies else "")
-            + "; calling the model as model(...) lets a plan take it over")
+            + "; wrapping it in a torch.nn.Module called as model(...) lets a plan take it over")
