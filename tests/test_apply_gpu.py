@@ -32,6 +32,17 @@ def _wdl(vocab=1000):
     return WideDeep(vocab).cuda().eval(), host_query
 
 
+def pinned_query(model, q):
+    """One query of the examples' wide&deep: its pinned host tensors copied non-blocking, the
+    model called without gradients, the output read back."""
+    import torch
+
+    dense, idx, offs = q
+    with torch.no_grad():
+        return model(dense.cuda(non_blocking=True), [t.cuda(non_blocking=True) for t in idx],
+                     offs.cuda(non_blocking=True)).cpu()
+
+
 def _run_hooked(tmp_path, groups: int, threads: int, client, cand=None) -> dict:
     """``client(k)`` on ``threads`` threads under the script hook with ``groups`` graphed
     groups (or the plan of candidate ``cand``); the hook's stats afterwards (the test fails
@@ -67,10 +78,7 @@ def test_script_hook_outputs_equal_eager(tmp_path, groups, threads):
         qs.append(host_query(32, 1000))
 
     def query(q):
-        dense, idx, offs = q
-        with torch.no_grad():
-            return model(dense.cuda(non_blocking=True), [t.cuda(non_blocking=True) for t in idx],
-                         offs.cuda(non_blocking=True)).cpu()
+        return pinned_query(model, q)
 
     ref = [query(q) for q in qs]
     got: dict[int, list] = {}

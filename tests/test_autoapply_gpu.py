@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from test_apply_gpu import _run_hooked, _wdl
+from test_apply_gpu import _run_hooked, _wdl, pinned_query
 
 from recsys_doctor.applying._autoapply import buckets
 
@@ -927,10 +927,7 @@ def test_threads_of_one_request_each_stop_learning_graphs_of_their_own(tmp_path)
         qs.append(host_query(32, 1000))
 
     def query(q):
-        dense, idx, offs = q
-        with torch.no_grad():
-            return model(dense.cuda(non_blocking=True), [t.cuda(non_blocking=True) for t in idx],
-                         offs.cuda(non_blocking=True)).cpu()
+        return pinned_query(model, q)
 
     ref = [query(q) for q in qs]
     got, learned = {}, {}
