@@ -93,6 +93,7 @@ def test_the_report_says_when_threads_lived_short_lives():
     assert short_lives_note(None) is None
     assert short_lives_note({"ended_threads": 3, "short_lived_threads": 3}) is None  # too few to judge
     assert short_lives_note({"ended_threads": 10, "short_lived_threads": 5}) is None  # not most
+    assert short_lives_note({"ended_threads": 376, "short_lived_threads": 372, "batching": True}) is None
     note = short_lives_note({"ended_threads": 376, "short_lived_threads": 372})
     assert note.startswith("372 of the 376 hooked threads that ended made few model calls each")
     assert "RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS" in note and "one pool" in note

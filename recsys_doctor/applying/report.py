@@ -190,7 +190,7 @@ def short_lives_note(hook: dict[str, Any] | None) -> str | None:
     a thread per request, a pool per wave): what that costs, and the remedy in the script."""
     ended = int((hook or {}).get("ended_threads") or 0)
     short = int((hook or {}).get("short_lived_threads") or 0)
-    if ended < 4 or 2 * short <= ended:
+    if ended < 4 or 2 * short <= ended or (hook or {}).get("batching"):  # (batching: no thread graphs at all)
         return None
     return (f"{short} of the {ended} hooked threads that ended made few model calls each (a thread per request, "
             "or a new pool per wave of requests): a thread's first call runs its copies as PyTorch makes them, and "

@@ -225,6 +225,7 @@ def _patch_module(torch: Any) -> None:
         if depth > 0 or _capturing(torch):
             return orig(self, *args, **kwargs)
         _thread_handles(torch)
+        _tls.calls = getattr(_tls, "calls", 0) + 1  # (a thread's top-level calls: .thread_graphs.short_lived)
         rec = modstate.check(torch, self)  # (its graphs retired first where it changed since)
         _tls.depth = depth + 1
         try:

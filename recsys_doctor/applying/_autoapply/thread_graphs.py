@@ -46,8 +46,9 @@ LIVES_SEEN = 4
 
 
 def thread_ended() -> None:
-    """At the end of a thread placed with a copy state: its top-level model calls counted
-    towards :func:`short_lived`."""
+    """At the end of a thread placed with a copy state: its top-level model calls (``_tls.calls``,
+    counted by :func:`.interception._patch_module`'s ``__call__``, every path) counted towards
+    :func:`short_lived`."""
     if getattr(_tls, "copies", None) is None:
         return
     young = getattr(_tls, "calls", 0) < _state.get("min_thread_calls", MIN_THREAD_CALLS)
@@ -100,7 +101,6 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
     drop_stale(torch, st, module)
-    _tls.calls = getattr(_tls, "calls", 0) + 1
     tg, n = st.tg, st.n
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
