@@ -1,26 +1,31 @@
-"""Models whose ``forward`` reads the host's clock or random numbers: a CUDA graph would replay
-the values of its capture.
+"""Models whose ``forward`` reads the host's clock or random numbers, or changes Python state of
+its module: a CUDA graph would replay the values of its capture, and would not run that Python.
 
 A graph holds what its capture computed from Python: ``time.time()`` in a freshness decay,
 ``random.random() < eps`` choosing an exploration branch, ``np.random`` noise, a
 ``random.Random`` / numpy generator the module keeps, are run once, at the capture, and every
-replay gives that value again (and skips the Python: a latency logged from ``forward`` is never
-logged). The outputs would be wrong, silently, as ``torch.cuda.make_graphed_callables`` warns.
-So its ``forward`` is read first (:func:`host_value_reason`): the
-code of every submodule's ``forward`` that is not PyTorch's own, the methods of its class it
-calls on ``self`` and the functions of the script it calls, a few levels deep, looking for
+replay gives that value again. Python a replay skips: ``self.calls += 1`` (and a branch taken
+every 100th call on it), ``self.history.append(scores)``. The outputs or the module's state
+would be wrong, silently, as ``torch.cuda.make_graphed_callables`` warns. So its ``forward`` is
+read first (:func:`host_value_reason`): the code of every submodule's ``forward`` that is not
+PyTorch's own, the methods of its class it calls on ``self`` and the functions of the script it
+calls, a few levels deep, looking for
 * a global that is one of the modules ``time``, ``random``, ``datetime``, ``secrets``, ``uuid``,
   ``numpy.random`` (or ``numpy`` followed by ``.random``), or a function of them
   (``from time import time``), or ``datetime`` / ``date`` followed by ``.now`` / ``.today`` /
   ``.utcnow``;
 * a global or an attribute of the module that is a random generator (``random.Random``, numpy's
-  ``Generator`` or ``RandomState``).
+  ``Generator`` or ``RandomState``);
+* a Python number, string, list or tuple attribute of the module changed in place
+  (``self.x += ...``; a tensor buffer changed so is a kernel the graph replays, not flagged), or a
+  list, dict, set or deque the module keeps changed by one of its methods (:data:`MUTATORS`).
 The script hook runs such a module eagerly from its first call, with the reason and the line
 (counted at its call sites as left to PyTorch: ``recsys_doctor/applying/_autoapply/modstate.py``);
 :func:`~.serving.serve` serves it without CUDA graphs and without batching, with a warning
-(:func:`host_values_off`: a batch would also draw one value for all its requests where each
-request drew its own). PyTorch's own random operations (``torch.rand``, dropout) are not host values: CUDA
-graphs advance their generator at every replay.
+(:func:`host_values_off`: a batch would also draw one value, or count one call, for all its
+requests). PyTorch's own random operations (``torch.rand``, dropout) are not host values: CUDA
+graphs advance their generator at every replay. An attribute set, not changed in place (a mask
+built once: ``self._mask = ...``), is not flagged.
 
 What is not seen: a value that comes through other objects (a config dict a thread rewrites, a
 closure), or code reached through ``getattr`` or ``exec``.
@@ -30,12 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+from collections import deque
 import sys
 import types
 import warnings
 from typing import Any, Iterator
 
-__all__ = ["host_value_reason", "host_values_off", "HOST_VALUES"]
+__all__ = ["host_value_reason", "host_values_off", "reason_kind", "HOST_VALUES", "PY_STATE"]
 
 #: the modules whose values a graph would freeze
 HOST_MODULES = frozenset({"time", "random", "datetime", "secrets", "uuid", "numpy.random"})
@@ -45,6 +51,14 @@ CLOCK_ATTRS = frozenset({"now", "today", "utcnow"})
 MAX_DEPTH = 3
 #: the start of the reason (the whole: ``<Module>.forward reads <what> (<file>:<line>): ...``)
 HOST_VALUES = "reads the host's clock or random numbers"
+#: the other reason: the forward changes Python state of its module, which a replay does not run
+PY_STATE = "changes Python state of its module"
+#: the methods that change a list, dict, set or deque in place
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "popleft", "appendleft", "add", "update", "setdefault",
+                      "clear", "remove", "discard"})
+_CONTAINERS = (list, dict, set, deque)
+#: the Python values a ``forward`` may count or collect in (``self.calls += 1``)
+_PY_VALUES = (int, float, complex, str, list, tuple)
 
 
 def _generators() -> tuple[type, ...]:
@@ -86,9 +100,10 @@ def _line(ins: dis.Instruction, code: types.CodeType) -> int:
     return (pos.lineno if pos is not None and pos.lineno else None) or code.co_firstlineno
 
 
-def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[int]) -> str | None:
+def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[int]) -> tuple[str, str] | None:
     """What ``func`` (a function; ``owner``: the module whose method it is, else None) or the
-    code it calls reads of the host, as ``what (file:line)``, else None."""
+    code it calls does that a replay would not: ``(HOST_VALUES or PY_STATE, "what (file:line)")``,
+    else None."""
     code = getattr(func, "__code__", None)
     if code is None or id(code) in seen:
         return None
@@ -105,32 +120,75 @@ def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[i
             if ins.opname == "LOAD_GLOBAL":
                 name = ins.argval
                 v = glb.get(name, builtins.get(name) if isinstance(builtins, dict) else getattr(builtins, name, None))
-                if _host_module(v):
-                    return f"{name}.{nxt} ({where})" if isinstance(nxt, str) else f"{name} ({where})"
-                if getattr(v, "__name__", None) == "numpy" and nxt == "random":
-                    return f"{name}.random ({where})"
-                if _host_callable(v, gens) or isinstance(v, gens):
-                    return f"{name} ({where})"
-                if _clock_class(v) and nxt in CLOCK_ATTRS:
-                    return f"{name}.{nxt} ({where})"
+                found = _global_value(name, v, nxt, gens)
+                if found:
+                    return HOST_VALUES, f"{found} ({where})"
                 if isinstance(v, types.FunctionType) and not _library(v):
                     follow.append((v, None))
-            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and self_name is not None and i > 0 \
-                    and _loads(ins_list[i - 1], self_name):
-                name = ins.argval
-                v = owner.__dict__.get(name)
-                if isinstance(v, gens):
-                    return f"self.{name} ({where})"
-                meth = getattr(type(owner), name, None)
-                if isinstance(meth, types.FunctionType) and not _library(meth):
-                    follow.append((meth, owner))
+            elif self_name is not None:
+                hit = _self_use(ins_list, i, self_name, owner, gens)
+                if isinstance(hit, tuple):
+                    return hit[0], f"{hit[1]} ({where})"
+                if hit is not None:
+                    follow.append((hit, owner))
     if depth >= MAX_DEPTH:
         return None
     for f, o in follow:
-        found = _scan(f, o, gens, depth + 1, seen)
-        if found:
-            return found
+        found2 = _scan(f, o, gens, depth + 1, seen)
+        if found2:
+            return found2
     return None
+
+
+def _global_value(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> str | None:
+    """What global ``name`` (its value ``v``, the attribute read from it next ``nxt``) reads of the host."""
+    if _host_module(v):
+        return f"{name}.{nxt}" if isinstance(nxt, str) else name
+    if getattr(v, "__name__", None) == "numpy" and nxt == "random":
+        return f"{name}.random"
+    if _host_callable(v, gens) or isinstance(v, gens):
+        return name
+    if _clock_class(v) and nxt in CLOCK_ATTRS:
+        return f"{name}.{nxt}"
+    return None
+
+
+def _self_use(ins_list: list[dis.Instruction], i: int, self_name: str, owner: Any,
+              gens: tuple[type, ...]) -> tuple[str, str] | Any:
+    """At instruction ``i``, a use of ``self``: ``(kind, what)`` where it reads a generator the
+    module keeps (``self.rng``), adds to an attribute in place (``self.calls += 1``) or changes a
+    list, dict, set or deque the module keeps (``self.history.append(...)``); a method of the
+    module's class to follow; else None."""
+    ins = ins_list[i]
+    name = ins.argval
+    if ins.opname == "STORE_ATTR" and isinstance(owner.__dict__.get(name), _PY_VALUES) \
+            and _in_place(ins_list, i, name, self_name):  # (a tensor buffer changed in place is graph-safe)
+        return PY_STATE, f"self.{name} {_op(ins_list, i)}"
+    if ins.opname not in ("LOAD_ATTR", "LOAD_METHOD") or i == 0 or not _loads(ins_list[i - 1], self_name):
+        return None
+    v = owner.__dict__.get(name)
+    if isinstance(v, gens):
+        return HOST_VALUES, f"self.{name}"
+    nxt = ins_list[i + 1] if i + 1 < len(ins_list) else None
+    if isinstance(v, _CONTAINERS) and nxt is not None and nxt.opname in ("LOAD_ATTR", "LOAD_METHOD") \
+            and nxt.argval in MUTATORS:
+        return PY_STATE, f"self.{name}.{nxt.argval}(...)"
+    meth = getattr(type(owner), name, None)
+    return meth if isinstance(meth, types.FunctionType) and not _library(meth) else None
+
+
+def _in_place(ins_list: list[dis.Instruction], i: int, name: str, self_name: str) -> bool:
+    """Whether the ``STORE_ATTR name`` at ``i`` ends ``self.name <op>= value``: an in-place
+    operator, a load of the same attribute and of ``self`` among the few instructions before it."""
+    back = ins_list[max(0, i - 8):i]
+    return (any(b.opname in ("BINARY_OP", "INPLACE_ADD") and str(b.argrepr).endswith("=") for b in back)
+            and any(b.opname == "LOAD_ATTR" and b.argval == name for b in back)
+            and any(_loads(b, self_name) for b in back))
+
+
+def _op(ins_list: list[dis.Instruction], i: int) -> str:
+    op = next((b.argrepr for b in reversed(ins_list[max(0, i - 8):i]) if b.opname == "BINARY_OP"), "+=")
+    return f"{op} ..."
 
 
 def _loads(ins: dis.Instruction, name: str) -> bool:
@@ -164,9 +222,16 @@ def host_value_reason(module: Any) -> str | None:
         except Exception:  # noqa: BLE001 - code we cannot read (a C extension's): nothing said
             found = None
         if found:
-            return (f"{type(sub).__name__}.forward {HOST_VALUES}, {found}: a CUDA graph would replay the values of "
-                    "its capture: eager")
+            kind, what = found
+            then = ("a CUDA graph would replay the values of its capture" if kind == HOST_VALUES
+                    else "a CUDA graph's replay would not run it")
+            return f"{type(sub).__name__}.forward {kind}, {what}: {then}: eager"
     return None
+
+
+def reason_kind(why: str) -> str:
+    """The kind of a :func:`host_value_reason` (``HOST_VALUES`` or ``PY_STATE``): the fallback's key."""
+    return HOST_VALUES if HOST_VALUES in why else PY_STATE
 
 
 def host_values_off(model: Any, cfg: Any) -> Any:

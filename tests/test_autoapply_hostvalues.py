@@ -140,6 +140,9 @@ def test_the_record_of_such_a_module_runs_it_eagerly_from_its_first_call(monkeyp
         assert rec.eager is not None and HOST_VALUES in rec.eager
         assert _state["fallbacks"] == [HOST_VALUES]
         assert modstate.check(torch, Plain()).eager is None and _state["fallbacks"] == [HOST_VALUES]
+        from recsys_doctor.runtime._hostvalues import PY_STATE
+
+        assert PY_STATE in modstate.check(torch, Counted()).eager and _state["fallbacks"] == [HOST_VALUES, PY_STATE]
     finally:
         modstate.reset()
 
@@ -158,3 +161,59 @@ def test_the_runtime_serves_such_a_model_without_graphs_or_batching():
     assert host_values_off(Plain(), cfg) is cfg
     eager = RuntimeConfig.from_plan({}, groups=2, cuda_graphs=False, batching=False)
     assert host_values_off(Explore(), eager) is eager  # (nothing to turn off: no warning)
+
+
+class Counted(torch.nn.Module):
+    """Every 100th call recalibrated: a counter in Python, which a replay would never advance."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1  # COUNTED
+        y = self.lin(x)
+        return y * 0.5 if self.calls % 100 == 0 else y
+
+
+class Logged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.history = []
+
+    def forward(self, x):
+        self.history.append(x.shape[0])  # LOGGED
+        return x * 2
+
+
+class RunningBuffer(torch.nn.Module):
+    """A tensor buffer changed in place (a kernel a replay runs) and a mask set once: not flagged."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(1))
+        self._mask = None
+
+    def forward(self, x):
+        self.seen += x.shape[0]
+        if self._mask is None:
+            self._mask = torch.ones(x.shape[1])
+        total = 0
+        total += 1
+        return x * self._mask * total
+
+
+@pytest.mark.parametrize("model,what,mark", [(Counted(), "self.calls += ...", "# COUNTED"),
+                                             (Logged(), "self.history.append(...)", "# LOGGED")])
+def test_a_forward_changing_python_state_of_its_module_is_found(model, what, mark):
+    from recsys_doctor.runtime._hostvalues import PY_STATE, reason_kind
+
+    why = host_value_reason(model)
+    assert why == (f"{type(model).__name__}.forward {PY_STATE}, {what} ({HERE}:{_line_of(mark)}): "
+                   "a CUDA graph's replay would not run it: eager")
+    assert reason_kind(why) == PY_STATE and reason_kind(host_value_reason(Explore())) == HOST_VALUES
+
+
+def test_a_tensor_buffer_changed_in_place_and_a_mask_set_once_are_not_flagged():
+    assert host_value_reason(RunningBuffer()) is None

@@ -31,7 +31,8 @@ How it is known, at the cost of one dictionary look-up a call:
 * a module whose graphs keep being retired before they pay off (``THRASH`` times in a row,
   fewer than ``PAYOFF_CALLS`` calls each) runs eagerly from then on, with the reason.
 
-A ``forward`` that reads the host's clock or random numbers runs eagerly from its first call
+A ``forward`` that reads the host's clock or random numbers, or changes Python state of its
+module (``self.calls += 1``, ``self.history.append(...)``), runs eagerly from its first call
 (``recsys_doctor/runtime/_hostvalues.py``). What is not seen: another global or a closure variable the ``forward`` reads, ``p.data = x`` or
 ``torch.utils.swap_tensors`` on a parameter - as with ``torch.cuda.make_graphed_callables``.
 """
@@ -214,11 +215,11 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             if rec is not None:  # a new object at the address of a collected one, not yet retired
                 _retire(torch, mid)
             rec = _recs[mid] = _Rec(module, rev, signature(torch, module))
-            from recsys_doctor.runtime._hostvalues import HOST_VALUES, host_value_reason
+            from recsys_doctor.runtime._hostvalues import host_value_reason, reason_kind
 
-            rec.eager = host_value_reason(module)  # (a forward reading the clock or random numbers: eager)
+            rec.eager = host_value_reason(module)  # (a forward a replay would not reproduce: eager)
             if rec.eager is not None:
-                _fall_back(f"{type(module).__name__}: {rec.eager}", HOST_VALUES)
+                _fall_back(f"{type(module).__name__}: {rec.eager}", reason_kind(rec.eager))
             return rec
         if rec.rev == rev:
             return rec
