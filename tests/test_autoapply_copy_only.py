@@ -72,3 +72,29 @@ def test_a_run_that_called_no_model_through_module_call_says_so():
                            "torch.nn.Module.__call__ (a model that is not a torch.nn.Module")
     assert "; 240 copies to the GPU were seen;" in note and note.endswith("lets a plan take it over")
     assert "copies" not in no_model_calls_note({"active": True, "graphs": True, "sites": []})
+
+
+def test_a_serving_script_calling_with_gradients_on_is_told_how_to_let_a_plan_graph_it():
+    """Model calls left to PyTorch with gradients on (counted by the hook's own accounting, as
+    ``graphs._graphed_call`` counts them): where they are most of the calls, the note says how
+    many and what the script can do; where they are not, or the plan had no graphs, nothing."""
+    from recsys_doctor.applying._autoapply import accounting
+    from recsys_doctor.applying._autoapply.graphs import GRAD_ON
+    from recsys_doctor.applying.report import grad_on_note
+
+    accounting.reset()
+    try:
+        accounting.fell_back("model", "s.py:20", GRAD_ON, 30)
+        accounting.taken_over("model", "s.py:20", 10)
+        accounting.fell_back("model", "s.py:31", "CUDA graph capture failed", 5)
+        accounting.fell_back("h2d", "s.py:19", "before the thread's first model call", 45)
+        sites = accounting.sites()
+    finally:
+        accounting.reset()
+    note = grad_on_note({"graphs": True, "sites": sites})
+    assert note.startswith("30 of the 45 model calls ran with gradients on or the module in training mode")
+    assert "torch.inference_mode()" in note and "model.eval()" in note
+    assert grad_on_note({"graphs": False, "sites": sites}) is None
+    assert grad_on_note({"graphs": True, "sites": [dict(s, reasons={}) for s in sites]}) is None
+    half = [dict(s, taken_over=30) if s["site"] == "s.py:20" else s for s in sites]  # 30 of 65: not most
+    assert grad_on_note({"graphs": True, "sites": half}) is None

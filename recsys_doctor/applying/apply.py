@@ -37,7 +37,8 @@ from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
 from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, measured_tables,
-                     short_lives_note, no_model_calls_note, _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
+                     short_lives_note, no_model_calls_note, grad_on_note, _meas_numbers, _pred_numbers, _summary_point,
+                     before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
 from ..capture.nvml import NvmlSampler
@@ -365,7 +366,8 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
         decline = confirm(run, argv, advised, base, best, train, script_timeout_s, notes)
     chosen = None if decline else best.prediction.candidate
     if decline:  # no plan beat the script as it is: it is left unchanged (after = its own run)
-        notes += [n for n in (decline, no_model_calls_note(best.info.get("hook"))) if n]
+        hook_seen = best.info.get("hook")
+        notes += [n for n in (decline, no_model_calls_note(hook_seen), None if train else grad_on_note(hook_seen)) if n]
         after, after_pt = None, dict(before_pt)
     else:
         after = _profile_after(run, best.prediction.candidate, notes,
@@ -376,7 +378,8 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                   "profiled": read_hook_stats(hook_stats) if after else None}
     if not decline:  # what the kept plan's run says of itself
         m = ev["hook"]["measured"]
-        kept = (batching_refused(best.prediction.candidate, m), copy_only_note(m), short_lives_note(m))
+        kept = (batching_refused(best.prediction.candidate, m), copy_only_note(m), short_lives_note(m),
+                None if train else grad_on_note(m))
         notes += [n for n in kept if n]
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)

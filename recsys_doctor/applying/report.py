@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..planning._batching import UNPRICED
+from ._autoapply.graphs import GRAD_ON
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "short_lives_note", "no_model_calls_note"]
+           "copy_only_note", "short_lives_note", "no_model_calls_note", "grad_on_note"]
 
 
 @dataclass
@@ -213,3 +214,21 @@ def no_model_calls_note(hook: dict[str, Any] | None) -> str | None:
             "AOTInductor package, ONNX Runtime, TensorRT), so nothing was graphed or placed in a group"
             + (f"; {copies} copies to the GPU were seen" if copies else "")
             + "; wrapping it in a torch.nn.Module called as model(...) lets a plan take it over")
+
+
+def grad_on_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where most of a serving script's model calls ran with gradients on or the
+    module in training mode (the hook's reason ``GRAD_ON`` at its model call sites): the hook
+    runs those calls as PyTorch does (a CUDA graph replay keeps no autograd history, which a
+    backward pass would need), and the script's own remedy."""
+    if not hook or not hook.get("graphs"):
+        return None
+    rows = [s for s in hook.get("sites") or [] if s.get("kind") == "model"]
+    calls = sum(int(s.get("taken_over", 0)) + int(s.get("fallback", 0)) for s in rows)
+    grad = sum(int((s.get("reasons") or {}).get(GRAD_ON, 0)) for s in rows)
+    if not calls or 2 * grad <= calls:
+        return None
+    return (f"{grad} of the {calls} model calls ran with gradients on or the module in training mode, so the hook "
+            "left them as PyTorch runs them (a CUDA graph replay keeps no autograd history): a serving script "
+            "that calls model.eval() and makes its model calls under torch.inference_mode() (or torch.no_grad()) "
+            "lets a plan graph them")
