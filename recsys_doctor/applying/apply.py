@@ -47,8 +47,8 @@ from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
 from .confirm import confirm, metric, needs_confirming, ratio
 from .evidence import HOOK_STATS_FILE, sync_evidence
-from .script_hook import (ENV_PLAN, fail_on_thread_errors, parse_script_result, read_hook_stats, run_script,
-                          script_env, script_treatment)
+from .script_hook import (ENV_PLAN, METERED, fail_on_thread_errors, parse_script_result, read_hook_stats, run_as_is,
+                          run_script, script_env, script_treatment)
 from .train_runner import make_runner, runtime_treatment
 from ..planning.whatif import Candidate, Prediction, TraceStats, WhatIfCosts, rank, trace_stats
 from ..capture.workload import is_workload_module
@@ -68,8 +68,7 @@ __all__ = [
     "write_plan",
     "read_plan",
     "script_env",
-    "parse_script_result",
-    "run_script",
+    "parse_script_result", "run_script",
     "stats_from_profile",
     "apply_workload",
     "apply_script",
@@ -109,6 +108,7 @@ class _Setup:
     device_index: int
     say: Callable[[str], None]
     measure_kw: dict[str, Any] = field(default_factory=dict)
+    metered: bool = False  # the script prints no measurement: the hook's rate of model calls instead
 
     def profile(self, sub: str, **kw: Any) -> Any:
         """Profile the target into ``out/sub`` (``before`` or ``after``)."""
@@ -336,7 +336,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     run.say("profiling the script")
     before = run.profile("before")
     run.say("measuring the script as it is")
-    base, base_out = run_script(argv, log=run.out / "program.log", timeout_s=script_timeout_s)
+    base, base_out, run.metered = run_as_is(argv, run.out, log=run.out / "program.log", timeout_s=script_timeout_s)
     stats = _script_stats(before, base)
     clients = int(base.get("threads") or stats.threads)
     # a plain training loop prints its step time, not q/s: the fastest step is kept (and its
@@ -355,7 +355,8 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     notes: list[str] = []
     best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
     units = base.get("queries") or base.get("calls") or base.get("steps")
-    notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}")
+    notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}"
+                 + (f"; {METERED}" if run.metered else ""))
     before_pt = _summary_point(base, before.capture.get("nvml"), before.advise)
     plan_path = write_plan(run.out / "plan.json", advised, best.prediction.candidate,
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
@@ -438,7 +439,8 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
         sp = run.out / f"cand_{i + 1}.{HOOK_STATS_FILE}"
         try:
             with NvmlSampler(run.device_index, 0.05, enabled=run.nvml) as smp:
-                r.measured, _ = run_script(argv, env=script_env(pp, hook_dir=run.out / "hook", stats_path=sp),
+                r.measured, _ = run_script(argv, env=script_env(pp, hook_dir=run.out / "hook", stats_path=sp,
+                                                                meter=getattr(run, "metered", False)),
                                            log=run.out / "program.log", timeout_s=timeout_s)
             r.nvml = smp.result.summary() if run.nvml else None
         except RecsysDoctorError as e:

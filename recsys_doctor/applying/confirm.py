@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import RecsysDoctorError
 from ..planning.io import write_plan
 from .report import CandidateResult
-from .script_hook import fail_on_thread_errors, read_hook_stats, run_script, script_env
+from .script_hook import fail_on_thread_errors, read_hook_stats, run_as_is, run_script, script_env
 
 __all__ = ["CONFIRM_BELOW", "metric", "ratio", "needs_confirming", "confirm"]
 
@@ -55,7 +55,10 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
     run.say(f"measuring a close win once more ({first:.2f}x): the script as it is, then {label}")
     log = run.out / "confirm.log"
     try:
-        base2, out2 = run_script(argv, log=log, timeout_s=timeout_s)
+        if getattr(run, "metered", False):  # (the script prints no measurement: the hook's, as in the search)
+            base2, out2, _ = run_as_is(argv, run.out / "confirm", log=log, timeout_s=timeout_s, metered=True)
+        else:
+            base2, out2 = run_script(argv, log=log, timeout_s=timeout_s)
     except RecsysDoctorError as e:  # nothing to hold the plan's second run against: its first stands
         notes.append(f"a close win ({first:.2f}x) not measured again: the script as it is failed its second run: {e}")
         return None
@@ -63,7 +66,8 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
     sp = run.out / "confirm.hook_stats.json"
     second_run = CandidateResult(best.prediction)
     try:
-        second_run.measured, _ = run_script(argv, env=script_env(plan, hook_dir=run.out / "hook", stats_path=sp),
+        second_run.measured, _ = run_script(argv, env=script_env(plan, hook_dir=run.out / "hook", stats_path=sp,
+                                                                 meter=getattr(run, "metered", False)),
                                             log=log, timeout_s=timeout_s)
     except RecsysDoctorError as e:
         second_run.error = str(e)

@@ -29,10 +29,11 @@ from ..planning.io import read_plan
 from ._autoapply.accounting import merge_sites
 from ._autoapply.interception import MAX_COPY_ONLY
 from ._autoapply.threaderrors import MAX_KEPT
+from ._autoapply.meter import ENV_METER
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
 __all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
-           "read_hook_stats", "merge_hook_stats", "parse_script_result", "run_script",
+           "read_hook_stats", "merge_hook_stats", "parse_script_result", "run_script", "run_as_is", "METERED",
            "thread_errors_note", "fail_on_thread_errors"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
@@ -67,7 +68,7 @@ _chain()
 
 def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | None = None,
                hook_dir: str | os.PathLike[str] | None = None,
-               stats_path: str | os.PathLike[str] | None = None) -> dict[str, str]:
+               stats_path: str | os.PathLike[str] | None = None, meter: bool = False) -> dict[str, str]:
     """An environment in which any ``python`` applies the plan at interpreter start:
     ``RECSYS_DOCTOR_PLAN`` is the plan's absolute path and ``PYTHONPATH`` starts with a
     folder holding a generated ``sitecustomize.py`` that loads
@@ -75,7 +76,9 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     ``sitecustomize``). Nothing is installed; the folder is ``hook_dir`` or a new temp one
     that the caller removes (:func:`hook_env` does that). ``stats_path``: the hook writes its
     stats there at exit (``RECSYS_DOCTOR_HOOK_STATS``; a file left from an earlier run is
-    removed first, so what is read back is this run's)."""
+    removed first, so what is read back is this run's). ``meter``: the hook also counts and
+    times the top-level model calls (``RECSYS_DOCTOR_METER=1``, :mod:`._autoapply.meter`), the
+    measurement of a script that prints none."""
     plan = Path(plan_path).resolve()
     read_plan(plan)
     d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix="recsys-doctor-hook-"))
@@ -84,6 +87,8 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     env = dict(os.environ if base_env is None else base_env)
     env[ENV_PLAN] = str(plan)
     env.pop(ENV_STATS_PID, None)  # the program's first interpreter writes the stats, not an ancestor
+    if meter:
+        env[ENV_METER] = "1"
     if stats_path is not None:
         sp = Path(stats_path).resolve()
         for old in [sp, *sp.parent.glob(sp.name + ".proc-*.json")]:
@@ -184,6 +189,10 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
     out["copy_only_threads"] = [n for d in every for n in d.get("copy_only_threads") or []][:MAX_COPY_ONLY]
     out["active"] = any(d.get("active") for d in every)
     out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
+    rates = [d["measurement"] for d in every if d.get("measurement")]
+    if rates:  # (processes serving side by side: their rates add up)
+        out["measurement"] = {"qps": round(sum(m["qps"] for m in rates), 1), "calls": sum(m["calls"] for m in rates),
+                              "window_s": max(m["window_s"] for m in rates), "source": "hook", "processes": len(rates)}
     return out
 
 
@@ -264,7 +273,54 @@ def run_script(argv: Sequence[str], env: dict[str, str] | None = None, log: Path
         last = [ln for ln in out.splitlines() if ln.strip()]
         raise WorkloadError(f"{' '.join(argv)} exited with status {p.returncode}: "
                             f"{last[-1].strip() if last else 'no output'}")
-    return parse_script_result(p.stdout), out
+    try:
+        return parse_script_result(p.stdout), out
+    except WorkloadError:
+        measured = _metered(env)
+        if measured is None:
+            raise
+        return measured, out
+
+
+def _metered(env: dict[str, str] | None) -> dict[str, Any] | None:
+    """The hook's own measurement of a metered run (:mod:`._autoapply.meter`), from its stats."""
+    if not env or env.get(ENV_METER) != "1" or not env.get(ENV_STATS):
+        return None
+    m = (read_hook_stats(env[ENV_STATS]) or {}).get("measurement")
+    return dict(m) if isinstance(m, dict) and m.get("qps") else None
+
+
+#: what the notes say of a metered search
+METERED = ("the script prints no measurement (no JSON line with qps or step_ms): every run's q/s is the hook's count of "
+           "top-level model calls a second (the first 10% left out), the same for the script as it is and each plan; "
+           "no latency was measured")
+#: the plan of a metered run of the script as it is: nothing applied (:func:`._autoapply.activate_meter`)
+METER_PLAN = {"runtime": {"groups": 1, "cuda_graphs": False}, "meter_only": True}
+
+
+def run_as_is(argv: Sequence[str], out_dir: Path, log: Path | None = None, timeout_s: float = 600.0,
+              metered: bool = False) -> tuple[dict[str, Any], str, bool]:
+    """Run the script as it is: ``(its measurement, its output, metered)``. Where it prints no
+    measurement of its own (or ``metered``: known to print none), it is run under the meter-only
+    plan (nothing of it changed) and the hook's rate of top-level model calls is its measurement
+    (``metered`` True in the result: every plan's run is then metered the same way)."""
+    if not metered:
+        try:
+            m, out = run_script(argv, log=log, timeout_s=timeout_s)
+            return m, out, False
+        except WorkloadError as e:
+            if "printed no measurement" not in str(e):
+                raise
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan = out_dir / "meter.plan.json"
+    plan.write_text(json.dumps(METER_PLAN) + "\n")
+    env = script_env(plan, hook_dir=out_dir / "hook", stats_path=out_dir / "meter.hook_stats.json", meter=True)
+    try:
+        m, out = run_script(argv, env=env, log=log, timeout_s=timeout_s)
+    except WorkloadError as e:
+        raise WorkloadError(f"{e}; the hook counted too few model calls (torch.nn.Module calls) to measure it "
+                            "instead") from None
+    return m, out, True
 
 
 def _text(b: Any) -> str:

@@ -100,7 +100,7 @@ from ._common import ENV_PLACE, ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS,
 from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
-from . import modstate, threaderrors
+from . import meter, modstate, threaderrors
 from .importwatch import cancel, when_imported
 from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
@@ -131,6 +131,8 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
             doc = json.load(f)
         if not isinstance(doc, dict):
             raise ValueError("the plan file must hold a JSON object")
+    if doc.get("meter_only"):
+        return activate_meter()
     rt = read_runtime(doc)
     for line in unhonoured(doc):
         _log(line)
@@ -149,10 +151,11 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
-                      copy_only_threads=[], copy_only_count=0, ended_threads=0, short_lived_threads=0,
+                      copy_only_threads=[], copy_only_count=0, ended_threads=0, short_lived_threads=0, meter_only=False,
                       min_thread_calls=_min_calls(),
                       place_at_first_call=place != "start" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
+            meter.reset()
             reset_sites()
             modstate.reset()
             _state["orig_bootstrap"] = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
@@ -163,6 +166,27 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
     if rt["cuda_graphs"]:  # nn.Module patched once PyTorch is imported: threads placed at their first call
         _state["torch_watch"] = when_imported("torch", on_torch_imported)  # (outside _lock: may run now)
     return rt
+
+
+def activate_meter() -> dict[str, Any]:
+    """The meter-only plan (``{"meter_only": true}``, :mod:`.meter`): nothing of the script
+    changed, its top-level model calls counted and timed once PyTorch is imported."""
+    with _lock:
+        if _state["active"]:
+            return {"meter_only": True}
+        _state.update(active=True, meter_only=True, n_groups=0, graphs=False, batching=False, patched_module=False,
+                      fallbacks=[], started=0, orig_bootstrap=threading.Thread._bootstrap_inner)  # type: ignore[attr-defined]
+        meter.reset()
+
+    def patch(torch: Any) -> None:
+        with _lock:
+            if _state.get("meter_only") and not _state["patched_module"]:
+                _state["orig_module_call"] = torch.nn.Module.__call__
+                torch.nn.Module.__call__ = meter.wrap(torch.nn.Module.__call__, True)
+                _state["patched_module"] = True
+
+    _state["torch_watch"] = when_imported("torch", patch)
+    return {"meter_only": True}
 
 
 def deactivate() -> None:
@@ -202,6 +226,8 @@ def _main() -> None:
         _state["not_applied"] = _first_line(ex)
         _log(f"not applied: {_state['not_applied']}")
         return
-    if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
+    if os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG") and rt.get("meter_only"):
+        _log("active: meter only (the script's top-level model calls counted and timed, nothing else)")
+    elif os.environ.get("RECSYS_DOCTOR_AUTOAPPLY_LOG"):
         _log(f"active: {rt['groups']} stream groups, CUDA graphs {'on' if rt['cuda_graphs'] else 'off'}, "
              f"batching {'up to ' + str(rt['max_batch']) if rt['batching'] else 'off'}")

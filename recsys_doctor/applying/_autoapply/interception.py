@@ -3,6 +3,7 @@ stream, one of the runtime's) and ``nn.Module.__call__`` (a top-level call goes 
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -10,7 +11,7 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import counted_here, script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
-from . import modstate
+from . import meter, modstate
 from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
 from .host_args import _capturing, make_host_type, take
@@ -263,7 +264,7 @@ def _patch_module(torch: Any) -> None:
             _tls.depth = depth
 
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
-    nn.Module.__call__ = __call__
+    nn.Module.__call__ = meter.wrap(__call__, os.environ.get(meter.ENV_METER) == "1")  # (a script printing none)
     modstate.patch(torch)
     _state["patched_module"] = True
     _state["orig_module_call"] = orig

@@ -16,6 +16,7 @@ from typing import Any
 
 from ._common import _first_line, _log, _state
 from .accounting import sites
+from .meter import measurement
 
 #: the file the stats are written to at exit (JSON); unset: none is written
 ENV_STATS = "RECSYS_DOCTOR_HOOK_STATS"
@@ -32,7 +33,8 @@ def stats() -> dict[str, Any]:
     ``not_applied``: why the plan did nothing (a bad plan file), else None. ``thread_errors``:
     exceptions that ended a thread of the script (:mod:`.threaderrors`), the first few;
     ``copy_only_threads``: threads placed at their start that copied to the GPU but called no
-    model (:func:`.interception._note_copy_only`); ``ended_threads`` / ``short_lived_threads``:
+    model (:func:`.interception._note_copy_only`); ``measurement``: the hook's own rate of
+    top-level model calls where metering is on (:mod:`.meter`), else None; ``ended_threads`` / ``short_lived_threads``:
     placed threads that ended, and those of them that made fewer model calls than a thread graph
     needs to pay for its capture (:func:`.thread_graphs.short_lived`)."""
     per_site = sites()
@@ -54,7 +56,8 @@ def stats() -> dict[str, Any]:
             "copy_only_count": _state.get("copy_only_count", 0),
             "served_batch_sizes": _served_batch_sizes(),
             "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
-            "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site}
+            "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site,
+            "meter_only": bool(_state.get("meter_only")), "measurement": measurement()}
 
 
 def _served_batch_sizes() -> dict[str, int]:

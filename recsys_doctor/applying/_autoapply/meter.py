@@ -1,0 +1,90 @@
+"""The hook's own measurement, for a script that prints none: its top-level model calls counted
+and timed (``RECSYS_DOCTOR_METER=1``).
+
+``profile --apply`` compares plans by what the script prints (its last JSON line's ``qps`` or
+``step_ms``). A script written without that in mind prints nothing of the kind; then every run the
+tool makes of it - as it is, under a meter-only plan that changes nothing else
+(``{"meter_only": true}``: :func:`activate_meter`), and under each candidate plan - has its
+top-level ``nn.Module`` calls (a call made inside another model call is not counted) timed at
+their return, and the stats carry :func:`measurement`: calls a second over the run, the first
+:data:`SKIP` of the calls (warm-up, captures) left out, the same way for every run. It is a rate
+of model calls, not of the script's requests (a request of two model calls counts two), and it
+has no latency. Standard library only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+#: "1": top-level model calls are counted and timed (:func:`wrap`)
+ENV_METER = "RECSYS_DOCTOR_METER"
+#: the share of the first calls left out of the rate (warm-up, graph captures)
+SKIP = 0.1
+#: fewest calls that make a rate
+MIN_CALLS = 20
+#: calls timed per thread at most (past them, the rest are counted only)
+MAX_TIMES = 1_000_000
+
+_m = threading.local()
+_lock = threading.Lock()
+_threads: list[list[float]] = []  # each thread's call end times
+_untimed = [0]
+_gen = [0]  # bumped by reset(): a thread's list of an earlier generation is replaced
+
+
+def wrap(call: Any, on: bool) -> Any:
+    """``call`` (a ``Module.__call__``) metered where ``on``, else as it is."""
+    if not on:
+        return call
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_m, "busy", False):  # (a call inside a model call: not counted)
+            return call(self, *args, **kwargs)
+        _m.busy = True
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            _m.busy = False
+            _ended(time.perf_counter())
+
+    __call__.__wrapped__ = call  # type: ignore[attr-defined]
+    return __call__
+
+
+def _ended(t: float) -> None:
+    times = getattr(_m, "times", None)
+    if times is None or _m.gen != _gen[0]:
+        times = _m.times = []
+        with _lock:
+            _m.gen = _gen[0]
+            _threads.append(times)
+    if len(times) < MAX_TIMES:
+        times.append(t)
+    else:
+        _untimed[0] += 1
+
+
+def reset() -> None:
+    """Forget every call timed so far (a new activation of the hook)."""
+    with _lock:
+        _threads.clear()
+        _untimed[0] = 0
+        _gen[0] += 1
+
+
+def measurement() -> dict[str, Any] | None:
+    """``{"qps", "calls", "window_s", "source": "hook"}`` over the calls timed so far (every
+    thread's), the first :data:`SKIP` of them left out; None with fewer than :data:`MIN_CALLS`."""
+    with _lock:
+        times = sorted(t for ts in _threads for t in list(ts))
+    n = len(times)
+    if n < MIN_CALLS:
+        return None
+    k = int(n * SKIP)
+    window = times[-1] - times[k]
+    if window <= 0:
+        return None
+    return {"qps": round((n - 1 - k) / window, 1), "calls": n + _untimed[0], "window_s": round(window, 3),
+            "source": "hook"}
