@@ -292,6 +292,9 @@ def test_units_of_a_profile(tmp_path):
     assert units('{"qps": 10}\n') == (None, "query")  # no count: no syncs per query
     assert units("no measurement\n") == (None, "query")
     assert profiled_units(P(tmp_path / "missing")) == (None, "query")
+    # a script printing no q/s (measured by the hook's meter): its last JSON line's own count
+    assert units('{"served": 3000, "queries": 3000, "checksum": 1.5}\nINFO done\n') == (3000, "query")
+    assert units('{"calls": 7}\n{"note": "x"}\n') == (None, "query")  # (the last JSON line only)
 
 
 def test_before_after_table_has_the_syncs_rows():

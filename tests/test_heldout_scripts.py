@@ -44,6 +44,7 @@ TINY = {
     "early_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "proc_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
+    "log_only_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
 }
@@ -56,6 +57,8 @@ TRAIN = {"amp_accum_train.py"}
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers"),
            "proc_pool_serve.py": ("--procs", "procs")}
 THREADS = (1, 3)
+#: scripts that print no throughput or latency (``profile --apply`` measures them itself)
+NO_QPS = {"log_only_serve.py"}
 
 
 def _load(name: str):
@@ -104,7 +107,10 @@ def test_one_json_line_and_a_checksum_that_ignores_the_thread_count(name, runs):
         assert len(lines) == 1, lines
         r = json.loads(lines[0])
         assert r["script"] == name[:-3] and r[CLIENTS.get(name, ("", "threads"))[1]] == t and r["queries"] == queries
-        assert r["qps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+        if name in NO_QPS:
+            assert not {"qps", "p50_ms", "p99_ms", "step_ms"} & set(r), r
+        else:
+            assert r["qps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
         assert isinstance(r["checksum"], float) and math.isfinite(r["checksum"]) and r["checksum"] != 0
         results[t] = r
     if name in APPROX:
@@ -375,3 +381,20 @@ def test_short_threads_checksum_recomputed_for_both_spawn_modes(runs):
     assert r["checksum"] == pytest.approx(expected, rel=1e-12)
     # 5 waves (24 requests, 5 a wave), each its own pool of at most 3 threads, at least 1
     assert r["spawn"] == "wave" and 5 <= r["threads_started"] <= 15
+
+
+def test_log_only_checksum_recomputed_and_the_hook_measures_it(runs, tmp_path):
+    """The scorer that logs and prints no throughput: its checksum recomputed one request at a
+    time; run as ``profile --apply`` runs a script as it is (``script_hook.run_as_is``), it prints
+    no measurement, so it is run again metered and measured by its model calls: one a request."""
+    from recsys_doctor.applying.script_hook import run_as_is
+
+    expected = _rows_checksum("log_only_serve.py", lambda mod, vocab: mod.TwoTower(vocab))
+    for t in THREADS:
+        r = json.loads(runs[("log_only_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-12) and r["served"] == 24
+    env_args = [sys.executable, str(HELDOUT / "log_only_serve.py"), "--device", "cpu", *TINY["log_only_serve.py"],
+                "--threads", "3"]
+    m, out, metered = run_as_is(env_args, tmp_path / "run", log=tmp_path / "log")
+    assert metered and m["calls"] == 24 and m["qps"] > 0 and m["source"] == "hook"
+    assert "INFO scored 24/24 requests" in out

@@ -9,13 +9,15 @@ device-to-host copies into pageable memory, which block all the same); GPU busy 
 ``gpu_utilization`` (``analyzers/summary.py``). The queries (steps) are those of the profiled
 run itself: a workload's measurement under the profiler (its trace is analyzed inside the
 ``measure`` window, so both sides count the same calls); a script's own last JSON line in
-that profile's ``program.log`` (``queries``, else ``calls``; ``steps`` for a training loop).
+that profile's ``program.log`` (``queries``, else ``calls``; ``steps`` for a training loop; for
+a script that prints no q/s, its last JSON line's ``queries`` or ``calls`` all the same).
 A script's trace is analyzed whole, so its syncs include start-up and warm-up ones, which
 its count of queries leaves out: a few more per query than the steady state, on both sides.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +46,32 @@ def profiled_units(prof: Any) -> tuple[int | None, str]:
     if m is not None:
         return (int(m.calls) if m.calls else None), ("step" if m.kind == "train" else "query")
     try:
-        line = parse_script_result((Path(prof.out_dir) / "program.log").read_text(errors="replace"))
-    except (OSError, WorkloadError):
+        text = (Path(prof.out_dir) / "program.log").read_text(errors="replace")
+    except OSError:
         return None, "query"
+    try:
+        line = parse_script_result(text)
+    except WorkloadError:  # (a script printing no q/s: its last JSON line's count, where it has one)
+        line = _last_json(text)
     if line.get("qps") is None and line.get("step_ms") is not None:
         n, unit = line.get("steps"), "step"
     else:
         n, unit = line.get("queries", line.get("calls")), "query"
     return (int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else None), unit
+
+
+def _last_json(text: str) -> dict[str, Any]:
+    """The last line of ``text`` that is a JSON object (``{}`` where none is)."""
+    for raw in reversed(text.splitlines()):
+        s = raw.strip()
+        if s.startswith("{"):
+            try:
+                d = json.loads(s)
+            except ValueError:
+                continue
+            if isinstance(d, dict):
+                return d
+    return {}
 
 
 def sync_evidence(before: Any, after: Any | None) -> dict[str, Any]:
