@@ -111,3 +111,18 @@ def test_a_plan_run_is_metered_the_same_way(script, tmp_path):
     env.pop("RECSYS_DOCTOR_METER")  # not metered: no measurement, the run refused as before
     with pytest.raises(WorkloadError, match="printed no measurement"):
         run_script([sys.executable, str(script), "30", "1"], env=env, log=tmp_path / "log")
+
+
+def test_apply_compare_measures_a_silent_command_by_its_model_calls(script, tmp_path):
+    """``recsys-doctor apply PLAN --compare -- python silent.py``: both runs measured by the hook
+    (as it is under the meter-only plan, then under PLAN), the q/s row printed for both."""
+    import subprocess
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"runtime": {"groups": 2, "cuda_graphs": True}}))
+    p = subprocess.run([sys.executable, "-m", "recsys_doctor", "apply", str(plan), "--compare", "--json", "--",
+                        sys.executable, str(script), "150", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    for side in ("before", "after"):
+        assert doc[side]["calls"] == 150 and doc[side]["source"] == "hook" and 300 < doc[side]["qps"] <= 505, doc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 import click
@@ -38,7 +39,8 @@ class _ApplyCommand(click.Command):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--compare", is_flag=True,
               help="Run COMMAND twice, as it is and with the plan, and print both of its measurements "
-                   "(its last output line: a JSON object with qps or step_ms).")
+                   "(its last JSON output line with qps or step_ms; where it prints none, its model calls a "
+                   "second as the hook counts them).")
 @click.option("--json", "as_json", is_flag=True, help="With --compare: print the before/after as JSON.")
 def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool) -> None:
     """Run COMMAND (usually `python script.py ARGS`) with PLAN applied at interpreter start.
@@ -58,7 +60,7 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     those copies too (RECSYS_DOCTOR_THREAD_GRAPHS=0: off). Exit status: COMMAND's.
     """
     from ..applying.apply import before_after_rows, read_plan, run_script
-    from ..applying.script_hook import hook_env
+    from ..applying.script_hook import hook_env, run_as_is, script_env
 
     if command and command[0] == "--":
         command = command[1:]
@@ -71,15 +73,18 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     if why:
         click.echo(f"recsys-doctor: warning: the plan is not active here ({why}); "
                    "the command runs unchanged", err=True)
-    with hook_env(plan) as env:  # the generated hook folder is removed afterwards
-        if not compare:
+    if not compare:
+        with hook_env(plan) as env:  # the generated hook folder is removed afterwards
             try:
                 rc = subprocess.call(list(command), env=env)
             except FileNotFoundError:
                 raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
             raise SystemExit(rc)
-        before, _ = run_script(command)
-        after, _ = run_script(command, env=env)
+    with tempfile.TemporaryDirectory(prefix="recsys-doctor-compare-") as d:
+        # a command that prints no measurement is measured by the hook's count of its model calls, both runs
+        before, _, metered = run_as_is(command, Path(d) / "as_is")
+        after, _ = run_script(command, env=script_env(plan, hook_dir=Path(d) / "hook", stats_path=Path(d) / "stats.json",
+                                                      meter=metered))
     rows = before_after_rows(before, after)
     if as_json:
         click.echo(json.dumps({"before": before, "after": after, "table": rows}, indent=1))
