@@ -126,3 +126,33 @@ def test_apply_compare_measures_a_silent_command_by_its_model_calls(script, tmp_
     doc = json.loads(p.stdout)
     for side in ("before", "after"):
         assert doc[side]["calls"] == 150 and doc[side]["source"] == "hook" and 300 < doc[side]["qps"] <= 505, doc
+
+
+def test_worker_processes_are_metered_too(tmp_path):
+    """A silent script whose model calls are made in worker processes (``spawn``, ending
+    normally): each worker writes its count, and the program's measurement adds them up."""
+    p = tmp_path / "procs.py"
+    p.write_text(textwrap.dedent('''
+        import multiprocessing as mp, time
+        import torch
+
+        def work(n):
+            m = torch.nn.Linear(4, 1).eval()
+            x = torch.randn(2, 4)
+            with torch.no_grad():
+                for _ in range(n):
+                    time.sleep(0.002)
+                    m(x)
+            return n
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            ps = [ctx.Process(target=work, args=(60,)) for _ in range(2)]
+            for q in ps:
+                q.start()
+            for q in ps:
+                q.join()
+            print("done")
+    '''))
+    m, _, metered = run_as_is([sys.executable, str(p)], tmp_path / "run", log=tmp_path / "log")
+    assert metered and m["calls"] == 120 and m.get("processes") == 2, m

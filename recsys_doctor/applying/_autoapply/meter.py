@@ -9,7 +9,9 @@ top-level ``nn.Module`` calls (a call made inside another model call is not coun
 their return, and the stats carry :func:`measurement`: calls a second over the run, the first
 :data:`SKIP` of the calls (warm-up, captures) left out, the same way for every run. It is a rate
 of model calls, not of the script's requests (a request of two model calls counts two), and it
-has no latency. Standard library only.
+has no latency. Worker processes of the script that called models write their counts at exit
+(:func:`.report._at_exit`), and the program's rate is their sum; a worker a pool terminates runs
+no exit handler, and its calls are lost. Standard library only.
 """
 
 from __future__ import annotations

@@ -140,9 +140,10 @@ def _at_exit() -> None:
         return
     if os.environ.get(ENV_STATS_PID) == str(os.getpid()):
         write_stats(path)
-    elif _state.get("started", 0) or _state.get("late_threads", 0):
+    elif _state.get("started", 0) or _state.get("late_threads", 0) or measurement() is not None:
         # a child process of the program (multiprocessing) with threads the hook placed: in plan
-        # groups, or a group of their own (a worker serving on its main thread)
+        # groups, or a group of their own (a worker serving on its main thread); or, metered, one
+        # that called models (a worker a pool terminates runs no exit handler: its calls are lost)
         write_stats(child_stats_path(path, os.getpid()))
 
 
