@@ -80,11 +80,10 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
             except FileNotFoundError:
                 raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
             raise SystemExit(rc)
-    with tempfile.TemporaryDirectory(prefix="recsys-doctor-compare-") as d:
+    with tempfile.TemporaryDirectory(prefix="recsys-doctor-hook-") as d:  # (removed afterwards, as hook_env's)
         # a command that prints no measurement is measured by the hook's count of its model calls, both runs
         before, _, metered = run_as_is(command, Path(d) / "as_is")
-        after, _ = run_script(command, env=script_env(plan, hook_dir=Path(d) / "hook", stats_path=Path(d) / "stats.json",
-                                                      meter=metered))
+        after, _ = run_script(command, env=script_env(plan, hook_dir=d, stats_path=Path(d) / "stats.json", meter=metered))
     rows = before_after_rows(before, after)
     if as_json:
         click.echo(json.dumps({"before": before, "after": after, "table": rows}, indent=1))
