@@ -93,6 +93,8 @@ def test_worker_processes_rates_add_up():
             {"active": True, "sites": [], "measurement": {"qps": 50.5, "calls": 240, "window_s": 4.0, "source": "hook"}}]
     m = merge_hook_stats(main, kids)["measurement"]
     assert m == {"qps": 150.5, "calls": 740, "window_s": 4.5, "source": "hook", "processes": 2}
+    step = {"step_ms": 12.5, "steps": 90, "window_s": 1.0, "source": "hook"}
+    assert merge_hook_stats(main, [{"active": True, "sites": [], "measurement": step}])["measurement"] == step
 
 
 def test_a_plan_run_is_metered_the_same_way(script, tmp_path):
@@ -156,3 +158,32 @@ def test_worker_processes_are_metered_too(tmp_path):
     '''))
     m, _, metered = run_as_is([sys.executable, str(p)], tmp_path / "run", log=tmp_path / "log")
     assert metered and m["calls"] == 120 and m.get("processes") == 2, m
+
+
+def test_a_silent_training_loop_is_measured_by_its_optimizer_steps(tmp_path):
+    """A training loop that prints only its losses: measured by its optimizer steps (PyTorch's
+    global step hook), as a step time, so ``profile --apply`` compares it as a training loop;
+    each step here sleeps 3 ms besides its three model calls (one forward, two in the loss)."""
+    p = tmp_path / "train.py"
+    p.write_text(textwrap.dedent('''
+        import time
+        import torch
+
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        reg = torch.nn.Linear(1, 1)
+        opt = torch.optim.Adam(list(model.parameters()) + list(reg.parameters()), lr=1e-3)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        for step in range(80):
+            time.sleep(0.003)
+            out = model(x)
+            loss = ((out - y) ** 2).mean() + reg(out).abs().mean() + 0 * reg(y).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 20 == 0:
+                print(f"step {step} loss {loss.item():.4f}")
+    '''))
+    m, out, metered = run_as_is([sys.executable, str(p)], tmp_path / "run", log=tmp_path / "log")
+    assert metered and "step 60 loss" in out
+    assert m["steps"] == 80 and m["source"] == "hook" and "qps" not in m
+    assert 3.0 <= m["step_ms"] < 30.0, m  # at least the 3 ms sleep a step

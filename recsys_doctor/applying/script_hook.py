@@ -189,10 +189,13 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
     out["copy_only_threads"] = [n for d in every for n in d.get("copy_only_threads") or []][:MAX_COPY_ONLY]
     out["active"] = any(d.get("active") for d in every)
     out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
-    rates = [d["measurement"] for d in every if d.get("measurement")]
+    measured = [d["measurement"] for d in every if d.get("measurement")]
+    rates = [m for m in measured if m.get("qps")]
     if rates:  # (processes serving side by side: their rates add up)
         out["measurement"] = {"qps": round(sum(m["qps"] for m in rates), 1), "calls": sum(m["calls"] for m in rates),
                               "window_s": max(m["window_s"] for m in rates), "source": "hook", "processes": len(rates)}
+    elif measured:  # (training in a worker process: its step time)
+        out["measurement"] = measured[0]
     return out
 
 
@@ -287,13 +290,13 @@ def _metered(env: dict[str, str] | None) -> dict[str, Any] | None:
     if not env or env.get(ENV_METER) != "1" or not env.get(ENV_STATS):
         return None
     m = (read_hook_stats(env[ENV_STATS]) or {}).get("measurement")
-    return dict(m) if isinstance(m, dict) and m.get("qps") else None
+    return dict(m) if isinstance(m, dict) and (m.get("qps") or m.get("step_ms")) else None
 
 
 #: what the notes say of a metered search
-METERED = ("the script prints no measurement (no JSON line with qps or step_ms): every run's q/s is the hook's count of "
-           "top-level model calls a second (the first 10% left out), the same for the script as it is and each plan; "
-           "no latency was measured")
+METERED = ("the script prints no measurement (no JSON line with qps or step_ms): every run is measured by the hook - "
+           "its top-level model calls a second, or for a training loop its optimizer steps' time (the first 10% left "
+           "out) - the same way for the script as it is and each plan; no latency was measured")
 #: the plan of a metered run of the script as it is: nothing applied (:func:`._autoapply.activate_meter`)
 METER_PLAN = {"runtime": {"groups": 1, "cuda_graphs": False}, "meter_only": True}
 
@@ -318,8 +321,8 @@ def run_as_is(argv: Sequence[str], out_dir: Path, log: Path | None = None, timeo
     try:
         m, out = run_script(argv, env=env, log=log, timeout_s=timeout_s)
     except WorkloadError as e:
-        raise WorkloadError(f"{e}; the hook counted too few model calls (torch.nn.Module calls) to measure it "
-                            "instead") from None
+        raise WorkloadError(f"{e}; the hook counted too few model calls (torch.nn.Module calls) or optimizer "
+                            "steps to measure it instead") from None
     return m, out, True
 
 

@@ -3,7 +3,6 @@ stream, one of the runtime's) and ``nn.Module.__call__`` (a top-level call goes 
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -264,7 +263,7 @@ def _patch_module(torch: Any) -> None:
             _tls.depth = depth
 
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
-    nn.Module.__call__ = meter.wrap(__call__, os.environ.get(meter.ENV_METER) == "1")  # (a script printing none)
+    nn.Module.__call__ = meter.install(torch, __call__)  # (metered where the script prints no measurement)
     modstate.patch(torch)
     _state["patched_module"] = True
     _state["orig_module_call"] = orig

@@ -9,13 +9,16 @@ top-level ``nn.Module`` calls (a call made inside another model call is not coun
 their return, and the stats carry :func:`measurement`: calls a second over the run, the first
 :data:`SKIP` of the calls (warm-up, captures) left out, the same way for every run. It is a rate
 of model calls, not of the script's requests (a request of two model calls counts two), and it
-has no latency. Worker processes of the script that called models write their counts at exit
+has no latency. A training loop is measured by its optimizer steps instead, where it makes at
+least :data:`MIN_CALLS` of them (PyTorch's global step hook, :func:`watch_steps`): its step time,
+``step_ms``, as a loop that prints its own is compared. Worker processes of the script that called models write their counts at exit
 (:func:`.report._at_exit`), and the program's rate is their sum; a worker a pool terminates runs
 no exit handler, and its calls are lost. Standard library only.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -55,6 +58,15 @@ def wrap(call: Any, on: bool) -> Any:
     return __call__
 
 
+def install(torch: Any, call: Any) -> Any:
+    """``call`` (the hook's ``Module.__call__``) metered, and optimizer steps timed, where
+    ``RECSYS_DOCTOR_METER=1``; else ``call`` as it is."""
+    on = os.environ.get(ENV_METER) == "1"
+    if on:
+        watch_steps(torch)
+    return wrap(call, on)
+
+
 def _ended(t: float) -> None:
     times = getattr(_m, "times", None)
     if times is None or _m.gen != _gen[0]:
@@ -68,17 +80,47 @@ def _ended(t: float) -> None:
         _untimed[0] += 1
 
 
+_steps: list[float] = []  # optimizer steps' end times (every thread's)
+_step_hook: list[Any] = []  # the handle of the global step hook, once registered
+
+
+def watch_steps(torch: Any) -> None:
+    """Time every optimizer step (``torch.optim``'s global post-step hook), once."""
+    if _step_hook:
+        return
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # (a PyTorch without it: the model calls are the measurement)
+        return
+    _step_hook.append(register_optimizer_step_post_hook(_stepped))
+
+
+def _stepped(*_args: Any) -> None:
+    if len(_steps) < MAX_TIMES:
+        _steps.append(time.perf_counter())
+
+
 def reset() -> None:
-    """Forget every call timed so far (a new activation of the hook)."""
+    """Forget every call and step timed so far (a new activation of the hook)."""
     with _lock:
         _threads.clear()
         _untimed[0] = 0
         _gen[0] += 1
+        _steps.clear()
 
 
 def measurement() -> dict[str, Any] | None:
     """``{"qps", "calls", "window_s", "source": "hook"}`` over the calls timed so far (every
-    thread's), the first :data:`SKIP` of them left out; None with fewer than :data:`MIN_CALLS`."""
+    thread's), the first :data:`SKIP` of them left out; None with fewer than :data:`MIN_CALLS`.
+    Where at least :data:`MIN_CALLS` optimizer steps were timed: ``{"step_ms", "steps",
+    "window_s", "source": "hook"}`` over them instead."""
+    steps = sorted(_steps)
+    if len(steps) >= MIN_CALLS:
+        k = int(len(steps) * SKIP)
+        window = steps[-1] - steps[k]
+        if window > 0:
+            return {"step_ms": round(window / (len(steps) - 1 - k) * 1e3, 4), "steps": len(steps),
+                    "window_s": round(window, 3), "source": "hook"}
     with _lock:
         times = sorted(t for ts in _threads for t in list(ts))
     n = len(times)
