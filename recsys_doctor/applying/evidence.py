@@ -17,13 +17,12 @@ its count of queries leaves out: a few more per query than the steady state, on 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import WorkloadError
 from .report import _trace_util
-from .script_hook import parse_script_result
+from .script_hook import last_json, parse_script_result
 
 __all__ = ["sync_calls", "profiled_units", "sync_evidence", "HOOK_STATS_FILE"]
 
@@ -52,26 +51,12 @@ def profiled_units(prof: Any) -> tuple[int | None, str]:
     try:
         line = parse_script_result(text)
     except WorkloadError:  # (a script printing no q/s: its last JSON line's count, where it has one)
-        line = _last_json(text)
+        line = last_json(text) or {}
     if line.get("qps") is None and line.get("step_ms") is not None:
         n, unit = line.get("steps"), "step"
     else:
         n, unit = line.get("queries", line.get("calls")), "query"
     return (int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else None), unit
-
-
-def _last_json(text: str) -> dict[str, Any]:
-    """The last line of ``text`` that is a JSON object (``{}`` where none is)."""
-    for raw in reversed(text.splitlines()):
-        s = raw.strip()
-        if s.startswith("{"):
-            try:
-                d = json.loads(s)
-            except ValueError:
-                continue
-            if isinstance(d, dict):
-                return d
-    return {}
 
 
 def sync_evidence(before: Any, after: Any | None) -> dict[str, Any]:

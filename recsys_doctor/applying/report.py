@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from ..planning._batching import UNPRICED
 from ._autoapply.graphs import GRAD_ON
+from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
@@ -191,11 +192,11 @@ def short_lives_note(hook: dict[str, Any] | None) -> str | None:
     a thread per request, a pool per wave): what that costs, and the remedy in the script."""
     ended = int((hook or {}).get("ended_threads") or 0)
     short = int((hook or {}).get("short_lived_threads") or 0)
-    if ended < 4 or 2 * short <= ended or (hook or {}).get("batching"):  # (batching: no thread graphs at all)
+    if not mostly_short(ended, short) or (hook or {}).get("batching"):  # (batching: no thread graphs at all)
         return None
     return (f"{short} of the {ended} hooked threads that ended made few model calls each (a thread per request, "
             "or a new pool per wave of requests): a thread's first call runs its copies as PyTorch makes them, and "
-            "no thread learned a graph of its own copies and model before 32 calls of its own "
+            f"no thread learned a graph of its own copies and model before {MIN_THREAD_CALLS} calls of its own "
             "(RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS); serving threads kept for the whole run (one pool) "
             "would let the plan take their copies over")
 
@@ -208,7 +209,7 @@ def no_model_calls_note(hook: dict[str, Any] | None) -> str | None:
         return None
     if any(s.get("kind") == "model" for s in hook.get("sites") or []):
         return None
-    copies = sum(int(s.get("taken_over", 0)) + int(s.get("fallback", 0)) for s in hook.get("sites") or [])
+    copies = _calls(hook.get("sites") or [])
     return ("the hook saw no model call: the script's model is not called through torch.nn.Module.__call__ "
             "(a model that is not a torch.nn.Module: a plain function of tensor operations, a torch.export or "
             "AOTInductor package, ONNX Runtime, TensorRT), so nothing was graphed or placed in a group"
@@ -224,7 +225,7 @@ def grad_on_note(hook: dict[str, Any] | None) -> str | None:
     if not hook or not hook.get("graphs"):
         return None
     rows = [s for s in hook.get("sites") or [] if s.get("kind") == "model"]
-    calls = sum(int(s.get("taken_over", 0)) + int(s.get("fallback", 0)) for s in rows)
+    calls = _calls(rows)
     grad = sum(int((s.get("reasons") or {}).get(GRAD_ON, 0)) for s in rows)
     if not calls or 2 * grad <= calls:
         return None
@@ -232,3 +233,8 @@ def grad_on_note(hook: dict[str, Any] | None) -> str | None:
             "left them as PyTorch runs them (a CUDA graph replay keeps no autograd history): a serving script "
             "that calls model.eval() and makes its model calls under torch.inference_mode() (or torch.no_grad()) "
             "lets a plan graph them")
+
+
+def _calls(sites: Sequence[dict[str, Any]]) -> int:
+    """Calls counted at these call sites of the hook's stats, taken over or left to PyTorch."""
+    return sum(int(s.get("taken_over", 0)) + int(s.get("fallback", 0)) for s in sites)

@@ -33,7 +33,8 @@ from ._autoapply.meter import ENV_METER
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
 __all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
-           "read_hook_stats", "merge_hook_stats", "parse_script_result", "run_script", "run_as_is", "METERED",
+           "read_hook_stats", "merge_hook_stats", "last_json", "parse_script_result", "NoMeasurementError", "run_script",
+           "run_as_is", "METERED",
            "thread_errors_note", "fail_on_thread_errors"]
 
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
@@ -237,9 +238,12 @@ def fail_on_thread_errors(result: Any, stats: dict[str, Any] | None, output_as_i
     result.measured = None
 
 
-def parse_script_result(output: str) -> dict[str, Any]:
-    """The measurement a script printed: the last non-empty line of its output that is a
-    JSON object with ``qps`` or ``step_ms``. :class:`WorkloadError` when there is none."""
+class NoMeasurementError(WorkloadError):
+    """The script printed no measurement (no JSON line with ``qps`` or ``step_ms``)."""
+
+
+def last_json(output: str, want: Callable[[dict[str, Any]], bool] = lambda d: True) -> dict[str, Any] | None:
+    """The last line of ``output`` that is a JSON object ``want`` accepts, or None."""
     for line in reversed(output.splitlines()):
         s = line.strip()
         if not s.startswith("{"):
@@ -248,10 +252,19 @@ def parse_script_result(output: str) -> dict[str, Any]:
             d = json.loads(s)
         except json.JSONDecodeError:
             continue
-        if isinstance(d, dict) and ("qps" in d or "step_ms" in d):
+        if isinstance(d, dict) and want(d):
             return d
-    raise WorkloadError("the script printed no measurement: its last JSON line needs 'qps' (or 'step_ms'); "
-                        "see examples/plain_serving_script.py")
+    return None
+
+
+def parse_script_result(output: str) -> dict[str, Any]:
+    """The measurement a script printed: the last non-empty line of its output that is a
+    JSON object with ``qps`` or ``step_ms``. :class:`NoMeasurementError` when there is none."""
+    d = last_json(output, lambda d: "qps" in d or "step_ms" in d)
+    if d is None:
+        raise NoMeasurementError("the script printed no measurement: its last JSON line needs 'qps' (or 'step_ms'); "
+                                 "see examples/plain_serving_script.py")
+    return d
 
 
 def run_script(argv: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None,
@@ -278,7 +291,7 @@ def run_script(argv: Sequence[str], env: dict[str, str] | None = None, log: Path
                             f"{last[-1].strip() if last else 'no output'}")
     try:
         return parse_script_result(p.stdout), out
-    except WorkloadError:
+    except NoMeasurementError:
         measured = _metered(env)
         if measured is None:
             raise
@@ -311,9 +324,8 @@ def run_as_is(argv: Sequence[str], out_dir: Path, log: Path | None = None, timeo
         try:
             m, out = run_script(argv, log=log, timeout_s=timeout_s)
             return m, out, False
-        except WorkloadError as e:
-            if "printed no measurement" not in str(e):
-                raise
+        except NoMeasurementError:
+            pass
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = out_dir / "meter.plan.json"
     plan.write_text(json.dumps(METER_PLAN) + "\n")

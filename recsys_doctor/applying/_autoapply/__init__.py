@@ -182,8 +182,7 @@ def activate_meter() -> dict[str, Any]:
         with _lock:
             if _state.get("meter_only") and not _state["patched_module"]:
                 _state["orig_module_call"] = torch.nn.Module.__call__
-                torch.nn.Module.__call__ = meter.wrap(torch.nn.Module.__call__, True)
-                meter.watch_steps(torch)
+                torch.nn.Module.__call__ = meter.install(torch, torch.nn.Module.__call__, on=True)
                 _state["patched_module"] = True
 
     _state["torch_watch"] = when_imported("torch", patch)

@@ -58,10 +58,12 @@ def wrap(call: Any, on: bool) -> Any:
     return __call__
 
 
-def install(torch: Any, call: Any) -> Any:
-    """``call`` (the hook's ``Module.__call__``) metered, and optimizer steps timed, where
-    ``RECSYS_DOCTOR_METER=1``; else ``call`` as it is."""
-    on = os.environ.get(ENV_METER) == "1"
+def install(torch: Any, call: Any, on: bool | None = None) -> Any:
+    """``call`` (a ``Module.__call__``: the hook's, or PyTorch's under the meter-only plan)
+    metered, and optimizer steps timed, where ``on`` (None: where ``RECSYS_DOCTOR_METER=1``);
+    else ``call`` as it is."""
+    if on is None:
+        on = os.environ.get(ENV_METER) == "1"
     if on:
         watch_steps(torch)
     return wrap(call, on)
@@ -109,26 +111,35 @@ def reset() -> None:
         _steps.clear()
 
 
+def timed() -> int:
+    """Calls and optimizer steps timed so far (every thread's)."""
+    return len(_steps) + sum(len(ts) for ts in list(_threads))
+
+
+def _window(times: list[float]) -> tuple[int, float] | None:
+    """``(events counted, seconds)`` over sorted ``times``, the first :data:`SKIP` of them left
+    out: the rate's numerator and window; None with fewer than :data:`MIN_CALLS` or no time."""
+    if len(times) < MIN_CALLS:
+        return None
+    k = int(len(times) * SKIP)
+    window = times[-1] - times[k]
+    return (len(times) - 1 - k, window) if window > 0 else None
+
+
 def measurement() -> dict[str, Any] | None:
     """``{"qps", "calls", "window_s", "source": "hook"}`` over the calls timed so far (every
     thread's), the first :data:`SKIP` of them left out; None with fewer than :data:`MIN_CALLS`.
     Where at least :data:`MIN_CALLS` optimizer steps were timed: ``{"step_ms", "steps",
     "window_s", "source": "hook"}`` over them instead."""
     steps = sorted(_steps)
-    if len(steps) >= MIN_CALLS:
-        k = int(len(steps) * SKIP)
-        window = steps[-1] - steps[k]
-        if window > 0:
-            return {"step_ms": round(window / (len(steps) - 1 - k) * 1e3, 4), "steps": len(steps),
-                    "window_s": round(window, 3), "source": "hook"}
+    w = _window(steps)
+    if w is not None:
+        return {"step_ms": round(w[1] / w[0] * 1e3, 4), "steps": len(steps), "window_s": round(w[1], 3),
+                "source": "hook"}
     with _lock:
         times = sorted(t for ts in _threads for t in list(ts))
-    n = len(times)
-    if n < MIN_CALLS:
+    w = _window(times)
+    if w is None:
         return None
-    k = int(n * SKIP)
-    window = times[-1] - times[k]
-    if window <= 0:
-        return None
-    return {"qps": round((n - 1 - k) / window, 1), "calls": n + _untimed[0], "window_s": round(window, 3),
+    return {"qps": round(w[0] / w[1], 1), "calls": len(times) + _untimed[0], "window_s": round(w[1], 3),
             "source": "hook"}

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._common import _first_line, _log, _state
 from .accounting import sites
-from .meter import measurement
+from .meter import measurement, timed
 
 #: the file the stats are written to at exit (JSON); unset: none is written
 ENV_STATS = "RECSYS_DOCTOR_HOOK_STATS"
@@ -140,7 +140,7 @@ def _at_exit() -> None:
         return
     if os.environ.get(ENV_STATS_PID) == str(os.getpid()):
         write_stats(path)
-    elif _state.get("started", 0) or _state.get("late_threads", 0) or measurement() is not None:
+    elif _state.get("started", 0) or _state.get("late_threads", 0) or timed():
         # a child process of the program (multiprocessing) with threads the hook placed: in plan
         # groups, or a group of their own (a worker serving on its main thread); or, metered, one
         # that called models (a worker a pool terminates runs no exit handler: its calls are lost)

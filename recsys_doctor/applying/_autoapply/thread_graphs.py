@@ -60,8 +60,12 @@ def thread_ended() -> None:
 def short_lived() -> bool:
     """Whether most of the placed threads that ended so far (at least :data:`LIVES_SEEN`) made
     fewer than :data:`MIN_THREAD_CALLS` model calls."""
-    ended = _state.get("ended_threads", 0)
-    return ended >= LIVES_SEEN and 2 * _state.get("short_lived_threads", 0) > ended
+    return mostly_short(_state.get("ended_threads", 0), _state.get("short_lived_threads", 0))
+
+
+def mostly_short(ended: int, short: int) -> bool:
+    """:func:`short_lived` of these counts (also the report's, from the stats)."""
+    return ended >= LIVES_SEEN and 2 * short > ended
 
 
 #: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
