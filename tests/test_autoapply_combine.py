@@ -205,8 +205,8 @@ def test_a_keys_batches_give_every_caller_its_own_eager_output_on_the_cpu():
                 torch.tensor([0, 2, 5, 5, 9]))
 
     saved = dict(_state)
-    _state.update(batch_specs={}, batch_lock=threading.Lock(), gate=_Gate(), fallbacks=[], replays=0, captured=0,
-                  max_batch=8)
+    _state.update(batch_specs={}, batch_lock=threading.Lock(), batch_refusals_said=set(), gate=_Gate(), fallbacks=[],
+                  replays=0, captured=0, max_batch=8)
     accounting.reset()
     orig = torch.nn.Module.__call__
     try:
@@ -246,3 +246,43 @@ def test_a_keys_batches_give_every_caller_its_own_eager_output_on_the_cpu():
         _state.update(saved)
         accounting.reset()
 
+
+
+def test_a_refusal_is_printed_once_per_site_and_reason_and_counted_for_every_shape(capsys):
+    """A model whose inputs vary in length call by call (per-request candidate counts) is
+    refused batching once per shape; stderr gets one line for the site and reason, not one per
+    shape, while the fallbacks count every refused shape."""
+    torch = pytest.importorskip("torch")
+    from recsys_doctor.applying._autoapply import batching as B
+    from recsys_doctor.applying._autoapply._common import _state
+    from recsys_doctor.applying._autoapply.groups import _Gate
+
+    class Scorer(torch.nn.Module):  # user [1, 4], candidate ids [n]: no offsets tell the ids' rows
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 4)
+
+        def forward(self, user, ids):
+            return self.emb(ids) @ user.squeeze(0)
+
+    saved = dict(_state)
+    _state.update(batch_specs={}, batch_lock=threading.Lock(), batch_refusals_said=set(), gate=_Gate(), fallbacks=[],
+                  replays=0, captured=0, max_batch=8)
+    orig = torch.nn.Module.__call__
+    try:
+        model = Scorer().eval()
+        user = torch.rand(1, 4)
+        with torch.no_grad():
+            for n in (7, 9, 11):  # three shapes of the first site, then one of a second site
+                ids = torch.randint(0, 50, (n,))
+                assert B._spec_of(torch, ("s1", n), orig, model, (user, ids), {}, [user, ids], "t.py:1").refused
+            ids = torch.randint(0, 50, (5,))
+            assert B._spec_of(torch, ("s2", 5), orig, model, (user, ids), {}, [user, ids], "t.py:2").refused
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if "not batched" in ln]
+        assert len(lines) == 2, err
+        assert "(t.py:1)" in lines[0] and "int64[7]" in lines[0] and "(t.py:2)" in lines[1]
+        assert len(_state["fallbacks"]) == 4 and len(set(_state["fallbacks"])) == 1
+    finally:
+        _state.clear()
+        _state.update(saved)

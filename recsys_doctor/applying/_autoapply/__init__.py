@@ -144,7 +144,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
             return {"groups": _state["n_groups"], "cuda_graphs": _state["graphs"], "batching": _state["batching"],
                     "max_batch": _state["max_batch"]}
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
-                      batching=rt["batching"], max_batch=rt["max_batch"], batch_specs={}, batch_lock=threading.Lock(),
+                      batching=rt["batching"], max_batch=rt["max_batch"], batch_specs={}, batch_lock=threading.Lock(), batch_refusals_said=set(),
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
                       thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0, pageable_fast=0,
                       thread_replays=0, materialized=0, streams=None, streams_failed=None, graph_bytes=0,

@@ -104,9 +104,17 @@ def _decide(torch: Any, sp: _Spec, orig_call: Any, module: Any, args: Any, kwarg
         sp.plan = plan
     except Exception as ex:  # noqa: BLE001 - SpecRefused, or anything else: the key is not batched
         sp.refused = f"not batched: {ex}" if isinstance(ex, SpecRefused) else f"not batched: {failure_reason(ex)}"
+        with _state["batch_lock"]:  # one line per site and reason: the other shapes refused alike are counted
+            said = _state["batch_refusals_said"]
+            first = (site, sp.refused) not in said
+            said.add((site, sp.refused))
+        if not first:
+            _state["fallbacks"].append(sp.refused)
+            return
         shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
         _fall_back(f"{type(module).__name__} ({site}) with tensors {shapes}: {sp.refused}; its calls of these "
-                   "shapes run unbatched", sp.refused)
+                   "shapes run unbatched (other shapes refused for this reason: counted among the fallbacks, "
+                   "not printed)", sp.refused)
 
 
 def _model(orig_call: Any, module: Any) -> Any:
