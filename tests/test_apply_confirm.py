@@ -52,7 +52,7 @@ def search(tmp_path, monkeypatch):
 
 def _confirm(st, base=None, train=False):
     notes: list[str] = []
-    why = cf.confirm(st.run, ["python", "s.py"], {}, base or {"qps": 721.3}, st.best, train, 30.0, notes)
+    why, st.shown = cf.confirm(st.run, ["python", "s.py"], {}, base or {"qps": 721.3}, st.best, train, 30.0, notes)
     return why, notes
 
 
@@ -60,9 +60,20 @@ def test_a_close_win_that_wins_again_is_kept_and_both_rounds_are_said(search):
     search.printed = [{"qps": 700.0}, {"qps": 770.0}]
     why, notes = _confirm(search)
     assert why is None and search.runs == ["as it is", "hooked"]
-    assert notes == ["a close win (1.03x) measured once more, the script as it is and g1 merged shared-pool "
-                     "graphs: 700.0 -> 770.0 q/s (1.10x)"]
+    assert notes[0] == ("a close win (1.03x) measured once more, the script as it is and g1 merged shared-pool "
+                        "graphs: 700.0 -> 770.0 q/s (1.10x)")
     assert (search.out / "confirm.plan.json").is_file() and "1.03x" in search.said[0]
+    # reported: each side's mean over its two rounds, (721.3 + 700.0) / 2 -> (740.2 + 770.0) / 2
+    before, after = search.shown
+    assert before["qps"] == pytest.approx(710.65) and after["qps"] == pytest.approx(755.1)
+    assert notes[1] == "before and after are the means of both rounds: 710.65 -> 755.1 q/s (1.06x)"
+
+
+def test_both_rounds_averages_the_numbers_both_rounds_have_and_keeps_the_first_rounds_others():
+    first = {"qps": 2491.9, "p99_ms": 4.0, "calls": 4000, "checksum": 1.5}
+    second = {"qps": 3024.8, "calls": 3990}
+    assert cf.both_rounds(first, second) == {"qps": 2758.35, "p99_ms": 4.0, "calls": 4000, "checksum": 1.5}
+    assert cf.both_rounds({"step_ms": 7.54}, {"step_ms": 7.0}) == {"step_ms": 7.27}
 
 
 def test_a_close_win_that_loses_the_second_round_is_declined(search):
@@ -70,7 +81,8 @@ def test_a_close_win_that_loses_the_second_round_is_declined(search):
     why, notes = _confirm(search)
     assert why.startswith("declined: the best plan measured, g1 merged shared-pool graphs, won its first run "
                           "by 1.03x and lost the second (760.0 -> 700.0 q/s)")
-    assert notes[0].endswith("(0.92x)")
+    assert notes[0].endswith("(0.92x)") and len(notes) == 1
+    assert search.shown == ({"qps": 721.3}, {"qps": 740.2})  # declined: the first round stands
 
 
 def test_a_training_loop_is_confirmed_by_its_step_time(search):

@@ -357,14 +357,14 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     units = base.get("queries") or base.get("calls") or base.get("steps")
     notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}"
                  + (f"; {METERED}" if run.metered else ""))
-    before_pt = _summary_point(base, before.capture.get("nvml"), before.advise)
     plan_path = write_plan(run.out / "plan.json", advised, best.prediction.candidate,
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
                            baseline=_meas_numbers(base))
     hook_stats = run.out / "after" / HOOK_STATS_FILE
-    decline = _declined(base, best, train)
+    decline, shown = _declined(base, best, train), (base, best.measured)
     if decline is None and needs_confirming(base, best.measured, train):  # a close win: once more
-        decline = confirm(run, argv, advised, base, best, train, script_timeout_s, notes)
+        decline, shown = confirm(run, argv, advised, base, best, train, script_timeout_s, notes)
+    before_pt = _summary_point(shown[0], before.capture.get("nvml"), before.advise)
     chosen = None if decline else best.prediction.candidate
     if decline:  # no plan beat the script as it is: it is left unchanged (after = its own run)
         hook_seen = best.info.get("hook")
@@ -373,7 +373,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     else:
         after = _profile_after(run, best.prediction.candidate, notes,
                                treatment=script_treatment(plan_path, stats_path=hook_stats))
-        after_pt = _summary_point(best.measured, best.nvml, after.advise if after is not None else None)
+        after_pt = _summary_point(shown[1], best.nvml, after.advise if after is not None else None)
     ev = _evidence(before, after, before_pt, after_pt)
     ev["hook"] = {"measured": None if decline else best.info.get("hook"),
                   "profiled": read_hook_stats(hook_stats) if after else None}

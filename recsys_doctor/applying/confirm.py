@@ -15,7 +15,7 @@ from ..planning.io import write_plan
 from .report import CandidateResult
 from .script_hook import fail_on_thread_errors, read_hook_stats, run_as_is, run_script, script_env
 
-__all__ = ["CONFIRM_BELOW", "metric", "ratio", "needs_confirming", "confirm"]
+__all__ = ["CONFIRM_BELOW", "metric", "ratio", "needs_confirming", "confirm", "both_rounds"]
 
 #: a win below this ratio (q/s after / before; step time before / after) is measured again
 CONFIRM_BELOW = 1.5
@@ -44,11 +44,13 @@ def needs_confirming(base: dict[str, Any], measured: dict[str, Any] | None, trai
 
 
 def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, Any], best: Any, train: bool,
-            timeout_s: float, notes: list[str]) -> str | None:
+            timeout_s: float, notes: list[str]) -> tuple[str | None, tuple[dict[str, Any], dict[str, Any]]]:
     """Run the script as it is, then under ``best``'s plan, once more (``run``: the search's
     ``_Setup``); append what the round measured to ``notes``. Returns why the plan is declined
     (it lost the round, or its run failed), or None where it won again (or where the script as
-    it is failed its second run: the plan's first run stands, and the note says so)."""
+    it is failed its second run: the plan's first run stands, and the note says so); and the
+    measurements to report as before and after: where the plan won both rounds, each the mean of
+    its two rounds (:func:`both_rounds`), else the first round's."""
     label = best.prediction.candidate.label
     key, unit = metric(train)
     first = ratio(base, best.measured, train)
@@ -61,7 +63,7 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
             base2, out2 = run_script(argv, log=log, timeout_s=timeout_s)
     except RecsysDoctorError as e:  # nothing to hold the plan's second run against: its first stands
         notes.append(f"a close win ({first:.2f}x) not measured again: the script as it is failed its second run: {e}")
-        return None
+        return None, (base, best.measured)
     plan = write_plan(run.out / "confirm.plan.json", advised, best.prediction.candidate)
     sp = run.out / "confirm.hook_stats.json"
     second_run = CandidateResult(best.prediction)
@@ -73,7 +75,8 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
         second_run.error = str(e)
     fail_on_thread_errors(second_run, read_hook_stats(sp), out2)  # (a thread that raised: that run failed)
     if second_run.error:
-        return f"declined: {label} won its first run by {first:.2f}x and failed the second: {second_run.error}"
+        return (f"declined: {label} won its first run by {first:.2f}x and failed the second: {second_run.error}",
+                (base, best.measured))
     m2 = second_run.measured or {}
     second = ratio(base2, m2, train)
     said = (f"{base2.get(key)} -> {m2.get(key)} {unit}" if second is not None
@@ -83,5 +86,19 @@ def confirm(run: Any, argv: list[str], advised: dict[str, Any], base: dict[str, 
     if second is None or second < 1.0:
         return (f"declined: the best plan measured, {label}, won its first run by {first:.2f}x and lost the "
                 f"second ({said}): within the machine's spread; the script is left unchanged (plan.json keeps "
-                "that plan for reference)")
-    return None
+                "that plan for reference)"), (base, best.measured)
+    shown = both_rounds(base, base2), both_rounds(best.measured, m2)
+    notes.append(f"before and after are the means of both rounds: {shown[0].get(key):g} -> {shown[1].get(key):g} {unit}"
+                 f" ({ratio(*shown, train):.2f}x)")
+    return None, shown
+
+
+def both_rounds(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """A run's measurement over its two rounds: the first's, with each of queries/s, latencies and
+    step time the mean of the two rounds where both have it (what else the first printed stays)."""
+    out = dict(first)
+    for k in ("qps", "p50_ms", "p99_ms", "step_ms", "mean_ms"):
+        a, b = first.get(k), second.get(k)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            out[k] = round((a + b) / 2, 4)
+    return out
