@@ -43,6 +43,7 @@ ARGS = {
     "proc_pool_serve.py": ["--procs", "4", "--queries", "3000"],
     "short_threads_serve.py": ["--threads", "4", "--queries", "3000"],
     "log_only_serve.py": ["--threads", "4", "--queries", "4000"],
+    "cascade_serve.py": ["--threads", "4", "--queries", "3000"],
     "amp_accum_train.py": ["--epochs", "2"],
 }
 #: the training loops among them, compared as the suite's training loop is (step time, loss tolerance)

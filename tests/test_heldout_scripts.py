@@ -45,6 +45,7 @@ TINY = {
     "proc_pool_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "log_only_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
+    "cascade_serve.py": ["--queries", "24", "--items", "600", "--retrieve", "40", "--top", "8"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
 }
@@ -398,3 +399,37 @@ def test_log_only_checksum_recomputed_and_the_hook_measures_it(runs, tmp_path):
     m, out, metered = run_as_is(env_args, tmp_path / "run", log=tmp_path / "log")
     assert metered and m["calls"] == 24 and m["qps"] > 0 and m["source"] == "hook"
     assert "INFO scored 24/24 requests" in out
+
+
+def test_cascade_checksum_recomputed_and_seen_items_never_returned(runs):
+    """The two-stage recommender: recomputed one request at a time with the seen items left out
+    by a mask (``torch.isin``) instead of the script's in-place ``-inf``; no request returns an
+    item its user has seen, and each returns ``--top`` distinct ids."""
+    mod = _load("cascade_serve.py")
+    a = dict(zip(TINY["cascade_serve.py"][::2], TINY["cascade_serve.py"][1::2]))
+    queries, items, retrieve, top = (int(a[k]) for k in ("--queries", "--items", "--retrieve", "--top"))
+    torch.manual_seed(0)
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ids, vals = [], []
+    try:
+        with torch.no_grad():
+            retrieval, ranker = mod.Retrieval(items).eval(), mod.Ranker(items).eval()
+            for rid in range(queries):
+                dense, hist, seen = (torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                                     for x in mod.make_request(0, rid, items))
+                s = retrieval(dense, hist)
+                s = torch.where(torch.isin(torch.arange(items), torch.tensor(seen)), float("-inf"), s)
+                cand = torch.topk(s, retrieve).indices
+                best = torch.topk(ranker(dense, hist, cand), top)
+                got = cand[best.indices]
+                assert len(set(got.tolist())) == top and not set(got.tolist()) & set(seen)
+                ids += got.tolist()
+                vals += best.values.tolist()
+    finally:
+        torch.set_num_threads(intra)
+    w = np.linspace(1.0, 2.0, len(ids))
+    expected = float(np.array(ids, dtype=np.float64) @ w) * 1e-6 + float(np.array(vals, dtype=np.float64) @ w)
+    for t in THREADS:
+        r = json.loads(runs[("cascade_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-12)
