@@ -624,6 +624,16 @@ def test_a_kept_batching_plan_whose_calls_ran_unbatched_says_so():
     assert _batching_refused(Candidate(1, batching=True), {**refused, "batches": 5, "batched_calls": 40}) is None
     assert _batching_refused(Candidate(1), refused) is None
     assert _batching_refused(Candidate(1, batching=True), None) is None
+    # the copies a refused batching plan left to PyTorch (cascade_serve.py's kept plan on the H200,
+    # bench/apply/results/silent_h200/3_cascade/cascade_apply.json): 0 of 3,000 + 3,000 + 3,000 taken over
+    sites = [{"kind": "model", "site": "c.py:91", "taken_over": 2999, "fallback": 4},
+             {"kind": "h2d", "site": "c.py:89", "taken_over": 0, "fallback": 3000},
+             {"kind": "h2d", "site": "c.py:92", "taken_over": 4, "fallback": 2996}]
+    note = _batching_refused(Candidate(1, batching=True), {**refused, "sites": sites})
+    assert note.endswith("each on its group's graphs; 4 of 6000 input copies taken over")
+    sites[2]["taken_over"], sites[2]["fallback"] = 0, 3000
+    note = _batching_refused(Candidate(1, batching=True), {**refused, "sites": sites})
+    assert note.endswith("its input copies stayed PyTorch's (a batching plan learns no thread graphs)")
 
 
 

@@ -167,7 +167,12 @@ def batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None
     if not cand.batching or not hook or hook.get("batched_calls"):
         return None
     why = next((f for f in hook.get("fallbacks") or [] if f.startswith("not batched")), "no call was batched")
-    return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, as the plan without it"
+    copies = [s for s in hook.get("sites") or [] if s.get("kind") == "h2d"]
+    taken = sum(int(s.get("taken_over") or 0) for s in copies)
+    said = (f"; {taken} of {taken + sum(int(s.get('fallback') or 0) for s in copies)} input copies taken over"
+            if taken else "; its input copies stayed PyTorch's (a batching plan learns no thread graphs)"
+            if copies else "")
+    return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, each on its group's graphs{said}"
 
 
 def copy_only_note(hook: dict[str, Any] | None) -> str | None:
