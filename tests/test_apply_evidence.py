@@ -295,6 +295,9 @@ def test_units_of_a_profile(tmp_path):
     # a script printing no q/s (measured by the hook's meter): its last JSON line's own count
     assert units('{"served": 3000, "queries": 3000, "checksum": 1.5}\nINFO done\n') == (3000, "query")
     assert units('{"calls": 7}\n{"note": "x"}\n') == (None, "query")  # (the last JSON line only)
+    # a training loop printing no step time (examples/heldout/log_train.py): its steps, per step
+    assert units('INFO step 500 loss 6.2\n{"script": "log_train", "steps": 600, "checksum": 5865.0}\n') == (600, "step")
+    assert units('{"steps": 600, "queries": 3000}\n') == (3000, "query")  # (a count of queries wins)
 
 
 def test_before_after_table_has_the_syncs_rows():

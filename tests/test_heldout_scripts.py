@@ -46,6 +46,7 @@ TINY = {
     "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "log_only_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "cascade_serve.py": ["--queries", "24", "--items", "600", "--retrieve", "40", "--top", "8"],
+    "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
 }
@@ -53,10 +54,10 @@ TINY = {
 #: other sizes): their checksums agree to this relative difference, not exactly
 APPROX = {"own_batcher_serve.py": 1e-9}
 #: the training loops among them (a step time, no queries): their worker count must not change the checksum
-TRAIN = {"amp_accum_train.py"}
+TRAIN = {"amp_accum_train.py", "log_train.py"}
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers"),
-           "proc_pool_serve.py": ("--procs", "procs")}
+           "proc_pool_serve.py": ("--procs", "procs"), "log_train.py": ("--prefetch", "prefetch")}
 THREADS = (1, 3)
 #: scripts that print no throughput or latency (``profile --apply`` measures them itself)
 NO_QPS = {"log_only_serve.py"}
@@ -433,3 +434,43 @@ def test_cascade_checksum_recomputed_and_seen_items_never_returned(runs):
     for t in THREADS:
         r = json.loads(runs[("cascade_serve.py", t)][0])
         assert r["checksum"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_log_train_checksum_recomputed_and_the_hook_times_its_optimizer_steps(runs, tmp_path):
+    """The training loop that logs its loss and prints no step time: its checksum recomputed
+    here step by step (the same batches, model and Adam, one intra-op thread), whatever its
+    prefetch threads; run as ``profile --apply`` runs a script as it is, it prints no
+    measurement, so it is run again metered and timed by its optimizer steps."""
+    from recsys_doctor.applying.script_hook import run_as_is
+
+    mod = _load("log_train.py")
+    a = dict(zip(TINY["log_train.py"][::2], TINY["log_train.py"][1::2]))
+    steps, batch, users, items = (int(a[k]) for k in ("--steps", "--batch", "--users", "--items"))
+    torch.manual_seed(0)
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = mod.TwoTower(users, items).train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        losses = []
+        for step in range(steps):
+            u, d, i = (torch.from_numpy(x) for x in mod.make_batch(0, step, batch, users, items))
+            logits = model(u, d, i)
+            assert logits.shape == (batch, batch)
+            loss = torch.nn.functional.nll_loss(torch.log_softmax(logits, dim=1), torch.arange(batch))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        w = np.linspace(1.0, 2.0, steps)
+        expected = float(np.array(losses) @ w) + float(model.user_emb.weight.detach().double().sum()) \
+            + float(model.item_emb.weight.detach().double().sum())
+    finally:
+        torch.set_num_threads(intra)
+    for t in THREADS:
+        r = json.loads(runs[("log_train.py", t)][0])
+        assert r["prefetch"] == t and r["steps"] == steps and not {"qps", "step_ms"} & set(r)
+        assert r["checksum"] == pytest.approx(expected, rel=1e-6)
+    argv = [sys.executable, str(HELDOUT / "log_train.py"), "--device", "cpu", *TINY["log_train.py"]]
+    m, out, metered = run_as_is(argv, tmp_path / "run", log=tmp_path / "log")
+    assert metered and m["source"] == "hook" and m["step_ms"] > 0 and "INFO step 8 loss" in out

@@ -10,7 +10,8 @@ device-to-host copies into pageable memory, which block all the same); GPU busy 
 run itself: a workload's measurement under the profiler (its trace is analyzed inside the
 ``measure`` window, so both sides count the same calls); a script's own last JSON line in
 that profile's ``program.log`` (``queries``, else ``calls``; ``steps`` for a training loop; for
-a script that prints no q/s, its last JSON line's ``queries`` or ``calls`` all the same).
+a script that prints no q/s, its last JSON line's ``queries`` or ``calls`` all the same, or
+its ``steps`` where it has neither: a training loop that prints no step time).
 A script's trace is analyzed whole, so its syncs include start-up and warm-up ones, which
 its count of queries leaves out: a few more per query than the steady state, on both sides.
 """
@@ -52,7 +53,8 @@ def profiled_units(prof: Any) -> tuple[int | None, str]:
         line = parse_script_result(text)
     except WorkloadError:  # (a script printing no q/s: its last JSON line's count, where it has one)
         line = last_json(text) or {}
-    if line.get("qps") is None and line.get("step_ms") is not None:
+    counts_steps = "steps" in line and not {"queries", "calls"} & line.keys()  # (a silent training loop)
+    if line.get("qps") is None and (line.get("step_ms") is not None or counts_steps):
         n, unit = line.get("steps"), "step"
     else:
         n, unit = line.get("queries", line.get("calls")), "query"
