@@ -305,6 +305,9 @@ def test_candidates_cover_the_grid():
     assert [(c.groups, c.cuda_graphs) for c in candidates("script") if c.batching] == [(g, True) for g in (1, 2, 4, 8)]
     assert [c.groups for c in candidates("script", clients=4) if c.batching] == [1, 2]
     assert not [c for c in candidates("script", clients=1) if c.batching]  # a training loop: one thread
+    # one thread calls the model: one group, with and without graphs (the others would stay idle)
+    assert [(c.groups, c.cuda_graphs) for c in candidates("script", clients=1)] == [(1, True), (1, False)]
+    assert {c.groups for c in candidates("script", clients=2)} == {1, 2, 4, 8}
     with pytest.raises(BadInputError):
         candidates("nope")
 

@@ -30,15 +30,17 @@ def candidates(kind: str = "serve", group_counts: Sequence[int] = GROUP_COUNTS,
     graphs (its copies are its own, on the group's stream; any number of client threads per
     group: the hook captures with any, see ``docs/profile.md``), plus the hook's batching
     (graphs) at each group count below ``clients`` (with one client thread a group there is
-    nothing to combine; ``clients=1``, a training loop: none). Both with PyTorch's one shared
-    allocator, the only one they can have."""
+    nothing to combine; ``clients=1``, a training loop: none). With ``clients=1`` one group
+    only: the hook places each thread that calls a model in a group, so one thread leaves every
+    other group idle, and measuring them measures the machine's spread. Both with PyTorch's one
+    shared allocator, the only one they can have."""
     if kind == "serve":
         return ([Candidate(g, m, a, gr) for g in group_counts for m in (True, False) for a in (True, False)
                  for gr in (True, False)] + [Candidate(g, batching=True) for g in group_counts])
     if kind in ("script", "train"):
         # shared pool: neither path can give a group its own allocator (Plan.unhonoured), so
         # the search never offers one there
-        out = [Candidate(g, True, False, gr) for g in group_counts for gr in (True, False)]
+        out = [Candidate(g, True, False, gr) for g in (group_counts if clients != 1 else (1,)) for gr in (True, False)]
         if kind == "script":
             out += [Candidate(g, True, False, True, batching=True) for g in group_counts
                     if clients is None or g < clients]
