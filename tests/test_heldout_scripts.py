@@ -11,6 +11,7 @@ and both sides of its data-dependent branch are shown to be taken and to matter.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import json
 import math
@@ -68,6 +69,20 @@ def _load(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@contextlib.contextmanager
+def _tiny_run(name: str):
+    """``name``'s module and its TINY arguments as a dict, with the seed set and one intra-op
+    thread meanwhile, as the runs (OMP_NUM_THREADS=1: the same summation order)."""
+    mod = _load(name)
+    torch.manual_seed(0)
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield mod, dict(zip(TINY[name][::2], TINY[name][1::2]))
+    finally:
+        torch.set_num_threads(intra)
 
 
 @pytest.fixture(scope="module")
@@ -322,19 +337,11 @@ def _rows_checksum(name: str, make_model) -> float:
     """``name``'s checksum recomputed one request at a time: ``make_model(mod, vocab)`` (its
     weights set), each of the script's TINY requests scored alone, every score weighted by
     position; one intra-op thread, as the runs (OMP_NUM_THREADS=1: the same summation order)."""
-    mod = _load(name)
-    args = dict(zip(TINY[name][::2], TINY[name][1::2]))
-    queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
-    torch.manual_seed(0)
-    intra = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad():
-            model = make_model(mod, vocab).eval()
-            flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
-                    for d, i in (mod.make_request(0, rid, rows, vocab) for rid in range(queries))]
-    finally:
-        torch.set_num_threads(intra)
+    with _tiny_run(name) as (mod, args), torch.no_grad():
+        queries, rows, vocab = int(args["--queries"]), int(args["--rows"]), int(args["--vocab"])
+        model = make_model(mod, vocab).eval()
+        flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
+                for d, i in (mod.make_request(0, rid, rows, vocab) for rid in range(queries))]
     flat = np.concatenate(flat).astype(np.float64)
     return float(flat @ np.linspace(1.0, 2.0, flat.size))
 
@@ -406,14 +413,9 @@ def test_cascade_checksum_recomputed_and_seen_items_never_returned(runs):
     """The two-stage recommender: recomputed one request at a time with the seen items left out
     by a mask (``torch.isin``) instead of the script's in-place ``-inf``; no request returns an
     item its user has seen, and each returns ``--top`` distinct ids."""
-    mod = _load("cascade_serve.py")
-    a = dict(zip(TINY["cascade_serve.py"][::2], TINY["cascade_serve.py"][1::2]))
-    queries, items, retrieve, top = (int(a[k]) for k in ("--queries", "--items", "--retrieve", "--top"))
-    torch.manual_seed(0)
-    intra = torch.get_num_threads()
-    torch.set_num_threads(1)
     ids, vals = [], []
-    try:
+    with _tiny_run("cascade_serve.py") as (mod, a):
+        queries, items, retrieve, top = (int(a[k]) for k in ("--queries", "--items", "--retrieve", "--top"))
         with torch.no_grad():
             retrieval, ranker = mod.Retrieval(items).eval(), mod.Ranker(items).eval()
             for rid in range(queries):
@@ -427,8 +429,6 @@ def test_cascade_checksum_recomputed_and_seen_items_never_returned(runs):
                 assert len(set(got.tolist())) == top and not set(got.tolist()) & set(seen)
                 ids += got.tolist()
                 vals += best.values.tolist()
-    finally:
-        torch.set_num_threads(intra)
     w = np.linspace(1.0, 2.0, len(ids))
     expected = float(np.array(ids, dtype=np.float64) @ w) * 1e-6 + float(np.array(vals, dtype=np.float64) @ w)
     for t in THREADS:
@@ -443,13 +443,8 @@ def test_log_train_checksum_recomputed_and_the_hook_times_its_optimizer_steps(ru
     measurement, so it is run again metered and timed by its optimizer steps."""
     from recsys_doctor.applying.script_hook import run_as_is
 
-    mod = _load("log_train.py")
-    a = dict(zip(TINY["log_train.py"][::2], TINY["log_train.py"][1::2]))
-    steps, batch, users, items = (int(a[k]) for k in ("--steps", "--batch", "--users", "--items"))
-    torch.manual_seed(0)
-    intra = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _tiny_run("log_train.py") as (mod, a):
+        steps, batch, users, items = (int(a[k]) for k in ("--steps", "--batch", "--users", "--items"))
         model = mod.TwoTower(users, items).train()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         losses = []
@@ -465,8 +460,6 @@ def test_log_train_checksum_recomputed_and_the_hook_times_its_optimizer_steps(ru
         w = np.linspace(1.0, 2.0, steps)
         expected = float(np.array(losses) @ w) + float(model.user_emb.weight.detach().double().sum()) \
             + float(model.item_emb.weight.detach().double().sum())
-    finally:
-        torch.set_num_threads(intra)
     for t in THREADS:
         r = json.loads(runs[("log_train.py", t)][0])
         assert r["prefetch"] == t and r["steps"] == steps and not {"qps", "step_ms"} & set(r)
