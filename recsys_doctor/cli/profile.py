@@ -48,7 +48,7 @@ __all__ = ["profile_cmd", "render_capture", "render_apply", "render_host"]
 @click.option("--apply", "do_apply", is_flag=True,
               help="Then search plans (what-if estimate from the trace), measure the best --top-k with the "
                    "stream-group runtime, keep the best measured (a plain script's only where it beats the "
-                   "script as it is; a win under 1.5x must win a second run too; a plain script is compared by "
+                   "script as it is; a win under 1.5x must win a second run too, and is reported by the mean of both; a plain script is compared by "
                    "its last JSON line's qps or step_ms, or, where it prints none, by its model calls a second "
                    "as the hook counts them); write plan.json, apply.json, compare.html.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True, metavar="K",
