@@ -32,11 +32,13 @@ from ._autoapply.threaderrors import MAX_KEPT
 from ._autoapply.meter import ENV_METER
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
 
-__all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_env", "activate_in_process", "script_treatment",
+__all__ = ["ENV_PLAN", "ENV_STATS", "script_env", "hook_folder", "hook_env", "activate_in_process", "script_treatment",
            "read_hook_stats", "merge_hook_stats", "last_json", "parse_script_result", "NoMeasurementError", "run_script",
            "run_as_is", "METERED",
            "thread_errors_note", "fail_on_thread_errors"]
 
+#: the name of a generated hook folder starts so (:func:`script_env`, :func:`hook_folder`)
+HOOK_DIR_PREFIX = "recsys-doctor-hook-"
 #: the hook's own module: loaded by file path, so a script gets it without importing the package
 _AUTOAPPLY = Path(__file__).resolve().with_name("_autoapply") / "__init__.py"  # a package, loaded by path
 
@@ -82,7 +84,7 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     measurement of a script that prints none."""
     plan = Path(plan_path).resolve()
     read_plan(plan)
-    d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix="recsys-doctor-hook-"))
+    d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix=HOOK_DIR_PREFIX))
     d.mkdir(parents=True, exist_ok=True)
     (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(_AUTOAPPLY), here=str(d.resolve())))
     env = dict(os.environ if base_env is None else base_env)
@@ -101,9 +103,16 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
 
 
 @contextlib.contextmanager
+def hook_folder() -> Iterator[Path]:
+    """A temp folder for the generated hook (and what its runs write), removed when the block ends."""
+    with tempfile.TemporaryDirectory(prefix=HOOK_DIR_PREFIX) as d:
+        yield Path(d)
+
+
+@contextlib.contextmanager
 def hook_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
     """:func:`script_env` in a temp folder that is removed when the block ends."""
-    with tempfile.TemporaryDirectory(prefix="recsys-doctor-hook-") as d:
+    with hook_folder() as d:
         yield script_env(plan_path, base_env=base_env, hook_dir=d)
 
 

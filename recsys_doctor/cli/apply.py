@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 from pathlib import Path
 
 import click
@@ -60,7 +59,7 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
     those copies too (RECSYS_DOCTOR_THREAD_GRAPHS=0: off). Exit status: COMMAND's.
     """
     from ..applying.apply import before_after_rows, read_plan, run_script
-    from ..applying.script_hook import hook_env, run_as_is, script_env
+    from ..applying.script_hook import hook_env, hook_folder, run_as_is, script_env
 
     if command and command[0] == "--":
         command = command[1:]
@@ -80,10 +79,10 @@ def apply_cmd(plan: Path, command: tuple[str, ...], compare: bool, as_json: bool
             except FileNotFoundError:
                 raise BadInputError(f"cannot run {command[0]!r}: no such program") from None
             raise SystemExit(rc)
-    with tempfile.TemporaryDirectory(prefix="recsys-doctor-hook-") as d:  # (removed afterwards, as hook_env's)
+    with hook_folder() as d:  # (removed afterwards)
         # a command that prints no measurement is measured by the hook's count of its model calls, both runs
-        before, _, metered = run_as_is(command, Path(d) / "as_is")
-        after, _ = run_script(command, env=script_env(plan, hook_dir=d, stats_path=Path(d) / "stats.json", meter=metered))
+        before, _, metered = run_as_is(command, d / "as_is")
+        after, _ = run_script(command, env=script_env(plan, hook_dir=d, stats_path=d / "stats.json", meter=metered))
     rows = before_after_rows(before, after)
     if as_json:
         click.echo(json.dumps({"before": before, "after": after, "table": rows}, indent=1))
