@@ -440,7 +440,7 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
         try:
             with NvmlSampler(run.device_index, 0.05, enabled=run.nvml) as smp:
                 r.measured, _ = run_script(argv, env=script_env(pp, hook_dir=run.out / "hook", stats_path=sp,
-                                                                meter=run.metered),
+                                                                meter=getattr(run, "metered", False)),
                                            log=run.out / "program.log", timeout_s=timeout_s)
             r.nvml = smp.result.summary() if run.nvml else None
         except RecsysDoctorError as e:
