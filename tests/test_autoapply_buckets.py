@@ -9,13 +9,14 @@ verification); capture and replay with padded rows are in ``tests/test_autoapply
 
 from __future__ import annotations
 
+import operator
 from collections import namedtuple
 
 import pytest
 
 from recsys_doctor.applying import _autoapply as hook
-from recsys_doctor.applying._autoapply import accounting, buckets, graphs
-from recsys_doctor.applying._autoapply.fallback import failure_reason
+from recsys_doctor.applying._autoapply import accounting, buckets, graphs, modstate
+from recsys_doctor.applying._autoapply.fallback import failure_reason, needs_host
 
 torch = pytest.importorskip("torch")
 
@@ -298,6 +299,94 @@ def test_failure_reason_of_a_capture_ended_after_an_error_names_the_first():
                              "first RuntimeError: CUDA error: operation not permitted when stream is capturing "
                              "(aten::nonzero; at ")
     assert reason.endswith(f"test_autoapply_buckets.py:{line}: raise RuntimeError(MSG))")
+
+
+class _History(torch.nn.Module):
+    """A sequence model as scripts write it: nn.TransformerEncoder over padded histories."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, batch_first=True), 1)
+
+    def forward(self, x, mask):
+        return self.enc(x, src_key_padding_mask=mask)
+
+
+def test_failure_reason_names_pytorchs_line_under_the_scripts_and_a_known_way_out(monkeypatch):
+    """A failure inside PyTorch's own Python (here its nested-tensor fast path, which on a GPU
+    reads the mask on the host): the script's line, then PyTorch's line that made the failing
+    call, then what keeps such a model capturable."""
+    m = _History().eval()
+    # a C function that fails on these arguments: no Python frame of its own under PyTorch's
+    monkeypatch.setattr(torch, "_nested_tensor_from_mask", operator.truediv)
+    x, mask = torch.randn(2, 3, 8), torch.tensor([[False, False, True], [False, False, False]])
+    with torch.no_grad(), pytest.raises(TypeError) as ei:
+        m(x, mask)
+    reason = failure_reason(ei.value)
+    line = _History.forward.__code__.co_firstlineno + 1
+    assert f"test_autoapply_buckets.py:{line}: return self.enc(x, src_key_padding_mask=mask); " in reason
+    assert "; in torch/nn/modules/transformer.py:" in reason and ": output = torch._nested_tensor_from_mask(" in reason
+    assert reason.endswith("TransformerEncoder(..., enable_nested_tensor=False) keeps it capturable)")
+    # raised in the script's own line, with nothing of PyTorch's under it: no such part
+    try:
+        _forward_that_fails()
+    except RuntimeError as ex:
+        assert "; in " not in failure_reason(ex)
+
+
+def test_what_needs_the_host_in_a_capture_is_told_from_other_failures():
+    try:
+        try:
+            _forward_that_fails()
+        finally:
+            _end_capture()
+    except RuntimeError as ex:
+        assert needs_host(ex)  # the first failure of the chain said it
+    assert needs_host(RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing "
+                                   "blocking stream"))
+    assert not needs_host(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not needs_host(_end_capture_error())
+
+
+def _end_capture_error():
+    try:
+        _end_capture()
+    except RuntimeError as ex:
+        return ex
+
+
+def test_a_capture_that_needs_the_host_makes_every_later_call_of_its_module_eager(group, monkeypatch, capsys):
+    """One capture of a model that reads a value on the host inside forward: no shape of it can be
+    captured, so its module's record runs every later call eagerly (no capture tried per new
+    shape, no graph's place taken); a capture that failed otherwise (out of memory) leaves it be."""
+    def fails(*a):
+        try:
+            _forward_that_fails()
+        finally:
+            _end_capture()
+
+    monkeypatch.setattr(graphs, "_capture", fails)
+    monkeypatch.setattr(graphs, "_synchronize_quietly", lambda torch_: None)
+    modstate.reset()
+    try:
+        lin, other = torch.nn.Linear(4, 2).eval(), torch.nn.Linear(4, 2).eval()
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            assert modstate.check(torch, lin).eager is None
+            for _ in range(graphs.WARMUP_CALLS + 1):
+                assert torch.equal(_call(group, lin, "k", x), lin(x))
+            rec = modstate.check(torch, lin)
+            assert rec.eager.startswith(graphs.NEEDS_HOST + ": RuntimeError: CUDA error: operation failed due to")
+            assert "operation not permitted when stream is capturing" in rec.eager
+            modstate.check(torch, other)
+            monkeypatch.setattr(graphs, "_capture", lambda *a: (_ for _ in ()).throw(RuntimeError("CUDA out of memory")))
+            for _ in range(graphs.WARMUP_CALLS + 1):
+                _call(group, other, "k2", x)
+            assert modstate.check(torch, other).eager is None and group.entries["k2"].reason.startswith("capture failed")
+        err = capsys.readouterr().err
+        assert err.count(graphs.NEEDS_HOST) == 1
+    finally:
+        modstate.reset()
 
 
 class _FailsOnMoreRows(torch.nn.Module):

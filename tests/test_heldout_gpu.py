@@ -44,11 +44,13 @@ ARGS = {
     "short_threads_serve.py": ["--threads", "4", "--queries", "3000"],
     "log_only_serve.py": ["--threads", "4", "--queries", "4000"],
     "cascade_serve.py": ["--threads", "4", "--queries", "3000"],
+    "seqrec_serve.py": ["--threads", "4", "--queries", "3000"],
     "log_train.py": ["--steps", "600"],
+    "sparse_amp_train.py": ["--epochs", "2"],
     "amp_accum_train.py": ["--epochs", "2"],
 }
 #: the training loops among them, compared as the suite's training loop is (step time, loss tolerance)
-KINDS = {"amp_accum_train.py": "train", "log_train.py": "train"}
+KINDS = {"amp_accum_train.py": "train", "log_train.py": "train", "sparse_amp_train.py": "train"}
 
 
 @pytest.mark.parametrize("name", list(ARGS))

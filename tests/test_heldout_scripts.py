@@ -47,6 +47,8 @@ TINY = {
     "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "log_only_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "cascade_serve.py": ["--queries", "24", "--items", "600", "--retrieve", "40", "--top", "8"],
+    "seqrec_serve.py": ["--queries", "24", "--users", "4", "--items", "500", "--max-len", "12", "--cands", "10"],
+    "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "amp_accum_train.py": ["--samples", "2048", "--batch", "128", "--vocab", "500", "--epochs", "1",
                            "--eval-every", "2"],
@@ -55,10 +57,11 @@ TINY = {
 #: other sizes): their checksums agree to this relative difference, not exactly
 APPROX = {"own_batcher_serve.py": 1e-9}
 #: the training loops among them (a step time, no queries): their worker count must not change the checksum
-TRAIN = {"amp_accum_train.py", "log_train.py"}
+TRAIN = {"amp_accum_train.py", "log_train.py", "sparse_amp_train.py"}
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers"),
-           "proc_pool_serve.py": ("--procs", "procs"), "log_train.py": ("--prefetch", "prefetch")}
+           "proc_pool_serve.py": ("--procs", "procs"), "log_train.py": ("--prefetch", "prefetch"),
+           "sparse_amp_train.py": ("--workers", "workers")}
 THREADS = (1, 3)
 #: scripts that print no throughput or latency (``profile --apply`` measures them itself)
 NO_QPS = {"log_only_serve.py"}
@@ -467,3 +470,68 @@ def test_log_train_checksum_recomputed_and_the_hook_times_its_optimizer_steps(ru
     argv = [sys.executable, str(HELDOUT / "log_train.py"), "--device", "cpu", *TINY["log_train.py"]]
     m, out, metered = run_as_is(argv, tmp_path / "run", log=tmp_path / "log")
     assert metered and m["source"] == "hook" and m["step_ms"] > 0 and "INFO step 8 loss" in out
+
+
+def test_seqrec_checksum_recomputed_and_its_padded_width_changes(runs):
+    """The Transformer over click histories: recomputed one request at a time (histories
+    padded by hand to the request's longest, the mask from the lengths, not from the ids),
+    the top items by a full sort instead of ``topk``; the requests had several padded widths."""
+    scores, tops, widths = [], [], set()
+    with _tiny_run("seqrec_serve.py") as (mod, a):
+        queries, users, items, max_len, cands, top = (int(a.get(k, d)) for k, d in (
+            ("--queries", 0), ("--users", 0), ("--items", 0), ("--max-len", 0), ("--cands", 0), ("--top", 5)))
+        model = mod.SeqRec(items, max_len).eval()
+        with torch.inference_mode():
+            for rid in range(queries):
+                hists, c = mod.make_request(0, rid, users, items, max_len, cands)
+                width = max(map(len, hists))
+                widths.add(width)
+                hist = torch.tensor([h + [0] * (width - len(h)) for h in hists])
+                mask = torch.arange(width)[None, :] >= torch.tensor([len(h) for h in hists])[:, None]
+                s = model(hist, mask, torch.from_numpy(c)).numpy()
+                assert s.shape == (users, cands)
+                scores.append(s.ravel())
+                tops.append(np.take_along_axis(c, np.argsort(-s, axis=1, kind="stable")[:, :top], axis=1).ravel())
+    assert len(widths) > 1
+    s, t = np.concatenate(scores).astype(np.float64), np.concatenate(tops).astype(np.float64)
+    expected = float(s @ np.linspace(1.0, 2.0, s.size)) + 1e-6 * float(t @ np.linspace(1.0, 2.0, t.size))
+    for th in THREADS:
+        r = json.loads(runs[("seqrec_serve.py", th)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-9) and r["widths"] == len(widths)
+
+
+def test_sparse_amp_train_checksum_recomputed_step_by_step(runs):
+    """The sparse-gradient AMP loop: retrained here batch by batch (the script's samples, no
+    DataLoader, bfloat16 autocast, no scaler as on the CPU, SparseAdam and AdamW with the
+    clip), one step per batch of 64 over 1,000 samples: 16 steps, the last of 40 samples;
+    the same whatever its worker processes."""
+    with _tiny_run("sparse_amp_train.py") as (mod, a):
+        samples, batch, vocab = (int(a[k]) for k in ("--samples", "--batch", "--vocab"))
+        data = mod.Clicks(samples, vocab, 0)
+        model = mod.CTR(vocab).train()
+        sparse = [p for bag in model.bags for p in bag.parameters()]
+        dense = list(model.bottom.parameters()) + list(model.top.parameters())
+        opt_s, opt_d = torch.optim.SparseAdam(sparse, lr=1e-3), torch.optim.AdamW(dense, lr=1e-3, weight_decay=1e-5)
+        losses = []
+        for lo in range(0, samples, batch):
+            d, v, o, y = mod.collate([data[i] for i in range(lo, min(samples, lo + batch))])
+            assert [int(x[-1]) + 1 <= len(vals) for x, vals in zip(o, v)] == [True] * len(v)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logit = model(d, v, o)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit.float(), y)
+            opt_s.zero_grad(set_to_none=True)
+            opt_d.zero_grad(set_to_none=True)
+            loss.backward()
+            assert all(p.grad.is_sparse for p in sparse)
+            torch.nn.utils.clip_grad_norm_(dense, 1.0)
+            opt_d.step()
+            opt_s.step()
+            losses.append(loss.item())
+        steps = len(losses)
+        assert steps == 16 and samples - (steps - 1) * batch == 40
+        expected = float(np.array(losses) @ np.linspace(1.0, 2.0, steps)) + sum(
+            float(p.detach().double().sum()) for p in model.parameters())
+    for t in THREADS:
+        r = json.loads(runs[("sparse_amp_train.py", t)][-1])
+        assert r["workers"] == t and r["steps"] == steps and r["step_ms"] > 0 and r["scale"] is None
+        assert r["checksum"] == pytest.approx(expected, rel=1e-9)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import sys
 from typing import Any
 
 from ._common import _first_line, _log, _state
@@ -13,6 +14,13 @@ from .accounting import _display, _skipped
 
 #: an ATen operator named in an exception's text (``aten::nonzero``, ``aten::_local_scalar_dense``)
 _OP = re.compile(r"\baten::[\w.]+")
+#: what CUDA says when an operation inside a capture needs the host (a synchronization, a value
+#: read back, a copy to or from pageable memory): a property of the model's code, not of a call's shapes
+_NEEDS_HOST = ("operation not permitted when stream is capturing",
+               "operation would make the legacy stream depend on a capturing blocking stream")
+#: PyTorch code known to read a tensor on the host, and what keeps it capturable
+_KNOWN_SYNCS = (("_nested_tensor_from_mask", "nn.TransformerEncoder's nested-tensor fast path reads the padding "
+                 "mask on the host: TransformerEncoder(..., enable_nested_tensor=False) keeps it capturable"),)
 
 
 def _end_broken_capture(stream: Any) -> None:
@@ -72,7 +80,49 @@ def failure_reason(ex: BaseException) -> str:
         extra.append(op)
     if root is not None:
         extra.append(f"at {_raised_at(root)}")
+        inner = _torch_frame(root)
+        if inner is not None:
+            extra.append(f"in {inner}")
+            extra += [hint for pat, hint in _KNOWN_SYNCS if pat in inner]
     return f"{reason} ({'; '.join(extra)})" if extra else reason
+
+
+def needs_host(ex: BaseException) -> bool:
+    """Whether a capture failed because an operation in it needs the host (CUDA refused it in a
+    capture): the model's code does so whatever the call's shapes, so no capture of it can work."""
+    seen: list[BaseException] = []
+    c: BaseException | None = ex
+    while c is not None and c not in seen and len(seen) < 8:
+        seen.append(c)
+        if any(m in str(c) for m in _NEEDS_HOST):
+            return True
+        c = c.__cause__ or c.__context__
+    return False
+
+
+def _torch_frame(ex: BaseException) -> str | None:
+    """``torch/...py:line: source`` of the innermost frame of ``ex``'s traceback in PyTorch's
+    own Python, below the script's innermost frame (the PyTorch call that raised), or None."""
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    if not torch_file:
+        return None
+    base = os.path.dirname(os.path.dirname(os.path.abspath(torch_file)))
+    tdir = os.path.join(base, "torch") + os.sep
+    tb, last = ex.__traceback__, None
+    while tb is not None:
+        fn = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not _skipped(fn):
+            last = None  # (the script's own frame: only PyTorch's below it count)
+        elif fn.startswith(tdir):
+            last = tb
+        tb = tb.tb_next
+    if last is None:
+        return None
+    fn, line = os.path.abspath(last.tb_frame.f_code.co_filename), last.tb_lineno
+    src = linecache.getline(fn, line).strip()
+    if len(src) > 60:
+        src = src[:57] + "..."
+    return f"{os.path.relpath(fn, base)}:{line}" + (f": {src}" if src else "")
 
 
 def _raised_at(ex: BaseException) -> str | None:

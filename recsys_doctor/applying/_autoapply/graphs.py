@@ -15,11 +15,14 @@ from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, INDEX_OUTPUT, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING,
                       WARMING_UP, index_outputs,
                       _Site, bucket_rows, call_rows, cut_rows, outputs, pad_rows, pad_views, rows_differ, same_rows)
-from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason
+from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason, needs_host
 from .groups import _capture_stream, _Gate, _Group, _run_shared
+from .modstate import never_graph
 
 #: why a call with gradients on, or of a module in training mode, is never graphed
 GRAD_ON = "gradients on or the module in training mode"
+#: why every call of a module runs eagerly after a capture of it needed the host
+NEEDS_HOST = "its forward needs the host inside a CUDA graph capture: every call eager from now on"
 
 
 class _Entry:
@@ -303,7 +306,10 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
             except Exception as ex:  # noqa: BLE001 - any capture failure means eager, with the reason
                 _debug_traceback()
                 _synchronize_quietly(torch)
-                why = _eager_from_now(g, e, module, site, f"capture failed: {failure_reason(ex)}")
+                detail = failure_reason(ex)
+                why = _eager_from_now(g, e, module, site, f"capture failed: {detail}")
+                if needs_host(ex):
+                    never_graph(module, f"{NEEDS_HOST}: {detail}")
                 return _eager(orig_call, module, args, kwargs, site, why)
         try:
             cur = g.before_replay(torch)

@@ -249,6 +249,18 @@ def _look_again(torch: Any, module: Any) -> _Rec:
         return rec
 
 
+def never_graph(module: Any, reason: str) -> None:
+    """Every later call of ``module`` runs eagerly, for ``reason`` (said once): its forward needs
+    the host inside a capture, whatever the call's shapes (:func:`.fallback.needs_host`), so a
+    capture of each new shape would only fail again, each costing a call and a graph's place."""
+    with _lock:
+        rec = _recs.get(id(module))
+        if rec is None or rec.ref() is not module or rec.eager is not None:
+            return
+        rec.eager = reason
+    _fall_back(f"{type(module).__name__}: {reason}", reason)
+
+
 def version(module: Any) -> int:
     """The number of changes of ``module`` seen so far (after :func:`check` of this call)."""
     rec = _recs.get(id(module))
