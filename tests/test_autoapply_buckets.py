@@ -378,6 +378,16 @@ def test_a_capture_that_needs_the_host_makes_every_later_call_of_its_module_eage
             rec = modstate.check(torch, lin)
             assert rec.eager.startswith(graphs.NEEDS_HOST + ": RuntimeError: CUDA error: operation failed due to")
             assert "operation not permitted when stream is capturing" in rec.eager
+            # another group whose calls got past the record before it said so: no capture either
+            from recsys_doctor.applying._autoapply.groups import _Group
+
+            g2 = _Group(1, stream=None)
+            monkeypatch.setattr(graphs, "_capture", lambda *a: pytest.fail("captured after the module went eager"))
+            for _ in range(graphs.WARMUP_CALLS + 1):
+                assert torch.equal(_call(g2, lin, "k", x, site="s.py:10"), lin(x))
+            assert g2.entries["k"].reason == rec.eager
+            assert _counts("s.py:10") == (0, graphs.WARMUP_CALLS + 1, {buckets.WARMING_UP: graphs.WARMUP_CALLS,
+                                                                       rec.eager: 1})
             modstate.check(torch, other)
             monkeypatch.setattr(graphs, "_capture", lambda *a: (_ for _ in ()).throw(RuntimeError("CUDA out of memory")))
             for _ in range(graphs.WARMUP_CALLS + 1):

@@ -93,7 +93,7 @@ def test_a_serving_script_calling_with_gradients_on_is_told_how_to_let_a_plan_gr
         accounting.reset()
     note = grad_on_note({"graphs": True, "sites": sites})
     assert note.startswith("30 of the 45 model calls ran with gradients on or the module in training mode")
-    assert "torch.inference_mode()" in note and "model.eval()" in note
+    assert "torch.inference_mode()" in note and "model.eval()" in note and "requires_grad_(False)" in note
     assert grad_on_note({"graphs": False, "sites": sites}) is None
     assert grad_on_note({"graphs": True, "sites": [dict(s, reasons={}) for s in sites]}) is None
     half = [dict(s, taken_over=30) if s["site"] == "s.py:20" else s for s in sites]  # 30 of 65: not most

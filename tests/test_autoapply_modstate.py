@@ -271,3 +271,29 @@ def test_scripted_traced_and_sparse_modules_have_a_signature_and_a_broken_one_ne
             raise RuntimeError("no")
 
     assert modstate.signature(torch, Broken()) == (("signature not taken", "RuntimeError"),)
+
+
+# ------------------------------------------------------------------------------ frozen models, gradients on
+
+def test_a_frozen_model_called_with_gradients_on_records_nothing_and_is_told_apart(hooked):
+    """A model frozen with requires_grad_(False) and in eval mode, called where gradients are on
+    (a worker thread: the script's torch.set_grad_enabled(False) is per thread): nothing of the call
+    can require grad, so it may run under no_grad; not where a parameter or an input requires grad,
+    or the module trains. What the parameters require is read at every call."""
+    m = Scorer().eval().requires_grad_(False)
+    ids = torch.tensor([[1, 2], [3, 4]])
+    rec = modstate.check(torch, m)
+    assert modstate.frozen_call(torch, rec, m, (ids,), {})
+    out = m(ids)
+    assert not out.requires_grad and out.grad_fn is None  # (what no_grad gives too)
+    x = torch.ones(2, 4, requires_grad=True)
+    assert not modstate.frozen_call(torch, rec, m, (ids,), {"extra": {"x": [x]}})  # an input that does
+    m.head.weight.requires_grad_(True)  # (a tensor method: no revision bump, read live)
+    assert not modstate.frozen_call(torch, modstate.check(torch, m), m, (ids,), {})
+    m.head.weight.requires_grad_(False)
+    m.train()
+    assert not modstate.frozen_call(torch, modstate.check(torch, m), m, (ids,), {})
+    m.eval()
+    assert modstate.frozen_call(torch, modstate.check(torch, m), m, (ids,), {})
+    m.head = torch.nn.Linear(4, 1)  # a new submodule, its parameters requiring grad: taken again
+    assert not modstate.frozen_call(torch, modstate.check(torch, m), m, (ids,), {})

@@ -45,6 +45,7 @@ ARGS = {
     "log_only_serve.py": ["--threads", "4", "--queries", "4000"],
     "cascade_serve.py": ["--threads", "4", "--queries", "3000"],
     "seqrec_serve.py": ["--threads", "4", "--queries", "3000"],
+    "frozen_pool_serve.py": ["--threads", "4", "--queries", "4000"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],
     "amp_accum_train.py": ["--epochs", "2"],

@@ -47,6 +47,7 @@ TINY = {
     "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "log_only_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "cascade_serve.py": ["--queries", "24", "--items", "600", "--retrieve", "40", "--top", "8"],
+    "frozen_pool_serve.py": ["--queries", "24", "--vocab", "500", "--max-rows", "16"],
     "seqrec_serve.py": ["--queries", "24", "--users", "4", "--items", "500", "--max-len", "12", "--cands", "10"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
@@ -535,3 +536,21 @@ def test_sparse_amp_train_checksum_recomputed_step_by_step(runs):
         r = json.loads(runs[("sparse_amp_train.py", t)][-1])
         assert r["workers"] == t and r["steps"] == steps and r["step_ms"] > 0 and r["scale"] is None
         assert r["checksum"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_frozen_pool_checksum_recomputed_and_its_workers_score_with_gradients_on(runs):
+    """The frozen checkpoint served by a pool: recomputed one request at a time from a model built
+    here with the script's seed (the checkpoint round trip changes no weight), under no_grad; its
+    workers scored with gradients on (the script's set_grad_enabled(False) is the main thread's)."""
+    with _tiny_run("frozen_pool_serve.py") as (mod, a), torch.no_grad():
+        queries, vocab, max_rows = (int(a[k]) for k in ("--queries", "--vocab", "--max-rows"))
+        torch.manual_seed(0)
+        model = mod.Ranker(vocab).eval()
+        flat = [model(torch.from_numpy(d), torch.from_numpy(i)).numpy()
+                for d, i in (mod.make_request(0, rid, vocab, max_rows) for rid in range(queries))]
+    assert len({len(f) for f in flat}) > 1  # the row count changes between requests
+    flat = np.concatenate(flat).astype(np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    for t in THREADS:
+        r = json.loads(runs[("frozen_pool_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-12) and r["grad_in_workers"] is True

@@ -236,8 +236,9 @@ def grad_on_note(hook: dict[str, Any] | None) -> str | None:
         return None
     return (f"{grad} of the {calls} model calls ran with gradients on or the module in training mode, so the hook "
             "left them as PyTorch runs them (a CUDA graph replay keeps no autograd history): a serving script "
-            "that calls model.eval() and makes its model calls under torch.inference_mode() (or torch.no_grad()) "
-            "lets a plan graph them")
+            "that calls model.eval() and makes its model calls under torch.inference_mode() (or torch.no_grad(), "
+            "set in each thread that calls the model: grad mode is per thread), or freezes the model with "
+            "model.requires_grad_(False), lets a plan graph them")
 
 
 def _calls(sites: Sequence[dict[str, Any]]) -> int:

@@ -17,7 +17,7 @@ from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, INDEX_OU
                       _Site, bucket_rows, call_rows, cut_rows, outputs, pad_rows, pad_views, rows_differ, same_rows)
 from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason, needs_host
 from .groups import _capture_stream, _Gate, _Group, _run_shared
-from .modstate import never_graph
+from .modstate import eager_reason, never_graph
 
 #: why a call with gradients on, or of a module in training mode, is never graphed
 GRAD_ON = "gradients on or the module in training mode"
@@ -300,6 +300,10 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
             if _state.get("graph_bytes", 0) >= GRAPH_MEMORY_BUDGET:
                 _eager_from_now(g, e, module, site, BUDGET_SPENT)
                 return _eager(orig_call, module, args, kwargs, site, BUDGET_SPENT)
+            never = eager_reason(module)  # (another group's capture found it needs the host meanwhile)
+            if never is not None:
+                e.reason = never
+                return _eager(orig_call, module, args, kwargs, site, never)
             try:
                 _capture(torch, g, e, orig_call, module, gargs, gkwargs, tensors)
                 _state["captured"] += 1

@@ -197,6 +197,46 @@ def _wrapped_bootstrap(orig: Any) -> Any:
     return bootstrap_inner
 
 
+def _hooked(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+            depth: int) -> Any:
+    """A hooked thread's top-level model call past placement and the module's record: eager where
+    the record says so, else through autocast's, the batching's, the copies' or the graphs' path."""
+    _tls.depth = depth + 1
+    try:
+        site = script_site(3)  # the script's line that called the model
+        st: _ThreadCopies | None = getattr(_tls, "copies", None)
+        if rec.eager is not None:
+            return _eager_call(torch, st, orig, self, args, kwargs, site, rec.eager)
+        amp = autocast_dtype(torch)
+        if amp is not None:  # precision-keyed graphs, captured with the autocast cache off
+            try:
+                return amp_call(torch, st, orig, self, args, kwargs, site, amp)
+            finally:
+                if st is not None:
+                    slots_read(torch, st)
+        if g.late is not None:  # a thread placed at its first model call: its own group's graphs
+            return _graphed_call(orig, self, args, kwargs, site)
+        if _state.get("batching"):
+            if st is None:
+                return _batched_call(orig, self, args, kwargs, site)
+            try:
+                served = served_call(torch, st, orig, self, args, kwargs, site)
+                return served[0] if served is not None else _batched_call(orig, self, args, kwargs, site)
+            finally:
+                slots_read(torch, st)
+        if st is None:
+            return _graphed_call(orig, self, args, kwargs, site)
+        try:
+            # a model that copies its host arguments inside forward: through the slots first
+            took = take(torch, st, orig, self, args, kwargs, site)
+            call, args, kwargs = (orig, args, kwargs) if took is None else took
+            return _copies_call(st, call, self, args, kwargs, site)
+        finally:
+            slots_read(torch, st)
+    finally:
+        _tls.depth = depth
+
+
 def _patch_module(torch: Any) -> None:
     nn = torch.nn
     orig = nn.Module.__call__
@@ -227,40 +267,10 @@ def _patch_module(torch: Any) -> None:
         _thread_handles(torch)
         _tls.calls = getattr(_tls, "calls", 0) + 1  # (a thread's top-level calls: .thread_graphs.short_lived)
         rec = modstate.check(torch, self)  # (its graphs retired first where it changed since)
-        _tls.depth = depth + 1
-        try:
-            site = script_site(2)  # the script's line that called the model
-            st: _ThreadCopies | None = getattr(_tls, "copies", None)
-            if rec.eager is not None:
-                return _eager_call(torch, st, orig, self, args, kwargs, site, rec.eager)
-            amp = autocast_dtype(torch)
-            if amp is not None:  # precision-keyed graphs, captured with the autocast cache off
-                try:
-                    return amp_call(torch, st, orig, self, args, kwargs, site, amp)
-                finally:
-                    if st is not None:
-                        slots_read(torch, st)
-            if g.late is not None:  # a thread placed at its first model call: its own group's graphs
-                return _graphed_call(orig, self, args, kwargs, site)
-            if _state.get("batching"):
-                if st is None:
-                    return _batched_call(orig, self, args, kwargs, site)
-                try:
-                    served = served_call(torch, st, orig, self, args, kwargs, site)
-                    return served[0] if served is not None else _batched_call(orig, self, args, kwargs, site)
-                finally:
-                    slots_read(torch, st)
-            if st is None:
-                return _graphed_call(orig, self, args, kwargs, site)
-            try:
-                # a model that copies its host arguments inside forward: through the slots first
-                took = take(torch, st, orig, self, args, kwargs, site)
-                call, args, kwargs = (orig, args, kwargs) if took is None else took
-                return _copies_call(st, call, self, args, kwargs, site)
-            finally:
-                slots_read(torch, st)
-        finally:
-            _tls.depth = depth
+        if torch.is_grad_enabled() and rec.eager is None and modstate.frozen_call(torch, rec, self, args, kwargs):
+            with torch.no_grad():  # (nothing of it can require grad: the same call, graphed as inference)
+                return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
+        return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
 
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
     nn.Module.__call__ = meter.install(torch, __call__)  # (metered where the script prints no measurement)

@@ -44,6 +44,7 @@ import weakref
 from typing import Any
 
 from ._common import _state, _tls
+from .argtree import flatten
 from .fallback import _fall_back
 
 #: a module changed this many times in a row within ``PAYOFF_CALLS`` calls of its last change runs eagerly
@@ -66,7 +67,7 @@ _internals: frozenset[str] = frozenset()
 
 
 class _Rec:
-    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager")
+    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager", "params")
 
     def __init__(self, module: Any, rev: int, sig: tuple[Any, ...]) -> None:
         mid = id(module)
@@ -77,6 +78,7 @@ class _Rec:
         self.calls = 0  # calls since the last change
         self.thrash = 0  # changes in a row that came within PAYOFF_CALLS calls
         self.eager: str | None = None
+        self.params: tuple[Any, ...] | None = None  # (its parameters, for frozen_call: taken again on a change)
 
 
 def reset() -> None:
@@ -229,6 +231,7 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             return rec
         why = _changed(rec.sig, sig)
         rec.sig = sig
+        rec.params = None
         rec.version += 1
         rec.thrash = rec.thrash + 1 if rec.calls < PAYOFF_CALLS else 1
         rec.calls = 0
@@ -247,6 +250,31 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             _log(f"{type(module).__name__} changed after its graphs were captured ({why}): "
                  f"{n} retired, captured again")
         return rec
+
+
+def frozen_call(torch: Any, rec: _Rec, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call made with gradients on records nothing for autograd: ``module`` in eval
+    mode, and neither its parameters nor the call's tensors require grad (a model frozen with
+    ``requires_grad_(False)``, called from a thread where the script's ``torch.set_grad_enabled
+    (False)`` - a per-thread setting - does not reach). The same call under ``torch.no_grad()``
+    computes the same values with the same kernels and returns outputs that require no grad
+    either: the hook runs it there, so it is graphed as any inference call."""
+    if module.training:
+        return False
+    params = rec.params
+    if params is None:
+        params = rec.params = tuple(module.parameters())
+    if any(p.requires_grad for p in params):
+        return False
+    tensors: list[Any] = []
+    flatten((args, kwargs), torch.Tensor, tensors)
+    return not any(t.requires_grad for t in tensors)
+
+
+def eager_reason(module: Any) -> str | None:
+    """Why every call of ``module`` runs eagerly now (its record's), or None."""
+    rec = _recs.get(id(module))
+    return rec.eager if rec is not None and rec.ref() is module else None
 
 
 def never_graph(module: Any, reason: str) -> None:
