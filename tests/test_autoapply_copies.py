@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from recsys_doctor.applying import _autoapply as hook
+from recsys_doctor.applying._autoapply import pageable
 from recsys_doctor.applying._autoapply.argtree import matches, skeleton
 
 torch = pytest.importorskip("torch")
@@ -124,7 +125,7 @@ def test_refcount_of_a_dropped_view_is_what_copy_in_expects():
 def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
     """While a thread learns its copies, each remembers the script's line that made it; the
     copies a thread graph (or the runtime's route) then serves per call are counted as taken
-    over at those lines - the script's own ``.to()`` of pinned tensors, as many per line as it
+    over at those lines (those it made itself while learning, as PyTorch's) - the script's own ``.to()`` of pinned tensors, as many per line as it
     makes there (a loop), not a slot's copy (``move`` None), which the hook counts where it
     fills the slot."""
     import sys as _sys
@@ -157,4 +158,6 @@ def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
     for _ in range(3):  # three calls served
         thread_graphs.count_copies(tg)
     rows = [r for r in accounting.sites() if r["kind"] == "h2d"]
-    assert [(r["site"].rsplit("/", 1)[-1], r["taken_over"], r["fallback"]) for r in rows] == [(f"{here}:{lines[0]}", 6, 0)]
+    # (the two copies made while the thread learned were PyTorch's, counted so)
+    assert [(r["site"].rsplit("/", 1)[-1], r["taken_over"], r["fallback"], r["reasons"]) for r in rows] == [
+        (f"{here}:{lines[0]}", 6, 2, {pageable.ASYNC_PINNED: 2})]

@@ -46,6 +46,7 @@ ARGS = {
     "cascade_serve.py": ["--threads", "4", "--queries", "3000"],
     "seqrec_serve.py": ["--threads", "4", "--queries", "3000"],
     "frozen_pool_serve.py": ["--threads", "4", "--queries", "4000"],
+    "event_timed_serve.py": ["--threads", "4", "--queries", "3000"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],
     "amp_accum_train.py": ["--epochs", "2"],

@@ -47,6 +47,7 @@ TINY = {
     "short_threads_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "log_only_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
     "cascade_serve.py": ["--queries", "24", "--items", "600", "--retrieve", "40", "--top", "8"],
+    "event_timed_serve.py": ["--queries", "24", "--batch", "16", "--vocab", "500"],
     "frozen_pool_serve.py": ["--queries", "24", "--vocab", "500", "--max-rows", "16"],
     "seqrec_serve.py": ["--queries", "24", "--users", "4", "--items", "500", "--max-len", "12", "--cands", "10"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
@@ -554,3 +555,26 @@ def test_frozen_pool_checksum_recomputed_and_its_workers_score_with_gradients_on
     for t in THREADS:
         r = json.loads(runs[("frozen_pool_serve.py", t)][0])
         assert r["checksum"] == pytest.approx(expected, rel=1e-12) and r["grad_in_workers"] is True
+
+
+def test_event_timed_checksum_recomputed_and_padding_weighs_nothing(runs):
+    """The weighted-bag ranker timed with CUDA events: recomputed one request at a time with the
+    bags summed by hand over the real ids only (the padding, weight 0, left out), against the
+    model's own 2-D per-sample-weighted EmbeddingBag; no GPU time on the CPU."""
+    with _tiny_run("event_timed_serve.py") as (mod, a), torch.no_grad():
+        queries, batch, vocab = (int(a[k]) for k in ("--queries", "--batch", "--vocab"))
+        model = mod.WeightedBags(vocab).eval()
+        flat = []
+        for rid in range(queries):
+            dense, ids, weights = mod.make_request(0, rid, batch, vocab)
+            assert all(i.shape == (batch, mod.MAX_IDS) for i in ids)
+            pooled = [torch.stack([(bag.weight[torch.from_numpy(i[r][w[r] > 0])] *
+                                    torch.from_numpy(w[r][w[r] > 0])[:, None]).sum(0) for r in range(batch)])
+                      for bag, i, w in zip(model.bags, ids, weights)]
+            x = torch.cat([torch.relu(model.dense(torch.from_numpy(dense)))] + pooled, dim=1)
+            flat.append(torch.sigmoid(model.mlp(x)).squeeze(1).numpy())
+    flat = np.concatenate(flat).astype(np.float64)
+    expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
+    for t in THREADS:
+        r = json.loads(runs[("event_timed_serve.py", t)][0])
+        assert r["checksum"] == pytest.approx(expected, rel=1e-6) and r["gpu_p50_ms"] is None

@@ -36,6 +36,9 @@ from .accounting import fell_back, script_site, taken_over
 #: why a copy from host memory is PyTorch's while staging is off (the default)
 LEFT_SYNCHRONOUS = ("a synchronous copy from host memory, left to PyTorch (staging it measured slower; "
                     "RECSYS_DOCTOR_STAGE_PAGEABLE=1 stages it)")
+#: why an asynchronous copy from pinned memory is PyTorch's where no thread graph of the thread takes it
+#: (not learned yet, or none: new pinned tensors every query, copies that feed no graphed call)
+ASYNC_PINNED = "an asynchronous copy from pinned memory, left to PyTorch (no thread graph of this thread takes it)"
 #: why a copy of a non-contiguous host tensor is PyTorch's (its copy keeps the source's strides)
 NOT_CONTIGUOUS = "not taken over: a non-contiguous tensor (PyTorch's copy keeps its strides)"
 #: bytes of each of a thread's two pinned buffers (``RECSYS_DOCTOR_STAGING_BYTES`` sets it)

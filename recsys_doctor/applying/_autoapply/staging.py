@@ -11,7 +11,7 @@ from typing import Any
 from ._common import _state, _tls
 from .modstate import version
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, asynchronous, called_again,
+from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, asynchronous, called_again,
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import make_lazy_type
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
@@ -150,9 +150,10 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
         # not the copy the graph expects: the deferred ones are made now, PyTorch does the rest
         _materialize(torch, st)
         st.n = -1
-        return orig(src, *args, **kwargs)
     out = orig(src, *args, **kwargs)
-    if st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
+    if move is not None:  # (the script's own copy, PyTorch's here; a slot's is counted where it is filled)
+        fell_back("h2d", script_site(3), ASYNC_PINNED)
+    if tg is None and st.reason is None and len(st.recent) < MAX_COPIES and _copy_source(torch, src, out):
         # weak references: a thread that copies but never calls a model keeps nothing alive
         st.recent.append((weakref.ref(out), weakref.ref(src), move, raw_call(torch, orig, args, kwargs, move),
                           script_site(3)))  # (3: the script's frame where _copy_method called: cached)
@@ -247,10 +248,9 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
     that ``parse`` (:func:`.pageable.to_args` / :func:`.pageable.cuda_args`) recognizes and the
     hook makes exactly as PyTorch does (:func:`.pageable.inexact`) goes through :func:`_copy_in`
     (the thread graph) where :func:`_graph_copy` says so and the thread has one, else, unless it
-    is asynchronous already (pinned, non-blocking), to :func:`_take_copy`; one it would not make
-    exactly is PyTorch's, counted with the reason; everything else goes straight to ``orig``.
-    While the thread's stream captures a graph of the script's own, every call is PyTorch's
-    (:func:`.pageable_fast.capture_probe`). A copy the thread graph knows already is taken
+    is asynchronous already (pinned, non-blocking: PyTorch's, counted), to :func:`_take_copy`; one it
+    would not make exactly is PyTorch's, counted with the reason; anything else is ``orig``'s, as
+    is every call while the thread's stream captures a graph of the script's own. A copy the thread graph knows already is taken
     first, unparsed: its pinned tensor copied by the same call (:func:`.pageable.called_again`),
     or a pageable one written into its slot (:func:`.pageable_fast.same_copy`, learned by
     :func:`.pageable_fast.learn` after the slow path)."""
@@ -290,6 +290,8 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
             if st is not None and not _tls.depth:
                 return _copy_in(torch, st, self, m.device.index, orig, args, kwargs, m)
         if asynchronous(self, m):
+            if not _tls.depth:  # (the script's own copy, not one inside a model's forward)
+                fell_back("h2d", script_site(2), ASYNC_PINNED)
             return orig(self, *args, **kwargs)
         if why is not None:
             fell_back("h2d", script_site(2), why)
@@ -307,8 +309,7 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
     return method
 
 
-#: slots given new memory (a copy larger than the slot) before a thread stops staging into slots
-SLOT_CHURN = 16
+SLOT_CHURN = 16  # slots given new memory (a copy larger than the slot) before a thread stops staging into slots
 
 
 def _slot_copy(torch: Any, st: _ThreadCopies, x: Any, dev: Any, dtype: Any) -> Any:
