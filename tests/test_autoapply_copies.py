@@ -161,3 +161,42 @@ def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
     # (the two copies made while the thread learned were PyTorch's, counted so)
     assert [(r["site"].rsplit("/", 1)[-1], r["taken_over"], r["fallback"], r["reasons"]) for r in rows] == [
         (f"{here}:{lines[0]}", 6, 2, {pageable.ASYNC_PINNED: 2})]
+
+
+def test_a_scripts_copy_into_its_own_gpu_tensor_is_counted_at_its_line(monkeypatch):
+    """``gpu_buf.copy_(host)`` by a placed thread: PyTorch's, counted at the script's line; not
+    a copy between host tensors, one inside a model's forward, one made by PyTorch's or the
+    hook's own code, nor one of a thread the hook does not handle; a thread not placed yet
+    counts it as made before its first model call. (A stand-in for the GPU tensor: no GPU here.)"""
+    from types import SimpleNamespace
+
+    from recsys_doctor.applying._autoapply import accounting, copyinto
+    from recsys_doctor.applying._autoapply._common import _state, _tls
+    from recsys_doctor.applying._autoapply.unplaced import BEFORE_PLACED
+
+    made = []
+    copy_ = copyinto.counted(torch, lambda self, src, *a, **k: made.append((self, src, a, k)) or self)
+    gpu, host = SimpleNamespace(is_cuda=True), torch.ones(3)
+    accounting.reset()
+    monkeypatch.setitem(_state, "activation", 99)
+    monkeypatch.setattr(_tls, "defer", None, raising=False)
+    monkeypatch.setattr(_tls, "group", object(), raising=False)
+    monkeypatch.setattr(_tls, "depth", 0, raising=False)
+    line = sys._getframe().f_lineno + 1
+    copy_(gpu, host, non_blocking=True)
+    copy_(host, host)  # host to host
+    monkeypatch.setattr(_tls, "depth", 1)
+    copy_(gpu, host)  # inside a model's forward
+    monkeypatch.setattr(_tls, "depth", 0)
+    from torch.utils import _pytree  # a PyTorch module's frame as the direct caller
+    exec(compile("copy_(gpu, host)", _pytree.__file__, "exec"), {"copy_": copy_, "gpu": gpu, "host": host})
+    monkeypatch.setattr(_tls, "group", None)  # a thread the hook does not handle (not deferred)
+    copy_(gpu, host)
+    monkeypatch.setattr(_tls, "defer", 99)
+    line2 = sys._getframe().f_lineno + 1
+    copy_(gpu, host)  # a deferred thread, not placed yet
+    assert len(made) == 6 and made[0][3] == {"non_blocking": True}
+    rows = {r["site"].rsplit(":", 1)[-1]: r for r in accounting.sites() if r["kind"] == "h2d"}
+    assert {k: (r["fallback"], r["reasons"]) for k, r in rows.items()} == {
+        str(line): (1, {copyinto.COPY_INTO: 1}), str(line2): (1, {BEFORE_PLACED: 1})}
+    accounting.reset()

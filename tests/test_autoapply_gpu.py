@@ -1107,3 +1107,52 @@ def test_forward_called_directly_and_a_model_that_is_no_module(tmp_path):
         assert copies == 2 * 10, st["sites"]  # (one copy a query)
         note = no_model_calls_note(st)
         assert note is not None and "; 20 copies to the GPU were seen;" in note
+
+
+def test_a_copy_into_the_scripts_own_gpu_buffer_is_counted_at_its_line(tmp_path):
+    """The preallocated-input pattern: each client copies its numpy inputs into GPU buffers of
+    its own with ``Tensor.copy_`` (pageable, and pinned non-blocking), then calls the model on
+    them. The hook leaves those copies to PyTorch and counts them at their lines (the report
+    lists every host-to-GPU copy); the model is graphed; every output equals eager's. The
+    runtime's and the hook's own ``copy_`` calls are not counted as the script's."""
+    import numpy as np
+
+    from recsys_doctor.applying._autoapply.copyinto import COPY_INTO
+    from recsys_doctor.applying._autoapply.unplaced import BEFORE_PLACED
+
+    torch = pytest.importorskip("torch")
+    PerRow, _ = _models(torch)
+    torch.manual_seed(0)
+    model = PerRow().cuda().eval()
+    rng = np.random.default_rng(0)
+    qs = [(rng.integers(0, 1000, (32, 4)), rng.random((32, 4), dtype=np.float32)) for _ in range(4)]
+    with torch.no_grad():
+        ref = [model(torch.from_numpy(i).cuda(), torch.from_numpy(w).cuda()) for i, w in qs]
+    torch.cuda.synchronize()
+    got: dict = {}
+    rounds = 8
+
+    def client(k: int) -> None:
+        idx, w = torch.empty(32, 4, dtype=torch.long, device="cuda"), torch.empty(32, 4, device="cuda")
+        pinned = torch.empty(32, 4).pin_memory()
+        with torch.no_grad():
+            for r in range(rounds):
+                i_np, w_np = qs[(k + r) % 4]
+                idx.copy_(torch.from_numpy(i_np))  # COPY_IDX
+                pinned.copy_(torch.from_numpy(w_np))  # (host to host: not counted)
+                w.copy_(pinned, non_blocking=True)  # COPY_W
+                got[k, r] = model(idx, w)
+        torch.cuda.current_stream().synchronize()
+
+    st = _run_hooked(tmp_path, 2, 4, client)
+    for (k, r), out in got.items():
+        want = ref[(k + r) % 4]
+        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]), (k, r)
+    src = open(__file__).read().splitlines()
+    lines = {tag: next(n for n, ln in enumerate(src, 1) if ln.rstrip().endswith(f"# {tag}")) for tag in ("COPY_IDX", "COPY_W")}
+    h2d = {s["site"].rsplit(":", 1)[-1]: s for s in st["sites"] if s["kind"] == "h2d"}
+    assert set(h2d) == {str(n) for n in lines.values()}, h2d
+    for s in h2d.values():  # (a thread's first query's, before its first model call places it: so counted)
+        assert s["site"].startswith("tests/test_autoapply_gpu.py:") and s["taken_over"] == 0
+        assert s["fallback"] == 4 * rounds and s["reasons"] == {COPY_INTO: 4 * (rounds - 1), BEFORE_PLACED: 4}, s
+    assert sum(s["taken_over"] for s in _model_sites(st)) > 0

@@ -10,7 +10,7 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import counted_here, script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
-from . import meter, modstate
+from . import copyinto, meter, modstate
 from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
 from .host_args import _capturing, make_host_type, take
@@ -325,6 +325,8 @@ def _patch_thread_copies(torch: Any) -> None:
     threads placed late take no copies."""
     _state["patched_copies"] = True
     _patch_copies(torch)  # pageable copies always; pinned ones into thread graphs where those are on
+    _state["orig_tensor_methods"]["copy_"] = torch.Tensor.copy_  # (restored with the others)
+    torch.Tensor.copy_ = copyinto.counted(torch, torch.Tensor.copy_)  # counted at the script's lines only
     origs = _state["orig_tensor_methods"]
     _state["host_type"] = make_host_type(torch, lambda a, k: to_args(torch, a, k), lambda a, k: cuda_args(torch, a, k),
                                          origs["to"], origs["cuda"])
