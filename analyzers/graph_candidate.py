@@ -48,6 +48,7 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
         "graph_launch_calls": "number", "graphed_busy_share": "share", "idle_before_candidates_ns": "ns",
         "in_graph_kernels": "number", "kernels": "number", "min_kernels": "number", "min_repeats": "number",
         "sequence_length": "number", "sequence_repeats": "number", "share": "share",
+        "sync_points_per_sequence": "number", "syncs_inside_sequence": "number",
     },
 }
 
@@ -205,14 +206,15 @@ def _candidates(seq: pd.DataFrame, k: pd.DataFrame, busy: int, data: dict, optio
                  "candidate_share_of_eager": r(covered.sum() / len(seq))})
     if not rep.any():
         return None
-    period, _, p0 = _period(h, rep, grp)
+    raw, _, p0 = _period(h, rep, grp)
     # a loop body shorter than the minimum window is reported as the smallest
     # multiple of it that is a sequence of at least graph_min_kernels kernels
-    period = max(period, 1) * int(np.ceil(K / max(period, 1)))
+    period = max(raw, 1) * int(np.ceil(K / max(raw, 1)))
     body = take_str(names, seq["row"].to_numpy()[p0: p0 + max(period, 1)]).astype(str).tolist()
     data.update({"sequence_length": period, "sequence_repeats": max(int(covered.sum()) // period, 1),
                  "sequence_head": body[:10]})
-    return {"covered": covered, "rows": cov_rows, "period": period, "share": cand_time / busy if busy else 0.0}
+    return {"covered": covered, "rows": cov_rows, "period": period, "raw_period": max(raw, 1),
+            "share": cand_time / busy if busy else 0.0}
 
 
 def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: pd.DataFrame, found: dict,
@@ -227,21 +229,69 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
     rec = int(gc["ns"].sum()) if len(gc) else 0
     data["idle_before_candidates_ns"] = rec
     already = f"; {graphed_share:.0%} of GPU work already runs in graphs" if graphed_share else ""
+    points = data["sync_points_per_sequence"] = _sync_points(trace, seq, found)
+    raw = int(found["raw_period"])  # (the loop body's kernels: segments of one kernel are not worth a graph)
+    inside = data["syncs_inside_sequence"] = max(points - 1, 0)
+    recommendation = ("Capture the repeated sequence once per stream group in a CUDA graph "
+                      "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
+                      "one pinned copy) and replay it with one cudaGraphLaunch per request/step.")
+    action = f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it"
+    if inside:
+        recommendation = (
+            f"The repeated sequence waits for the GPU at {points} points of each repetition (a "
+            f"synchronizing call between two of its kernels: a value read back with .item(), .cpu() or "
+            f".tolist(), a data-dependent branch, or PyTorch code that reads a tensor, such as "
+            f"nn.TransformerEncoder's nested-tensor fast path); one graph holds at most one such point at "
+            f"its edge, so {inside} fall inside a graph of the whole sequence and its capture fails. Remove "
+            f"those reads (see sync-api for where they are)"
+            + (f", or capture the {points} segments between them separately" if raw >= 2 * points else "")
+            + ". " + recommendation)
+        action = (f"remove the {inside} host synchronizations inside the repeated {period}-kernel sequence, "
+                  f"then capture it in a CUDA graph")
     f = report(
         res, "graph-candidate",
         title=(f"A {period}-kernel sequence repeats {data['sequence_repeats']}x eagerly; repeated eager "
-               f"sequences hold {found['share']:.0%} of GPU busy time{already}"),
+               f"sequences hold {found['share']:.0%} of GPU busy time{already}"
+               + (f"; {inside} host synchronizations inside each" if inside else "")),
         evidence=data, where=_where(trace, k, seq, found, options),
-        recommendation=(
-            "Capture the repeated sequence once per stream group in a CUDA graph "
-            "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
-            "one pinned copy) and replay it with one cudaGraphLaunch per request/step."),
-        action=f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it")
+        recommendation=recommendation, action=action)
     if len(gc):
         f.examples = examples(trace, start=gc["start"], end=gc["end"], pid=gc["pid"], device=gc["device"],
                               stream=gc["stream"], what="GPU idle before a kernel of the repeated sequence",
                               n=options.examples_per_finding)
     finish(f, rec, steady_window(trace, options), options, claims=gc)
+
+
+def _sync_points(trace: Trace, seq: pd.DataFrame, found: dict) -> int:
+    """At how many points of its loop body the repeated sequence waits for the GPU: the host
+    synchronizations (:func:`.sync_api.sync_calls`) a launching thread makes between two
+    consecutive kernels of one repeated run, by their position in the body (the pair's offset
+    from the run's start, modulo the body's length); a position counts where at least half of
+    its pairs hold one. A graph of the body can start right after one such point (a request's
+    read-back at its end); every other point falls inside it."""
+    from .sync_api import sync_calls
+
+    P = int(found["raw_period"])
+    cov, grp = found["covered"], seq["grp"].to_numpy()
+    tid, pid, t = (seq[c].to_numpy(np.int64) for c in ("tid", "pid", "api_start"))
+    pair = np.flatnonzero(cov[:-1] & cov[1:] & (grp[:-1] == grp[1:]) & (tid[:-1] >= 0))
+    m, _ = sync_calls(trace)
+    if not pair.size or not m.any():
+        return 0
+    api = trace.api
+    s_pid, s_tid, s_t = (api[c].to_numpy(np.int64)[m] for c in ("pid", "tid", "start"))
+    held = np.zeros(pair.size, dtype=bool)
+    for p_, t_ in set(zip(pid[pair].tolist(), tid[pair].tolist())):
+        mine = np.sort(s_t[(s_pid == p_) & (s_tid == t_)])
+        sel = (pid[pair] == p_) & (tid[pair] == t_)
+        lo, hi = t[pair[sel]], t[pair[sel] + 1]
+        held[sel] = np.searchsorted(mine, hi, "left") > np.searchsorted(mine, lo, "right")
+    # each pair's offset from the start of its covered run
+    starts = np.flatnonzero(cov & ~np.concatenate([[False], cov[:-1] & (grp[:-1] == grp[1:])]))
+    phase = (pair - starts[np.searchsorted(starts, pair, "right") - 1]) % P
+    n = np.bincount(phase, minlength=P)
+    hit = np.bincount(phase[held], minlength=P)
+    return int(((hit > 0) & (2 * hit >= n)).sum())
 
 
 def _where(trace: Trace, k: pd.DataFrame, seq: pd.DataFrame, found: dict, options: Options) -> list[dict]:

@@ -36,7 +36,7 @@ from ._recoverable import examples, finish, gaps_containing, idle_gaps, report, 
 from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_contains, str_is,
                     thread_label, thread_label_codes)
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "sync_calls"]
 
 
 #: the unit of each evidence value this analyzer reports (how the reports print it;
@@ -64,7 +64,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if len(trace.api) == 0:
         res.data = {"calls": 0}
         return res
-    m, pageable_d2h = _sync_calls(trace)
+    m, pageable_d2h = sync_calls(trace)
     sy = trace.api[m]
     if len(sy) == 0:
         res.data = {"calls": 0, "blocked_us": 0.0}
@@ -103,7 +103,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     return res
 
 
-def _sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
+def sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
     """Which API calls synchronize (by name, and the launch calls of async D2H copies into
     pageable memory), and how many of them are such pageable copies."""
     api = trace.api

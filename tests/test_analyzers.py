@@ -362,3 +362,33 @@ def test_stream_contention_overlap_rule_with_points_and_touching_calls(seed):
     calls = pd.DataFrame({"tid": tids, "api_start": s, "api_end": e})
     _, flags = _overlap_stats(calls)
     assert flags.tolist() == _overlapped_by_rule(tids.tolist(), s.tolist(), e.tolist())
+
+
+def test_graph_candidate_counts_the_host_syncs_inside_its_sequence():
+    """Eight kernels A..H repeated 6x by one thread, launched every 2000 ns; a
+    cudaStreamSynchronize after H of every repetition (the request's read-back: a graph of
+    A..H ends there) is one sync point and none inside; another after D of every repetition
+    is a second point, one inside a graph of the whole body; one after D in only 2 of the 6
+    repetitions (a branch most requests skip) is not a point of the body."""
+    def trace(sync_after):
+        ks, calls = [], []
+        for i, n in enumerate(c for _ in range(6) for c in "ABCDEFGH"):
+            ks.append(kern(i * 2000, i * 2000 + 1000, corr=i + 1, name=n))
+            calls.append(api(i * 2000 - 500, i * 2000 - 400, i + 1, 5))
+            if sync_after(i // 8, n):
+                calls.append(api(i * 2000 + 100, i * 2000 + 1100, 10_000 + i, 5, name="cudaStreamSynchronize"))
+        return T(kernels=ks, api=calls)
+
+    cases = {"end": (lambda r, n: n == "H", 1), "middle": (lambda r, n: n in "DH", 2),
+             "sometimes": (lambda r, n: n == "H" or (n == "D" and r < 2), 1), "none": (lambda r, n: False, 0)}
+    for name, (after, points) in cases.items():
+        res = graph_candidate.analyze(trace(after), O)
+        (f,) = res.findings
+        d = res.data
+        assert d["sequence_length"] == 8 and d["sync_points_per_sequence"] == points, name
+        assert d["syncs_inside_sequence"] == max(points - 1, 0), name
+        inside = d["syncs_inside_sequence"] > 0
+        assert ("host synchronizations inside each" in f.title) == inside, name
+        assert f.recommendation.startswith("The repeated sequence waits for the GPU at 2 points") == inside, name
+        if inside:  # (8 kernels, 2 points: segments of 4 are worth capturing)
+            assert "capture the 2 segments between them separately" in f.recommendation
