@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -392,3 +393,14 @@ def test_graph_candidate_counts_the_host_syncs_inside_its_sequence():
         assert f.recommendation.startswith("The repeated sequence waits for the GPU at 2 points") == inside, name
         if inside:  # (8 kernels, 2 points: segments of 4 are worth capturing)
             assert "capture the 2 segments between them separately" in f.recommendation
+
+
+def test_the_plan_says_to_remove_the_syncs_inside_the_sequence_first():
+    from recsys_doctor.planning.planner import _cuda_graphs
+
+    launchy = [SimpleNamespace(id="graph-candidate", severity="high")]
+    plain = _cuda_graphs({"sequence_length": 8, "syncs_inside_sequence": 0}, {}, launchy)
+    synced = _cuda_graphs({"sequence_length": 8, "syncs_inside_sequence": 3}, {}, launchy)
+    assert plain["enabled"] and synced["enabled"] and "remove" not in plain["reason"]
+    assert synced["reason"].endswith("first remove the 3 host synchronizations inside it (graph-candidate: a "
+                                     "capture fails across them, and the calls then run eagerly)")

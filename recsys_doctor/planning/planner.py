@@ -219,9 +219,12 @@ def _cuda_graphs(gc: dict[str, Any], byid: dict[str, Finding], findings: list[Fi
         return {"enabled": False, **common, "because": ["graph-candidate"] if "graph-candidate" in byid else [],
                 "reason": f"{already:.0%} of GPU work already runs in CUDA graphs"}
     if launchy:
+        inside = int(gc.get("syncs_inside_sequence") or 0)
         return {"enabled": True, **common, "because": launchy,
                 "reason": "the GPU waits on eager launches of short kernels: capture the repeated sequence "
-                          "once per group and replay it"}
+                          "once per group and replay it"
+                          + (f"; first remove the {inside} host synchronizations inside it (graph-candidate: a "
+                             "capture fails across them, and the calls then run eagerly)" if inside else "")}
     return {"enabled": False, **common, "because": [],
             "reason": "not launch-bound: graphs would not pay for their static buffers"}
 
