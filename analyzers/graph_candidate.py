@@ -48,7 +48,7 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
         "graph_launch_calls": "number", "graphed_busy_share": "share", "idle_before_candidates_ns": "ns",
         "in_graph_kernels": "number", "kernels": "number", "min_kernels": "number", "min_repeats": "number",
         "sequence_length": "number", "sequence_repeats": "number", "share": "share",
-        "sync_points_per_sequence": "number", "syncs_inside_sequence": "number",
+        "sync_points_per_sequence": "number", "syncs_inside_sequence": "number", "loop_body_kernels": "number",
     },
 }
 
@@ -229,30 +229,32 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
     rec = int(gc["ns"].sum()) if len(gc) else 0
     data["idle_before_candidates_ns"] = rec
     already = f"; {graphed_share:.0%} of GPU work already runs in graphs" if graphed_share else ""
+    # per loop body (which may be shorter than the reported sequence: a graph of one body is enough)
+    body = data["loop_body_kernels"] = int(found["raw_period"])
     points = data["sync_points_per_sequence"] = _sync_points(trace, seq, found)
-    raw = int(found["raw_period"])  # (the loop body's kernels: segments of one kernel are not worth a graph)
     inside = data["syncs_inside_sequence"] = max(points - 1, 0)
+    syncs = f"{inside} host synchronization{'s' if inside != 1 else ''}"
     recommendation = ("Capture the repeated sequence once per stream group in a CUDA graph "
                       "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
                       "one pinned copy) and replay it with one cudaGraphLaunch per request/step.")
     action = f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it"
     if inside:
         recommendation = (
-            f"The repeated sequence waits for the GPU at {points} points of each repetition (a "
+            f"The repeated sequence waits for the GPU at {points} points of each repetition of its "
+            f"{body}-kernel loop body (a "
             f"synchronizing call between two of its kernels: a value read back with .item(), .cpu() or "
             f".tolist(), a data-dependent branch, or PyTorch code that reads a tensor, such as "
             f"nn.TransformerEncoder's nested-tensor fast path); one graph holds at most one such point at "
-            f"its edge, so {inside} fall inside a graph of the whole sequence and its capture fails. Remove "
+            f"its edge, so {inside} fall inside a graph of one body and its capture fails. Remove "
             f"those reads (see sync-api for where they are)"
-            + (f", or capture the {points} segments between them separately" if raw >= 2 * points else "")
+            + (f", or capture the {points} segments between them separately" if body >= 2 * points else "")
             + ". " + recommendation)
-        action = (f"remove the {inside} host synchronizations inside the repeated {period}-kernel sequence, "
-                  f"then capture it in a CUDA graph")
+        action = f"remove the {syncs} inside the repeated {body}-kernel loop body, then capture it in a CUDA graph"
     f = report(
         res, "graph-candidate",
         title=(f"A {period}-kernel sequence repeats {data['sequence_repeats']}x eagerly; repeated eager "
                f"sequences hold {found['share']:.0%} of GPU busy time{already}"
-               + (f"; {inside} host synchronizations inside each" if inside else "")),
+               + (f"; {syncs} inside each {body}-kernel loop body" if inside else "")),
         evidence=data, where=_where(trace, k, seq, found, options),
         recommendation=recommendation, action=action)
     if len(gc):

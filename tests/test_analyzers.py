@@ -370,7 +370,10 @@ def test_graph_candidate_counts_the_host_syncs_inside_its_sequence():
     cudaStreamSynchronize after H of every repetition (the request's read-back: a graph of
     A..H ends there) is one sync point and none inside; another after D of every repetition
     is a second point, one inside a graph of the whole body; one after D in only 2 of the 6
-    repetitions (a branch most requests skip) is not a point of the body."""
+    repetitions (a branch most requests skip) is not a point of the body. A body of 2 kernels
+    (A B, a sync after each: Rodinia's Gaussian) is reported as an 8-kernel sequence, its
+    points counted in one body (2, one inside); a 4-kernel body with one sync (a loop's read-back)
+    has none inside, though 2 bodies make the reported sequence."""
     def trace(sync_after):
         ks, calls = [], []
         for i, n in enumerate(c for _ in range(6) for c in "ABCDEFGH"):
@@ -389,10 +392,29 @@ def test_graph_candidate_counts_the_host_syncs_inside_its_sequence():
         assert d["sequence_length"] == 8 and d["sync_points_per_sequence"] == points, name
         assert d["syncs_inside_sequence"] == max(points - 1, 0), name
         inside = d["syncs_inside_sequence"] > 0
-        assert ("host synchronizations inside each" in f.title) == inside, name
-        assert f.recommendation.startswith("The repeated sequence waits for the GPU at 2 points") == inside, name
+        assert d["loop_body_kernels"] == 8
+        assert ("; 1 host synchronization inside each 8-kernel loop body" in f.title) == inside, name
+        assert f.recommendation.startswith("The repeated sequence waits for the GPU at 2 points of each repetition "
+                                           "of its 8-kernel loop body") == inside, name
         if inside:  # (8 kernels, 2 points: segments of 4 are worth capturing)
             assert "capture the 2 segments between them separately" in f.recommendation
+    ks = [kern(i * 2000, i * 2000 + 1000, corr=i + 1, name="AB"[i % 2]) for i in range(40)]
+    calls = [api(i * 2000 - 500, i * 2000 - 400, i + 1, 5) for i in range(40)]
+    calls += [api(i * 2000 + 100, i * 2000 + 1100, 1000 + i, 5, name="cudaThreadSynchronize") for i in range(40)]
+    res = graph_candidate.analyze(T(kernels=ks, api=calls), O)
+    (f,) = res.findings
+    d = res.data
+    assert (d["sequence_length"], d["loop_body_kernels"], d["sync_points_per_sequence"], d["syncs_inside_sequence"]) \
+        == (8, 2, 2, 1)
+    assert "; 1 host synchronization inside each 2-kernel loop body" in f.title and "segments" not in f.recommendation
+    ks = [kern(i * 2000, i * 2000 + 1000, corr=i + 1, name="ABCD"[i % 4]) for i in range(40)]
+    calls = [api(i * 2000 - 500, i * 2000 - 400, i + 1, 5) for i in range(40)]
+    calls += [api(i * 2000 + 100, i * 2000 + 1100, 1000 + i, 5, name="cudaStreamSynchronize") for i in range(3, 40, 4)]
+    res = graph_candidate.analyze(T(kernels=ks, api=calls), O)
+    d = res.data
+    assert (d["sequence_length"], d["loop_body_kernels"], d["sync_points_per_sequence"], d["syncs_inside_sequence"]) \
+        == (8, 4, 1, 0)
+    assert "inside" not in res.findings[0].title
 
 
 def test_the_plan_says_to_remove_the_syncs_inside_the_sequence_first():
