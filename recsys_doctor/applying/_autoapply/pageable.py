@@ -392,7 +392,8 @@ def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move
 
 def asynchronous(src: Any, m: Move) -> bool:
     """Whether ``src.to/cuda`` asking for ``m`` is asynchronous already (non-blocking, from
-    pinned memory): a copy the hook stages or counts at its line only in a thread graph."""
+    pinned memory): a copy the hook never stages; a thread graph takes it over, or it is
+    PyTorch's, counted at its line (:data:`ASYNC_PINNED`)."""
     return m.non_blocking and src.is_pinned()
 
 

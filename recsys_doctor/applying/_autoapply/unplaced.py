@@ -25,9 +25,10 @@ def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwarg
     """``src.to/cuda(*args, **kwargs)`` by a thread not placed yet: counted where it copies host
     memory to the GPU (``parse``: :func:`.pageable.to_args` / :func:`.pageable.cuda_args`) and a
     placed thread's copy would be counted too: not a non-blocking copy of pinned memory, which
-    is asynchronous already (and, placed, taken into the thread graph uncounted at its line, its
-    replays counted at the model call's); nor one while the thread's stream captures
-    (``capturing``: :func:`.pageable_fast.capture_probe`), as a placed thread's is not."""
+    is asynchronous already (placed, a thread graph may take it over; where none does it is
+    counted as PyTorch's, :data:`.pageable.ASYNC_PINNED`: a thread's copies of this kind before
+    its first model call are the one set left uncounted); nor one while the thread's stream
+    captures (``capturing``: :func:`.pageable_fast.capture_probe`), as a placed thread's is not."""
     if not _deferred() or type(src) is not torch.Tensor or src.device.type != "cpu" or capturing():
         return
     m = parse(torch, args, kwargs)
