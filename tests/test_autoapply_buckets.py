@@ -326,12 +326,64 @@ def test_failure_reason_names_pytorchs_line_under_the_scripts_and_a_known_way_ou
     line = _History.forward.__code__.co_firstlineno + 1
     assert f"test_autoapply_buckets.py:{line}: return self.enc(x, src_key_padding_mask=mask); " in reason
     assert "; in torch/nn/modules/transformer.py:" in reason and ": output = torch._nested_tensor_from_mask(" in reason
+    assert "enable_nested_tensor" not in reason  # (a failure that does not need the host: no way out told)
+    try:  # as a capture fails: CUDA's refusal, raised while the first failure is handled
+        try:
+            with torch.no_grad():
+                m(x, mask)
+        except TypeError:
+            raise RuntimeError(MSG)  # noqa: B904 - its __context__ is the first failure, as in a capture
+    except RuntimeError as ex:
+        reason = failure_reason(ex)
+    assert "; in torch/nn/modules/transformer.py:" in reason
     assert reason.endswith("TransformerEncoder(..., enable_nested_tensor=False) keeps it capturable)")
     # raised in the script's own line, with nothing of PyTorch's under it: no such part
     try:
         _forward_that_fails()
     except RuntimeError as ex:
         assert "; in " not in failure_reason(ex)
+
+
+class _ReadsBack(torch.nn.Module):
+    def forward(self, x):
+        return x * float(x.sum().item())  # fails here
+
+
+class _Branches(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+def _needs_host_at(fn):
+    """``fn()`` failing where it reads the host, with CUDA's refusal in a capture."""
+    try:
+        try:
+            fn()
+        except RuntimeError:
+            raise RuntimeError(MSG)  # noqa: B904
+    except RuntimeError as ex:
+        return failure_reason(ex)
+
+
+def test_a_host_read_in_the_scripts_forward_gets_its_way_out(monkeypatch):
+    """Where the failing line of the script's forward reads a value back (``.item()``) or
+    branches on one (``if``), the reason says what keeps such a call capturable."""
+    from torch.utils import _pytree  # (a frame of PyTorch's own refuses, as the C++ under .item() would)
+
+    space: dict = {}
+    exec(compile("def refuse(*a, **k):\n    raise RuntimeError('CUDA error: operation not permitted when stream "
+                 "is capturing')\n", _pytree.__file__, "exec"), space)
+    refuse = space["refuse"]
+
+    monkeypatch.setattr(torch.Tensor, "item", refuse)
+    reason = _needs_host_at(lambda: _ReadsBack()(torch.ones(2)))
+    assert "return x * float(x.sum().item())" in reason and "a value read back to the host inside forward" in reason
+    monkeypatch.setattr(torch.Tensor, "__bool__", refuse)
+    reason = _needs_host_at(lambda: _Branches()(torch.ones(2)))
+    assert "if x.sum() > 0:" in reason and "a Python branch on a tensor's value reads it on the host" in reason
+    assert "a value read back" not in reason
 
 
 def test_what_needs_the_host_in_a_capture_is_told_from_other_failures():

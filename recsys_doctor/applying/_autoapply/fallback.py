@@ -18,9 +18,23 @@ _OP = re.compile(r"\baten::[\w.]+")
 #: read back, a copy to or from pageable memory): a property of the model's code, not of a call's shapes
 _NEEDS_HOST = ("operation not permitted when stream is capturing",
                "operation would make the legacy stream depend on a capturing blocking stream")
-#: PyTorch code known to read a tensor on the host, and what keeps it capturable
-_KNOWN_SYNCS = (("_nested_tensor_from_mask", "nn.TransformerEncoder's nested-tensor fast path reads the padding "
-                 "mask on the host: TransformerEncoder(..., enable_nested_tensor=False) keeps it capturable"),)
+#: PyTorch code known to read a tensor on the host (matched in the failing line of PyTorch under
+#: the script's, where the failure needs the host), and what keeps such a call capturable
+_KNOWN_SYNCS = (
+    (re.compile(r"_nested_tensor_from_mask"), "nn.TransformerEncoder's nested-tensor fast path reads the padding "
+     "mask on the host: TransformerEncoder(..., enable_nested_tensor=False) keeps it capturable"),
+)
+#: the same, of the script's own failing line
+_SCRIPT_SYNCS = (
+    (re.compile(r"^\s*(?:el)?if\b|^\s*while\b"), "a Python branch on a tensor's value reads it on the host: "
+     "computing both sides and choosing with torch.where keeps it capturable"),
+    (re.compile(r"\.(?:item|tolist|cpu|numpy)\(\)"), "a value read back to the host inside forward: kept on the "
+     "GPU (tensor arithmetic, torch.where) or read outside the model call, it is capturable"),
+    (re.compile(r"\brepeat_interleave\("), "torch.repeat_interleave with a tensor of repeats sizes its output on the "
+     "host: repeat_interleave(..., output_size=N) keeps it capturable"),
+    (re.compile(r"\b(?:nonzero|masked_select|unique|unique_consecutive)\("), "an output whose size depends on the "
+     "data is sized on the host: a fixed-size form (a mask multiplied in, torch.where) keeps it capturable"),
+)
 
 
 def _end_broken_capture(stream: Any) -> None:
@@ -83,8 +97,30 @@ def failure_reason(ex: BaseException) -> str:
         inner = _torch_frame(root)
         if inner is not None:
             extra.append(f"in {inner}")
-            extra += [hint for pat, hint in _KNOWN_SYNCS if pat in inner]
+        if needs_host(ex):
+            for syncs, tb in ((_KNOWN_SYNCS, _innermost(root, script=False)), (_SCRIPT_SYNCS, _innermost(root, script=True))):
+                extra += [hint for pat, hint in syncs if tb is not None and pat.search(_source(tb))]
     return f"{reason} ({'; '.join(extra)})" if extra else reason
+
+
+def _innermost(ex: BaseException, script: bool) -> Any:
+    """The innermost traceback entry of ``ex`` in the script's code (``script``), or in
+    PyTorch's below that one; None where there is none."""
+    tb, last = ex.__traceback__, None
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    tdir = os.path.dirname(os.path.abspath(torch_file)) + os.sep if torch_file else None
+    while tb is not None:
+        fn = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not _skipped(fn):
+            last = tb if script else None
+        elif not script and tdir and fn.startswith(tdir):
+            last = tb
+        tb = tb.tb_next
+    return last
+
+
+def _source(tb: Any) -> str:
+    return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
 
 
 def needs_host(ex: BaseException) -> bool:
