@@ -98,3 +98,30 @@ def test_a_serving_script_calling_with_gradients_on_is_told_how_to_let_a_plan_gr
     assert grad_on_note({"graphs": True, "sites": [dict(s, reasons={}) for s in sites]}) is None
     half = [dict(s, taken_over=30) if s["site"] == "s.py:20" else s for s in sites]  # 30 of 65: not most
     assert grad_on_note({"graphs": True, "sites": half}) is None
+
+
+def test_a_model_that_needs_the_host_in_a_capture_gets_a_note_with_the_reason():
+    """Most model calls of a graphed plan eager because the model's forward needs the host in a
+    capture (the hook's reason NEEDS_HOST + the failure): a note says no plan graphs it as it is,
+    with the failure and its way out; not where most calls were graphed, nor without graphs."""
+    from recsys_doctor.applying._autoapply import accounting
+    from recsys_doctor.applying._autoapply.buckets import WARMING_UP
+    from recsys_doctor.applying._autoapply.graphs import NEEDS_HOST
+    from recsys_doctor.applying.report import call_notes, needs_host_note
+
+    why = "AcceleratorError: CUDA error: ... (at s.py:55: x = self.encoder(...); keeps it capturable)"
+    accounting.reset()
+    try:
+        accounting.fell_back("model", "s.py:90", WARMING_UP, 3)
+        accounting.fell_back("model", "s.py:90", f"capture failed: {why}", 1)
+        accounting.fell_back("model", "s.py:90", f"{NEEDS_HOST}: {why}", 96)
+        sites = accounting.sites()
+    finally:
+        accounting.reset()
+    note = needs_host_note({"graphs": True, "sites": sites})
+    assert note == ("96 of the 100 model calls ran eagerly under the graphed plan: the model's forward needs the "
+                    f"host inside a CUDA graph capture, so no plan can graph it as it is ({why})")
+    assert call_notes({"graphs": True, "sites": sites}, train=True) == (None, note)
+    assert needs_host_note({"graphs": False, "sites": sites}) is None
+    most_graphed = [dict(s, taken_over=200) for s in sites]
+    assert needs_host_note({"graphs": True, "sites": most_graphed}) is None

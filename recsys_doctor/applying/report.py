@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..planning._batching import UNPRICED
-from ._autoapply.graphs import GRAD_ON
+from ._autoapply.graphs import GRAD_ON, NEEDS_HOST
 from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "short_lives_note", "no_model_calls_note", "grad_on_note"]
+           "copy_only_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "call_notes"]
 
 
 @dataclass
@@ -239,6 +239,28 @@ def grad_on_note(hook: dict[str, Any] | None) -> str | None:
             "that calls model.eval() and makes its model calls under torch.inference_mode() (or torch.no_grad(), "
             "set in each thread that calls the model: grad mode is per thread), or freezes the model with "
             "model.requires_grad_(False), lets a plan graph them")
+
+
+def needs_host_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where most model calls of a graphed plan ran eagerly because the model's
+    forward needs the host inside a capture (the hook's reason starting ``NEEDS_HOST``): no plan
+    graphs it as it is; the reason (the lines, and what keeps it capturable where that is known)."""
+    if not hook or not hook.get("graphs"):
+        return None
+    rows = [s for s in hook.get("sites") or [] if s.get("kind") == "model"]
+    calls = _calls(rows)
+    found = {why: n for s in rows for why, n in (s.get("reasons") or {}).items() if why.startswith(NEEDS_HOST)}
+    host = sum(int(n) for n in found.values())
+    if not calls or 2 * host <= calls:
+        return None
+    why = max(found, key=lambda k: found[k])[len(NEEDS_HOST):].lstrip(": ")
+    return (f"{host} of the {calls} model calls ran eagerly under the graphed plan: the model's forward needs the "
+            f"host inside a CUDA graph capture, so no plan can graph it as it is ({why})")
+
+
+def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, str | None]:
+    """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`)."""
+    return (None if train else grad_on_note(hook)), needs_host_note(hook)
 
 
 def _calls(sites: Sequence[dict[str, Any]]) -> int:
