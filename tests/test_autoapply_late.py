@@ -257,10 +257,9 @@ def test_threads_are_placed_at_their_first_model_call_by_default(monkeypatch, ca
 def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferred):
     """A thread marked for placement at its first model call: its host-to-GPU copies until then
     (``.to``/``.cuda`` of a CPU tensor to CUDA, ``torch.as_tensor``/``torch.tensor`` of host data
-    on CUDA) are counted at the calling line as left to PyTorch, with why; a copy that is not
-    host-to-GPU, a non-blocking copy of pinned memory (placed, the thread graph takes it over,
-    uncounted at its line), one while the thread's stream captures, one of a tensor subclass,
-    and any copy once the thread is placed are not counted here."""
+    on CUDA, a non-blocking copy of pinned memory among them) are counted at the calling line as
+    left to PyTorch, with why; a copy that is not host-to-GPU, one while the thread's stream
+    captures, one of a tensor subclass, and any copy once the thread is placed are not counted here."""
     from recsys_doctor.applying._autoapply import accounting, unplaced
 
     torch, *_ = deferred
@@ -283,7 +282,7 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     copy(cpu, "cuda"); line_to = sys._getframe().f_lineno  # noqa: E702
     copy(cpu, "cpu")  # (not to the GPU)
     copy(gpu, "cuda")  # (already on the GPU)
-    copy(pinned, "cuda", non_blocking=True)  # (asynchronous already: placed, not counted at its line either)
+    copy(pinned, "cuda", non_blocking=True); line_async = sys._getframe().f_lineno  # noqa: E702  (counted as placed)
     unplaced.unplaced_copy(torch, cpu, to, ("cuda",), {}, lambda: True)  # (in the thread's own capture)
     unplaced.unplaced_factory(torch, facs, ([1, 2],), {"device": "cuda"}, lambda: True)  # (the same)
     factory(type("Param", (torch.Tensor,), {})(), device="cuda")  # (a tensor subclass: PyTorch's, as placed)
@@ -297,7 +296,7 @@ def test_copies_before_a_threads_first_model_call_are_counted_as_pytorchs(deferr
     copy(cpu, "cuda")  # (placed)
     rows = {r["site"]: r for r in accounting.sites() if r["kind"] == "h2d"}
     here = __file__.rsplit("/", 1)[-1]
-    assert {s.rsplit("/", 1)[-1] for s in rows} == {f"{here}:{line_to}", f"{here}:{line_f}", f"{here}:{line_pinned}"}, rows
+    assert {s.rsplit("/", 1)[-1] for s in rows} == {f"{here}:{n}" for n in (line_to, line_f, line_pinned, line_async)}, rows
     for r in rows.values():
         assert r["taken_over"] == 0 and r["fallback"] == 1 and list(r["reasons"]) == [unplaced.BEFORE_PLACED], r
 

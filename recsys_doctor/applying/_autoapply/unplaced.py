@@ -1,7 +1,7 @@
 """The copies a thread makes before it is placed in its group (placed at its first top-level
 model call, :func:`.interception._place_deferred`): PyTorch's, on PyTorch's default stream,
 counted as left to it with why (``stats()["sites"]``) where a placed thread's copy would be
-counted too (pageable memory, numpy arrays, lists; not non-blocking copies of pinned memory).
+counted too (pageable memory, numpy arrays, lists, non-blocking copies of pinned memory).
 A thread that calls no model stays unplaced; its copies are counted so all its life."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from ._common import _state, _tls
 from .accounting import fell_back, script_site
-from .pageable import asynchronous, host_data
+from .pageable import host_data
 
 #: why a copy made before its thread's first model call is PyTorch's
 BEFORE_PLACED = "made before its thread's first model call, where the hook places the thread: PyTorch's copy"
@@ -24,15 +24,13 @@ def unplaced_copy(torch: Any, src: Any, parse: Any, args: tuple[Any, ...], kwarg
                   capturing: Any = bool) -> None:
     """``src.to/cuda(*args, **kwargs)`` by a thread not placed yet: counted where it copies host
     memory to the GPU (``parse``: :func:`.pageable.to_args` / :func:`.pageable.cuda_args`) and a
-    placed thread's copy would be counted too: not a non-blocking copy of pinned memory, which
-    is asynchronous already (placed, a thread graph may take it over; where none does it is
-    counted as PyTorch's, :data:`.pageable.ASYNC_PINNED`: a thread's copies of this kind before
-    its first model call are the one set left uncounted); nor one while the thread's stream
-    captures (``capturing``: :func:`.pageable_fast.capture_probe`), as a placed thread's is not."""
+    placed thread's copy would be counted too (a non-blocking copy of pinned memory among them:
+    placed, a thread graph may take it over, or it is counted as PyTorch's,
+    :data:`.pageable.ASYNC_PINNED`); not one while the thread's stream captures (``capturing``:
+    :func:`.pageable_fast.capture_probe`), as a placed thread's is not."""
     if not _deferred() or type(src) is not torch.Tensor or src.device.type != "cpu" or capturing():
         return
-    m = parse(torch, args, kwargs)
-    if m is not None and not asynchronous(src, m):
+    if parse(torch, args, kwargs) is not None:
         fell_back("h2d", script_site(3), BEFORE_PLACED)
 
 
