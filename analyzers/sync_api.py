@@ -31,7 +31,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
-from ._ops import api_keys_in, api_thread_spans
+from ._ops import api_keys_in, api_thread_spans, cached
 from ._recoverable import examples, finish, gaps_containing, idle_gaps, report, steady_window
 from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_contains, str_is,
                     thread_label, thread_label_codes)
@@ -105,7 +105,12 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
 
 def sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
     """Which API calls synchronize (by name, and the launch calls of async D2H copies into
-    pageable memory), and how many of them are such pageable copies."""
+    pageable memory), and how many of them are such pageable copies (once a trace: this analyzer
+    and graph-candidate's sync points ask)."""
+    return cached(trace, "sync_calls", lambda: _sync_calls(trace))  # type: ignore[no-any-return]
+
+
+def _sync_calls(trace: Trace) -> tuple[np.ndarray, int]:
     api = trace.api
     m = (str_contains(api["name"], SYNC_RE) | str_contains(api["name"], BLOCKING_COPY_RE)).to_numpy()
     mc = trace.memcpys

@@ -227,13 +227,10 @@ def grad_on_note(hook: dict[str, Any] | None) -> str | None:
     module in training mode (the hook's reason ``GRAD_ON`` at its model call sites): the hook
     runs those calls as PyTorch does (a CUDA graph replay keeps no autograd history, which a
     backward pass would need), and the script's own remedy."""
-    if not hook or not hook.get("graphs"):
+    most = _most_model_calls(hook, lambda why: why == GRAD_ON)
+    if most is None:
         return None
-    rows = [s for s in hook.get("sites") or [] if s.get("kind") == "model"]
-    calls = _calls(rows)
-    grad = sum(int((s.get("reasons") or {}).get(GRAD_ON, 0)) for s in rows)
-    if not calls or 2 * grad <= calls:
-        return None
+    grad, calls, _ = most
     return (f"{grad} of the {calls} model calls ran with gradients on or the module in training mode, so the hook "
             "left them as PyTorch runs them (a CUDA graph replay keeps no autograd history): a serving script "
             "that calls model.eval() and makes its model calls under torch.inference_mode() (or torch.no_grad(), "
@@ -245,14 +242,10 @@ def needs_host_note(hook: dict[str, Any] | None) -> str | None:
     """What to say where most model calls of a graphed plan ran eagerly because the model's
     forward needs the host inside a capture (the hook's reason starting ``NEEDS_HOST``): no plan
     graphs it as it is; the reason (the lines, and what keeps it capturable where that is known)."""
-    if not hook or not hook.get("graphs"):
+    most = _most_model_calls(hook, lambda why: why.startswith(NEEDS_HOST))
+    if most is None:
         return None
-    rows = [s for s in hook.get("sites") or [] if s.get("kind") == "model"]
-    calls = _calls(rows)
-    found = {why: n for s in rows for why, n in (s.get("reasons") or {}).items() if why.startswith(NEEDS_HOST)}
-    host = sum(int(n) for n in found.values())
-    if not calls or 2 * host <= calls:
-        return None
+    host, calls, found = most
     why = max(found, key=lambda k: found[k])[len(NEEDS_HOST):].lstrip(": ")
     return (f"{host} of the {calls} model calls ran eagerly under the graphed plan: the model's forward needs the "
             f"host inside a CUDA graph capture, so no plan can graph it as it is ({why})")
@@ -261,6 +254,22 @@ def needs_host_note(hook: dict[str, Any] | None) -> str | None:
 def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, str | None]:
     """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`)."""
     return (None if train else grad_on_note(hook)), needs_host_note(hook)
+
+
+def _most_model_calls(hook: dict[str, Any] | None, match: Any) -> tuple[int, int, dict[str, int]] | None:
+    """Where the hook ran with graphs and most of its model calls were left to PyTorch for a
+    reason ``match(reason)`` accepts: ``(those calls, all model calls, {reason: calls})``; else None."""
+    if not hook or not hook.get("graphs"):
+        return None
+    rows = [s for s in hook.get("sites") or [] if s.get("kind") == "model"]
+    calls = _calls(rows)
+    found: dict[str, int] = {}
+    for s in rows:
+        for why, n in (s.get("reasons") or {}).items():
+            if match(why):
+                found[why] = found.get(why, 0) + int(n)
+    n = sum(found.values())
+    return (n, calls, found) if calls and 2 * n > calls else None
 
 
 def _calls(sites: Sequence[dict[str, Any]]) -> int:

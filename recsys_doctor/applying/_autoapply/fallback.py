@@ -78,12 +78,7 @@ def failure_reason(ex: BaseException) -> str:
     code; then the operator where their text names one (``aten::...``) and the line of the
     script's code (a model's ``forward``, not PyTorch's or the hook's) that exception was
     raised from, with that line's source."""
-    chain = [ex]
-    while len(chain) < 8:
-        prev = chain[-1].__cause__ or chain[-1].__context__
-        if prev is None or prev in chain:
-            break
-        chain.append(prev)
+    chain = _chain(ex)
     root = next((c for c in reversed(chain) if _raised_at(c)), None)
     reason = _first_line(ex)
     if root is not None and root is not ex:
@@ -105,18 +100,30 @@ def failure_reason(ex: BaseException) -> str:
 
 def _innermost(ex: BaseException, script: bool) -> Any:
     """The innermost traceback entry of ``ex`` in the script's code (``script``), or in
-    PyTorch's below that one; None where there is none."""
+    PyTorch's own Python below that one; None where there is none."""
     tb, last = ex.__traceback__, None
-    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
-    tdir = os.path.dirname(os.path.abspath(torch_file)) + os.sep if torch_file else None
+    tdir = None if script else _torch_dir()
     while tb is not None:
         fn = os.path.abspath(tb.tb_frame.f_code.co_filename)
         if not _skipped(fn):
-            last = tb if script else None
-        elif not script and tdir and fn.startswith(tdir):
+            last = tb if script else None  # (not script: only PyTorch's frames below the script's count)
+        elif tdir and fn.startswith(tdir):
             last = tb
         tb = tb.tb_next
     return last
+
+
+def _torch_dir() -> str | None:
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    return os.path.dirname(os.path.abspath(torch_file)) + os.sep if torch_file else None
+
+
+def _where(tb: Any, shown: str) -> str:
+    """``shown:line: source`` of traceback entry ``tb`` (its source cut at 60 characters)."""
+    src = _source(tb).strip()
+    if len(src) > 60:
+        src = src[:57] + "..."
+    return f"{shown}:{tb.tb_lineno}" + (f": {src}" if src else "")
 
 
 def _source(tb: Any) -> str:
@@ -126,52 +133,31 @@ def _source(tb: Any) -> str:
 def needs_host(ex: BaseException) -> bool:
     """Whether a capture failed because an operation in it needs the host (CUDA refused it in a
     capture): the model's code does so whatever the call's shapes, so no capture of it can work."""
-    seen: list[BaseException] = []
-    c: BaseException | None = ex
-    while c is not None and c not in seen and len(seen) < 8:
-        seen.append(c)
-        if any(m in str(c) for m in _NEEDS_HOST):
-            return True
-        c = c.__cause__ or c.__context__
-    return False
+    return any(m in str(c) for c in _chain(ex) for m in _NEEDS_HOST)
+
+
+def _chain(ex: BaseException) -> list[BaseException]:
+    """``ex`` and the exceptions it was raised from or while handling, newest first (at most 8)."""
+    chain = [ex]
+    while len(chain) < 8:
+        prev = chain[-1].__cause__ or chain[-1].__context__
+        if prev is None or prev in chain:
+            break
+        chain.append(prev)
+    return chain
 
 
 def _torch_frame(ex: BaseException) -> str | None:
     """``torch/...py:line: source`` of the innermost frame of ``ex``'s traceback in PyTorch's
     own Python, below the script's innermost frame (the PyTorch call that raised), or None."""
-    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
-    if not torch_file:
+    tb = _innermost(ex, script=False)
+    if tb is None:
         return None
-    base = os.path.dirname(os.path.dirname(os.path.abspath(torch_file)))
-    tdir = os.path.join(base, "torch") + os.sep
-    tb, last = ex.__traceback__, None
-    while tb is not None:
-        fn = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not _skipped(fn):
-            last = None  # (the script's own frame: only PyTorch's below it count)
-        elif fn.startswith(tdir):
-            last = tb
-        tb = tb.tb_next
-    if last is None:
-        return None
-    fn, line = os.path.abspath(last.tb_frame.f_code.co_filename), last.tb_lineno
-    src = linecache.getline(fn, line).strip()
-    if len(src) > 60:
-        src = src[:57] + "..."
-    return f"{os.path.relpath(fn, base)}:{line}" + (f": {src}" if src else "")
+    base = os.path.dirname(os.path.dirname(_torch_dir() or ""))  # (the folder holding torch/)
+    return _where(tb, os.path.relpath(os.path.abspath(tb.tb_frame.f_code.co_filename), base))
 
 
 def _raised_at(ex: BaseException) -> str | None:
     """``file:line: source`` of the innermost frame of ``ex``'s traceback in the script's code."""
-    tb, last = ex.__traceback__, None
-    while tb is not None:
-        if not _skipped(tb.tb_frame.f_code.co_filename):
-            last = tb
-        tb = tb.tb_next
-    if last is None:
-        return None
-    fn, line = last.tb_frame.f_code.co_filename, last.tb_lineno
-    src = linecache.getline(fn, line).strip()
-    if len(src) > 60:
-        src = src[:57] + "..."
-    return f"{_display(fn)}:{line}" + (f": {src}" if src else "")
+    tb = _innermost(ex, script=True)
+    return None if tb is None else _where(tb, _display(tb.tb_frame.f_code.co_filename))
