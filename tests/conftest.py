@@ -5,6 +5,8 @@
 * ``project_data``: the project's own small fixtures in ``tests/data``.
 * the ``gpu`` marker: such tests skip unless an NVIDIA GPU is usable.
 * ``hook_group``: a script-hook thread's group on the CPU (no stream) over a fresh hook state.
+* ``heldout_runs``: every held-out script of examples/heldout/ run once on the CPU at each thread
+  count of tests/test_heldout_scripts.py, shared by the test modules that check them.
 """
 
 from __future__ import annotations
@@ -89,3 +91,26 @@ def hook_group(monkeypatch):
     _tls.group = g
     yield g
     del _tls.group
+
+
+@pytest.fixture(scope="session")
+def heldout_runs() -> dict[tuple[str, int], list[str]]:
+    """Every held-out script at 1 and 3 client threads, all at once (one intra-op thread each,
+    nothing on PYTHONPATH): their stdout lines, by (script, threads)."""
+    import subprocess
+    import sys
+
+    from test_heldout_scripts import CLIENTS, HELDOUT, THREADS, TINY
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    procs = {(name, t): subprocess.Popen([sys.executable, str(HELDOUT / name), "--device", "cpu", *args,
+                                          CLIENTS.get(name, ("--threads",))[0], str(t)],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, cwd=HELDOUT, env=env)
+             for name, args in TINY.items() for t in THREADS}
+    out = {}
+    for key, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"{key}: {stderr[-2000:]}"
+        out[key] = stdout.splitlines()
+    return out

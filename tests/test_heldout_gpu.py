@@ -47,12 +47,16 @@ ARGS = {
     "seqrec_serve.py": ["--threads", "4", "--queries", "3000"],
     "frozen_pool_serve.py": ["--threads", "4", "--queries", "4000"],
     "event_timed_serve.py": ["--threads", "4", "--queries", "3000"],
+    "http_json_serve.py": ["--threads", "4", "--queries", "3000"],
+    "gru4rec_serve.py": ["--threads", "4", "--queries", "4000"],
+    "ddp_train.py": ["--samples", "131072", "--batch", "512", "--epochs", "3", "--workers", "2", "--log-every", "20"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],
     "amp_accum_train.py": ["--epochs", "2"],
 }
 #: the training loops among them, compared as the suite's training loop is (step time, loss tolerance)
-KINDS = {"amp_accum_train.py": "train", "log_train.py": "train", "sparse_amp_train.py": "train"}
+KINDS = {"amp_accum_train.py": "train", "log_train.py": "train", "sparse_amp_train.py": "train",
+         "ddp_train.py": "train"}
 
 
 @pytest.mark.parametrize("name", list(ARGS))
