@@ -12,6 +12,7 @@ thread's graph, row buckets, outputs equal to the unhooked run) is in
 
 from __future__ import annotations
 
+import inspect
 from collections import namedtuple
 
 import sys
@@ -202,6 +203,45 @@ def test_a_model_that_uses_a_host_argument_on_the_host_is_left_its_arguments(hoo
     assert staging._state["fallbacks"] == [reason]
     hooked.st.slot_n = 0
     assert _take(hooked, model, batch) is None  # from its next call on: the script's arguments
+
+
+class PackedGRU(nn.Module):
+    """A session model: padded clicks moved inside forward, the lengths kept on the host for
+    pack_padded_sequence (as PyTorch requires), the GRU's last state scored."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.item, self.gru = nn.Embedding(30, 4), nn.GRU(4, 6, batch_first=True)
+
+    def forward(self, clicks, lengths):
+        emb = self.item(clicks.to("cpu"))
+        packed = nn.utils.rnn.pack_padded_sequence(emb, lengths, batch_first=True, enforce_sorted=False)
+        return self.gru(packed)[1][-1]
+
+
+def test_a_host_argument_used_inside_pytorchs_pack_padded_sequence_is_named_with_the_way_out(hooked):
+    """The lengths are read on the host inside PyTorch's pack_padded_sequence: the reason names that
+    function and its line under forward's, and what keeps such a model capturable."""
+    model = PackedGRU().eval()
+    clicks = torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0], [8, 9, 10, 11]])
+    lengths = torch.tensor([3, 2, 4])
+    call, args, _ = _take(hooked, model, (clicks, lengths))
+    with torch.no_grad():
+        out = call(model, *args)
+    assert torch.equal(out, _unhooked(model, (clicks, lengths)))
+    (reason,) = staging._state["host_use"].values()
+    src = inspect.getsource(nn.utils.rnn.pack_padded_sequence).splitlines()
+    first = nn.utils.rnn.pack_padded_sequence.__code__.co_firstlineno
+    used = first + next(k for k, ln in enumerate(src) if "lengths = lengths.to(" in ln)
+    line = PackedGRU.forward.__code__.co_firstlineno + 2
+    assert reason.startswith(f"the model uses a host argument on the host (to in PyTorch's pack_padded_sequence "
+                             f"(torch/nn/utils/rnn.py:{used}), tests/test_autoapply_host_args.py:{line}; ")
+    assert "out[torch.arange(n), lengths - 1]" in reason and reason.endswith("are capturable)")
+    # that way out gives the packed GRU's last states
+    with torch.no_grad():
+        full = model.gru(model.item(clicks))[0]
+        assert torch.allclose(full[torch.arange(3), lengths - 1], out, atol=1e-6)
 
 
 def test_on_the_hooks_own_tensors_a_use_on_the_host_reads_their_values(hooked):

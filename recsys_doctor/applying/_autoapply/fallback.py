@@ -35,6 +35,31 @@ _SCRIPT_SYNCS = (
     (re.compile(r"\b(?:nonzero|masked_select|unique|unique_consecutive)\("), "an output whose size depends on the "
      "data is sized on the host: a fixed-size form (a mask multiplied in, torch.where) keeps it capturable"),
 )
+#: PyTorch functions that read an argument's values on the host, and what keeps such a model
+#: capturable (named where a model uses a host argument inside one of them)
+_HOST_READERS = {
+    "pack_padded_sequence": "pack_padded_sequence packs by the lengths on the host, so no graph replays it for other "
+    "lengths: for an RNN of one direction, the padded batch through the RNN and out[torch.arange(n), lengths - 1] "
+    "(the lengths on the GPU) give each sequence's state after its last step and are capturable",
+}
+
+
+def torch_reader(depth: int = 2) -> tuple[str, str | None]:
+    """Where PyTorch's own Python used a value on the host, seen from frame ``depth`` up: `` in
+    PyTorch's NAME (torch/...py:line)`` of the PyTorch function the script's code called
+    ("" where the script's code used it itself), and the way out where that function is known."""
+    tdir = _torch_dir()
+    f: Any = sys._getframe(depth)
+    outer = None
+    while f is not None and _skipped(f.f_code.co_filename):
+        if tdir and os.path.abspath(f.f_code.co_filename).startswith(tdir):
+            outer = f
+        f = f.f_back
+    if outer is None or f is None or not tdir:
+        return "", None
+    shown = os.path.relpath(os.path.abspath(outer.f_code.co_filename), os.path.dirname(os.path.dirname(tdir)))
+    name = outer.f_code.co_name
+    return f" in PyTorch's {name} ({shown}:{outer.f_lineno})", _HOST_READERS.get(name)
 
 
 def _end_broken_capture(stream: Any) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 from ._common import _state, _tls
 from .accounting import fell_back, script_site, taken_over
 from .argtree import flatten, remake
-from .fallback import _fall_back
+from .fallback import _fall_back, torch_reader
 from .pageable import MAX_COPY, _host_array, copy_hazard, inexact
 from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 
@@ -171,7 +171,9 @@ def _use(torch: Any, p: Any, what: Any) -> None:
     owner = p._rd_owner
     name = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
     if owner is not None and id(owner) not in _state.setdefault("host_use", {}):
-        reason = f"the model uses a host argument on the host ({name}, {script_site(2)})"
+        where, hint = torch_reader(2)
+        reason = f"the model uses a host argument on the host ({name}{where}, {script_site(2)}" + (
+            f"; {hint})" if hint else ")")
         if _state["host_use"].setdefault(id(owner), reason) is reason:  # said once, whichever thread saw it
             _fall_back(f"{type(owner).__name__}: {reason}: its host arguments are its own from now on", reason)
     if p._rd_fill is not None:
