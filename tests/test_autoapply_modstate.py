@@ -177,7 +177,7 @@ def test_a_collected_module_is_retired_at_the_next_look(hooked):
 
 
 def test_a_module_changing_every_few_calls_goes_eager_with_the_reason(hooked):
-    m = Scorer()
+    m = Scorer().eval()
     modstate.check(torch, m)
     for i in range(modstate.THRASH):
         m.temperature = 2.0 + i  # (each a new value: the first is not the initial 1.0)
@@ -187,8 +187,22 @@ def test_a_module_changing_every_few_calls_goes_eager_with_the_reason(hooked):
     assert _state["fallbacks"] == [modstate.CHANGES_OFTEN]
 
 
+def test_changes_made_while_it_trains_do_not_make_it_eager_for_its_evaluation(hooked):
+    """DistributedDataParallel's no_sync() sets an attribute around every accumulating call: a
+    training module's calls are eager anyway (gradients on), and its evaluation calls later, in
+    eval mode, are graphed as any; its graphs are still retired at each change."""
+    m = Scorer().train()
+    modstate.check(torch, m)
+    for i in range(4 * modstate.THRASH):
+        m.temperature = 2.0 + i
+        assert modstate.check(torch, m).eager is None
+    m.eval()
+    assert modstate.check(torch, m).eager is None and not _state["fallbacks"]
+    assert modstate.check(torch, m).version == 4 * modstate.THRASH  # (each change seen, its graphs retired)
+
+
 def test_a_change_after_its_graphs_paid_off_starts_the_count_again(hooked):
-    m = Scorer()
+    m = Scorer().eval()
     modstate.check(torch, m)
     for i in range(2 * modstate.THRASH):
         for _ in range(modstate.PAYOFF_CALLS):
