@@ -100,6 +100,33 @@ def test_a_serving_script_calling_with_gradients_on_is_told_how_to_let_a_plan_gr
     assert grad_on_note({"graphs": True, "sites": half}) is None
 
 
+def test_a_model_left_its_host_arguments_gets_a_note_with_the_hooks_reason():
+    """Most model calls of a graphed plan eager because a tensor argument stays on the CPU: the
+    note carries the hook's reason where the model uses it on the host (PyTorch's function, the
+    line, the way out), a generic one where the hook said none; none where most calls were graphed."""
+    from recsys_doctor.applying._autoapply import accounting
+    from recsys_doctor.applying._autoapply.graphs import CPU_ARG
+    from recsys_doctor.applying.report import call_notes, host_args_note
+
+    accounting.reset()
+    try:
+        accounting.fell_back("model", "s.py:91", "the first calls of a shape run eagerly before its capture", 4)
+        accounting.fell_back("model", "s.py:91", CPU_ARG, 4004)
+        sites = accounting.sites()
+    finally:
+        accounting.reset()
+    used = ("the model uses a host argument on the host (to in PyTorch's pack_padded_sequence "
+            "(torch/nn/utils/rnn.py:313), s.py:52; a way out)")
+    note = host_args_note({"graphs": True, "sites": sites, "fallbacks": ["other", used]})
+    assert note == ("4004 of the 4008 model calls ran eagerly under the graphed plan: a tensor argument stays on the "
+                    "CPU (the model uses it on the host (to in PyTorch's pack_padded_sequence (torch/nn/utils/rnn.py:313)"
+                    ", s.py:52; a way out)), so no plan can graph those calls as they are")
+    assert call_notes({"graphs": True, "sites": sites, "fallbacks": [used]}, train=False)[2] == note
+    assert "(a model on the CPU, or one that uses such an argument on the host)" in host_args_note(
+        {"graphs": True, "sites": sites})
+    assert host_args_note({"graphs": True, "sites": [dict(s, taken_over=9000) for s in sites]}) is None
+
+
 def test_a_model_that_needs_the_host_in_a_capture_gets_a_note_with_the_reason():
     """Most model calls of a graphed plan eager because the model's forward needs the host in a
     capture (the hook's reason NEEDS_HOST + the failure): a note says no plan graphs it as it is,
@@ -121,7 +148,7 @@ def test_a_model_that_needs_the_host_in_a_capture_gets_a_note_with_the_reason():
     note = needs_host_note({"graphs": True, "sites": sites})
     assert note == ("96 of the 100 model calls ran eagerly under the graphed plan: the model's forward needs the "
                     f"host inside a CUDA graph capture, so no plan can graph it as it is ({why})")
-    assert call_notes({"graphs": True, "sites": sites}, train=True) == (None, note)
+    assert call_notes({"graphs": True, "sites": sites}, train=True) == (None, note, None)
     assert needs_host_note({"graphs": False, "sites": sites}) is None
     most_graphed = [dict(s, taken_over=200) for s in sites]
     assert needs_host_note({"graphs": True, "sites": most_graphed}) is None

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..planning._batching import UNPRICED
-from ._autoapply.graphs import GRAD_ON, NEEDS_HOST
+from ._autoapply.graphs import CPU_ARG, GRAD_ON, NEEDS_HOST
+from ._autoapply.host_args import HOST_USE
 from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "call_notes"]
+           "copy_only_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "host_args_note", "call_notes"]
 
 
 @dataclass
@@ -251,9 +252,25 @@ def needs_host_note(hook: dict[str, Any] | None) -> str | None:
             f"host inside a CUDA graph capture, so no plan can graph it as it is ({why})")
 
 
-def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, str | None]:
-    """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`)."""
-    return (None if train else grad_on_note(hook)), needs_host_note(hook)
+def host_args_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where most model calls of a graphed plan ran eagerly because a tensor argument
+    stays on the CPU (the hook's reason :data:`CPU_ARG` at its model call sites): the hook's reason
+    where the model uses such an argument on the host (the line, PyTorch's function, the way out)."""
+    most = _most_model_calls(hook, lambda why: why == CPU_ARG)
+    if most is None:
+        return None
+    n, calls, _ = most
+    used = [f for f in (hook or {}).get("fallbacks") or [] if f.startswith(HOST_USE)]
+    why = (f"the model uses it on the host {used[0][len(HOST_USE):].strip()}" if used else
+           "a model on the CPU, or one that uses such an argument on the host")
+    return (f"{n} of the {calls} model calls ran eagerly under the graphed plan: a tensor argument stays on the "
+            f"CPU ({why}), so no plan can graph those calls as they are")
+
+
+def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, ...]:
+    """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`,
+    :func:`host_args_note`)."""
+    return (None if train else grad_on_note(hook)), needs_host_note(hook), host_args_note(hook)
 
 
 def _most_model_calls(hook: dict[str, Any] | None, match: Any) -> tuple[int, int, dict[str, int]] | None:

@@ -21,6 +21,9 @@ from .modstate import eager_reason, never_graph
 
 #: why a call with gradients on, or of a module in training mode, is never graphed
 GRAD_ON = "gradients on or the module in training mode"
+#: why a call with a tensor argument on the CPU is not graphed (its reason at the call site)
+_ON_CPU = "a CPU tensor argument"
+CPU_ARG = f"not graphed: {_ON_CPU}"
 #: why every call of a module runs eagerly after a capture of it needed the host
 NEEDS_HOST = "its forward needs the host inside a CUDA graph capture: every call eager from now on"
 
@@ -63,7 +66,7 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     if isinstance(x, T):
         dev = x.get_device()  # -1 on the CPU; cheaper than x.device.index
         if dev < 0:
-            raise TypeError("a CPU tensor argument")
+            raise TypeError(_ON_CPU)
         tensors.append(x)
         # no strides: the static inputs keep the first call's layout and
         # _foreach_copy_ copies any layout into them

@@ -48,6 +48,8 @@ from .fallback import _fall_back, torch_reader
 from .pageable import MAX_COPY, _host_array, copy_hazard, inexact
 from .staging import _ThreadCopies, slot_fill, slot_room, slot_to_device
 
+#: how the reason for a model that uses a host argument on the host begins
+HOST_USE = "the model uses a host argument on the host"
 #: what the keys of a call whose host arguments were taken over carry (its graphs are not those of
 #: the same model called with device tensors: a ``forward`` may tell a CPU input from a GPU one)
 KEY_TAG = "host arguments"
@@ -172,7 +174,7 @@ def _use(torch: Any, p: Any, what: Any) -> None:
     name = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
     if owner is not None and id(owner) not in _state.setdefault("host_use", {}):
         where, hint = torch_reader(2)
-        reason = f"the model uses a host argument on the host ({name}{where}, {script_site(2)}" + (
+        reason = f"{HOST_USE} ({name}{where}, {script_site(2)}" + (
             f"; {hint})" if hint else ")")
         if _state["host_use"].setdefault(id(owner), reason) is reason:  # said once, whichever thread saw it
             _fall_back(f"{type(owner).__name__}: {reason}: its host arguments are its own from now on", reason)
