@@ -7,6 +7,7 @@ own type, a named tuple from its fields, a dict in its own order, constants kept
 from __future__ import annotations
 
 from collections import OrderedDict, namedtuple
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pytest
@@ -124,3 +125,68 @@ def test_matches_takes_the_very_tensors_in_the_same_structure_only():
     assert not matches(sk, ((Batch(a, [b]), 5.0), {"k": "v"}), T, iter([a, b]))  # 5.0 is not 5
     assert not matches(sk, ((Batch(a, [b]), 5), {"j": "v"}), T, iter([a, b]))  # another keyword
     assert matches(sk, ((Batch(a, [b]), 5), OrderedDict(k="v")), T, iter([a, b]))  # any dict, keys in order
+
+
+@dataclass
+class Features:
+    """A script's batch as a dataclass: tensors, a nested list, a constant; a field set in
+    __post_init__ (init=False) and one __init__ would refuse to take again."""
+
+    dense: object
+    ids: list
+    scale: float = 1.0
+    rows: int = field(init=False)
+
+    def __post_init__(self):
+        self.rows = len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    x: object
+    tag: str = "t"
+
+
+def test_a_dataclass_is_walked_field_by_field_and_made_again_as_itself():
+    t = [torch.full((i + 1,), float(i)) for i in range(4)]
+    call = ((Features(t[0], [t[1], t[2]], 0.5),), {"f": Frozen(t[3])})
+    out: list = []
+    assert flatten(call, T, out) and [id(x) for x in out] == [id(x) for x in t]
+    m = _marks(4)
+    (a,), kw = remake(call, T, iter(m))
+    assert type(a) is Features and (a.dense, a.ids, a.scale, a.rows) == (m[0], [m[1], m[2]], 0.5, 2)
+    assert type(a.ids) is list and a is not call[0][0] and call[0][0].dense is t[0]  # the call's own is untouched
+    assert type(kw["f"]) is Frozen and (kw["f"].x, kw["f"].tag) == (m[3], "t")
+    with pytest.raises(AttributeError):
+        kw["f"].x = 1  # still frozen
+    # a skeleton holds none of the tensors, and matches the very same ones in the same fields only
+    sk = skeleton(call, T)
+    assert sk[0][0].dense is SLOT and sk[0][0].ids == [SLOT, SLOT] and sk[1]["f"].x is SLOT
+    assert matches(sk, call, T, iter(t))
+    assert not matches(sk, call, T, iter([t[1], t[0], t[2], t[3]]))
+    assert not matches(sk, ((Features(t[0], [t[1], t[2]], 2.0),), {"f": Frozen(t[3])}), T, iter(t))  # another scale
+    assert not matches(sk, ((Features(t[0], [t[1]], 0.5),), {"f": Frozen(t[3])}), T, iter(t))  # one id tensor fewer
+    assert not matches(sk, ((Features(t[0], [t[1], t[2]], 0.5),), {"f": Frozen(t[3], "u")}), T, iter(t))
+
+
+def test_a_dataclass_is_keyed_by_its_type_and_fields_in_the_walks_order():
+    from recsys_doctor.applying._autoapply.graphs import _key_part
+
+    class Dev:  # a GPU-tensor stand-in (the key takes GPU tensors only)
+        dtype, shape = "f", (1,)
+
+        def get_device(self):
+            return 0
+
+    d = [Dev() for _ in range(3)]
+    call = ((Features(d[0], [d[1]], 0.5),), {"f": Frozen(d[2])})
+    keyed: list = []
+    key = _key_part(Dev, call, keyed)
+    walked: list = []
+    flatten(call, Dev, walked)
+    assert keyed == walked == d
+    dev = ("f", (1,), 0)
+    assert key == ("tuple", (("tuple", ((Features, (dev, ("list", (dev,)), ("C", 0.5), ("C", 1))),)),
+                             ("dict", (("f", (Frozen, (dev, ("C", "t")))),))))
+    with pytest.raises(TypeError, match="an argument of type object"):
+        _key_part(Dev, Features(d[0], [object()]), [])  # a field of an unknown type: not graphed, as any

@@ -53,6 +53,7 @@ TINY = {
     "http_json_serve.py": ["--queries", "24", "--vocab", "500", "--max-rows", "16"],
     "gru4rec_serve.py": ["--queries", "24", "--sessions", "4", "--items", "500", "--max-len", "8", "--cands", "10",
                          "--top", "3"],
+    "tenant_ple_serve.py": ["--queries", "24", "--tenants", "3", "--vocab", "500", "--max-rows", "32", "--top", "5"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "ddp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--accum", "3", "--epochs", "2",

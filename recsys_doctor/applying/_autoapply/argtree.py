@@ -1,11 +1,13 @@
-"""The one walk over a model call's arguments: tuples (named ones too), lists and dicts, nested,
-with tensors as leaves and anything else a constant.
+"""The one walk over a model call's arguments: tuples (named ones too), lists, dicts and dataclass
+instances (a script's ``Batch(dense=..., ids=...)``), nested, with tensors as leaves and anything
+else a constant.
 
 Every part of the hook that takes a call's tensors out or puts others back walks them here, in
 one order: a sequence's items in order, a dict's values in the dict's own order (the order
 :func:`.graphs._key_part` lists a call's tensors in). A container is made again as it was: a
 list as a list, a tuple as a tuple, a named tuple as its own type (from its fields), a dict of
-any kind as a ``dict`` with the same keys in the same order; constants are kept as they are.
+any kind as a ``dict`` with the same keys in the same order, a dataclass instance as a shallow copy
+of itself with each field (in the class's field order) made again; constants are kept as they are.
 
 * :func:`remake`: ``x`` with each leaf replaced by the next item of an iterator (a capture's
   static inputs, padded rows, host proxies, a batch's slices);
@@ -22,10 +24,12 @@ walkers it replaced (their timings: the commit that made this module).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from itertools import repeat
 from typing import Any, Iterator
 
-__all__ = ["SLOT", "Slot", "flatten", "matches", "remake", "skeleton"]
+__all__ = ["SLOT", "Slot", "dataclass_fields", "flatten", "matches", "remake", "skeleton"]
 
 
 class Slot:
@@ -40,6 +44,18 @@ class Slot:
 SLOT = Slot()
 
 
+_fields_of: dict[type, tuple[str, ...] | None] = {}
+
+
+def dataclass_fields(t: type) -> tuple[str, ...] | None:
+    """The field names of dataclass ``t`` in the class's order, or None where ``t`` is no
+    dataclass (cached by type: the walk asks for every constant of every call)."""
+    names = _fields_of.get(t, _fields_of)
+    if names is _fields_of:
+        names = _fields_of[t] = tuple(f.name for f in dataclasses.fields(t)) if dataclasses.is_dataclass(t) else None
+    return names  # type: ignore[return-value]
+
+
 def remake(x: Any, leaf: type[Any], it: Iterator[Any]) -> Any:
     """``x`` with every instance of ``leaf`` in it replaced, in walking order, by the next item
     of ``it``; containers made again as they were (the module's docstring)."""
@@ -48,7 +64,16 @@ def remake(x: Any, leaf: type[Any], it: Iterator[Any]) -> Any:
         return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
     if isinstance(x, dict):
         return {k: next(it) if isinstance(v, leaf) else remake(v, leaf, it) for k, v in x.items()}
-    return next(it) if isinstance(x, leaf) else x
+    if isinstance(x, leaf):
+        return next(it)
+    names = dataclass_fields(type(x))
+    if names is None:
+        return x
+    new = copy.copy(x)  # (not the class's __init__: fields with init=False, __post_init__ work)
+    for n in names:
+        v = getattr(x, n)
+        object.__setattr__(new, n, next(it) if isinstance(v, leaf) else remake(v, leaf, it))  # (frozen ones too)
+    return new
 
 
 def skeleton(x: Any, leaf: type[Any]) -> Any:
@@ -70,8 +95,13 @@ def matches(skel: Any, x: Any, leaf: type[Any], it: Iterator[Any]) -> bool:
         if not isinstance(x, dict) or tuple(x) != tuple(skel):
             return False
         pairs = zip(skel.values(), x.values())
+    elif type(x) is not type(skel):
+        return False
     else:
-        return type(x) is type(skel) and bool(x == skel)
+        names = dataclass_fields(type(skel))
+        if names is None:
+            return bool(x == skel)
+        pairs = ((getattr(skel, n), getattr(x, n)) for n in names)
     for s, v in pairs:
         if s is SLOT:
             if not isinstance(v, leaf) or v is not next(it, None):
@@ -91,10 +121,14 @@ def flatten(x: Any, leaf: type[Any], out: list[Any]) -> bool:
         ok, items = t is list or t is tuple or (issubclass(t, tuple) and hasattr(x, "_fields")), x
     elif isinstance(x, dict):
         ok, items = type(x) is dict, x.values()
-    else:
-        if isinstance(x, leaf):
-            out.append(x)
+    elif isinstance(x, leaf):
+        out.append(x)
         return True
+    else:
+        names = dataclass_fields(type(x))
+        if names is None:
+            return True
+        ok, items = True, [getattr(x, n) for n in names]
     for v in items:
         if isinstance(v, leaf):
             out.append(v)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._common import WARMUP_CALLS, _state, _tls, _torch
-from .argtree import flatten, remake
+from .argtree import dataclass_fields, flatten, remake
 from .argwrites import WRITES_ARGS, watched_call
 from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, INDEX_OUTPUT, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING,
@@ -79,6 +79,9 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
         return ("dict", tuple([(k, _key_part(T, x[k], tensors)) for k in x]))
     if x is None or isinstance(x, (int, float, bool, str)):
         return ("C", x)
+    names = dataclass_fields(type(x))
+    if names is not None:  # (in the class's field order, as :mod:`.argtree` walks it)
+        return (type(x), tuple([_key_part(T, getattr(x, n), tensors) for n in names]))
     raise TypeError(f"an argument of type {type(x).__name__}")
 
 
