@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 from collections import deque
@@ -202,6 +203,22 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool]) -> tuple[list[Any], Any]:
 
     spec = rec(tree)
     return leaves, spec
+
+
+#: the values an input may hold besides tensors and their containers: a served graph keys them
+#: by value (:meth:`ServedModel._signature`), which says what a call does only for such values
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum)
+
+
+def check_consts(leaves: Sequence[Any], is_leaf: Callable[[Any], bool]) -> None:
+    """Refuse an input value that is neither a leaf (a tensor), nor a plain value (:data:`_PLAIN`,
+    a dtype, a device): an object holding tensors (a dataclass batch, a class of the script's) or
+    a numpy array would be keyed by its repr and captured with the tensors it held then."""
+    for x in leaves:
+        if not (is_leaf(x) or isinstance(x, _PLAIN) or type(x).__module__ == "torch"):
+            raise BadInputError(f"an input of type {type(x).__name__}: serve() takes tensors, in tuples, lists, "
+                                "named tuples and dicts, and plain values (int, float, bool, str, None); pass "
+                                "its tensors instead")
 
 
 def unflatten(leaves: Sequence[Any], spec: Any) -> Any:

@@ -26,7 +26,7 @@ from ._branches import DEFAULT_BRANCH_STREAMS, check_branch_streams
 from ._branches import branch_streams as branch_streams_for
 from ._cuda import ensure_context
 from ._cuda import torch_module as _torch
-from ._policy import RuntimeConfig, flatten, out_flatten, out_unflatten
+from ._policy import RuntimeConfig, check_consts, flatten, out_flatten, out_unflatten
 from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED, graph_copies_inside, has_mem_pool, prepare
@@ -116,6 +116,7 @@ class ServedModel(BatchedCalls):
         sig = self._signature(leaves, spec)
         self._example = (leaves, spec, sig)
         try:
+            check_consts(leaves, self._is_tensor)
             for g in self.manager.groups:
                 for slot in g.slots:
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
@@ -183,6 +184,7 @@ class ServedModel(BatchedCalls):
             if spec is not None:
                 return leaves, spec, (spec, tuple(zip(map(_dtype_of, leaves), map(_shape_of, leaves))))
         leaves, spec = flatten(args, self._is_tensor)
+        check_consts(leaves, self._is_tensor)
         if key is not None and len(self._specs) < 64:
             self._specs[key] = spec
         return leaves, spec, self._signature(leaves, spec)

@@ -471,6 +471,34 @@ def test_call_keys_fast_path_equals_flatten_and_signature(monkeypatch):
     assert sm._key(wdl)[2] != sm._key(other)[2]
 
 
+def test_a_served_call_holding_an_object_or_an_array_is_refused(monkeypatch):
+    """A served graph keys an input's non-tensor values by their repr: an object holding tensors
+    (a dataclass batch) or a numpy array would be captured with what it held then, a call with
+    other values in it keyed apart by chance only. Such an input is refused in one line; plain
+    values, dtypes and devices are not."""
+    import dataclasses
+    import enum
+
+    torch = pytest.importorskip("torch")
+    from recsys_doctor.runtime import serving
+
+    sm = serving.ServedModel.__new__(serving.ServedModel)
+    sm.torch, sm._specs, sm._just_tensors = torch, {}, {torch.Tensor}
+
+    @dataclasses.dataclass(frozen=True)
+    class Batch:
+        dense: object
+
+    class Mode(enum.Enum):
+        FAST = 1
+
+    for bad in (Batch(torch.randn(2)), np.zeros(3), object()):
+        with pytest.raises(BadInputError, match=f"an input of type {type(bad).__name__}: serve\\(\\) takes tensors"):
+            sm._key((torch.randn(2), bad))
+    for ok in (3, 2.5, True, "k", None, b"x", 1j, Mode.FAST, torch.float16, torch.device("cpu")):
+        assert sm._key((torch.randn(2), [torch.randn(2)], {"o": ok}))[0][-1] == ok
+
+
 def test_launch_mode_setting_is_checked(monkeypatch):
     from recsys_doctor.errors import RuntimeCudaError
     from recsys_doctor.runtime import _fastpath

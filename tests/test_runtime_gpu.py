@@ -193,6 +193,30 @@ def test_new_shape_is_captured_on_demand_and_correct(wdl):
     assert sum(g["graphs"] for g in st["groups"]) >= 2 * 2 + 2  # example shape everywhere + new ones
 
 
+def test_an_input_holding_tensors_in_an_object_is_refused_and_nothing_is_left_open(wdl):
+    """A dataclass batch as the example (or in a later call) would be keyed by its repr and
+    captured with the tensors it held: refused in one line, the streams of the refused example
+    closed, the served model's next calls unharmed."""
+    import dataclasses
+
+    from recsys_doctor.errors import BadInputError
+    from recsys_doctor.runtime import serve
+
+    @dataclasses.dataclass
+    class Query:
+        dense: torch.Tensor
+
+    before = threading.active_count()
+    with pytest.raises(BadInputError, match="an input of type Query"):
+        serve(wdl, (Query(torch.randn(64, N_DENSE)),), groups=2)
+    assert threading.active_count() == before
+    with serve(wdl, make_query(1), groups=2) as served:
+        d, i, o = make_query(2)
+        with pytest.raises(BadInputError, match="an input of type Query"):
+            served(Query(d), i, o)
+        torch.testing.assert_close(served(d, i, o), reference(wdl, (d, i, o)), rtol=1e-5, atol=1e-6)
+
+
 def test_failed_cuda_call_names_the_call_and_meaning():
     from cuda.bindings import driver
 

@@ -233,7 +233,7 @@ def _look_again(torch: Any, module: Any) -> _Rec:
         rec.sig = sig
         rec.params = None
         rec.version += 1
-        if not module.training:  # (a training module's calls run eagerly anyway: DDP's no_sync() sets an
+        if not getattr(module, "training", False):  # (a training module's calls run eagerly anyway: DDP's no_sync() sets an
             rec.thrash = rec.thrash + 1 if rec.calls < PAYOFF_CALLS else 1  # attribute around each call)
         rec.calls = 0
         n = _retire(torch, mid)
