@@ -26,6 +26,15 @@ class Typed(NamedTuple):
     scale: float = 1.0
 
 
+class Dev:
+    """A GPU-tensor stand-in (the graph key takes GPU tensors only)."""
+
+    dtype, shape = "f", (1,)
+
+    def get_device(self):
+        return 0
+
+
 def _call():
     """A call of every kind of container, tensors ``t0..t5`` in walking order, constants between."""
     t = [torch.full((i + 1,), float(i)) for i in range(6)]
@@ -89,12 +98,6 @@ def test_flatten_lists_the_tensors_in_walking_order():
 
 def test_the_walk_lists_tensors_in_the_order_the_graph_key_does():
     from recsys_doctor.applying._autoapply.graphs import _key_part
-
-    class Dev:  # a GPU-tensor stand-in (the key takes GPU tensors only)
-        dtype, shape = "f", (1,)
-
-        def get_device(self):
-            return 0
 
     d = [Dev() for _ in range(5)]
     call = ((Batch(d[0], [d[1]]), {"z": d[2], "a": d[3]}), {"k": One(d[4]), "c": 1})
@@ -171,12 +174,6 @@ def test_a_dataclass_is_walked_field_by_field_and_made_again_as_itself():
 
 def test_a_dataclass_is_keyed_by_its_type_and_fields_in_the_walks_order():
     from recsys_doctor.applying._autoapply.graphs import _key_part
-
-    class Dev:  # a GPU-tensor stand-in (the key takes GPU tensors only)
-        dtype, shape = "f", (1,)
-
-        def get_device(self):
-            return 0
 
     d = [Dev() for _ in range(3)]
     call = ((Features(d[0], [d[1]], 0.5),), {"f": Frozen(d[2])})
