@@ -26,7 +26,7 @@ from ._branches import DEFAULT_BRANCH_STREAMS, check_branch_streams
 from ._branches import branch_streams as branch_streams_for
 from ._cuda import ensure_context
 from ._cuda import torch_module as _torch
-from ._policy import RuntimeConfig, check_consts, flatten, out_flatten, out_unflatten
+from ._policy import RuntimeConfig, flatten_inputs, out_flatten, out_unflatten
 from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED, graph_copies_inside, has_mem_pool, prepare
@@ -112,11 +112,10 @@ class ServedModel(BatchedCalls):
         # prepare (and capture) every slot of every group for the example signature now,
         # so that client threads never pay a capture for the expected shape
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        leaves, spec = flatten(args, self._is_tensor)
-        sig = self._signature(leaves, spec)
-        self._example = (leaves, spec, sig)
         try:
-            check_consts(leaves, self._is_tensor)
+            leaves, spec = flatten_inputs(args, self._is_tensor)
+            sig = self._signature(leaves, spec)
+            self._example = (leaves, spec, sig)
             for g in self.manager.groups:
                 for slot in g.slots:
                     slot.entries[sig] = prepare(self, g, slot, sig, leaves, spec)
@@ -158,7 +157,7 @@ class ServedModel(BatchedCalls):
         return isinstance(x, self.torch.Tensor)
 
     def _key(self, args: tuple[Any, ...]) -> tuple[list[Any], Any, Any]:
-        """``(leaves, spec, signature)`` of one call's arguments, as :func:`flatten` and
+        """``(leaves, spec, signature)`` of one call's arguments, as :func:`.flatten_inputs` and
         :meth:`_signature` give them. The usual query - positional tensors and lists of
         tensors - takes a fast path once its structure has been seen: one pass over the
         arguments, the spec looked up by the list lengths, the signature from two ``map``
@@ -183,8 +182,7 @@ class ServedModel(BatchedCalls):
             spec = self._specs.get(key)
             if spec is not None:
                 return leaves, spec, (spec, tuple(zip(map(_dtype_of, leaves), map(_shape_of, leaves))))
-        leaves, spec = flatten(args, self._is_tensor)
-        check_consts(leaves, self._is_tensor)
+        leaves, spec = flatten_inputs(args, self._is_tensor)
         if key is not None and len(self._specs) < 64:
             self._specs[key] = spec
         return leaves, spec, self._signature(leaves, spec)

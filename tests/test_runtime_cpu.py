@@ -444,12 +444,12 @@ def test_call_keys_fast_path_equals_flatten_and_signature(monkeypatch):
     flatten() once its structure is known; every key equals flatten + _signature."""
     torch = pytest.importorskip("torch")
     from recsys_doctor.runtime import serving
-    from recsys_doctor.runtime._policy import flatten
+    from recsys_doctor.runtime._policy import flatten, flatten_inputs
 
     sm = serving.ServedModel.__new__(serving.ServedModel)
     sm.torch, sm._specs, sm._just_tensors = torch, {}, {torch.Tensor}
     calls = []
-    monkeypatch.setattr(serving, "flatten", lambda *a: calls.append(1) or flatten(*a))
+    monkeypatch.setattr(serving, "flatten_inputs", lambda *a: calls.append(1) or flatten_inputs(*a))
 
     def reference(args):
         leaves, spec = flatten(args, sm._is_tensor)
