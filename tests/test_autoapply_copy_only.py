@@ -152,3 +152,21 @@ def test_a_model_that_needs_the_host_in_a_capture_gets_a_note_with_the_reason():
     assert needs_host_note({"graphs": False, "sites": sites}) is None
     most_graphed = [dict(s, taken_over=200) for s in sites]
     assert needs_host_note({"graphs": True, "sites": most_graphed}) is None
+
+
+def test_a_kept_plan_whose_p99_grew_gets_a_note_with_both_numbers_and_the_way_to_bound_it():
+    """The tenant PLE run on the H200 (bench/apply/results/heldout4_h200/4_dataclass_tenant/): 410.6 ->
+    616.4 q/s, p99 13.802 -> 24.733 ms (1.79x), 48 group graphs and 4 thread graphs captured while it
+    ran. No note within 1.25x, under a latency budget, or without both p99s."""
+    from recsys_doctor.applying.report import tail_note
+
+    base, kept = {"qps": 410.6, "p99_ms": 13.802}, {"qps": 616.4, "p99_ms": 24.733}
+    note = tail_note(base, kept, {"captured": 48, "thread_graphs": 4}, None)
+    assert note == ("the kept plan's p99 grew from 13.802 to 24.733 ms (1.79x) while it served more queries a second "
+                    "(410.6 -> 616.4 q/s); the hook captured 52 CUDA graphs while the script ran, each holding the "
+                    "other threads' model calls off while it was made, inside the measured window (a longer run "
+                    "spreads them thinner); --p99-ms MS keeps the fastest plan whose measured p99 is within MS")
+    assert "captured" not in tail_note(base, kept, {}, None)
+    assert tail_note(base, {"qps": 616.4, "p99_ms": 1.25 * 13.802}, {}, None) is None
+    assert tail_note(base, kept, {}, 30.0) is None
+    assert tail_note({"qps": 410.6}, kept, {}, None) is None

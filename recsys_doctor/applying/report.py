@@ -14,7 +14,7 @@ from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "host_args_note", "call_notes"]
+           "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "host_args_note", "call_notes"]
 
 
 @dataclass
@@ -190,6 +190,30 @@ def copy_only_note(hook: dict[str, Any] | None) -> str | None:
             "to the model threads nothing orders its work before their use; where the plan has CUDA graphs, threads "
             "are placed at their first model call (the default, unless RECSYS_DOCTOR_PLACE=start), so such threads "
             "stay on PyTorch's default stream, with which the group streams are ordered")
+
+
+#: a kept plan whose p99 grew by more than this factor gets :func:`tail_note`
+TAIL_GROWTH = 1.25
+
+
+def tail_note(base: dict[str, Any] | None, kept: dict[str, Any] | None, hook: dict[str, Any] | None,
+              budget_ms: float | None) -> str | None:
+    """What to say where the kept plan served more queries a second but its p99 grew (by more
+    than :data:`TAIL_GROWTH`) and no latency budget was given: both measured numbers, the graphs
+    the hook captured while the script ran (each capture holds the other hooked threads' model
+    calls off: stalls inside the measured window that a longer run spreads thinner), and
+    ``--p99-ms``, which keeps the fastest plan within a budget."""
+    b99, k99 = (base or {}).get("p99_ms"), (kept or {}).get("p99_ms")
+    if budget_ms is not None or not b99 or not k99 or k99 <= TAIL_GROWTH * b99:
+        return None
+    captured = int((hook or {}).get("captured") or 0) + int((hook or {}).get("thread_graphs") or 0)
+    why = (f"; the hook captured {captured} CUDA graphs while the script ran, each holding the other threads' "
+           "model calls off while it was made, inside the measured window (a longer run spreads them thinner)"
+           if captured else "")
+    bq, kq = (base or {}).get("qps"), (kept or {}).get("qps")
+    rate = f" ({bq:g} -> {kq:g} q/s)" if bq and kq else ""
+    return (f"the kept plan's p99 grew from {b99:g} to {k99:g} ms ({k99 / b99:.2f}x) while it served more "
+            f"queries a second{rate}{why}; --p99-ms MS keeps the fastest plan whose measured p99 is within MS")
 
 
 def short_lives_note(hook: dict[str, Any] | None) -> str | None:
