@@ -212,12 +212,13 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum)
 
 def flatten_inputs(tree: Any, is_leaf: Callable[[Any], bool]) -> tuple[list[Any], Any]:
     """:func:`flatten` of a served call's inputs, refusing a value that is neither a leaf (a
-    tensor) nor a plain value (:data:`_PLAIN`, a dtype, a device): an object holding tensors (a
-    dataclass batch, a class of the script's) or a numpy array would be keyed by its repr and
-    captured with the tensors it held then."""
+    tensor) nor a plain value (:data:`_PLAIN`, a dtype, a device, a numpy scalar): an object holding
+    tensors (a dataclass batch, a class of the script's) or a numpy array would be keyed by its repr
+    and captured with the tensors it held then."""
     leaves, spec = flatten(tree, is_leaf)
     for x in leaves:
-        if not (is_leaf(x) or isinstance(x, _PLAIN) or type(x).__module__ == "torch"):
+        if not (is_leaf(x) or isinstance(x, _PLAIN) or type(x).__module__ == "torch"
+                or (type(x).__module__ == "numpy" and getattr(x, "ndim", None) == 0)):  # (a numpy scalar)
             raise BadInputError(f"an input of type {type(x).__name__}: serve() takes tensors, in tuples, lists, "
                                 "named tuples and dicts, and plain values (int, float, bool, str, None); pass "
                                 "its tensors instead")

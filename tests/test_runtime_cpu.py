@@ -495,7 +495,8 @@ def test_a_served_call_holding_an_object_or_an_array_is_refused(monkeypatch):
     for bad in (Batch(torch.randn(2)), np.zeros(3), object()):
         with pytest.raises(BadInputError, match=f"an input of type {type(bad).__name__}: serve\\(\\) takes tensors"):
             sm._key((torch.randn(2), bad))
-    for ok in (3, 2.5, True, "k", None, b"x", 1j, Mode.FAST, torch.float16, torch.device("cpu")):
+    for ok in (3, 2.5, True, "k", None, b"x", 1j, Mode.FAST, torch.float16, torch.device("cpu"), np.float32(0.5),
+               np.int64(7)):
         assert sm._key((torch.randn(2), [torch.randn(2)], {"o": ok}))[0][-1] == ok
 
 
