@@ -380,7 +380,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     if not decline:  # what the kept plan's run says of itself
         m = ev["hook"]["measured"]
         kept = (batching_refused(best.prediction.candidate, m), copy_only_note(m), short_lives_note(m),
-                None if train else tail_note(base, best.measured, m, p99_ms), *call_notes(m, train))
+                None if train else tail_note(*shown, m, p99_ms), *call_notes(m, train))
         notes += [n for n in kept if n]
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)
