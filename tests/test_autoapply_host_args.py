@@ -400,6 +400,32 @@ def test_arguments_in_a_named_tuple_are_taken_and_forward_gets_the_same_named_tu
     assert len(hooked.copied) == 3 and torch.equal(out, _unhooked(model, (batch,)))
 
 
+def test_host_arguments_in_a_frozen_dataclass_are_taken_and_forward_gets_that_dataclass(hooked):
+    """A request dataclass of host tensors (the hook walks dataclasses): its tensors go through the
+    slots, forward gets an instance of the same class whose fields are the device copies (the
+    script's own instance untouched), and the output is the unhooked one."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Request:
+        user: torch.Tensor
+        items: torch.Tensor
+        dense: torch.Tensor
+        tag: str = "r"
+
+    model = TakesABatch().eval()
+    batch = Request(*_request(5))
+    call, args, kwargs = _take(hooked, model, (batch,))
+    assert len(hooked.copied) == 3 and kwargs == {} and len(args) == 1 and type(args[0]) is Request
+    got = [getattr(args[0], f) for f in ("user", "items", "dense")]
+    want = [batch.user, batch.items, batch.dense]
+    assert all(torch.equal(d, t) and d is not t for d, t in zip(got, want)) and args[0].tag == "r"
+    assert batch.user is want[0] and type(batch.items) is torch.Tensor  # the script's own instance as it was
+    with torch.no_grad():
+        out = call(model, *args)
+    assert len(hooked.copied) == 3 and torch.equal(out, _unhooked(model, (batch,)))
+
+
 def test_arguments_in_a_dict_subclass_are_not_taken(hooked):
     # (the hook would hand forward a plain dict in its place)
     from collections import OrderedDict
