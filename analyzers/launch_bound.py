@@ -15,6 +15,12 @@ execution, copy or memset. Each idle gap ends with a GPU operation; the gap is
 * **other** otherwise (dependencies, syncs, work queued on the CPU side already, or an
   operation whose launch call is not in the trace).
 
+Of the host wait, the part that follows **host work outside CUDA calls** is split out: the
+launching thread had made no CUDA call for at least ``Options.host_work_us`` before the launch
+(its previous call, of any kind, ended that long before: the program's own Python, preprocessing,
+another thread holding the GIL). CUDA graphs remove launch calls, not that work; where it is
+most of the wait, the title and the advice say so.
+
 Reported when the launch-related share of the window, ``(host wait + short gaps) /
 window``, reaches ``Options.report_min_share``. Recoverable time: the host-wait and
 short gaps of the steady state (start-up idle excluded, see ``_recoverable``): both
@@ -49,7 +55,7 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
         "host_wait_share_of_window": "share", "idle_ns": "ns", "idle_share": "share",
         "launch_share_of_window": "share", "other_gaps": "number", "other_idle_ns": "ns", "other_ns": "ns",
         "short_gap_ns": "ns", "short_gap_us": "us", "short_gaps": "number", "steady_launch_wait_ns": "ns",
-        "window_ns": "ns",
+        "window_ns": "ns", "host_work_us": "us", "host_work_ns": "ns", "host_work_share_of_host_wait": "share",
     },
 }
 
@@ -68,12 +74,16 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     if share is None or share < options.report_min_share:
         return res
     W = data["window_ns"]
-    advice = _advice(trace, ops)
+    work = data["host_work_share_of_host_wait"]
+    hosty = work is not None and work >= 0.5
+    advice = (_HOST_WORK.format(work=work, us=options.host_work_us) if hosty else "") + _advice(trace, ops)
     f = report(
         res, "launch-bound",
         title=(f"GPU idle {data['idle_share']:.0%} of the window; {share:.0%} of the window is "
                f"waiting for launches (host wait {data['host_wait_share_of_window']:.0%}, "
-               f"short gaps {data['short_gap_ns'] / W:.0%})"),
+               f"short gaps {data['short_gap_ns'] / W:.0%})"
+               + (f"; {work:.0%} of the host wait follows >= {options.host_work_us:g} us of host work outside "
+                  "CUDA calls" if hosty else "")),
         evidence=data, recommendation=advice, where=_where(trace, gaps, options),
         action=("overlap requests on several stream groups (the work already runs in CUDA graphs)"
                 if advice.startswith("The work is already in CUDA graphs")
@@ -112,7 +122,8 @@ def _classified_gaps(trace: Trace, options: Options) -> pd.DataFrame:
         "api_row": row, "api_start": api_start,
         "tid": np.where(has, api["tid"].to_numpy(np.int64)[np.maximum(row, 0)] if len(api) else 0, np.nan),
         "host_wait": host, "short_gap": short, "allocator": alloc, "other": ~host & ~short & ~alloc,
-        "steady": prev_end >= per_key(dev, steady, 0)})
+        "steady": prev_end >= per_key(dev, steady, 0),
+        "silent": _silent_before(trace, row, host)})
     out.attrs["windows"] = {g.device: int(g.reach[-1] - g.start[0]) for g in parts}
     return out
 
@@ -138,6 +149,8 @@ def _evidence(gaps: pd.DataFrame, options: Options) -> dict[str, Any]:
         tot["idle"] += d["idle_ns"]
     W = tot["window"]
     rec = gaps["gap"].to_numpy()[((gaps["host_wait"] | gaps["short_gap"]) & gaps["steady"]).to_numpy()]
+    work = int(gaps["gap"].to_numpy()[(gaps["host_wait"] & (gaps["silent"] >= options.host_work_us * 1e3)).to_numpy()]
+               .sum())
     return {
         "devices": devices,
         "window_ns": W, "idle_ns": tot["idle"], "host_wait_ns": tot["host_wait"],
@@ -148,7 +161,43 @@ def _evidence(gaps: pd.DataFrame, options: Options) -> dict[str, Any]:
         "launch_share_of_window": r((tot["host_wait"] + tot["short_gap"]) / W) if W else None,
         "short_gap_us": options.short_gap_us,
         "steady_launch_wait_ns": int(rec.sum()),
+        "host_work_us": options.host_work_us, "host_work_ns": work,
+        "host_work_share_of_host_wait": r(work / tot["host_wait"]) if tot["host_wait"] else None,
     }
+
+
+#: the advice's opening where most of the host wait follows host work outside CUDA calls
+_HOST_WORK = ("Most of the wait is host work outside CUDA calls: in {work:.0%} of the host-wait time the launching "
+              "thread had made no CUDA call for at least {us:g} us before the launch (the program's own Python, "
+              "preprocessing or parsing, another thread holding the GIL). CUDA graphs and stream groups remove "
+              "launch calls, not that work: profile the host (py-spy --gil, nsys CPU sampling) and cut it or move it "
+              "off the serving threads (more processes, preprocessing ahead of the model call). Then: ")
+
+
+def _silent_before(trace: Trace, rows: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """For each launch call ``rows[i]`` (a row of ``trace.api``; where ``pick``), how long its
+    thread had made no CUDA call before it: its start less the latest end among the thread's
+    calls that ended at or before that start (ns; NaN where none did, or not picked)."""
+    out = np.full(len(rows), np.nan)
+    api = trace.api
+    if not len(api) or not pick.any():
+        return out
+    pid, tid = api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64)
+    start, end = api["start"].to_numpy(np.int64), api["end"].to_numpy(np.int64)
+    _, thread = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)
+    thread = thread.reshape(-1).astype(np.int64)
+    base = int(min(start.min(), end.min()))
+    span = int(max(start.max(), end.max())) - base + 1
+    if (int(thread.max()) + 1) * span >= 2**62:  # (a key would not fit in an int64: not split)
+        return out
+    keys = np.sort(thread * span + (end - base))  # by thread, then end: one sorted key (ns fit many times over)
+    at = rows[pick]
+    q = thread[at] * span + (start[at] - base)
+    i = np.searchsorted(keys, q, side="right") - 1
+    ok = (i >= 0) & (keys[np.maximum(i, 0)] // span == thread[at])
+    prev_end = keys[np.maximum(i, 0)] % span + base
+    out[np.flatnonzero(pick)] = np.where(ok, start[at] - prev_end, np.nan)
+    return out
 
 
 def _where(trace: Trace, gaps: pd.DataFrame, options: Options) -> list[dict]:

@@ -38,6 +38,12 @@ class Options:
     #: GPU front end need between back-to-back launches).
     short_gap_us: float = 5.0
 
+    #: A host-wait gap whose launching thread made no CUDA call for at least this long before
+    #: the launch is host work outside CUDA calls (the program's Python, preprocessing, parsing,
+    #: another thread holding the GIL), which CUDA graphs do not remove: ``launch-bound`` reports
+    #: its share (50 us: several eager launches' worth of CPU time, ~2-12 us each).
+    host_work_us: float = 50.0
+
     #: Former severity cut-offs on shares (idle share, short share). No longer decide
     #: severity - that follows recoverable time (``recoverable_high`` below) - and kept
     #: only so existing ``--set high_share=...`` lines are still accepted.

@@ -120,6 +120,33 @@ def test_launch_bound_split_by_hand():
                              "thread": "pid 1 tid 6", "stream": "pid 1 dev 0 stream 7"}
 
 
+def test_launch_bound_splits_out_host_work_outside_cuda_calls_by_hand():
+    """Two host waits, of 20 and 60 us. Before the first launch its thread was in a synchronize
+    until 1 ns earlier (launching); before the second it had made no CUDA call for 60.1 us (host
+    work: >= 50 us). A driver call nested in the first launch call, a call ending long before, and
+    a call of another thread inside the silence change nothing."""
+    ks = [kern(0, 1000, corr=1), kern(21_000, 22_000, corr=2), kern(82_000, 83_000, corr=3)]
+    calls = [api(-500, -100, 1, 5), api(15_000, 19_999, 9, 5),  # a synchronize on thread 5, then ...
+             api(20_000, 20_900, 2, 5), api(20_100, 20_800, 2, 5),  # ... the launch (and its nested driver call)
+             api(-20_000, -19_000, 8, 5), api(30_000, 30_500, 7, 6),  # thread 6's call in thread 5's silence
+             api(81_000, 81_900, 3, 5)]
+    res = launch_bound.analyze(T(kernels=ks, api=calls), O)
+    d = res.data
+    # host waits: 1000 -> 21_000 (launch at 20_000 >= 1000: 20_000 ns), 22_000 -> 82_000 (launch at 81_000: 60_000 ns)
+    assert d["host_wait_ns"] == 20_000 + 60_000
+    # silent before 20_000: last end <= 20_000 on thread 5 is 19_999 -> 1 ns; before 81_000: 20_900 -> 60_100 ns
+    assert d["host_work_ns"] == 60_000 and d["host_work_us"] == 50.0
+    assert d["host_work_share_of_host_wait"] == pytest.approx(round(60_000 / 80_000, 4))
+    (f,) = res.findings
+    assert f.title.endswith("; 75% of the host wait follows >= 50 us of host work outside CUDA calls")
+    assert f.recommendation.startswith("Most of the wait is host work outside CUDA calls: in 75% of the host-wait")
+    # under half: neither the title nor the advice says so (the evidence still does)
+    res = launch_bound.analyze(T(kernels=ks, api=calls), Options(host_work_us=61.0))
+    (f,) = res.findings
+    assert res.data["host_work_ns"] == 0 and "host work" not in f.title
+    assert f.recommendation.startswith("The GPU waits for the CPU")
+
+
 # --- stream contention ----------------------------------------------------------------
 def test_stream_contention_by_hand():
     ks = [kern(1000 + i * 10, 1005 + i * 10, corr=i + 1) for i in range(4)]

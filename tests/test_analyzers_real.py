@@ -50,3 +50,57 @@ def test_wdl_graphs_recognized_and_not_contended(shared_traces):
     assert g.evidence["graphed_busy_share"] > 0.5
     plan = advise_trace(tr, Options()).plan
     assert plan["cuda_graphs"]["enabled"] is False
+
+
+def _host_work_share_by_sql(path, silent_us=50.0):
+    """The share of host-wait idle time (a gap ended by an operation whose launch call began after
+    the device went idle) that follows at least ``silent_us`` in which the launching thread made
+    no CUDA call (the latest end among its calls ending at or before the launch's start), from
+    the export's tables alone; one device."""
+    import numpy as np
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    ops = []
+    for tab in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+                "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
+        try:
+            ops += db.execute(f"select start, end, correlationId from {tab}").fetchall()
+        except sqlite3.OperationalError:
+            pass
+    ops.sort()
+    api = db.execute("select start, end, correlationId, globalTid from CUPTI_ACTIVITY_KIND_RUNTIME").fetchall()
+    launch = {}
+    for a in sorted(api):  # the earliest call of a correlation id launched it
+        launch.setdefault(a[2], a)
+    ends = {}
+    for s, e, _, t in api:
+        ends.setdefault(t, []).append(e)
+    ends = {t: np.sort(v) for t, v in ends.items()}
+    reach, wait, work = None, 0, 0
+    for s, e, corr in ops:
+        a = launch.get(corr)
+        if reach is not None and s > reach and a is not None and a[0] >= reach:
+            wait += s - reach
+            k = int(np.searchsorted(ends[a[3]], a[0], side="right")) - 1
+            if k >= 0 and a[0] - ends[a[3]][k] >= silent_us * 1e3:
+                work += s - reach
+        reach = e if reach is None else max(reach, e)
+    return work / wait
+
+
+@pytest.mark.parametrize("name", ["h100/torch_matmul_2threads_h100.sqlite",
+                                  "nsys/yyhtbs-yye__mmagic_vsr_v2__net.sqlite"])
+def test_launch_bound_host_work_share_matches_sql(shared_traces, name):
+    """How much of the GPU's wait for the host follows host work outside CUDA calls, against SQL
+    over the same export (two PyTorch threads launching matmuls: about 59%; a video model
+    whose host prepares each frame: about 97%, said in the title)."""
+    from recsys_doctor.analyzers import launch_bound
+
+    path = shared_traces / name
+    if not path.exists():
+        pytest.skip(f"{name} not in ../shared")
+    want = _host_work_share_by_sql(path)
+    res = launch_bound.analyze(load(path), Options())
+    assert res.data["host_work_share_of_host_wait"] == pytest.approx(want, abs=0.01)
+    (f,) = res.findings
+    assert ("host work outside CUDA calls" in f.title) == (want >= 0.5)
