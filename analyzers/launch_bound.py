@@ -85,7 +85,9 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                + (f"; {work:.0%} of the host wait follows >= {options.host_work_us:g} us of host work outside "
                   "CUDA calls" if hosty else "")),
         evidence=data, recommendation=advice, where=_where(trace, gaps, options),
-        action=("overlap requests on several stream groups (the work already runs in CUDA graphs)"
+        action=("profile the host work outside CUDA calls (py-spy --gil) and cut it or move it off the serving "
+                "threads: it, not launching, is most of the GPU's wait" if hosty else
+                "overlap requests on several stream groups (the work already runs in CUDA graphs)"
                 if advice.startswith("The work is already in CUDA graphs")
                 else "capture the per-query/step sequence in a CUDA graph so the GPU stops waiting for launches"))
     ex = gaps[gaps["host_wait"] & gaps["steady"]]

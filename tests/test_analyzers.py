@@ -140,11 +140,12 @@ def test_launch_bound_splits_out_host_work_outside_cuda_calls_by_hand():
     (f,) = res.findings
     assert f.title.endswith("; 75% of the host wait follows >= 50 us of host work outside CUDA calls")
     assert f.recommendation.startswith("Most of the wait is host work outside CUDA calls: in 75% of the host-wait")
+    assert f.action.startswith("profile the host work outside CUDA calls")
     # under half: neither the title nor the advice says so (the evidence still does)
     res = launch_bound.analyze(T(kernels=ks, api=calls), Options(host_work_us=61.0))
     (f,) = res.findings
     assert res.data["host_work_ns"] == 0 and "host work" not in f.title
-    assert f.recommendation.startswith("The GPU waits for the CPU")
+    assert f.recommendation.startswith("The GPU waits for the CPU") and f.action.startswith("capture the per-query")
 
 
 # --- stream contention ----------------------------------------------------------------

@@ -73,7 +73,7 @@ def _host_work_share_by_sql(path, silent_us=50.0):
     for a in sorted(api):  # the earliest call of a correlation id launched it
         launch.setdefault(a[2], a)
     ends = {}
-    for s, e, _, t in api:
+    for _s, e, _, t in api:
         ends.setdefault(t, []).append(e)
     ends = {t: np.sort(v) for t, v in ends.items()}
     reach, wait, work = None, 0, 0
