@@ -85,7 +85,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                + (f"; {work:.0%} of the host wait follows >= {options.host_work_us:g} us of host work outside "
                   "CUDA calls" if hosty else "")),
         evidence=data, recommendation=advice, where=_where(trace, gaps, options),
-        action=("profile the host work outside CUDA calls (py-spy --gil) and cut it or move it off the serving "
+        action=("profile the host work outside CUDA calls (py-spy --gil) and cut it or move it off the launching "
                 "threads: it, not launching, is most of the GPU's wait" if hosty else
                 "overlap requests on several stream groups (the work already runs in CUDA graphs)"
                 if advice.startswith("The work is already in CUDA graphs")
@@ -173,7 +173,8 @@ _HOST_WORK = ("Most of the wait is host work outside CUDA calls: in {work:.0%} o
               "thread had made no CUDA call for at least {us:g} us before the launch (the program's own Python, "
               "preprocessing or parsing, another thread holding the GIL). CUDA graphs and stream groups remove "
               "launch calls, not that work: profile the host (py-spy --gil, nsys CPU sampling) and cut it or move it "
-              "off the serving threads (more processes, preprocessing ahead of the model call). Then: ")
+              "off the launching threads (DataLoader workers or more processes, inputs prepared ahead of the model "
+              "call). Then: ")
 
 
 def _silent_before(trace: Trace, rows: np.ndarray, pick: np.ndarray) -> np.ndarray:
