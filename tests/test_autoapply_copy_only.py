@@ -170,3 +170,26 @@ def test_a_kept_plan_whose_p99_grew_gets_a_note_with_both_numbers_and_the_way_to
     assert tail_note(base, {"qps": 616.4, "p99_ms": 1.25 * 13.802}, {}, None) is None
     assert tail_note(base, kept, {}, 30.0) is None
     assert tail_note({"qps": 410.6}, kept, {}, None) is None
+
+
+def test_a_baseline_waiting_mostly_on_host_work_gets_a_note():
+    """The diagnosis of the script as it is says most of the GPU's wait for the host followed host
+    work outside CUDA calls (launch-bound's evidence): a note says no plan removes it. Not under
+    half, not without a launch-bound finding; run_notes adds it after the model-call notes."""
+    from types import SimpleNamespace
+
+    from recsys_doctor.applying.report import call_notes, host_work_note, run_notes
+
+    def advise(share, fid="launch-bound"):
+        ev = {"host_work_share_of_host_wait": share, "host_work_us": 50.0}
+        return SimpleNamespace(findings=[SimpleNamespace(id="sync-api", evidence={}), SimpleNamespace(id=fid, evidence=ev)])
+
+    note = host_work_note(advise(0.947))
+    assert note == ("as it is, 95% of the time the script's GPU waited for the host followed at least 50 us in which "
+                    "the launching thread made no CUDA call (the script's own Python, preprocessing, another thread "
+                    "holding the GIL): graphs and stream groups remove launch calls, not that work; py-spy --gil on "
+                    "the script shows what it is")
+    assert host_work_note(advise(0.49)) is None and host_work_note(advise(0.9, "short-kernels")) is None
+    assert host_work_note(None) is None and host_work_note(advise(None)) is None
+    hook = {"graphs": True, "sites": []}
+    assert run_notes(hook, False, advise(0.947)) == (*call_notes(hook, False), note)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
 from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, measured_tables,
-                     short_lives_note, tail_note, no_model_calls_note, call_notes, _meas_numbers, _pred_numbers, _summary_point,
+                     short_lives_note, tail_note, no_model_calls_note, run_notes, _meas_numbers, _pred_numbers, _summary_point,
                      before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
@@ -368,7 +368,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     chosen = None if decline else best.prediction.candidate
     if decline:  # no plan beat the script as it is: it is left unchanged (after = its own run)
         hook_seen = best.info.get("hook")
-        notes += [n for n in (decline, no_model_calls_note(hook_seen), *call_notes(hook_seen, train)) if n]
+        notes += [n for n in (decline, no_model_calls_note(hook_seen), *run_notes(hook_seen, train, before.advise)) if n]
         after, after_pt = None, dict(before_pt)
     else:
         after = _profile_after(run, best.prediction.candidate, notes,
@@ -380,7 +380,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
     if not decline:  # what the kept plan's run says of itself
         m = ev["hook"]["measured"]
         kept = (batching_refused(best.prediction.candidate, m), copy_only_note(m), short_lives_note(m),
-                None if train else tail_note(*shown, m, p99_ms), *call_notes(m, train))
+                None if train else tail_note(*shown, m, p99_ms), *run_notes(m, train, before.advise))
         notes += [n for n in kept if n]
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)

@@ -14,7 +14,7 @@ from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "host_args_note", "call_notes"]
+           "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "host_args_note", "call_notes", "host_work_note", "run_notes"]
 
 
 @dataclass
@@ -291,10 +291,30 @@ def host_args_note(hook: dict[str, Any] | None) -> str | None:
             f"CPU ({why}), so no plan can graph those calls as they are")
 
 
+def host_work_note(advise: Any) -> str | None:
+    """What to say where most of the baseline's wait for the host followed host work outside CUDA
+    calls (``launch-bound``'s ``host_work_share_of_host_wait`` >= 0.5 in the diagnosis of the
+    script as it is): no plan removes that work, and how to see what it is."""
+    for f in getattr(advise, "findings", None) or []:
+        ev = f.evidence if f.id == "launch-bound" else {}
+        share, us = ev.get("host_work_share_of_host_wait"), ev.get("host_work_us")
+        if share is not None and share >= 0.5:
+            return (f"as it is, {share:.0%} of the time the script's GPU waited for the host followed at least "
+                    f"{us:g} us in which the launching thread made no CUDA call (the script's own Python, preprocessing, "
+                    "another thread holding the GIL): graphs and stream groups remove launch calls, not that work; "
+                    "py-spy --gil on the script shows what it is")
+    return None
+
+
 def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, ...]:
     """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`,
     :func:`host_args_note`)."""
     return (None if train else grad_on_note(hook)), needs_host_note(hook), host_args_note(hook)
+
+
+def run_notes(hook: dict[str, Any] | None, train: bool, advise: Any) -> tuple[str | None, ...]:
+    """:func:`call_notes`, and :func:`host_work_note` of the script as it is (``advise``: its diagnosis)."""
+    return (*call_notes(hook, train), host_work_note(advise))
 
 
 def _most_model_calls(hook: dict[str, Any] | None, match: Any) -> tuple[int, int, dict[str, int]] | None:
