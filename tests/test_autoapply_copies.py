@@ -165,8 +165,8 @@ def test_a_thread_graphs_copies_are_counted_at_the_scripts_lines(monkeypatch):
 
 def test_a_scripts_copy_into_its_own_gpu_tensor_is_counted_at_its_line(monkeypatch):
     """``gpu_buf.copy_(host)`` by a placed thread: PyTorch's, counted at the script's line; not
-    a copy between host tensors, one inside a model's forward, one made by PyTorch's or the
-    hook's own code, nor one of a thread the hook does not handle; a thread not placed yet
+    a copy between host tensors, one inside a model's forward, one made by PyTorch's, the
+    runtime's or the hook's own code, nor one of a thread the hook does not handle; a thread not placed yet
     counts it as made before its first model call. (A stand-in for the GPU tensor: no GPU here.)"""
     from types import SimpleNamespace
 
@@ -190,12 +190,14 @@ def test_a_scripts_copy_into_its_own_gpu_tensor_is_counted_at_its_line(monkeypat
     monkeypatch.setattr(_tls, "depth", 0)
     from torch.utils import _pytree  # a PyTorch module's frame as the direct caller
     exec(compile("copy_(gpu, host)", _pytree.__file__, "exec"), {"copy_": copy_, "gpu": gpu, "host": host})
+    from recsys_doctor import runtime  # the runtime's frame (beside recsys_doctor/ in an editable install)
+    exec(compile("copy_(gpu, host)", runtime.__file__, "exec"), {"copy_": copy_, "gpu": gpu, "host": host})
     monkeypatch.setattr(_tls, "group", None)  # a thread the hook does not handle (not deferred)
     copy_(gpu, host)
     monkeypatch.setattr(_tls, "defer", 99)
     line2 = sys._getframe().f_lineno + 1
     copy_(gpu, host)  # a deferred thread, not placed yet
-    assert len(made) == 6 and made[0][3] == {"non_blocking": True}
+    assert len(made) == 7 and made[0][3] == {"non_blocking": True}
     rows = {r["site"].rsplit(":", 1)[-1]: r for r in accounting.sites() if r["kind"] == "h2d"}
     assert {k: (r["fallback"], r["reasons"]) for k, r in rows.items()} == {
         str(line): (1, {copyinto.COPY_INTO: 1}), str(line2): (1, {BEFORE_PLACED: 1})}

@@ -21,13 +21,19 @@ _line_cache: dict[tuple[Any, int], str] = {}
 
 
 def _skip_prefixes() -> tuple[str, ...]:
+    """The folders whose frames are not the script's: the hook's, recsys_doctor/, PyTorch's, and
+    the runtime's once it is imported (an editable install keeps it beside recsys_doctor/, not in
+    it; its frames only run once it is, so the prefixes are made again then)."""
     pre = _state.get("skip_prefixes")
-    if pre is None:
+    rt = sys.modules.get("recsys_doctor.runtime")
+    if pre is None or (rt is not None and not _state.get("skip_runtime")):
         here = os.path.dirname(os.path.abspath(__file__))
-        dirs = [here, os.path.dirname(os.path.dirname(here))]  # the hook; recsys_doctor/ (plan.py, runtime)
-        tfile = getattr(sys.modules.get("torch"), "__file__", None)
-        if tfile:
-            dirs.append(os.path.dirname(os.path.abspath(tfile)))
+        dirs = [here, os.path.dirname(os.path.dirname(here))]  # the hook; recsys_doctor/ (plan.py)
+        for mod in (sys.modules.get("torch"), rt):
+            f = getattr(mod, "__file__", None)
+            if f:
+                dirs.append(os.path.dirname(os.path.abspath(f)))
+        _state["skip_runtime"] = rt is not None
         pre = _state["skip_prefixes"] = tuple(d + os.sep for d in dirs)
     return pre  # type: ignore[no-any-return]
 

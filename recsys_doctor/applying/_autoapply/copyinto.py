@@ -8,7 +8,6 @@ line. Standard library only (loaded at interpreter start)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -28,7 +27,7 @@ def counted(torch: Any, orig: Any) -> Any:
     def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
         if self.is_cuda and type(src) is T and src.is_cpu and not getattr(_tls, "depth", 0):
             placed = getattr(_tls, "group", None) is not None
-            if (placed or _deferred()) and _script_frame(sys._getframe(1)):
+            if (placed or _deferred()) and not _skipped(sys._getframe(1).f_code.co_filename):
                 fell_back("h2d", script_site(2), COPY_INTO if placed else BEFORE_PLACED)
         return orig(self, src, *args, **kwargs)
 
@@ -36,11 +35,3 @@ def counted(torch: Any, orig: Any) -> Any:
     copy_.__wrapped__ = orig  # type: ignore[attr-defined]
     return copy_
 
-
-def _script_frame(f: Any) -> bool:
-    """Whether frame ``f`` is the script's code: not PyTorch's, the hook's or the runtime's."""
-    fn = f.f_code.co_filename
-    if _skipped(fn):
-        return False
-    rt = getattr(sys.modules.get("recsys_doctor.runtime"), "__file__", None)
-    return not (rt and os.path.abspath(fn).startswith(os.path.dirname(os.path.abspath(rt)) + os.sep))
