@@ -57,9 +57,8 @@ def torch_reader(depth: int = 2) -> tuple[str, str | None]:
         f = f.f_back
     if outer is None or f is None or not tdir:
         return "", None
-    shown = os.path.relpath(os.path.abspath(outer.f_code.co_filename), os.path.dirname(os.path.dirname(tdir)))
     name = outer.f_code.co_name
-    return f" in PyTorch's {name} ({shown}:{outer.f_lineno})", _HOST_READERS.get(name)
+    return f" in PyTorch's {name} ({_torch_shown(outer.f_code.co_filename)}:{outer.f_lineno})", _HOST_READERS.get(name)
 
 
 def _end_broken_capture(stream: Any) -> None:
@@ -176,10 +175,12 @@ def _torch_frame(ex: BaseException) -> str | None:
     """``torch/...py:line: source`` of the innermost frame of ``ex``'s traceback in PyTorch's
     own Python, below the script's innermost frame (the PyTorch call that raised), or None."""
     tb = _innermost(ex, script=False)
-    if tb is None:
-        return None
-    base = os.path.dirname(os.path.dirname(_torch_dir() or ""))  # (the folder holding torch/)
-    return _where(tb, os.path.relpath(os.path.abspath(tb.tb_frame.f_code.co_filename), base))
+    return None if tb is None else _where(tb, _torch_shown(tb.tb_frame.f_code.co_filename))
+
+
+def _torch_shown(filename: str) -> str:
+    """A file of PyTorch's as ``torch/...py`` (relative to the folder holding torch/)."""
+    return os.path.relpath(os.path.abspath(filename), os.path.dirname(os.path.dirname(_torch_dir() or "")))
 
 
 def _raised_at(ex: BaseException) -> str | None:
