@@ -41,7 +41,8 @@ from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._ops import what_is
 from ._recoverable import allocator_cover, device_gaps, examples, finish, report, steady_starts, steady_window
-from ._util import merge_intervals, op_api_rows, op_table, per_key, r, take_str, thread_label_codes
+from ._arrays import pair_codes
+from ._util import _packed_key, merge_intervals, op_api_rows, op_table, per_key, r, take_str, thread_label_codes
 
 __all__ = ["analyze"]
 
@@ -185,20 +186,18 @@ def _silent_before(trace: Trace, rows: np.ndarray, pick: np.ndarray) -> np.ndarr
     api = trace.api
     if not len(api) or not pick.any():
         return out
-    pid, tid = api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64)
     start, end = api["start"].to_numpy(np.int64), api["end"].to_numpy(np.int64)
-    _, thread = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)
-    thread = thread.reshape(-1).astype(np.int64)
-    base = int(min(start.min(), end.min()))
-    span = int(max(start.max(), end.max())) - base + 1
-    if (int(thread.max()) + 1) * span >= 2**62:  # (a key would not fit in an int64: not split)
-        return out
-    keys = np.sort(thread * span + (end - base))  # by thread, then end: one sorted key (ns fit many times over)
+    thread = pair_codes(api["pid"].to_numpy(np.int64), api["tid"].to_numpy(np.int64))[0].astype(np.int64)
     at = rows[pick]
-    q = thread[at] * span + (start[at] - base)
-    i = np.searchsorted(keys, q, side="right") - 1
-    ok = (i >= 0) & (keys[np.maximum(i, 0)] // span == thread[at])
-    prev_end = keys[np.maximum(i, 0)] % span + base
+    # each call's end and each launch's start as one key ordered by thread, then time
+    packed = _packed_key((np.concatenate([thread, thread[at]]), np.concatenate([end, start[at]])))
+    if packed is None:  # (a key would not fit in an int64: not split)
+        return out
+    key, (lo_thread, lo_time), (_, width) = packed
+    keys, q = np.sort(key[:len(end)]), key[len(end):]
+    i = np.maximum(np.searchsorted(keys, q, side="right") - 1, 0)
+    ok = (keys[i] <= q) & (keys[i] // width + lo_thread == thread[at])
+    prev_end = keys[i] % width + lo_time
     out[np.flatnonzero(pick)] = np.where(ok, start[at] - prev_end, np.nan)
     return out
 
