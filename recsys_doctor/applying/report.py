@@ -14,7 +14,8 @@ from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note", "host_args_note", "call_notes", "host_work_note", "run_notes"]
+           "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note",
+           "host_args_note", "call_notes", "host_work_note", "run_notes"]
 
 
 @dataclass
