@@ -27,8 +27,12 @@ requests). PyTorch's own random operations (``torch.rand``, dropout) are not hos
 graphs advance their generator at every replay. An attribute set, not changed in place (a mask
 built once: ``self._mask = ...``), is not flagged.
 
-What is not seen: a value that comes through other objects (a config dict a thread rewrites, a
-closure), or code reached through ``getattr`` or ``exec``.
+A ``forward`` that changes a global in place (``global CALLS; CALLS += 1``, ``SEEN.append(...)``)
+is flagged the same way. The values it only reads from outside its module (a global config dict,
+a settings module's attribute, a closure variable, a dict or plain object the module holds) are
+not reasons to run eagerly: :func:`inspect_forward` returns a :class:`~._watched.Guard` over them,
+which the script hook checks at every call (a change retires the graphs). What is not seen: code
+reached through ``getattr`` or ``exec``.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ import types
 import warnings
 from typing import Any, Iterator
 
-__all__ = ["host_value_reason", "host_values_off", "reason_kind", "HOST_VALUES", "PY_STATE"]
+from ._watched import Guard, attr_getter, cell_getter, data_value, global_getter, plain_object, watched_module
+
+__all__ = ["host_value_reason", "inspect_forward", "host_values_off", "reason_kind", "HOST_VALUES", "PY_STATE"]
 
 #: the modules whose values a graph would freeze
 HOST_MODULES = frozenset({"time", "random", "datetime", "secrets", "uuid", "numpy.random"})
@@ -100,14 +106,16 @@ def _line(ins: dis.Instruction, code: types.CodeType) -> int:
     return (pos.lineno if pos is not None and pos.lineno else None) or code.co_firstlineno
 
 
-def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[int]) -> tuple[str, str] | None:
+def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[tuple[int, int]],
+          watch: dict[str, Any]) -> tuple[str, str] | None:
     """What ``func`` (a function; ``owner``: the module whose method it is, else None) or the
     code it calls does that a replay would not: ``(HOST_VALUES or PY_STATE, "what (file:line)")``,
-    else None."""
+    else None. The values it reads from outside its module (:mod:`._watched`) go into ``watch``
+    (label -> getter)."""
     code = getattr(func, "__code__", None)
-    if code is None or id(code) in seen:
+    if code is None or (id(code), id(owner)) in seen:
         return None
-    seen.add(id(code))
+    seen.add((id(code), id(owner)))  # (per owner: each instance holds its own values)
     glb = getattr(func, "__globals__", {})
     builtins = glb.get("__builtins__", {})
     follow: list[tuple[Any, Any]] = []
@@ -120,13 +128,19 @@ def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[i
             if ins.opname == "LOAD_GLOBAL":
                 name = ins.argval
                 v = glb.get(name, builtins.get(name) if isinstance(builtins, dict) else getattr(builtins, name, None))
-                found = _global_value(name, v, nxt, gens)
+                found = _global_value(name, v, nxt, gens) or _global_changed(ins_list, i, name, v)
                 if found:
-                    return HOST_VALUES, f"{found} ({where})"
+                    return (HOST_VALUES if found[0] == HOST_VALUES else PY_STATE), f"{found[1]} ({where})"
                 if isinstance(v, types.FunctionType) and not _library(v):
                     follow.append((v, None))
+                elif name in glb:
+                    _watch_global(watch, glb, name, v, nxt)
+            elif ins.opname == "STORE_GLOBAL" and _global_in_place(ins_list, i, ins.argval):
+                return PY_STATE, f"global {ins.argval} {_op(ins_list, i)} ({where})"
+            elif ins.opname == "LOAD_DEREF" and co is code:
+                _watch_cell(watch, func, co, ins.argval)
             elif self_name is not None:
-                hit = _self_use(ins_list, i, self_name, owner, gens)
+                hit = _self_use(ins_list, i, self_name, owner, gens, watch)
                 if isinstance(hit, tuple):
                     return hit[0], f"{hit[1]} ({where})"
                 if hit is not None:
@@ -134,14 +148,52 @@ def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[i
     if depth >= MAX_DEPTH:
         return None
     for f, o in follow:
-        found2 = _scan(f, o, gens, depth + 1, seen)
+        found2 = _scan(f, o, gens, depth + 1, seen, watch)
         if found2:
             return found2
     return None
 
 
-def _global_value(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> str | None:
-    """What global ``name`` (its value ``v``, the attribute read from it next ``nxt``) reads of the host."""
+def _global_changed(ins_list: list[dis.Instruction], i: int, name: str, v: Any) -> tuple[str, str] | None:
+    """``(PY_STATE, what)`` where the global ``name`` loaded at ``i`` is a list, dict, set or deque
+    that a method called on it changes (``SEEN.append(...)``), else None."""
+    nxt = ins_list[i + 1] if i + 1 < len(ins_list) else None
+    if isinstance(v, _CONTAINERS) and nxt is not None and nxt.opname in ("LOAD_ATTR", "LOAD_METHOD") \
+            and nxt.argval in MUTATORS:
+        return PY_STATE, f"{name}.{nxt.argval}(...)"
+    return None
+
+
+def _watch_global(watch: dict[str, Any], glb: dict[str, Any], name: str, v: Any, nxt: Any) -> None:
+    """Watch global ``name`` (its value ``v``; ``nxt``: the attribute read from it next) where it
+    is data, or that attribute where it is a module of the script's own (``settings.SCALE``)."""
+    if watched_module(v):
+        if isinstance(nxt, str) and data_value(getattr(v, nxt, None)):
+            watch.setdefault(f"{v.__name__}.{nxt}", attr_getter(v, nxt))
+    elif data_value(v):
+        watch.setdefault(f"global {name}", global_getter(glb, name))
+
+
+def _watch_cell(watch: dict[str, Any], func: Any, co: types.CodeType, name: str) -> None:
+    """Watch the closure variable ``name`` of ``func`` where it holds data."""
+    cells = getattr(func, "__closure__", None) or ()
+    if name == "__class__" or name not in co.co_freevars:
+        return
+    k = co.co_freevars.index(name)
+    if k < len(cells):
+        get = cell_getter(cells[k])
+        if data_value(get()):
+            watch.setdefault(f"closure {name}", get)
+
+
+def _global_value(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> tuple[str, str] | None:
+    """``(HOST_VALUES, what)`` where global ``name`` (its value ``v``, the attribute read from it
+    next ``nxt``) reads the host's clock or random numbers, else None."""
+    what = _host_global(name, v, nxt, gens)
+    return (HOST_VALUES, what) if what else None
+
+
+def _host_global(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> str | None:
     if _host_module(v):
         return f"{name}.{nxt}" if isinstance(nxt, str) else name
     if getattr(v, "__name__", None) == "numpy" and nxt == "random":
@@ -154,7 +206,7 @@ def _global_value(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> str | 
 
 
 def _self_use(ins_list: list[dis.Instruction], i: int, self_name: str, owner: Any,
-              gens: tuple[type, ...]) -> tuple[str, str] | Any:
+              gens: tuple[type, ...], watch: dict[str, Any]) -> tuple[str, str] | Any:
     """At instruction ``i``, a use of ``self``: ``(kind, what)`` where it reads a generator the
     module keeps (``self.rng``), adds to an attribute in place (``self.calls += 1``) or changes a
     list, dict, set or deque the module keeps (``self.history.append(...)``); a method of the
@@ -173,6 +225,10 @@ def _self_use(ins_list: list[dis.Instruction], i: int, self_name: str, owner: An
     if isinstance(v, _CONTAINERS) and nxt is not None and nxt.opname in ("LOAD_ATTR", "LOAD_METHOD") \
             and nxt.argval in MUTATORS:
         return PY_STATE, f"self.{name}.{nxt.argval}(...)"
+    if isinstance(v, _CONTAINERS) or (v is not None and plain_object(v)):
+        # (a container or a plain object the module holds, which the script may change in place;
+        # its plain numbers and strings are seen by nn.Module.__setattr__: modstate)
+        watch.setdefault(f"self.{name}", attr_getter(owner, name))
     meth = getattr(type(owner), name, None)
     return meth if isinstance(meth, types.FunctionType) and not _library(meth) else None
 
@@ -184,6 +240,13 @@ def _in_place(ins_list: list[dis.Instruction], i: int, name: str, self_name: str
     return (any(b.opname in ("BINARY_OP", "INPLACE_ADD") and str(b.argrepr).endswith("=") for b in back)
             and any(b.opname == "LOAD_ATTR" and b.argval == name for b in back)
             and any(_loads(b, self_name) for b in back))
+
+
+def _global_in_place(ins_list: list[dis.Instruction], i: int, name: str) -> bool:
+    """Whether the ``STORE_GLOBAL name`` at ``i`` ends ``global name; name <op>= value``."""
+    back = ins_list[max(0, i - 8):i]
+    return (any(b.opname in ("BINARY_OP", "INPLACE_ADD") and str(b.argrepr).endswith("=") for b in back)
+            and any(b.opname == "LOAD_GLOBAL" and b.argval == name for b in back))
 
 
 def _op(ins_list: list[dis.Instruction], i: int) -> str:
@@ -207,26 +270,34 @@ def _library(f: Any) -> bool:
 def host_value_reason(module: Any) -> str | None:
     """Why ``module`` must run eagerly because a ``forward`` of it (or of a submodule, or code
     they call) reads the host's clock or random numbers, with the line; else None."""
+    return inspect_forward(module)[0]
+
+
+def inspect_forward(module: Any) -> tuple[str | None, Guard | None]:
+    """``(reason, guard)``: :func:`host_value_reason`'s reason, and a :class:`~._watched.Guard`
+    over the values the forwards read from outside the module (None: nothing to watch, or a
+    reason was found)."""
     gens = _generators()
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
+    watch: dict[str, Any] = {}
     try:
         subs = list(module.modules())
     except Exception:  # noqa: BLE001 - not a module tree we can walk: nothing said
-        return None
+        return None, None
     for sub in subs:
         fwd = getattr(type(sub), "forward", None)
         if not isinstance(fwd, types.FunctionType) or _library(fwd):
             continue
         try:
-            found = _scan(fwd, sub, gens, 0, seen)
+            found = _scan(fwd, sub, gens, 0, seen, watch)
         except Exception:  # noqa: BLE001 - code we cannot read (a C extension's): nothing said
             found = None
         if found:
             kind, what = found
             then = ("a CUDA graph would replay the values of its capture" if kind == HOST_VALUES
                     else "a CUDA graph's replay would not run it")
-            return f"{type(sub).__name__}.forward {kind}, {what}: {then}: eager"
-    return None
+            return f"{type(sub).__name__}.forward {kind}, {what}: {then}: eager", None
+    return None, (Guard(list(watch.items())) if watch else None)
 
 
 def reason_kind(why: str) -> str:

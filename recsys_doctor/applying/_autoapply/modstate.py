@@ -33,8 +33,14 @@ How it is known, at the cost of one dictionary look-up a call:
 
 A ``forward`` that reads the host's clock or random numbers, or changes Python state of its
 module (``self.calls += 1``, ``self.history.append(...)``), runs eagerly from its first call
-(``recsys_doctor/runtime/_hostvalues.py``). What is not seen: another global or a closure variable the ``forward`` reads, ``p.data = x`` or
-``torch.utils.swap_tensors`` on a parameter - as with ``torch.cuda.make_graphed_callables``.
+(``recsys_doctor/runtime/_hostvalues.py``). The values a ``forward`` reads from outside its module
+(a global such as ``FLAGS["blend"]``, an attribute of a settings module of the script's, a closure
+variable, a dict or plain object the module holds: ``runtime/_watched.py``) are guarded: the
+record keeps what they were, a call that finds one changed takes the signature again (they are
+part of it), and the change retires the graphs as any other does. What is not seen: ``p.data = x``
+or ``torch.utils.swap_tensors`` on a parameter (as with ``torch.cuda.make_graphed_callables``),
+code reached through ``getattr`` or ``exec``, and the inside of what a guard compares by
+identity (a library's object, a container of more than 64 items: identity and length).
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ _internals: frozenset[str] = frozenset()
 
 
 class _Rec:
-    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager", "params")
+    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager", "params", "guard")
 
     def __init__(self, module: Any, rev: int, sig: tuple[Any, ...]) -> None:
         mid = id(module)
@@ -79,6 +85,7 @@ class _Rec:
         self.thrash = 0  # changes in a row that came within PAYOFF_CALLS calls
         self.eager: str | None = None
         self.params: tuple[Any, ...] | None = None  # (its parameters, for frozen_call: taken again on a change)
+        self.guard: Any = None  # (the values its forward reads from outside it: runtime/_watched.py)
 
 
 def reset() -> None:
@@ -183,6 +190,13 @@ def _signature(torch: Any, module: Any) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+def _full_signature(torch: Any, module: Any, rec: _Rec) -> tuple[Any, ...]:
+    """:func:`signature`, and the values its guard watches (as they are now, which the guard
+    remembers from then on)."""
+    sig = signature(torch, module)
+    return sig + rec.guard.take() if rec.guard is not None else sig
+
+
 def _changed(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
     """What differs between two signatures, in a few words (the first difference)."""
     for a, b in zip(old, new):
@@ -196,7 +210,7 @@ def check(torch: Any, module: Any) -> _Rec:
     """``module``'s record, its graphs retired first where it changed since they were made: at
     every top-level hooked call, before anything keyed by ``id(module)`` is used."""
     rec = _recs.get(id(module))
-    if rec is not None and rec.rev == _rev[0] and rec.ref() is module:
+    if rec is not None and rec.rev == _rev[0] and rec.ref() is module and (rec.guard is None or rec.guard.holds()):
         rec.calls += 1
         return rec
     return _look_again(torch, module)
@@ -216,16 +230,18 @@ def _look_again(torch: Any, module: Any) -> _Rec:
         if rec is None or rec.ref() is not module:
             if rec is not None:  # a new object at the address of a collected one, not yet retired
                 _retire(torch, mid)
-            rec = _recs[mid] = _Rec(module, rev, signature(torch, module))
-            from recsys_doctor.runtime._hostvalues import host_value_reason, reason_kind
+            from recsys_doctor.runtime._hostvalues import inspect_forward, reason_kind
 
-            rec.eager = host_value_reason(module)  # (a forward a replay would not reproduce: eager)
+            rec = _recs[mid] = _Rec(module, rev, ())
+            # (a forward a replay would not reproduce: eager; the values it reads from outside: guarded)
+            rec.eager, rec.guard = inspect_forward(module)
+            rec.sig = _full_signature(torch, module, rec)
             if rec.eager is not None:
                 _fall_back(f"{type(module).__name__}: {rec.eager}", reason_kind(rec.eager))
             return rec
-        if rec.rev == rev:
+        if rec.rev == rev and (rec.guard is None or rec.guard.holds()):
             return rec
-        sig = signature(torch, module)
+        sig = _full_signature(torch, module, rec)
         if sig == rec.sig:
             rec.rev = rev
             return rec

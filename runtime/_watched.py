@@ -1,0 +1,212 @@
+"""Values a ``forward`` reads from outside its module's own tensors and plain attributes: a
+global (``CONFIG["boost"]``, ``BLEND``), an attribute of the script's own module
+(``settings.TEMPERATURE``), a closure variable, or a container or plain object the module holds
+(``self.weights["ctr"]``, ``self.cfg.scale``). A CUDA graph bakes the value it read at its
+capture into its kernels (a Python number becomes a kernel argument; a tensor is read at the
+address it had), so a script that changes such a value while it serves (an admin thread
+reloading a feature flag, a new blend weight every hour) would get the old value from every
+replay, silently. ``torch.compile`` guards on such values; the script hook does the same
+(``recsys_doctor/applying/_autoapply/modstate.py``): :class:`Guard` keeps what each value was
+when the module's graphs were made, and a call that finds one changed retires them (they are
+captured again, and a value that changes every few calls makes the module eager).
+
+How a value is compared (:func:`snap`): numbers, strings, ``None``, dtypes and devices by
+value; tensors by address, dtype, shape and device (a change in place is read by the replay);
+lists, tuples, dicts and sets of up to :data:`MAX_ITEMS` items, and plain objects (a
+``SimpleNamespace``, a dataclass, an object of the script's class) by their contents, a few
+levels deep; anything else (a module, a larger container) by identity (and a container's
+length). The same object of an immutable kind is known unchanged without a new snapshot, so a
+guard costs a dictionary look-up a value when nothing changed (containers and plain objects are
+compared item by item at every call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import types
+from typing import Any, Callable
+
+__all__ = ["Guard", "snap", "same_as", "data_value", "plain_object", "watched_module", "global_getter", "attr_getter",
+           "cell_getter", "MAX_ITEMS"]
+
+#: containers compared item by item up to this many items (larger ones: identity and length)
+MAX_ITEMS = 64
+#: how deep containers and plain objects are compared
+MAX_DEPTH = 3
+_MISSING = object()
+_SCALARS = (int, float, bool, str, bytes, complex, type(None))
+_SCALAR_SET = frozenset(_SCALARS)
+_CONTAINER_SET = frozenset({list, tuple, dict, set, frozenset})
+#: what a global that is code, not data, is: never watched
+_CODE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+         types.BuiltinMethodType, staticmethod, classmethod, property)
+#: libraries whose module attributes are not the script's settings (besides the standard library)
+_LIBRARIES = frozenset({"torch", "numpy", "pandas", "scipy", "einops", "torchrec", "fbgemm_gpu", "triton",
+                        "sklearn", "recsys_doctor", "_recsys_doctor_autoapply", "typing_extensions"})
+
+
+def _library_name(name: str) -> bool:
+    top = name.split(".")[0]
+    if top == "__main__":  # (the script's own)
+        return False
+    return top in _LIBRARIES or top in getattr(sys, "stdlib_module_names", ()) or top.startswith("_")
+
+
+def watched_module(v: Any) -> bool:
+    """Whether ``v`` is a module whose attributes a ``forward`` may read as settings (one of the
+    script's own, not a library's)."""
+    return isinstance(v, types.ModuleType) and not _library_name(v.__name__)
+
+
+def data_value(v: Any) -> bool:
+    """Whether ``v`` is data a graph would bake in, not code (a module, a function, a class, a
+    callable object); a model (``nn.Module``) counts as data, compared by identity."""
+    if isinstance(v, _CODE):
+        return False
+    return _module_obj(v) or not callable(v)
+
+
+def _tensor(v: Any) -> bool:
+    return type(v).__module__.startswith("torch") and hasattr(v, "data_ptr") and hasattr(v, "dtype")
+
+
+def _module_obj(v: Any) -> bool:
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and isinstance(v, nn.Module)
+
+
+def snap(v: Any, depth: int = 0) -> Any:
+    """A comparable picture of ``v`` (see the module's doc)."""
+    t = type(v)
+    if t in _SCALAR_SET:
+        return (t, repr(v)) if t is float else (t, v)  # (repr: a NaN equals itself; 1, 1.0 and True differ)
+    if t in _CONTAINER_SET:
+        return _container(v, t, depth)
+    if _tensor(v):
+        try:
+            return ("T", v.data_ptr(), v.dtype, tuple(v.shape), str(v.device))
+        except (RuntimeError, NotImplementedError):
+            return ("id", id(v))
+    if t.__module__ == "torch" or isinstance(v, enum.Enum):  # (a dtype, a device, a layout; an enum member)
+        return (t, str(v))
+    if depth >= MAX_DEPTH or _module_obj(v):
+        return ("id", id(v))
+    if isinstance(v, (list, tuple, dict, set, frozenset)):
+        return _container(v, t, depth)
+    fields = _plain_fields(v)
+    if fields is not None:
+        return (t, _container(fields, dict, depth + 1))
+    return ("id", id(v))
+
+
+def _container(v: Any, t: type, depth: int) -> Any:
+    n = len(v)
+    if n > MAX_ITEMS or depth >= MAX_DEPTH:
+        return ("id", id(v), n)
+    if isinstance(v, dict):
+        if _SCALAR_SET.issuperset(map(type, v.values())) and _SCALAR_SET.issuperset(map(type, v)):
+            return (t, tuple(v.items()), tuple(map(type, v.values())))  # (all plain: compared in C)
+        return (t, tuple((snap(k, depth + 1), snap(x, depth + 1)) for k, x in v.items()))
+    if isinstance(v, (set, frozenset)):
+        return (t, frozenset(snap(x, depth + 1) for x in v))
+    if _SCALAR_SET.issuperset(map(type, v)):
+        return (t, tuple(v), tuple(map(type, v)))
+    return (t, tuple(snap(x, depth + 1) for x in v))
+
+
+def plain_object(v: Any) -> bool:
+    """Whether ``v`` is a plain object compared by its fields (:func:`_plain_fields`)."""
+    return _plain_fields(v) is not None
+
+
+def _plain_fields(v: Any) -> dict[str, Any] | None:
+    """A plain object's fields (a ``SimpleNamespace``, a dataclass, an object of a class of the
+    script's), else None."""
+    if isinstance(v, types.SimpleNamespace):
+        return vars(v)
+    d = getattr(v, "__dict__", None)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return d if isinstance(d, dict) else {f.name: getattr(v, f.name, None) for f in dataclasses.fields(v)}
+    if isinstance(d, dict) and not _library_name(type(v).__module__) and not callable(v):
+        return d
+    return None
+
+
+def _by_identity(v: Any) -> bool:
+    """Whether the same object ``v`` is known unchanged without a new snapshot."""
+    return type(v) in _SCALAR_SET or _tensor(v) or _module_obj(v) or type(v).__module__ == "torch" \
+        or isinstance(v, enum.Enum)
+
+
+def _plain_items(v: Any) -> bool:
+    """Whether the values (a dict's) or items of ``v`` are all numbers, strings or None."""
+    return _SCALAR_SET.issuperset(map(type, v.values() if isinstance(v, dict) else v))
+
+
+def same_as(v: Any) -> Callable[[Any], bool]:
+    """A test of whether a later value is still what ``v`` is now (as :func:`snap` compares),
+    made once for the kind of ``v`` so that the test a call pays is short: the same object of
+    an immutable kind at once; a dict, list or tuple of plain items (or a plain object's
+    fields of plain values) by C-level equality with a copy and the items' types."""
+    t = type(v)
+    if _by_identity(v):
+        s = snap(v)
+        return lambda x: x is v or snap(x) == s
+    fields = None if t in _CONTAINER_SET else _plain_fields(v)
+    if t in (dict, list, tuple) and len(v) <= MAX_ITEMS and _plain_items(v):
+        copy = t(v)
+    elif fields is not None and type(fields) is dict and len(fields) <= MAX_ITEMS and _plain_items(fields):
+        copy = dict(fields)
+    else:
+        s = snap(v)
+        return lambda x: snap(x) == s
+    if fields is None:
+        kinds = tuple(map(type, copy.values() if t is dict else copy))
+        values = dict.values if t is dict else (lambda c: c)
+        return lambda x: type(x) is t and x == copy and tuple(map(type, values(x))) == kinds
+    kinds = tuple(map(type, copy.values()))
+    return lambda x: type(x) is t and x.__dict__ == copy and tuple(map(type, x.__dict__.values())) == kinds
+
+
+class Guard:
+    """The values a module's ``forward`` reads from outside it (``watches``: ``(label, get)``,
+    ``get()`` the value now, :data:`_MISSING` once gone), as they were when :meth:`take` ran."""
+
+    __slots__ = ("watches", "tests")
+
+    def __init__(self, watches: list[tuple[str, Callable[[], Any]]]) -> None:
+        self.watches = watches
+        self.tests: list[tuple[Callable[[], Any], Callable[[Any], bool]]] = []
+        self.take()
+
+    def take(self) -> tuple[tuple[str, Any], ...]:
+        """Remember the values as they are now; returns them as ``(label, snapshot)`` pairs."""
+        objs = [get() for _, get in self.watches]
+        self.tests = [(get, same_as(v)) for (_, get), v in zip(self.watches, objs)]
+        return tuple((label, snap(v)) for (label, _), v in zip(self.watches, objs))
+
+    def holds(self) -> bool:
+        """Whether every value is what :meth:`take` saw."""
+        for get, same in self.tests:
+            if not same(get()):
+                return False
+        return True
+
+
+def global_getter(glb: dict[str, Any], name: str) -> Callable[[], Any]:
+    return lambda: glb.get(name, _MISSING)
+
+
+def attr_getter(obj: Any, name: str) -> Callable[[], Any]:
+    return lambda: getattr(obj, name, _MISSING)
+
+
+def cell_getter(cell: Any) -> Callable[[], Any]:
+    def get() -> Any:
+        try:
+            return cell.cell_contents
+        except ValueError:  # (an empty cell)
+            return _MISSING
+    return get
