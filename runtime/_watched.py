@@ -183,9 +183,20 @@ class Guard:
 
     def take(self) -> tuple[tuple[str, Any], ...]:
         """Remember the values as they are now; returns them as ``(label, snapshot)`` pairs."""
+        parts, tests = self.look()
+        self.keep(tests)
+        return parts
+
+    def look(self) -> tuple[tuple[tuple[str, Any], ...], list[Any]]:
+        """The values as they are now, ``(label, snapshot)`` pairs, and the tests of them that
+        :meth:`keep` makes the guard's (not yet: a caller retiring graphs first keeps them after,
+        so that no other thread passes :meth:`holds` on the new values before the retire)."""
         objs = [get() for _, get in self.watches]
-        self.tests = [(get, same_as(v)) for (_, get), v in zip(self.watches, objs)]
-        return tuple((label, snap(v)) for (label, _), v in zip(self.watches, objs))
+        tests = [(get, same_as(v)) for (_, get), v in zip(self.watches, objs)]
+        return tuple((label, snap(v)) for (label, _), v in zip(self.watches, objs)), tests
+
+    def keep(self, tests: list[Any]) -> None:
+        self.tests = tests
 
     def holds(self) -> bool:
         """Whether every value is what :meth:`take` saw."""

@@ -185,3 +185,16 @@ def test_a_value_set_to_what_it_was_is_no_change_and_one_changing_every_call_mak
         modstate.check(torch, m)
     rec = modstate.check(torch, m)
     assert rec.eager is not None and modstate.CHANGES_OFTEN in rec.eager and "global FLAGS changed" in rec.eager
+
+
+def test_the_guard_takes_the_new_values_only_after_the_graphs_are_retired(fresh_state, monkeypatch):
+    """Another thread's call must not pass the guard on the new values while the old graphs are
+    still there: the guard keeps them after the retire (a call of another group replayed the old
+    configuration when it kept them first: config_reload_serve.py on the H200)."""
+    m = Flagged()
+    rec = modstate.check(torch, m)
+    seen = []
+    monkeypatch.setattr(modstate, "_retire", lambda torch, mid: seen.append(rec.guard.holds()) or 0)
+    monkeypatch.setitem(FLAGS, "blend", 0.125)
+    modstate.check(torch, m)
+    assert seen == [False] and rec.guard.holds() and modstate.version(m) == 1

@@ -190,11 +190,14 @@ def _signature(torch: Any, module: Any) -> tuple[Any, ...]:
     return tuple(parts)
 
 
-def _full_signature(torch: Any, module: Any, rec: _Rec) -> tuple[Any, ...]:
-    """:func:`signature`, and the values its guard watches (as they are now, which the guard
-    remembers from then on)."""
+def _full_signature(torch: Any, module: Any, rec: _Rec) -> tuple[tuple[Any, ...], list[Any]]:
+    """:func:`signature` and the values its guard watches, as they are now; and the guard's
+    tests of those values, for the caller to keep once it may (:meth:`Guard.look`)."""
     sig = signature(torch, module)
-    return sig + rec.guard.take() if rec.guard is not None else sig
+    if rec.guard is None:
+        return sig, []
+    parts, tests = rec.guard.look()
+    return sig + parts, tests
 
 
 def _changed(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
@@ -235,14 +238,18 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             rec = _recs[mid] = _Rec(module, rev, ())
             # (a forward a replay would not reproduce: eager; the values it reads from outside: guarded)
             rec.eager, rec.guard = inspect_forward(module)
-            rec.sig = _full_signature(torch, module, rec)
+            rec.sig, tests = _full_signature(torch, module, rec)
+            if rec.guard is not None:
+                rec.guard.keep(tests)
             if rec.eager is not None:
                 _fall_back(f"{type(module).__name__}: {rec.eager}", reason_kind(rec.eager))
             return rec
         if rec.rev == rev and (rec.guard is None or rec.guard.holds()):
             return rec
-        sig = _full_signature(torch, module, rec)
+        sig, tests = _full_signature(torch, module, rec)
         if sig == rec.sig:
+            if rec.guard is not None:
+                rec.guard.keep(tests)
             rec.rev = rev
             return rec
         why = _changed(rec.sig, sig)
@@ -255,7 +262,11 @@ def _look_again(torch: Any, module: Any) -> _Rec:
         n = _retire(torch, mid)
         # only now may another thread's call take the fast path of check(): set before the
         # retire, a thread of another group replayed a graph of the version before (one request
-        # scored with the old weights after load_state_dict(assign=True), on the H200)
+        # scored with the old weights after load_state_dict(assign=True), on the H200; and a
+        # guard that took the new values before the retire let a call of another thread replay
+        # the old configuration: examples/heldout/config_reload_serve.py, H200)
+        if rec.guard is not None:
+            rec.guard.keep(tests)
         rec.rev = rev
         _state["module_changes"] = _state.get("module_changes", 0) + 1
         if rec.thrash >= THRASH and rec.eager is None:
