@@ -6,6 +6,7 @@ tests/test_autoapply_gpu.py (``..._main_thread_...``)."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -86,8 +87,8 @@ def fake_cuda(monkeypatch):
     for name in ("group", "unplaced", "copies", "depth"):
         monkeypatch.delattr(_tls, name, raising=False)
     up = {"on": True}
-    cuda = types.SimpleNamespace(is_initialized=lambda: up["on"],
-                                 current_stream=lambda: f"current-of-{threading.current_thread().name}")
+    cuda = types.SimpleNamespace(is_initialized=lambda: up["on"], current_device=lambda: 0,
+                                 current_stream=lambda dev=None: f"current-of-{threading.current_thread().name}")
     yield types.SimpleNamespace(cuda=cuda), up
     aa._state.clear()
     aa._state.update(saved)
@@ -171,7 +172,8 @@ def deferred(fake_cuda, monkeypatch):
 
     torch.cuda = types.SimpleNamespace(is_initialized=lambda: up["on"], current_stream=lambda dev=None: current["s"],
                                        default_stream=lambda dev=None: types.SimpleNamespace(cuda_stream=0),
-                                       set_stream=set_stream)
+                                       set_stream=set_stream, current_device=lambda: 0,
+                                       device=lambda dev: contextlib.nullcontext())
     aa._state.update(place_at_first_call=True, thread_graphs=True,
                      streams=types.SimpleNamespace(streams=streams))
     monkeypatch.setattr(interception, "_torch", lambda: torch)
@@ -345,3 +347,61 @@ def test_a_call_nested_in_an_unplaced_call_places_nothing(deferred):
     assert seen == {"nested": None, "late": None} and _tls.defer == 7 and not hasattr(_tls, "group")
     g = interception._place_deferred(torch)
     assert g is _tls.group and g.index == 0 and sets == [streams[0]]
+
+
+# ------------------------------------------------------------------------------ several GPUs
+
+class _FakeStreams:
+    """The runtime's streams of one device, as the hook uses them (:class:`.groups._Streams`)."""
+
+    def __init__(self, torch, n_groups, dev=None):
+        self.device = types.SimpleNamespace(index=0 if dev is None else dev)
+        self.streams = [types.SimpleNamespace(device_index=self.device.index, cuda_stream=1000 * self.device.index + k)
+                        for k in range(n_groups)]
+
+
+def test_each_gpu_gets_the_plans_groups_and_a_thread_takes_its_models_gpus(deferred, monkeypatch):
+    """A process serving a replica per GPU (``examples/heldout/multi_gpu_serve.py``): a thread
+    placed at its first call of a model on cuda:1 takes the next of cuda:1's own groups (their
+    streams on that device, keyed by device), and its group's stream becomes its current stream
+    on cuda:1 without changing its current device (PyTorch's ``set_stream`` would make the
+    stream's device current: the worker's next ``.cuda()`` would land on another GPU)."""
+    from recsys_doctor.applying._autoapply import groups as groups_mod
+
+    torch, _, current, sets = deferred
+    monkeypatch.setattr(groups_mod, "_Streams", _FakeStreams)
+    monkeypatch.setitem(aa._state, "streams", None)
+    monkeypatch.setitem(aa._state, "streams_by_dev", {})
+    monkeypatch.setitem(aa._state, "groups", {})
+    monkeypatch.setattr(interception, "_module_device", lambda torch, m: m)  # (the "module" is its device)
+    entered = []
+    torch.cuda.device = lambda dev: (entered.append(dev), contextlib.nullcontext())[1]
+    placed = []
+    for dev in (0, 1, 1, 0, 1):  # (each a new thread, on its device's default stream)
+        current["s"] = types.SimpleNamespace(device_index=dev, cuda_stream=0)
+        _tls.defer = 7
+        placed.append(interception._place_deferred(torch, dev))
+        del _tls.group
+    first, by_dev = aa._state["streams"], aa._state["streams_by_dev"]
+    assert first.device.index == 0 and list(by_dev) == [1]
+    assert [(g.dev, g.index) for g in placed] == [(0, 0), (1, 0), (1, 1), (0, 1), (1, 0)]
+    assert placed[4] is placed[1] and aa._state["groups"] == {0: placed[0], 1: placed[3], (1, 0): placed[1],
+                                                             (1, 1): placed[2]}
+    assert all(g.stream is by_dev[1].streams[g.index] for g in placed if g.dev == 1)
+    assert entered == [0, 1, 1, 0, 1] and sets == [g.stream for g in placed]  # (each under its device)
+    assert aa._state["started"] == 5 and aa._state["started_by_dev"] == {1: 3}
+
+
+def test_a_module_on_several_gpus_runs_eagerly_and_one_on_a_gpu_is_placed_there():
+    from recsys_doctor.applying._autoapply import modstate
+
+    def fake(*devs):
+        ts = [types.SimpleNamespace(is_cuda=d is not None, get_device=lambda d=d: d) for d in devs]
+        return types.SimpleNamespace(parameters=lambda: iter(ts[:1]), buffers=lambda: iter(ts[1:]))
+
+    rec = types.SimpleNamespace(device="unset")
+    assert modstate._place(rec, fake(1, 1)) is None and rec.device == 1
+    assert modstate._place(rec, fake(None)) is None and rec.device is None  # (on the CPU)
+    why = modstate._place(rec, fake(0, 1))
+    assert rec.device == 0 and why == f"{modstate.SPANS_DEVICES} (cuda:0, cuda:1): eager"
+    assert modstate.cuda_devices(object()) == ()  # (not a module: none)

@@ -53,6 +53,7 @@ ARGS = {
     "dataclass_batch_serve.py": ["--threads", "4", "--queries", "4000"],
     "dataparallel_serve.py": ["--threads", "4", "--queries", "6000"],
     "config_reload_serve.py": ["--threads", "4", "--queries", "3000"],
+    "multi_gpu_serve.py": ["--threads", "4", "--queries", "3000"],
     "ddp_train.py": ["--samples", "131072", "--batch", "512", "--epochs", "3", "--workers", "2", "--log-every", "20"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],

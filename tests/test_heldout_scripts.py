@@ -57,6 +57,7 @@ TINY = {
     "tenant_ple_serve.py": ["--queries", "24", "--tenants", "3", "--vocab", "500", "--max-rows", "32", "--top", "5"],
     "dataclass_batch_serve.py": ["--queries", "24", "--vocab", "500", "--max-rows", "48"],
     "config_reload_serve.py": ["--queries", "48", "--reload-every", "6", "--rows", "16", "--vocab", "500"],
+    "multi_gpu_serve.py": ["--queries", "40", "--replicas", "2", "--vocab", "500"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "ddp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--accum", "3", "--epochs", "2",

@@ -65,6 +65,8 @@ class _Group:
     def __init__(self, index: int, stream: Any, streams: Any = None) -> None:
         self.index = index
         self.stream = stream
+        #: the CUDA device of its stream (None: a group without one, the CPU tests')
+        self.dev: int | None = getattr(stream, "device_index", None)
         #: the :class:`_Streams` the group's stream is one of (its side streams: the captures')
         self.streams = streams
         self.lock = threading.Lock()
@@ -135,10 +137,10 @@ class _Streams:
     ``recsys_doctor.errors``, which only the package's own import machinery lays out right
     (``runtime/`` is installed as ``recsys_doctor.runtime`` through ``package-dir``)."""
 
-    def __init__(self, torch: Any, n_groups: int) -> None:
+    def __init__(self, torch: Any, n_groups: int, dev: int | None = None) -> None:
         from recsys_doctor.runtime import StreamManager
 
-        dev = torch.cuda.current_device()
+        dev = torch.cuda.current_device() if dev is None else dev
         self.torch = torch
         self.device = torch.device("cuda", dev)
         # blocking: the script's work on the default stream (a thread that set no stream: the
@@ -166,22 +168,37 @@ class _Streams:
 _KEPT: list[_Streams] = []
 
 
-def _streams(torch: Any) -> _Streams | None:
-    """The runtime's streams of this activation, made on first use (under ``_lock``); None,
-    with the reason logged once and counted, where the runtime cannot give them (the
+def _streams(torch: Any, dev: int | None = None) -> _Streams | None:
+    """The runtime's streams of this activation on CUDA device ``dev`` (default: the current
+    one), made on first use (under ``_lock``): the plan's groups on each device a hooked model
+    runs on (a process serving a replica per GPU, ``examples/heldout/multi_gpu_serve.py``).
+    ``_state["streams"]`` holds the first device's, ``_state["streams_by_dev"]`` the others'.
+    None, with the reason logged once and counted, where the runtime cannot give them (the
     script then runs as it is)."""
-    st = _state.get("streams")
-    if st is None and _state.get("streams_failed") is None:
-        try:
-            st = _state["streams"] = _Streams(torch, _state["n_groups"])
-            _KEPT.append(st)  # never collected (its streams closed): see _KEPT
-        except Exception as ex:  # noqa: BLE001 - ImportError, RuntimeCudaError...: never break the script
-            reason = f"no stream groups from the runtime: {type(ex).__name__}: {ex}"
-            _state["streams_failed"] = reason
-            _log(f"not applied: {reason}")
-            _state["fallbacks"].append(reason)
-            return None
-    return st  # type: ignore[no-any-return]
+    first = _state.get("streams")
+    others = _state.setdefault("streams_by_dev", {})
+    if first is not None:
+        first_dev = getattr(getattr(first, "device", None), "index", None)
+        if dev is None or first_dev is None or dev == first_dev:
+            return first  # type: ignore[no-any-return]
+        if dev in others:
+            return others[dev]  # type: ignore[no-any-return]
+    if _state.get("streams_failed") is not None:
+        return None
+    try:
+        st = _Streams(torch, _state["n_groups"], dev)
+        _KEPT.append(st)  # never collected (its streams closed): see _KEPT
+    except Exception as ex:  # noqa: BLE001 - ImportError, RuntimeCudaError...: never break the script
+        reason = f"no stream groups from the runtime: {type(ex).__name__}: {ex}"
+        _state["streams_failed"] = reason
+        _log(f"not applied: {reason}")
+        _state["fallbacks"].append(reason)
+        return None
+    if first is None:
+        _state["streams"] = st
+    else:
+        others[dev] = st
+    return st
 
 
 def all_groups() -> list[_Group]:

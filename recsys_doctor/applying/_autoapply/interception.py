@@ -21,6 +21,11 @@ from .staging import _patch_copies, _ThreadCopies, slots_read
 from .thread_graphs import _copies_call, flush, thread_ended
 
 
+#: why a model call stays PyTorch's where its model is on another GPU than its thread's group
+#: (one thread calling replicas on two GPUs: its group, and so its graphs, are on one of them)
+OTHER_DEVICE = "the model is on another GPU than its thread's group (a thread calling models on several GPUs)"
+
+
 def _cuda_torch() -> Any:
     """PyTorch where the hook is active and CUDA is up (a thread starting now would be placed),
     else None."""
@@ -33,21 +38,31 @@ def _cuda_torch() -> Any:
         return None
 
 
-def _group_for_new_thread() -> _Group | None:
+def _group_for_new_thread(dev: int | None = None) -> _Group | None:
+    """The next plan group, in start order, on CUDA device ``dev`` (default: the current one;
+    each device's threads take its groups in turn: :func:`.groups._streams`)."""
     torch = _cuda_torch()
     if torch is None:
         return None
     with _lock:
-        streams = _streams(torch)
+        streams = _streams(torch, dev)
         if streams is None:
             return None
-        i = _state["started"]
+        if streams is _state.get("streams"):  # (the first device's: counted and keyed as always)
+            i = _state["started"]
+            key: Any = i % _state["n_groups"]
+        else:
+            d = streams.device.index
+            by_dev = _state.setdefault("started_by_dev", {})
+            i = by_dev[d] = by_dev.get(d, 0)
+            by_dev[d] += 1
+            key = (d, i % _state["n_groups"])
         _state["started"] += 1
         groups = _state["groups"]
         k = i % _state["n_groups"]
-        g = groups.get(k)
+        g = groups.get(key)
         if g is None:
-            g = groups[k] = _Group(k, streams.streams[k], streams)
+            g = groups[key] = _Group(k, streams.streams[k], streams)
         if not _state["patched_module"]:
             _patch_module(torch)
         if not _state.get("patched_copies"):
@@ -65,7 +80,13 @@ def on_torch_imported(torch: Any) -> None:
             _patch_module(torch)
 
 
-def _late_group(torch: Any) -> _Group | None:
+def _module_device(torch: Any, module: Any) -> int | None:
+    """The CUDA device of ``module``'s first parameter or buffer (None: none, or on the CPU)."""
+    devs = modstate.cuda_devices(module)
+    return devs[0] if devs else None
+
+
+def _late_group(torch: Any, module: Any = None) -> _Group | None:
     """A group for a thread that was not placed when it started, made at its first top-level
     model call: the main thread of a single-threaded loop or of an asyncio server that calls the
     model inline, or, placed at their start (``RECSYS_DOCTOR_PLACE=start``, or no graphs), a
@@ -85,13 +106,16 @@ def _late_group(torch: Any) -> _Group | None:
     if _runtime_thread(threading.current_thread()):
         _tls.unplaced = _state["activation"]
         return None
+    dev = _module_device(torch, module)
+    if dev is None:
+        dev = torch.cuda.current_device()
     with _lock:
-        streams = _streams(torch)
+        streams = _streams(torch, dev)
         if streams is None:
             _tls.unplaced = _state["activation"]
             return None
         n = _state["late_threads"] = _state.get("late_threads", 0) + 1
-        g = _Group(_state["n_groups"] + n - 1, torch.cuda.current_stream(), streams)
+        g = _Group(_state["n_groups"] + n - 1, torch.cuda.current_stream(dev), streams)
         _state.setdefault("late_groups", []).append(g)
     snapshots_in_child()
     g.late = _state["activation"]
@@ -116,7 +140,7 @@ def _runtime_thread(t: threading.Thread) -> bool:
     return type(getattr(target, "__self__", None)).__module__.startswith("recsys_doctor.runtime")
 
 
-def _place_deferred(torch: Any) -> _Group | None:
+def _place_deferred(torch: Any, module: Any = None) -> _Group | None:
     """Place a thread whose placement waited for its first top-level model call: the next
     plan group (the start order of :func:`_group_for_new_thread`, counted at first calls), its
     copy state, and the group's stream as the thread's current stream from now on - unless the
@@ -134,14 +158,18 @@ def _place_deferred(torch: Any) -> _Group | None:
     if getattr(_tls, "outer", False) or _cuda_torch() is None:
         return None
     del _tls.defer
-    g = _group_for_new_thread()
+    g = _group_for_new_thread(_module_device(torch, module))  # (a group on the model's GPU)
     if g is None:
         _tls.unplaced = _state["activation"]
         return None
     _join(g, copies=bool(_state.get("thread_graphs")))
     dev = g.stream.device_index
     if torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream:
-        torch.cuda.set_stream(g.stream)
+        # (on the group's device: PyTorch's set_stream makes the stream's device the thread's
+        # current one, and a worker that chose its GPU with set_device would then put its next
+        # .cuda() copies on another GPU than its model's: multi_gpu_serve.py)
+        with torch.cuda.device(dev):
+            torch.cuda.set_stream(g.stream)
     return g
 
 
@@ -207,6 +235,8 @@ def _hooked(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[A
         st: _ThreadCopies | None = getattr(_tls, "copies", None)
         if rec.eager is not None:
             return _eager_call(torch, st, orig, self, args, kwargs, site, rec.eager)
+        if rec.device is not None and g.dev is not None and rec.device != g.dev:
+            return _eager_call(torch, st, orig, self, args, kwargs, site, OTHER_DEVICE)
         amp = autocast_dtype(torch)
         if amp is not None:  # precision-keyed graphs, captured with the autocast cache off
             try:
@@ -237,6 +267,14 @@ def _hooked(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[A
         _tls.depth = depth
 
 
+def _top_call(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              depth: int) -> Any:
+    if torch.is_grad_enabled() and rec.eager is None and modstate.frozen_call(torch, rec, self, args, kwargs):
+        with torch.no_grad():  # (nothing of it can require grad: the same call, graphed as inference)
+            return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
+    return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
+
+
 def _patch_module(torch: Any) -> None:
     nn = torch.nn
     orig = nn.Module.__call__
@@ -251,9 +289,9 @@ def _patch_module(torch: Any) -> None:
             if hasattr(_tls, "group") or getattr(_tls, "unplaced", None) == _state.get("activation"):
                 return orig(self, *args, **kwargs)
             if getattr(_tls, "defer", None) == _state.get("activation"):
-                g = _place_deferred(torch)
+                g = _place_deferred(torch, self)
             else:
-                g = _late_group(torch)
+                g = _late_group(torch, self)
             if g is None:
                 return _unplaced_call(orig, self, args, kwargs)
         _tls.called = True  # (a thread that calls a model: :func:`_note_copy_only`)
@@ -267,10 +305,12 @@ def _patch_module(torch: Any) -> None:
         _thread_handles(torch)
         _tls.calls = getattr(_tls, "calls", 0) + 1  # (a thread's top-level calls: .thread_graphs.short_lived)
         rec = modstate.check(torch, self)  # (its graphs retired first where it changed since)
-        if torch.is_grad_enabled() and rec.eager is None and modstate.frozen_call(torch, rec, self, args, kwargs):
-            with torch.no_grad():  # (nothing of it can require grad: the same call, graphed as inference)
-                return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
-        return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
+        if rec.device is not None and rec.device == g.dev and torch.cuda.current_device() != g.dev:
+            # (a model on another GPU than the thread's current one, named by its index: the
+            # hook's calls of "the current stream" must be the group's device's)
+            with torch.cuda.device(g.dev):
+                return _top_call(torch, g, rec, orig, self, args, kwargs, depth)
+        return _top_call(torch, g, rec, orig, self, args, kwargs, depth)
 
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
     nn.Module.__call__ = meter.install(torch, __call__)  # (metered where the script prints no measurement)

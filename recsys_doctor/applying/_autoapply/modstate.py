@@ -56,6 +56,8 @@ from .fallback import _fall_back
 #: a module changed this many times in a row within ``PAYOFF_CALLS`` calls of its last change runs eagerly
 THRASH = 3
 PAYOFF_CALLS = 64
+#: why a module whose parameters and buffers are on several GPUs runs eagerly
+SPANS_DEVICES = "its parameters are on more than one GPU (a CUDA graph captures one device's work)"
 #: why such a module runs eagerly
 CHANGES_OFTEN = "the module changes every few calls (its graphs would never pay off): eager"
 
@@ -73,7 +75,7 @@ _internals: frozenset[str] = frozenset()
 
 
 class _Rec:
-    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager", "params", "guard")
+    __slots__ = ("ref", "rev", "sig", "version", "calls", "thrash", "eager", "params", "guard", "device")
 
     def __init__(self, module: Any, rev: int, sig: tuple[Any, ...]) -> None:
         mid = id(module)
@@ -86,6 +88,7 @@ class _Rec:
         self.eager: str | None = None
         self.params: tuple[Any, ...] | None = None  # (its parameters, for frozen_call: taken again on a change)
         self.guard: Any = None  # (the values its forward reads from outside it: runtime/_watched.py)
+        self.device: int | None = None  # (the CUDA device of its parameters and buffers: None on the CPU)
 
 
 def reset() -> None:
@@ -190,6 +193,27 @@ def _signature(torch: Any, module: Any) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+def cuda_devices(module: Any) -> tuple[int, ...]:
+    """The CUDA devices of ``module``'s parameters and buffers, in the order first seen."""
+    seen: dict[int, None] = {}
+    try:
+        for t in (*module.parameters(), *module.buffers()):
+            if t.is_cuda:
+                seen.setdefault(t.get_device(), None)
+    except Exception:  # noqa: BLE001 - a module we cannot walk: none said
+        return ()
+    return tuple(seen)
+
+
+def _place(rec: _Rec, module: Any) -> str | None:
+    """Set ``rec.device`` from ``module``'s parameters and buffers; the reason to run it eagerly
+    where they are on more than one GPU (a model split over GPUs: a CUDA graph is captured on
+    one device's stream, and the other's kernels would run outside it, once), else None."""
+    devs = cuda_devices(module)
+    rec.device = devs[0] if devs else None
+    return f"{SPANS_DEVICES} (cuda:{', cuda:'.join(map(str, devs))}): eager" if len(devs) > 1 else None
+
+
 def _full_signature(torch: Any, module: Any, rec: _Rec) -> tuple[tuple[Any, ...], list[Any]]:
     """:func:`signature` and the values its guard watches, as they are now; and the guard's
     tests of those values, for the caller to keep once it may (:meth:`Guard.look`)."""
@@ -241,8 +265,12 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             rec.sig, tests = _full_signature(torch, module, rec)
             if rec.guard is not None:
                 rec.guard.keep(tests)
+            spans = _place(rec, module)
+            if spans is not None:
+                rec.eager = spans
             if rec.eager is not None:
-                _fall_back(f"{type(module).__name__}: {rec.eager}", reason_kind(rec.eager))
+                kind = SPANS_DEVICES if spans is not None else reason_kind(rec.eager)
+                _fall_back(f"{type(module).__name__}: {rec.eager}", kind)
             return rec
         if rec.rev == rev and (rec.guard is None or rec.guard.holds()):
             return rec
@@ -255,6 +283,10 @@ def _look_again(torch: Any, module: Any) -> _Rec:
         why = _changed(rec.sig, sig)
         rec.sig = sig
         rec.params = None
+        spans = _place(rec, module)
+        if spans is not None and rec.eager is None:
+            rec.eager = spans
+            _fall_back(f"{type(module).__name__}: {spans}", SPANS_DEVICES)
         rec.version += 1
         if not getattr(module, "training", False):  # (a training module's calls run eagerly anyway: DDP's no_sync() sets an
             rec.thrash = rec.thrash + 1 if rec.calls < PAYOFF_CALLS else 1  # attribute around each call)
