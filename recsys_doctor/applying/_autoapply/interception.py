@@ -62,7 +62,7 @@ def _group_for_new_thread(dev: int | None = None) -> _Group | None:
         k = i % _state["n_groups"]
         g = groups.get(key)
         if g is None:
-            g = groups[key] = _Group(k, streams.streams[k], streams)
+            g = groups[key] = _Group(k, streams.streams[k], streams)  # type: ignore[union-attr]
         if not _state["patched_module"]:
             _patch_module(torch)
         if not _state.get("patched_copies"):
