@@ -104,3 +104,18 @@ def test_launch_bound_host_work_share_matches_sql(shared_traces, name):
     assert res.data["host_work_share_of_host_wait"] == pytest.approx(want, abs=0.01)
     (f,) = res.findings
     assert ("host work outside CUDA calls" in f.title) == (want >= 0.5)
+
+
+def test_a_trace_on_two_gpus_gets_the_note_on_what_the_utilization_rows_measure(shared_traces):
+    """``profile --apply``'s note for a script that ran kernels on several GPUs (a replica per GPU):
+    the devices are those SQL finds kernels on; a one-GPU trace gets none."""
+    from recsys_doctor.applying.report import devices_note
+
+    path = shared_traces / "nsys" / "GindaChen__nsys-ai__h100_2gpu_1s.sqlite"
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    devs = [r[0] for r in db.execute("select distinct deviceId from CUPTI_ACTIVITY_KIND_KERNEL order by 1")]
+    assert len(devs) == 2
+    note = devices_note(advise_trace(load(path), Options()))
+    assert note == (f"the script ran kernels on 2 GPUs ({devs[0]}, {devs[1]}): 'GPU busy (trace)' is their busy time "
+                    "over their windows, each summed over the GPUs; 'GPU util (NVML)' samples GPU 0 alone")
+    assert devices_note(advise_trace(load(shared_traces / "h100" / "wdl_serial_q4_h100.sqlite"), Options())) is None

@@ -192,4 +192,4 @@ def test_a_baseline_waiting_mostly_on_host_work_gets_a_note():
     assert host_work_note(advise(0.49)) is None and host_work_note(advise(0.9, "short-kernels")) is None
     assert host_work_note(None) is None and host_work_note(advise(None)) is None
     hook = {"graphs": True, "sites": []}
-    assert run_notes(hook, False, advise(0.947)) == (*call_notes(hook, False), note)
+    assert run_notes(hook, False, advise(0.947)) == (*call_notes(hook, False), note, None)

@@ -15,7 +15,8 @@ from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
            "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note",
-           "host_args_note", "call_notes", "host_work_note", "run_notes"]
+           "host_args_note", "call_notes", "host_work_note", "devices_note",
+           "run_notes"]
 
 
 @dataclass
@@ -307,6 +308,16 @@ def host_work_note(advise: Any) -> str | None:
     return None
 
 
+def devices_note(advise: Any) -> str | None:
+    """Where the script as it is ran kernels on more than one GPU (a replica per GPU): what the
+    two utilization rows measure there (the trace's over all of them, NVML's on GPU 0 alone)."""
+    devs = list((getattr(advise, "summary", None) or {}).get("devices") or [])
+    if len(devs) < 2:
+        return None
+    return (f"the script ran kernels on {len(devs)} GPUs ({', '.join(map(str, devs))}): 'GPU busy (trace)' is their busy "
+            "time over their windows, each summed over the GPUs; 'GPU util (NVML)' samples GPU 0 alone")
+
+
 def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, ...]:
     """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`,
     :func:`host_args_note`)."""
@@ -314,8 +325,9 @@ def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, ..
 
 
 def run_notes(hook: dict[str, Any] | None, train: bool, advise: Any) -> tuple[str | None, ...]:
-    """:func:`call_notes`, and :func:`host_work_note` of the script as it is (``advise``: its diagnosis)."""
-    return (*call_notes(hook, train), host_work_note(advise))
+    """:func:`call_notes`, and :func:`host_work_note` and :func:`devices_note` of the script as it
+    is (``advise``: its diagnosis)."""
+    return (*call_notes(hook, train), host_work_note(advise), devices_note(advise))
 
 
 def _most_model_calls(hook: dict[str, Any] | None, match: Any) -> tuple[int, int, dict[str, int]] | None:
