@@ -32,3 +32,14 @@ def run_hooked(tmp_path: Path, script: Path, args: list[str], groups: int, batch
     st = read_hook_stats(tmp_path / "stats.json")
     assert st is not None and st["active"], st
     return got, st
+
+
+def assert_same_scores(got: dict, unhooked: dict, st: dict, rel: float = 1e-6) -> None:
+    """The hooked run's checksum is the unhooked run's, within ``rel`` (the hook's stats shown if not)."""
+    diff = abs(got["checksum"] - unhooked["checksum"]) / abs(unhooked["checksum"])
+    assert diff <= rel, (got["checksum"], unhooked["checksum"], st)
+
+
+def graphed_calls(st: dict) -> int:
+    """Model calls served from a graph: the groups' replays, the threads' own and the runtime's."""
+    return int(st["replays"] + st["thread_replays"] + st["served_calls"])

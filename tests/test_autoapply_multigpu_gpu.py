@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _hooked_script import run_hooked, run_json
+from _hooked_script import assert_same_scores, graphed_calls, run_hooked, run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +33,7 @@ def unhooked() -> dict:
 @pytest.mark.parametrize("groups,batching", [(1, False), (2, False), (2, True)])
 def test_replicas_on_several_gpus_keep_the_unhooked_scores(tmp_path, unhooked, groups, batching):
     got, st = run_hooked(tmp_path, SCRIPT, ARGS, groups, batching)
-    rel = abs(got["checksum"] - unhooked["checksum"]) / abs(unhooked["checksum"])
-    assert rel <= 1e-6, (got["checksum"], unhooked["checksum"], st)
+    assert_same_scores(got, unhooked, st)
     assert got["replicas"] == unhooked["replicas"] and all(got["per_replica"]), got
+    if not batching:  # (graphs of both GPUs' replicas replayed: 1,991 and 1,981 of 2,012 calls on two H200s)
+        assert graphed_calls(st) >= 2000 // 2, st
