@@ -97,6 +97,9 @@ def test_snapshots_compare_by_value_type_and_address():
     t = torch.zeros(3)
     assert snap(t) == snap(t) != snap(torch.zeros(3))  # (by address: a new tensor is a change)
     assert snap(torch.float16) != snap(torch.float32)
+    cache = {k: torch.zeros(1) for k in range(20)}  # (a dict of tensors: by keys and the same objects)
+    same = same_as(cache)
+    assert same(dict(cache)) and not same({**cache, 3: torch.zeros(1)}) and not same({**cache, 20: t})
     big = list(range(MAX_ITEMS + 1))
     assert snap(big)[0] == "id" and snap(big) != snap(big + [1])  # (a larger one: identity and length)
 
@@ -105,7 +108,8 @@ def test_the_quick_test_a_call_pays_agrees_with_the_snapshots():
     t = torch.zeros(2)
     values = [1, 1.0, True, "a", None, float("nan"), [1, 2], [1, 2.0], (1, 2), {"k": 1}, {"k": 1.0}, {"k": [1]},
               {"k": [2]}, Cfg(1.0, 0.0), Cfg(1.0, 0.5), Cfg(1, 0.0), types.SimpleNamespace(a=1), t, torch.zeros(2),
-              torch.float32, list(range(MAX_ITEMS + 1))]
+              torch.float32, list(range(MAX_ITEMS + 1)), {"m": t}, {"m": torch.zeros(2)}, {"n": t}, [t, 1], (t,),
+              [torch.nn.Identity()]]
     for a in values:
         same = same_as(a)
         for b in values:
