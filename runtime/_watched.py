@@ -15,9 +15,11 @@ value; tensors by address, dtype, shape and device (a change in place is read by
 lists, tuples, dicts and sets of up to :data:`MAX_ITEMS` items, and plain objects (a
 ``SimpleNamespace``, a dataclass, an object of the script's class) by their contents, a few
 levels deep; anything else (a module, a larger container) by identity (and a container's
-length). The same object of an immutable kind is known unchanged without a new snapshot, so a
-guard costs a dictionary look-up a value when nothing changed (containers and plain objects are
-compared item by item at every call).
+length). What a call pays is a test made once per value (:func:`same_as`): the same object of an
+immutable kind is unchanged at once; a dict, list or tuple of plain values, or a plain object's
+fields, is compared with a copy in one C-level equality (after its items' types); one holding
+tensors or models is compared by its keys and the same objects. Anything else is snapshotted
+again. A value whose test fails to compare counts as changed.
 """
 
 from __future__ import annotations
