@@ -262,9 +262,9 @@ def _loads(ins: dis.Instruction, name: str) -> bool:
 
 
 def _library(f: Any) -> bool:
-    """PyTorch's own code (and numpy's): not read."""
+    """PyTorch's own code (and numpy's, and this package's: ``parallel_branches``): not read."""
     mod = getattr(f, "__module__", None) or ""
-    return mod.split(".")[0] in ("torch", "numpy")
+    return mod.split(".")[0] in ("torch", "numpy", "recsys_doctor")
 
 
 def host_value_reason(module: Any) -> str | None:
