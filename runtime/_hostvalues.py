@@ -107,11 +107,10 @@ def _line(ins: dis.Instruction, code: types.CodeType) -> int:
 
 
 def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[tuple[int, int]],
-          watch: dict[str, Any]) -> tuple[str, str] | None:
+          watch: Watches) -> tuple[str, str] | None:
     """What ``func`` (a function; ``owner``: the module whose method it is, else None) or the
     code it calls does that a replay would not: ``(HOST_VALUES or PY_STATE, "what (file:line)")``,
-    else None. The values it reads from outside its module (:mod:`._watched`) go into ``watch``
-    (label -> getter)."""
+    else None. The values it reads from outside its module (:mod:`._watched`) go into ``watch``."""
     code = getattr(func, "__code__", None)
     if code is None or (id(code), id(owner)) in seen:
         return None
@@ -128,9 +127,12 @@ def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[t
             if ins.opname == "LOAD_GLOBAL":
                 name = ins.argval
                 v = glb.get(name, builtins.get(name) if isinstance(builtins, dict) else getattr(builtins, name, None))
-                found = _global_value(name, v, nxt, gens) or _global_changed(ins_list, i, name, v)
-                if found:
-                    return (HOST_VALUES if found[0] == HOST_VALUES else PY_STATE), f"{found[1]} ({where})"
+                what = _host_global(name, v, nxt, gens)
+                if what:
+                    return HOST_VALUES, f"{what} ({where})"
+                changer = _mutator_call(v, ins_list, i)
+                if changer:
+                    return PY_STATE, f"{name}.{changer}(...) ({where})"
                 if isinstance(v, types.FunctionType) and not _library(v):
                     follow.append((v, None))
                 elif name in glb:
@@ -154,27 +156,31 @@ def _scan(func: Any, owner: Any, gens: tuple[type, ...], depth: int, seen: set[t
     return None
 
 
-def _global_changed(ins_list: list[dis.Instruction], i: int, name: str, v: Any) -> tuple[str, str] | None:
-    """``(PY_STATE, what)`` where the global ``name`` loaded at ``i`` is a list, dict, set or deque
-    that a method called on it changes (``SEEN.append(...)``), else None."""
+def _mutator_call(v: Any, ins_list: list[dis.Instruction], i: int) -> str | None:
+    """The method changing ``v`` in place (``append``...) called right after the load at ``i``,
+    where ``v`` is a list, dict, set or deque; else None."""
     nxt = ins_list[i + 1] if i + 1 < len(ins_list) else None
     if isinstance(v, _CONTAINERS) and nxt is not None and nxt.opname in ("LOAD_ATTR", "LOAD_METHOD") \
             and nxt.argval in MUTATORS:
-        return PY_STATE, f"{name}.{nxt.argval}(...)"
+        return str(nxt.argval)
     return None
 
 
-def _watch_global(watch: dict[str, Any], glb: dict[str, Any], name: str, v: Any, nxt: Any) -> None:
+#: what :func:`_scan` collects to watch: (holder's id, name) -> (label, getter)
+Watches = dict[tuple[int, str], tuple[str, Any]]
+
+
+def _watch_global(watch: Watches, glb: dict[str, Any], name: str, v: Any, nxt: Any) -> None:
     """Watch global ``name`` (its value ``v``; ``nxt``: the attribute read from it next) where it
     is data, or that attribute where it is a module of the script's own (``settings.SCALE``)."""
     if watched_module(v):
         if isinstance(nxt, str) and data_value(getattr(v, nxt, None)):
-            watch.setdefault(f"{v.__name__}.{nxt}", attr_getter(v, nxt))
+            watch.setdefault((id(v), nxt), (f"{v.__name__}.{nxt}", attr_getter(v, nxt)))
     elif data_value(v):
-        watch.setdefault(f"global {name}", global_getter(glb, name))
+        watch.setdefault((id(glb), name), (f"global {name}", global_getter(glb, name)))
 
 
-def _watch_cell(watch: dict[str, Any], func: Any, co: types.CodeType, name: str) -> None:
+def _watch_cell(watch: Watches, func: Any, co: types.CodeType, name: str) -> None:
     """Watch the closure variable ``name`` of ``func`` where it holds data."""
     cells = getattr(func, "__closure__", None) or ()
     if name == "__class__" or name not in co.co_freevars:
@@ -183,17 +189,12 @@ def _watch_cell(watch: dict[str, Any], func: Any, co: types.CodeType, name: str)
     if k < len(cells):
         get = cell_getter(cells[k])
         if data_value(get()):
-            watch.setdefault(f"closure {name}", get)
-
-
-def _global_value(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> tuple[str, str] | None:
-    """``(HOST_VALUES, what)`` where global ``name`` (its value ``v``, the attribute read from it
-    next ``nxt``) reads the host's clock or random numbers, else None."""
-    what = _host_global(name, v, nxt, gens)
-    return (HOST_VALUES, what) if what else None
+            watch.setdefault((id(cells[k]), name), (f"closure {name}", get))
 
 
 def _host_global(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> str | None:
+    """What global ``name`` (its value ``v``, the attribute read from it next ``nxt``) reads of
+    the host's clock or random numbers, else None."""
     if _host_module(v):
         return f"{name}.{nxt}" if isinstance(nxt, str) else name
     if getattr(v, "__name__", None) == "numpy" and nxt == "random":
@@ -206,7 +207,7 @@ def _host_global(name: str, v: Any, nxt: Any, gens: tuple[type, ...]) -> str | N
 
 
 def _self_use(ins_list: list[dis.Instruction], i: int, self_name: str, owner: Any,
-              gens: tuple[type, ...], watch: dict[str, Any]) -> tuple[str, str] | Any:
+              gens: tuple[type, ...], watch: Watches) -> tuple[str, str] | Any:
     """At instruction ``i``, a use of ``self``: ``(kind, what)`` where it reads a generator the
     module keeps (``self.rng``), adds to an attribute in place (``self.calls += 1``) or changes a
     list, dict, set or deque the module keeps (``self.history.append(...)``); a method of the
@@ -221,14 +222,14 @@ def _self_use(ins_list: list[dis.Instruction], i: int, self_name: str, owner: An
     v = owner.__dict__.get(name)
     if isinstance(v, gens):
         return HOST_VALUES, f"self.{name}"
-    nxt = ins_list[i + 1] if i + 1 < len(ins_list) else None
-    if isinstance(v, _CONTAINERS) and nxt is not None and nxt.opname in ("LOAD_ATTR", "LOAD_METHOD") \
-            and nxt.argval in MUTATORS:
-        return PY_STATE, f"self.{name}.{nxt.argval}(...)"
+    changer = _mutator_call(v, ins_list, i)
+    if changer:
+        return PY_STATE, f"self.{name}.{changer}(...)"
     if isinstance(v, _CONTAINERS) or (v is not None and plain_object(v)):
         # (a container or a plain object the module holds, which the script may change in place;
-        # its plain numbers and strings are seen by nn.Module.__setattr__: modstate)
-        watch.setdefault(f"self.{name}", attr_getter(owner, name))
+        # its plain numbers and strings are seen by nn.Module.__setattr__: modstate; each
+        # instance's own, as two experts' self.cfg)
+        watch.setdefault((id(owner), name), (f"{type(owner).__name__}.{name}", attr_getter(owner, name)))
     meth = getattr(type(owner), name, None)
     return meth if isinstance(meth, types.FunctionType) and not _library(meth) else None
 
@@ -279,7 +280,7 @@ def inspect_forward(module: Any) -> tuple[str | None, Guard | None]:
     reason was found)."""
     gens = _generators()
     seen: set[tuple[int, int]] = set()
-    watch: dict[str, Any] = {}
+    watch: Watches = {}
     try:
         subs = list(module.modules())
     except Exception:  # noqa: BLE001 - not a module tree we can walk: nothing said
@@ -297,7 +298,7 @@ def inspect_forward(module: Any) -> tuple[str | None, Guard | None]:
             then = ("a CUDA graph would replay the values of its capture" if kind == HOST_VALUES
                     else "a CUDA graph's replay would not run it")
             return f"{type(sub).__name__}.forward {kind}, {what}: {then}: eager", None
-    return None, (Guard(list(watch.items())) if watch else None)
+    return None, (Guard(list(watch.values())) if watch else None)
 
 
 def reason_kind(why: str) -> str:

@@ -118,8 +118,14 @@ def test_the_quick_test_a_call_pays_agrees_with_the_snapshots():
 
 
 def test_the_values_a_forward_reads_from_outside_are_found():
-    assert _labels(Flagged()) == ["global FIELDS", "global FLAGS", "global TEMPERATURE", "rd_test_settings.SCALE",
-                                  "self.cfg", "self.weights"]
+    assert _labels(Flagged()) == ["Flagged.cfg", "Flagged.weights", "global FIELDS", "global FLAGS",
+                                  "global TEMPERATURE", "rd_test_settings.SCALE"]
+    # each instance's own: two experts' dataclasses, one changed in place, are two values
+    pair = torch.nn.Sequential(Flagged(), Flagged())
+    assert _labels(pair).count("Flagged.cfg") == 2
+    guard = inspect_forward(pair)[1]
+    pair[1].cfg.clip = 0.5  # (the second expert's: the first's unchanged)
+    assert not guard.holds()
     assert _labels(_closure_model(2.0)) == ["closure scale"]
     # code is not data (torch, math, functions), nor are the module's own plain numbers (setattr sees them)
     assert _labels(Plain()) == []
