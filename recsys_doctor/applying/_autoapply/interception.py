@@ -91,7 +91,7 @@ def _late_group(torch: Any, module: Any = None) -> _Group | None:
     model call: the main thread of a single-threaded loop or of an asyncio server that calls the
     model inline, or, placed at their start (``RECSYS_DOCTOR_PLACE=start``, or no graphs), a
     thread started before CUDA was initialized. Its group is its own (no
-    other thread shares its graphs), on the stream the thread is on (its current stream is left
+    other thread shares its graphs), on the stream the thread is on on its model's GPU (its current stream is left
     as it is: the tensors it made before were made there), with its own captures and replays
     as every group's; no batching (one thread) and no thread graph of its copies. None where
     the thread stays as it is (the hook's own threads, no CUDA yet, no stream groups)."""
