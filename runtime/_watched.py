@@ -12,6 +12,7 @@ captured again, and a value that changes every few calls makes the module eager)
 
 How a value is compared (:func:`snap`): numbers, strings, ``None``, dtypes and devices by
 value; tensors by address, dtype, shape and device (a change in place is read by the replay);
+numpy scalars by value and arrays of up to 4 KB by their bytes (larger: identity, shape, dtype);
 lists, tuples, dicts and sets of up to :data:`MAX_ITEMS` items, and plain objects (a
 ``SimpleNamespace``, a dataclass, an object of the script's class) by their contents, a few
 levels deep; anything else (a module, a larger container) by identity (and a container's
@@ -36,6 +37,8 @@ __all__ = ["Guard", "snap", "same_as", "data_value", "plain_object", "watched_mo
 
 #: containers compared item by item up to this many items (larger ones: identity and length)
 MAX_ITEMS = 64
+#: numpy arrays compared by their bytes up to this size (larger ones: identity, shape and dtype)
+MAX_ARRAY_BYTES = 4096
 #: how deep containers and plain objects are compared
 MAX_DEPTH = 3
 _MISSING = object()
@@ -94,6 +97,8 @@ def snap(v: Any, depth: int = 0) -> Any:
             return ("id", id(v))
     if t.__module__ == "torch" or isinstance(v, enum.Enum):  # (a dtype, a device, a layout; an enum member)
         return (t, str(v))
+    if t.__module__ == "numpy":
+        return _numpy(v, t)
     if depth >= MAX_DEPTH or _module_obj(v):
         return ("id", id(v))
     if isinstance(v, (list, tuple, dict, set, frozenset)):
@@ -102,6 +107,20 @@ def snap(v: Any, depth: int = 0) -> Any:
     if fields is not None:
         return (t, _container(fields, dict, depth + 1))
     return ("id", id(v))
+
+
+def _numpy(v: Any, t: type) -> Any:
+    """A numpy scalar by value; an array of up to :data:`MAX_ARRAY_BYTES` by its bytes (a table of
+    weights ``forward`` reads, changed in place), a larger one by identity, shape and dtype."""
+    shape = getattr(v, "shape", None)
+    if shape == () or shape is None:
+        return (t, repr(v))
+    try:
+        if v.nbytes <= MAX_ARRAY_BYTES:
+            return ("np", shape, v.dtype.str, v.tobytes())
+        return ("np", id(v), shape, v.dtype.str)
+    except (AttributeError, TypeError, ValueError):
+        return ("id", id(v))
 
 
 def _container(v: Any, t: type, depth: int) -> Any:
@@ -140,7 +159,7 @@ def _plain_fields(v: Any) -> dict[str, Any] | None:
 def _by_identity(v: Any) -> bool:
     """Whether the same object ``v`` is known unchanged without a new snapshot."""
     return type(v) in _SCALAR_SET or _tensor(v) or _module_obj(v) or type(v).__module__ == "torch" \
-        or isinstance(v, enum.Enum)
+        or isinstance(v, enum.Enum) or (type(v).__module__ == "numpy" and getattr(v, "shape", None) == ())
 
 
 def _plain_items(v: Any) -> bool:

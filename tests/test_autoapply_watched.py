@@ -10,6 +10,7 @@ import math
 import types
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -100,6 +101,12 @@ def test_snapshots_compare_by_value_type_and_address():
     cache = {k: torch.zeros(1) for k in range(20)}  # (a dict of tensors: by keys and the same objects)
     same = same_as(cache)
     assert same(dict(cache)) and not same({**cache, 3: torch.zeros(1)}) and not same({**cache, 20: t})
+    w = np.ones(4, np.float32)
+    before = snap(w)
+    w[2] = 5.0  # (a small table changed in place: its bytes)
+    assert snap(w) != before and snap(np.float32(0.5)) == snap(np.float32(0.5)) != snap(np.float64(0.5))
+    large = np.zeros(2048, np.float32)  # (8 KB: by identity, shape and dtype)
+    assert snap(large) == snap(large) != snap(large.copy()) and snap(large)[0] == "np"
     big = list(range(MAX_ITEMS + 1))
     assert snap(big)[0] == "id" and snap(big) != snap(big + [1])  # (a larger one: identity and length)
 
@@ -109,7 +116,7 @@ def test_the_quick_test_a_call_pays_agrees_with_the_snapshots():
     values = [1, 1.0, True, "a", None, float("nan"), [1, 2], [1, 2.0], (1, 2), {"k": 1}, {"k": 1.0}, {"k": [1]},
               {"k": [2]}, Cfg(1.0, 0.0), Cfg(1.0, 0.5), Cfg(1, 0.0), types.SimpleNamespace(a=1), t, torch.zeros(2),
               torch.float32, list(range(MAX_ITEMS + 1)), {"m": t}, {"m": torch.zeros(2)}, {"n": t}, [t, 1], (t,),
-              [torch.nn.Identity()]]
+              [torch.nn.Identity()], np.ones(3), np.zeros(3), np.float32(1.0)]
     for a in values:
         same = same_as(a)
         for b in values:
