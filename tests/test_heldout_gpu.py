@@ -54,6 +54,8 @@ ARGS = {
     "dataparallel_serve.py": ["--threads", "4", "--queries", "6000"],
     "config_reload_serve.py": ["--threads", "4", "--queries", "3000"],
     "multi_gpu_serve.py": ["--threads", "4", "--queries", "3000"],
+    "kjt_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
+    "triton_backend_serve.py": ["--threads", "4", "--queries", "3000"],
     "ddp_train.py": ["--samples", "131072", "--batch", "512", "--epochs", "3", "--workers", "2", "--log-every", "20"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],

@@ -58,6 +58,8 @@ TINY = {
     "dataclass_batch_serve.py": ["--queries", "24", "--vocab", "500", "--max-rows", "48"],
     "config_reload_serve.py": ["--queries", "48", "--reload-every", "6", "--rows", "16", "--vocab", "500"],
     "multi_gpu_serve.py": ["--queries", "40", "--replicas", "2", "--vocab", "500"],
+    "kjt_ranker_serve.py": ["--queries", "24", "--rows", "16", "--vocab", "500"],
+    "triton_backend_serve.py": ["--queries", "40", "--vocab", "500", "--max-delay-ms", "20"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "ddp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--accum", "3", "--epochs", "2",
@@ -67,7 +69,7 @@ TINY = {
 }
 #: scripts whose batches depend on timing (each row's score up to the rounding of products of
 #: other sizes): their checksums agree to this relative difference, not exactly
-APPROX = {"own_batcher_serve.py": 1e-9}
+APPROX = {"own_batcher_serve.py": 1e-9, "triton_backend_serve.py": 1e-9}
 #: the training loops among them (a step time, no queries): their worker count must not change the checksum
 TRAIN = {"amp_accum_train.py", "log_train.py", "sparse_amp_train.py", "ddp_train.py"}
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
