@@ -269,6 +269,8 @@ def _hooked(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[A
 
 def _top_call(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               depth: int) -> Any:
+    """A placed thread's top-level model call, its module's record taken: :func:`_hooked`, under
+    ``no_grad`` where the call records nothing for autograd (:func:`.modstate.frozen_call`)."""
     if torch.is_grad_enabled() and rec.eager is None and modstate.frozen_call(torch, rec, self, args, kwargs):
         with torch.no_grad():  # (nothing of it can require grad: the same call, graphed as inference)
             return _hooked(torch, g, rec, orig, self, args, kwargs, depth)
