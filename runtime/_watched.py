@@ -177,11 +177,11 @@ def same_as(v: Any) -> Callable[[Any], bool]:
         s = snap(v)
         return lambda x: x is v or snap(x) == s
     fields = None if t in _CONTAINER_SET else _plain_fields(v)
-    if t in (dict, list, tuple) and len(v) <= MAX_ITEMS and not _plain_items(v) \
-            and all(map(_by_identity, v.values() if t is dict else v)):
-        return _same_items(v, t)
-    if t in (dict, list, tuple) and len(v) <= MAX_ITEMS and _plain_items(v):
+    small = t in (dict, list, tuple) and len(v) <= MAX_ITEMS
+    if small and _plain_items(v):
         copy = t(v)
+    elif small and all(map(_by_identity, v.values() if t is dict else v)):
+        return _same_items(v, t)
     elif fields is not None and type(fields) is dict and len(fields) <= MAX_ITEMS and _plain_items(fields):
         copy = dict(fields)
     else:
@@ -217,20 +217,14 @@ def _same_items(v: Any, t: type) -> Callable[[Any], bool]:
 
 class Guard:
     """The values a module's ``forward`` reads from outside it (``watches``: ``(label, get)``,
-    ``get()`` the value now, :data:`_MISSING` once gone), as they were when :meth:`take` ran."""
+    ``get()`` the value now, :data:`_MISSING` once gone), as they were when the guard was made or
+    :meth:`keep` was last given their tests."""
 
     __slots__ = ("watches", "tests")
 
     def __init__(self, watches: list[tuple[str, Callable[[], Any]]]) -> None:
         self.watches = watches
-        self.tests: list[tuple[Callable[[], Any], Callable[[Any], bool]]] = []
-        self.take()
-
-    def take(self) -> tuple[tuple[str, Any], ...]:
-        """Remember the values as they are now; returns them as ``(label, snapshot)`` pairs."""
-        parts, tests = self.look()
-        self.keep(tests)
-        return parts
+        self.tests: list[tuple[Callable[[], Any], Callable[[Any], bool]]] = self.look()[1]
 
     def look(self) -> tuple[tuple[tuple[str, Any], ...], list[Any]]:
         """The values as they are now, ``(label, snapshot)`` pairs, and the tests of them that
@@ -244,7 +238,7 @@ class Guard:
         self.tests = tests
 
     def holds(self) -> bool:
-        """Whether every value is what :meth:`take` saw (a test that fails to compare: a change)."""
+        """Whether every value is what the tests kept were made of (a test that fails to compare: a change)."""
         try:
             for get, same in self.tests:
                 if not same(get()):

@@ -373,7 +373,7 @@ def test_each_gpu_gets_the_plans_groups_and_a_thread_takes_its_models_gpus(defer
     monkeypatch.setitem(aa._state, "streams", None)
     monkeypatch.setitem(aa._state, "streams_by_dev", {})
     monkeypatch.setitem(aa._state, "groups", {})
-    monkeypatch.setattr(interception, "_module_device", lambda torch, m: m)  # (the "module" is its device)
+    monkeypatch.setattr(interception, "_module_device", lambda m: m)  # (the "module" is its device)
     entered = []
     torch.cuda.device = lambda dev: (entered.append(dev), contextlib.nullcontext())[1]
     placed = []

@@ -80,7 +80,7 @@ def on_torch_imported(torch: Any) -> None:
             _patch_module(torch)
 
 
-def _module_device(torch: Any, module: Any) -> int | None:
+def _module_device(module: Any) -> int | None:
     """The CUDA device of ``module``'s first parameter or buffer (None: none, or on the CPU)."""
     devs = modstate.cuda_devices(module)
     return devs[0] if devs else None
@@ -106,7 +106,7 @@ def _late_group(torch: Any, module: Any = None) -> _Group | None:
     if _runtime_thread(threading.current_thread()):
         _tls.unplaced = _state["activation"]
         return None
-    dev = _module_device(torch, module)
+    dev = _module_device(module)
     if dev is None:
         dev = torch.cuda.current_device()
     with _lock:
@@ -158,7 +158,7 @@ def _place_deferred(torch: Any, module: Any = None) -> _Group | None:
     if getattr(_tls, "outer", False) or _cuda_torch() is None:
         return None
     del _tls.defer
-    g = _group_for_new_thread(_module_device(torch, module))  # (a group on the model's GPU)
+    g = _group_for_new_thread(_module_device(module))  # (a group on the model's GPU)
     if g is None:
         _tls.unplaced = _state["activation"]
         return None
@@ -267,6 +267,15 @@ def _hooked(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[A
         _tls.depth = depth
 
 
+def _several_gpus(torch: Any) -> bool:
+    """Whether the process sees more than one GPU (asked once: with one, a thread's current
+    device is its model's, and no call needs asking which it is)."""
+    several = _state.get("several_gpus")
+    if several is None:
+        several = _state["several_gpus"] = torch.cuda.device_count() > 1
+    return bool(several)
+
+
 def _top_call(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               depth: int) -> Any:
     """A placed thread's top-level model call, its module's record taken: :func:`_hooked`, under
@@ -307,7 +316,7 @@ def _patch_module(torch: Any) -> None:
         _thread_handles(torch)
         _tls.calls = getattr(_tls, "calls", 0) + 1  # (a thread's top-level calls: .thread_graphs.short_lived)
         rec = modstate.check(torch, self)  # (its graphs retired first where it changed since)
-        if rec.device is not None and rec.device == g.dev and torch.cuda.current_device() != g.dev:
+        if rec.device is not None and rec.device == g.dev and _several_gpus(torch) and torch.cuda.current_device() != g.dev:
             # (a model on another GPU than the thread's current one, named by its index: the
             # hook's calls of "the current stream" must be the group's device's)
             with torch.cuda.device(g.dev):

@@ -216,12 +216,18 @@ def _place(rec: _Rec, module: Any) -> str | None:
 
 def _full_signature(torch: Any, module: Any, rec: _Rec) -> tuple[tuple[Any, ...], list[Any]]:
     """:func:`signature` and the values its guard watches, as they are now; and the guard's
-    tests of those values, for the caller to keep once it may (:meth:`Guard.look`)."""
+    tests of those values, for the caller to keep once it may (:meth:`Guard.look`, :func:`_keep`)."""
     sig = signature(torch, module)
     if rec.guard is None:
         return sig, []
     parts, tests = rec.guard.look()
     return sig + parts, tests
+
+
+def _keep(rec: _Rec, tests: list[Any]) -> None:
+    """The guard of ``rec`` (where it has one) holds from now on to the values ``tests`` were made of."""
+    if rec.guard is not None:
+        rec.guard.keep(tests)
 
 
 def _changed(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
@@ -263,8 +269,7 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             # (a forward a replay would not reproduce: eager; the values it reads from outside: guarded)
             rec.eager, rec.guard = inspect_forward(module)
             rec.sig, tests = _full_signature(torch, module, rec)
-            if rec.guard is not None:
-                rec.guard.keep(tests)
+            _keep(rec, tests)
             spans = _place(rec, module)
             if spans is not None:
                 rec.eager = spans
@@ -276,8 +281,7 @@ def _look_again(torch: Any, module: Any) -> _Rec:
             return rec
         sig, tests = _full_signature(torch, module, rec)
         if sig == rec.sig:
-            if rec.guard is not None:
-                rec.guard.keep(tests)
+            _keep(rec, tests)
             rec.rev = rev
             return rec
         why = _changed(rec.sig, sig)
@@ -297,8 +301,7 @@ def _look_again(torch: Any, module: Any) -> _Rec:
         # scored with the old weights after load_state_dict(assign=True), on the H200; and a
         # guard that took the new values before the retire let a call of another thread replay
         # the old configuration: examples/heldout/config_reload_serve.py, H200)
-        if rec.guard is not None:
-            rec.guard.keep(tests)
+        _keep(rec, tests)
         rec.rev = rev
         _state["module_changes"] = _state.get("module_changes", 0) + 1
         if rec.thrash >= THRASH and rec.eager is None:
