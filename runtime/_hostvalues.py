@@ -271,13 +271,13 @@ def _library(f: Any) -> bool:
 def host_value_reason(module: Any) -> str | None:
     """Why ``module`` must run eagerly because a ``forward`` of it (or of a submodule, or code
     they call) reads the host's clock or random numbers, with the line; else None."""
-    return inspect_forward(module)[0]
+    return inspect_forward(module, guard=False)[0]
 
 
-def inspect_forward(module: Any) -> tuple[str | None, Guard | None]:
+def inspect_forward(module: Any, guard: bool = True) -> tuple[str | None, Guard | None]:
     """``(reason, guard)``: :func:`host_value_reason`'s reason, and a :class:`~._watched.Guard`
-    over the values the forwards read from outside the module (None: nothing to watch, or a
-    reason was found)."""
+    over the values the forwards read from outside the module (None: nothing to watch, a reason
+    was found, or ``guard`` is False: ``serve()``'s check, which guards nothing)."""
     gens = _generators()
     seen: set[tuple[int, int]] = set()
     watch: Watches = {}
@@ -298,7 +298,7 @@ def inspect_forward(module: Any) -> tuple[str | None, Guard | None]:
             then = ("a CUDA graph would replay the values of its capture" if kind == HOST_VALUES
                     else "a CUDA graph's replay would not run it")
             return f"{type(sub).__name__}.forward {kind}, {what}: {then}: eager", None
-    return None, (Guard(list(watch.values())) if watch else None)
+    return None, (Guard(list(watch.values())) if watch and guard else None)
 
 
 def reason_kind(why: str) -> str:
