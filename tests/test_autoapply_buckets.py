@@ -92,9 +92,15 @@ def test_outputs_are_the_tensor_leaves_or_none():
     assert buckets.outputs(torch, a) == (a,)
     got = buckets.outputs(torch, {"x": a, "y": [b, (a,)]})
     assert got is not None and [id(t) for t in got] == [id(a), id(b), id(a)]
-    assert buckets.outputs(torch, (a, 3)) is None  # a leaf that is not a tensor
+    # plain immutable leaves (a count, a version string, None) stay in the structure, not listed
+    assert buckets.outputs(torch, (a, 3)) == (a,) and buckets.outputs(torch, {"v": "2024-06", "s": b}) == (b,)
+    assert buckets.outputs(torch, [a, None]) == (a,)
+    assert buckets.plain_leaves(torch, {"v": "2024-06", "s": b, "n": [3, None]}) == ["2024-06", 3, None]
+    # a leaf of another kind (a mutable object, a numpy array), or no tensor at all: not graphed
+    assert buckets.outputs(torch, (a, [1, 2])) == (a,)  # (a list is a container: its items are plain)
+    assert buckets.outputs(torch, (a, object())) is None and buckets.outputs(torch, (a, bytearray(b"x"))) is None
     assert buckets.outputs(torch, None) is None and buckets.outputs(torch, {}) is None
-    assert buckets.outputs(torch, [a, None]) == (a,)  # a None leaf stays in the structure
+    assert buckets.outputs(torch, {"v": "x"}) is None
 
 
 Scores = namedtuple("Scores", "ctr cvr")
@@ -108,7 +114,8 @@ Scores = namedtuple("Scores", "ctr cvr")
     Scores(torch.arange(8.0), torch.arange(8.0) + 1),
     {"tasks": [Scores(torch.arange(8.0), torch.arange(8.0)), None], "z": (torch.arange(8),)},
     (torch.arange(8.0), None),
-], ids=["tensor", "tuple", "list", "dict", "namedtuple", "nested", "tuple-with-None"])
+    {"score": torch.arange(8.0), "model_version": "v7", "k": 3, "temperature": 0.5},
+], ids=["tensor", "tuple", "list", "dict", "namedtuple", "nested", "tuple-with-None", "dict-with-plain-leaves"])
 def test_a_replay_hands_out_the_structure_the_model_returns(out):
     """What graphs._clone_out makes of graphs._static_out: the same types, keys, order and
     values, each tensor a fresh copy; with rows (5 of 8), every 8-row tensor cut to 5."""
@@ -122,8 +129,8 @@ def test_a_replay_hands_out_the_structure_the_model_returns(out):
         leaves, spec = tree_flatten(got)
         assert spec == want_spec
         for g, w in zip(leaves, want):
-            if w is None:
-                assert g is None
+            if not isinstance(w, torch.Tensor):
+                assert g == w and type(g) is type(w)  # (None, a string, a number: as captured)
                 continue
             w = w[:5] if rows and w.dim() and w.shape[0] == 8 else w
             assert torch.equal(g, w) and g.data_ptr() != w.data_ptr()
@@ -131,9 +138,18 @@ def test_a_replay_hands_out_the_structure_the_model_returns(out):
         assert list(graphs._clone_out(static)) == list(out)  # the dict's own key order
 
 
-def test_an_output_holding_other_than_tensors_is_not_graphed():
+def test_an_output_holding_other_than_tensors_and_plain_values_is_not_graphed():
     with pytest.raises(TypeError, match="dict holding something other than tensors"):
-        graphs._static_out(torch, {"ctr": torch.zeros(2), "n": 3})
+        graphs._static_out(torch, {"ctr": torch.zeros(2), "cache": {3: object()}})
+
+
+def test_padding_keeps_plain_leaves_only_where_they_are_the_same():
+    """A plain leaf that a padded call changes (one counting the rows) turns padding off; a
+    constant one (a version string) does not."""
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    xp = buckets.pad_rows(torch, [x], 5, 8)[0]
+    assert buckets.same_rows(torch, {"s": x * 2, "v": "v7"}, {"s": xp * 2, "v": "v7"}, 5, 8)
+    assert not buckets.same_rows(torch, {"s": x * 2, "n": 5}, {"s": xp * 2, "n": 8}, 5, 8)
 
 
 def test_a_site_admits_at_most_the_bound():

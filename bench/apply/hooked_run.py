@@ -39,8 +39,11 @@ def main() -> None:
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
                                                "staged_copies", "captured", "served_calls", "pageable_fast",
                                                "served_batch_sizes", "processes", "threads", "late_threads",
-                                               "ended_threads", "short_lived_threads")}
+                                               "ended_threads", "short_lived_threads", "training_thread_count",
+                                               "module_changes")}
         row["hook"]["fallback_calls"] = sum(s.get("fallback", 0) for s in st.get("sites", []))
+        row["hook"]["fallbacks"] = st.get("fallbacks", [])[:4]
+        row["hook"]["reasons"] = {k: v for s in st.get("sites", []) for k, v in (s.get("reasons") or {}).items()}
         row["hook"]["batch_sizes"] = [s.get("batch_sizes") for s in st.get("sites", []) if s.get("batch_sizes")]
     row.update(res)
     with open(out, "a") as fh:

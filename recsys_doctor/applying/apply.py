@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
-from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, measured_tables,
+from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, training_note, measured_tables,
                      short_lives_note, tail_note, no_model_calls_note, run_notes, _meas_numbers, _pred_numbers, _summary_point,
                      before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
@@ -379,7 +379,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                   "profiled": read_hook_stats(hook_stats) if after else None}
     if not decline:  # what the kept plan's run says of itself
         m = ev["hook"]["measured"]
-        kept = (batching_refused(best.prediction.candidate, m), copy_only_note(m), short_lives_note(m),
+        kept = (batching_refused(best.prediction.candidate, m), copy_only_note(m), training_note(m), short_lives_note(m),
                 None if train else tail_note(*shown, m, p99_ms), *run_notes(m, train, before.advise))
         notes += [n for n in kept if n]
     res = ApplyResult(kind="script", target=str(run.target), chosen=chosen, before=before_pt, after=after_pt,

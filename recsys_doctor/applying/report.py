@@ -14,7 +14,7 @@ from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
-           "copy_only_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note",
+           "copy_only_note", "training_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note",
            "host_args_note", "call_notes", "host_work_note", "devices_note",
            "run_notes"]
 
@@ -192,6 +192,20 @@ def copy_only_note(hook: dict[str, Any] | None) -> str | None:
             "to the model threads nothing orders its work before their use; where the plan has CUDA graphs, threads "
             "are placed at their first model call (the default, unless RECSYS_DOCTOR_PLACE=start), so such threads "
             "stay on PyTorch's default stream, with which the group streams are ordered")
+
+
+def training_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where threads of the kept plan's run trained a model (a backward or an
+    optimizer step: the hook's ``training_threads``, :mod:`._autoapply.trainers`): they left their
+    stream groups for PyTorch's default stream, and their later model calls were PyTorch's."""
+    names = (hook or {}).get("training_threads") or []
+    if not names:
+        return None
+    n = max(int((hook or {}).get("training_thread_count") or 0), len(names))
+    return (f"{n} thread{'s' if n > 1 else ''} ({', '.join(names)}{', ...' if n > len(names) else ''}) trained "
+            "a model (a backward or an optimizer step) and left their stream groups for PyTorch's default stream "
+            "from then on, so that their in-place updates of the weights stay ordered with the other threads' model "
+            "calls as one stream orders them unhooked; their own model calls after that ran as PyTorch runs them")
 
 
 #: a kept plan whose p99 grew by more than this factor gets :func:`tail_note`

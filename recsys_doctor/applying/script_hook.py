@@ -178,7 +178,7 @@ def _read_json(p: Path) -> dict[str, Any] | None:
 #: the hook's counters that add up over processes
 _SUMMED = ("threads", "late_threads", "captured", "replays", "thread_graphs", "thread_replays", "materialized", "pageable_fast",
            "served_calls", "staged_copies", "batches", "batched_calls", "module_changes", "thread_error_count",
-           "copy_only_count", "ended_threads", "short_lived_threads")
+           "copy_only_count", "ended_threads", "short_lived_threads", "training_thread_count")
 
 
 def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> dict[str, Any]:
@@ -197,6 +197,7 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
     out["fallbacks"] = list(dict.fromkeys(f for d in every for f in d.get("fallbacks") or []))
     out["thread_errors"] = [e for d in every for e in d.get("thread_errors") or []][:MAX_KEPT]
     out["copy_only_threads"] = [n for d in every for n in d.get("copy_only_threads") or []][:MAX_COPY_ONLY]
+    out["training_threads"] = [n for d in every for n in d.get("training_threads") or []][:MAX_COPY_ONLY]
     out["active"] = any(d.get("active") for d in every)
     out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
     measured = [d["measurement"] for d in every if d.get("measurement")]

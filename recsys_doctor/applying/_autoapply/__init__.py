@@ -100,7 +100,7 @@ from ._common import ENV_PLACE, ENV_PLAN, ENV_STAGE_PAGEABLE, ENV_THREAD_GRAPHS,
 from .accounting import reset as reset_sites
 from .graphs import _key  # noqa: F401
 from .groups import _Gate
-from . import meter, modstate, threaderrors
+from . import meter, modstate, threaderrors, trainers
 from .importwatch import cancel, when_imported
 from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
@@ -151,7 +151,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
-                      copy_only_threads=[], copy_only_count=0, ended_threads=0, short_lived_threads=0, meter_only=False,
+                      copy_only_threads=[], copy_only_count=0, training_threads=[], training_threads_count=0, ended_threads=0, short_lived_threads=0, meter_only=False,
                       min_thread_calls=_min_calls(),
                       place_at_first_call=place != "start" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
@@ -202,6 +202,7 @@ def deactivate() -> None:
             if torch is not None:
                 torch.nn.Module.__call__ = _state["orig_module_call"]
                 modstate.unpatch(torch)
+                trainers.uninstall(torch)
                 for name, fn in _state.pop("orig_tensor_methods", {}).items():
                     setattr(torch.Tensor, name, fn)
                 for name, fn in _state.pop("orig_torch_functions", {}).items():

@@ -20,6 +20,9 @@ ENV_STAGE_PAGEABLE = "RECSYS_DOCTOR_STAGE_PAGEABLE"
 #: CUDA is up, not when it starts (with graphs on; :func:`.interception._place_deferred`);
 #: "start": when it starts, if CUDA is up by then (as without graphs)
 ENV_PLACE = "RECSYS_DOCTOR_PLACE"
+#: "0" keeps a thread that trains in its group (for comparison only: its in-place updates of the
+#: weights are then unordered with the other groups' model calls; :mod:`.trainers`)
+ENV_TRAINERS = "RECSYS_DOCTOR_TRAINERS"
 
 
 #: eager calls of a key before it is captured (lazy inits: cuBLAS handles, allocator blocks)
@@ -36,6 +39,27 @@ def _log(msg: str) -> None:
 
 def _torch() -> Any:
     return sys.modules.get("torch")
+
+
+def _exported(cls: type) -> bool:
+    """Whether ``cls`` is the class of a ``torch.export`` program's module (``ExportedProgram.module()``)."""
+    return any(c.__name__ == "_StatefulGraphModule" and c.__module__.startswith("torch.export") for c in cls.__mro__)
+
+
+_EXPORTED: dict[type, bool] = {}
+
+
+def trains(module: Any) -> bool:
+    """``module.training``, except for a ``torch.export`` program's module: its graph fixed train or
+    eval at export (``aten.dropout(x, p, False)`` in the graph) and its ``train()``/``eval()`` raise, so
+    its ``training`` flag, True as every new module's, changes nothing it computes."""
+    if not module.training:
+        return False
+    cls = type(module)
+    e = _EXPORTED.get(cls)
+    if e is None:
+        e = _EXPORTED[cls] = _exported(cls)
+    return not e
 
 
 def _first_line(ex: BaseException) -> str:

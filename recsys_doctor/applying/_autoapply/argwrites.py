@@ -12,9 +12,10 @@ argument too). Such a key runs eagerly from then on, with the operator in the re
 (:func:`.graphs._keyed_call`). The watched call is the script's own call (its output is the
 one returned, its writes are the script's): no extra call is made, so nothing runs twice.
 
-Not watched: a ``torch.compile``\\ d module (its kernels bypass the dispatcher, and a mode there
-would only cost a recompile), and the batching paths. A watch that cannot be set up leaves the
-call as it is.
+The batching path (:mod:`.batching`) watches the runs of its spec's check, on clones of the
+call's tensors: a model that writes into them is not batched. Not watched: a
+``torch.compile``\\ d module (its kernels bypass the dispatcher, and a mode there would only cost
+a recompile). A watch that cannot be set up leaves the call as it is.
 """
 
 from __future__ import annotations

@@ -38,9 +38,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._common import _state, _tls, _torch
+from ._common import _state, _tls, _torch, trains
 from .accounting import batched, fell_back, taken_over
-from .argtree import Slot, remake, skeleton
+from .argtree import Slot, flatten, remake, skeleton
+from .argwrites import WRITES_ARGS, watched_call
 from .buckets import BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET
 from .combine import Combiner
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
@@ -99,8 +100,12 @@ def _decide(torch: Any, sp: _Spec, orig_call: Any, module: Any, args: Any, kwarg
         if len({t.device for t in tensors}) != 1:
             raise SpecRefused("its tensors are on more than one device")
         plan = BatchPlan(tensors, infer_spec(tensors))
-        sp.out_spec, sp.out_rows = _run_shared(check_spec, _model(orig_call, module), _rebuilder(sp.skeleton),
-                                               tensors, plan, tensors[0].device)
+        # (on clones, watched: a model that writes into its arguments - a KV cache, ids hashed in
+        # place - is not batched, as its graphs are not replayed (.argwrites), and the check's
+        # runs leave the script's tensors as they were: the call itself is still to be made)
+        sp.out_spec, sp.out_rows = _run_shared(check_spec, _watched_model(torch, orig_call, module),
+                                               _rebuilder(sp.skeleton), [t.clone() for t in tensors], plan,
+                                               tensors[0].device)
         sp.plan = plan
     except Exception as ex:  # noqa: BLE001 - SpecRefused, or anything else: the key is not batched
         sp.refused = f"not batched: {ex}" if isinstance(ex, SpecRefused) else f"not batched: {failure_reason(ex)}"
@@ -121,6 +126,22 @@ def _model(orig_call: Any, module: Any) -> Any:
     return lambda a, kw: orig_call(module, *a, **kw)
 
 
+def _watched_model(torch: Any, orig_call: Any, module: Any) -> Any:
+    """:func:`_model`, each run watched for writes into its own tensor arguments: one refuses
+    the spec (:class:`SpecRefused`) with the operator."""
+    from recsys_doctor.runtime._batchspec import SpecRefused
+
+    def run(a: Any, kw: Any) -> Any:
+        ts: list[Any] = []
+        flatten((a, kw), torch.Tensor, ts)
+        out, hit = watched_call(torch, lambda: orig_call(module, *a, **kw), module, ts)
+        if hit is not None:
+            raise SpecRefused(f"{WRITES_ARGS} ({hit})")
+        return out
+
+    return run
+
+
 def _rebuilder(skel: Any) -> Any:
     """Tensor leaves -> the model's two arguments ``(args, kwargs)`` (for :func:`_model`)."""
     return lambda ts: remake(skel, Slot, iter(ts))
@@ -132,7 +153,7 @@ def _batched_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     batches where its spec holds, else the group's graph path."""
     torch = _torch()
     g: _Group = _tls.group
-    if module.training or torch.is_grad_enabled():
+    if trains(module) or torch.is_grad_enabled():
         return _graphed_call(orig_call, module, args, kwargs, site)
     kt = _key_or_reason(torch, module, args, kwargs)  # (no key_tag here: host arguments are not taken with batching)
     if isinstance(kt, str) or not kt[1] or torch.cuda.current_stream().cuda_stream != g.stream.cuda_stream:

@@ -113,19 +113,33 @@ def rows_differ(torch: Any, tensors: list[Any], n: int) -> bool:
     return n >= 2 and bool(rows) and all(not torch.equal(t[1:n], t[:1].expand(n - 1, *t.shape[1:])) for t in rows)
 
 
+#: the plain leaves a graphed output may hold beside its tensors (a ``"model_version"`` string in
+#: a dict of scores): immutable, handed out by every replay as the capture returned them
+PLAIN_LEAVES = (str, bytes, int, float, complex, bool, type(None))
+
+
 def outputs(torch: Any, out: Any) -> tuple[Any, ...] | None:
     """A model output's tensors: ``(out,)`` for a tensor, else its tensor leaves in pytree
-    order (``torch.utils._pytree``: tuples, lists, dicts, namedtuples, nested; a None leaf
-    is kept by the structure, not listed); None where a leaf is something else or no leaf
-    is a tensor (not graphed, not padded)."""
+    order (``torch.utils._pytree``: tuples, lists, dicts, namedtuples, nested; a None leaf,
+    or another plain immutable one (:data:`PLAIN_LEAVES`), is kept by the structure, not
+    listed); None where a leaf is something else or no leaf is a tensor (not graphed, not padded)."""
     if isinstance(out, torch.Tensor):
         return (out,)
     from torch.utils._pytree import tree_leaves
 
-    leaves = [o for o in tree_leaves(out) if o is not None]
+    leaves = [o for o in tree_leaves(out) if not isinstance(o, PLAIN_LEAVES)]
     if not leaves or not all(isinstance(o, torch.Tensor) for o in leaves):
         return None
     return tuple(leaves)
+
+
+def plain_leaves(torch: Any, out: Any) -> list[Any]:
+    """An output's leaves other than tensors (:func:`outputs`' plain ones), in pytree order."""
+    if isinstance(out, torch.Tensor):
+        return []
+    from torch.utils._pytree import tree_leaves
+
+    return [o for o in tree_leaves(out) if not isinstance(o, torch.Tensor)]
 
 
 def index_outputs(torch: Any, out: Any, n: int) -> bool:
@@ -149,11 +163,14 @@ def cut_rows(o: Any, n: int, b: int) -> Any:
 
 def same_rows(torch: Any, out: Any, padded_out: Any, n: int, b: int) -> bool:
     """Whether a padded call's outputs, cut back to the real rows, are the unpadded call's:
-    the same structure, shapes and dtypes, and values equal (floats within the tolerance)."""
+    the same structure, shapes and dtypes, values equal (floats within the tolerance), and
+    plain leaves equal (one that counts the rows differs: no padding)."""
     from torch.utils._pytree import tree_structure
 
     u, p = outputs(torch, out), outputs(torch, padded_out)
     if u is None or p is None or len(u) != len(p) or tree_structure(out) != tree_structure(padded_out):
+        return False
+    if plain_leaves(torch, out) != plain_leaves(torch, padded_out):
         return False
     for a, c in zip(u, p):
         c = cut_rows(c, n, b)

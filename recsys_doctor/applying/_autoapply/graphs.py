@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import WARMUP_CALLS, _state, _tls, _torch
+from ._common import WARMUP_CALLS, _state, _tls, _torch, trains
 from .argtree import dataclass_fields, flatten, remake
 from .argwrites import WRITES_ARGS, watched_call
 from .accounting import fell_back, taken_over
 from .buckets import (BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET, INDEX_OUTPUT, MAX_PAD_KEYS, MIXES_ROWS, VERIFYING,
-                      WARMING_UP, index_outputs,
+                      PLAIN_LEAVES, WARMING_UP, index_outputs,
                       _Site, bucket_rows, call_rows, cut_rows, outputs, pad_rows, pad_views, rows_differ, same_rows)
 from .fallback import _debug_traceback, _end_broken_capture, _fall_back, _synchronize_quietly, failure_reason, needs_host
 from .groups import _capture_stream, _Gate, _Group, _run_shared
@@ -183,7 +183,7 @@ def _static_out(torch: Any, out: Any) -> Any:
         return out
     from torch.utils._pytree import tree_flatten
 
-    leaves, spec = tree_flatten(out)  # None leaves too: a replay hands them out as None
+    leaves, spec = tree_flatten(out)  # plain leaves too (None, a version string): handed out as captured
     return _TreeOut(tuple(leaves), spec)
 
 
@@ -195,7 +195,8 @@ def _clone_out(static_out: Any, rows: tuple[int, int] | None = None) -> Any:
     if isinstance(static_out, _TreeOut):
         from torch.utils._pytree import tree_unflatten
 
-        return tree_unflatten([None if o is None else _clone_out(o, rows) for o in static_out.leaves], static_out.spec)
+        return tree_unflatten([o if isinstance(o, PLAIN_LEAVES) else _clone_out(o, rows) for o in static_out.leaves],
+                              static_out.spec)
     return (cut_rows(static_out, *rows) if rows else static_out).clone()
 
 
@@ -218,7 +219,7 @@ def _graphed_call(orig_call: Any, module: Any, args: tuple[Any, ...], kwargs: di
     its :func:`_key_or_reason` where the caller has made it already (:mod:`.batching`)."""
     torch = _torch()
     g: _Group = _tls.group
-    if module.training or torch.is_grad_enabled():
+    if trains(module) or torch.is_grad_enabled():
         return _eager(orig_call, module, args, kwargs, site, GRAD_ON)
     tag = getattr(orig_call, "key_tag", None)
     if kt is None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import _state, _tls
+from ._common import _state, _tls, trains
 from .accounting import fell_back, script_site, taken_over
 from .argtree import flatten, remake
 from .fallback import _fall_back, torch_reader
@@ -80,7 +80,7 @@ def take(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     copies and ``call`` running ``forward`` on host proxies of them (:func:`host_call`); None
     where there is none to take or they cannot be taken (the call goes on as the script made it).
     Not looked at while the query's own copies wait for the thread graph (``st.pending``)."""
-    if st.pending or module.training or torch.is_grad_enabled() or id(module) in _state.setdefault("host_use", {}):
+    if st.pending or trains(module) or torch.is_grad_enabled() or id(module) in _state.setdefault("host_use", {}):
         return None
     tensors: list[Any] = []
     plain = flatten((args, kwargs), torch.Tensor, tensors)  # (else remake would change a container's type)

@@ -10,7 +10,7 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import counted_here, script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
-from . import copyinto, meter, modstate
+from . import copyinto, meter, modstate, trainers
 from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
 from .host_args import _capturing, make_host_type, take
@@ -289,8 +289,13 @@ def _top_call(torch: Any, g: _Group, rec: Any, orig: Any, self: Any, args: tuple
 def _patch_module(torch: Any) -> None:
     nn = torch.nn
     orig = nn.Module.__call__
+    # (torch.jit.trace runs the model with tracer-backed sizes: a call it records is PyTorch's,
+    # and places nothing; examples/heldout/exported_ranker_serve.py --export trace)
+    tracing = getattr(torch._C, "_is_tracing", None) or (lambda: False)
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if tracing():
+            return orig(self, *args, **kwargs)
         g = getattr(_tls, "group", None)
         if g is not None and g.late is not None and g.late != _state.get("activation"):
             del _tls.group  # (placed late under an earlier activation of the hook: placed anew)
@@ -326,6 +331,7 @@ def _patch_module(torch: Any) -> None:
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
     nn.Module.__call__ = meter.install(torch, __call__)  # (metered where the script prints no measurement)
     modstate.patch(torch)
+    trainers.install(torch)
     _state["patched_module"] = True
     _state["orig_module_call"] = orig
 

@@ -49,7 +49,7 @@ import threading
 import weakref
 from typing import Any
 
-from ._common import _state, _tls
+from ._common import _state, _tls, trains
 from .argtree import flatten
 from .fallback import _fall_back
 
@@ -322,7 +322,7 @@ def frozen_call(torch: Any, rec: _Rec, module: Any, args: tuple[Any, ...], kwarg
     (False)`` - a per-thread setting - does not reach). The same call under ``torch.no_grad()``
     computes the same values with the same kernels and returns outputs that require no grad
     either: the hook runs it there, so it is graphed as any inference call."""
-    if module.training:
+    if trains(module):
         return False
     params = rec.params
     if params is None:

@@ -34,7 +34,8 @@ def stats() -> dict[str, Any]:
     exceptions that ended a thread of the script (:mod:`.threaderrors`), the first few;
     ``copy_only_threads``: threads placed at their start that copied to the GPU but called no
     model (:func:`.interception._note_copy_only`); ``measurement``: the hook's own rate of
-    top-level model calls where metering is on (:mod:`.meter`), else None; ``ended_threads`` / ``short_lived_threads``:
+    top-level model calls where metering is on (:mod:`.meter`), else None; ``training_threads``
+    / ``training_thread_count``: threads that left their group to train (:mod:`.trainers`); ``ended_threads`` / ``short_lived_threads``:
     placed threads that ended, and those of them that made fewer model calls than a thread graph
     needs to pay for its capture (:func:`.thread_graphs.short_lived`)."""
     per_site = sites()
@@ -54,6 +55,8 @@ def stats() -> dict[str, Any]:
             "thread_error_count": _state.get("thread_error_count", 0),
             "copy_only_threads": list(_state.get("copy_only_threads", [])),
             "copy_only_count": _state.get("copy_only_count", 0),
+            "training_threads": list(_state.get("training_threads", [])),
+            "training_thread_count": _state.get("training_threads_count", 0),
             "served_batch_sizes": _served_batch_sizes(),
             "staged_copies": sum(r["taken_over"] for r in per_site if r["kind"] == "h2d"),
             "fallbacks": list(_state.get("fallbacks", [])), "not_applied": _state.get("not_applied"), "sites": per_site,

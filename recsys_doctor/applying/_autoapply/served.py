@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._common import _first_line, _state, _tls
+from ._common import _first_line, _state, _tls, trains
 from .accounting import taken_over
 from .fallback import _fall_back
 from .argtree import Slot, flatten, matches, remake, skeleton
@@ -80,7 +80,7 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     st.n = 0
     recent, st.recent = st.recent, []
     if (tg is not None and tg.graph is None and st.pending and n == len(tg.src) and fresh(tg, module)
-            and not kwargs and not module.training and not torch.is_grad_enabled()
+            and not kwargs and not trains(module) and not torch.is_grad_enabled()
             and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
         r = _route_of(module)
         out = _serve(torch, st, tg, r, module) if r.refused is None else None
@@ -95,7 +95,7 @@ def call(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple
     refused = _route_of(module).refused if tg is not None and fresh(tg, module) else None
     if refused is not None:
         st.tg, st.reason = None, refused  # (its copies are PyTorch's again)
-    if (tg is None and st.reason is None and recent and not kwargs and not module.training
+    if (tg is None and st.reason is None and recent and not kwargs and not trains(module)
             and not torch.is_grad_enabled()):
         _learn(torch, st, module, args, recent)
     return None

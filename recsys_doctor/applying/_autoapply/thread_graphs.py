@@ -7,7 +7,7 @@ from typing import Any
 
 import os
 
-from ._common import ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch
+from ._common import ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch, trains
 from .accounting import taken_over
 from .argtree import matches, remake, skeleton
 from .buckets import call_rows
@@ -109,7 +109,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
     # its copy: the replay's own copies give the model exactly what the script handed it)
-    if (tg is not None and st.pending and n == len(tg.src) and fresh(tg, module) and not module.training
+    if (tg is not None and st.pending and n == len(tg.src) and fresh(tg, module) and not trains(module)
             and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
             and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
         try:
@@ -161,7 +161,7 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
            kwargs: dict[str, Any], recent: list[tuple[Any, Any, Any, Any, str]], site: str = "?") -> None:
     """Capture this thread's graph once the group's graph of this call exists and every
     tensor argument of the call is one of this query's copies of a pinned tensor."""
-    if module.training or torch.is_grad_enabled():
+    if trains(module) or torch.is_grad_enabled():
         return
     if _tls.calls < _state.get("min_thread_calls", MIN_THREAD_CALLS) and short_lived():
         return  # (not learned yet: asked again at this thread's next calls)
