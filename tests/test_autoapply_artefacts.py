@@ -111,3 +111,17 @@ def test_a_model_that_writes_nothing_of_its_arguments_still_batches(batching_sta
     with torch.no_grad():
         batching._decide(torch, sp, nn.Module.__call__, m, (x,), {}, [x], "serve.py:10")
     assert sp.refused is None and sp.out_rows == (3,)
+
+
+def test_the_hooks_buffers_are_normal_tensors_inside_the_scripts_inference_mode():
+    """A buffer the hook makes during a call under ``torch.inference_mode()`` and fills later,
+    outside it (a script that copies its inputs before ``with torch.inference_mode(): model(x)``:
+    ``optional_features_serve.py``, whose run under the hook died of it on the H200)."""
+    with torch.inference_mode():
+        plain = torch.empty(3)
+        with _common.normal_tensors(torch):
+            kept = torch.empty(3)
+    kept.copy_(torch.ones(3))  # (outside inference mode now)
+    assert not kept.is_inference() and torch.equal(kept, torch.ones(3))
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        plain.copy_(torch.ones(3))

@@ -62,6 +62,15 @@ def trains(module: Any) -> bool:
     return not e
 
 
+def normal_tensors(torch: Any) -> Any:
+    """A context in which the hook's lasting buffers (a graph's static inputs, staging slots) are
+    made as normal tensors, even inside the script's ``torch.inference_mode()``: made there they
+    would be inference tensors, and the copies into them that come later outside inference mode
+    (a script that copies its inputs before ``with torch.inference_mode(): model(x)``) would fail
+    ("Inplace update to inference tensor outside InferenceMode", examples/heldout/optional_features_serve.py)."""
+    return torch.inference_mode(False)
+
+
 def _first_line(ex: BaseException) -> str:
     # not recsys_doctor.errors.first_line: this file runs at interpreter start without the package
     msg = str(ex).strip().splitlines()

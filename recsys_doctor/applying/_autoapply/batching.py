@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._common import _state, _tls, _torch, trains
+from ._common import _state, _tls, _torch, normal_tensors, trains
 from .accounting import batched, fell_back, taken_over
 from .argtree import Slot, flatten, remake, skeleton
 from .argwrites import WRITES_ARGS, watched_call
@@ -214,7 +214,8 @@ class _Batches:
         """The staging buffer, every block a valid query from the start (padded blocks run real inputs)."""
         p = self.sp.plan
         dev = tensors[0].device
-        self.dev_in = torch.empty(self.max_batch * p.block, dtype=torch.uint8, device=dev)
+        with normal_tensors(torch):
+            self.dev_in = torch.empty(self.max_batch * p.block, dtype=torch.uint8, device=dev)
         self.views = p.slot_views(self.dev_in, self.max_batch)
         torch._foreach_copy_(self.views, list(tensors) * self.max_batch)
         self.shifts = torch.arange(self.max_batch, device=dev) * p.shift

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import WARMUP_CALLS, _state, _tls, _torch, trains
+from ._common import WARMUP_CALLS, _state, _tls, _torch, normal_tensors, trains
 from .argtree import dataclass_fields, flatten, remake
 from .argwrites import WRITES_ARGS, watched_call
 from .accounting import fell_back, taken_over
@@ -87,7 +87,8 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
 
 def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args: Any, kwargs: Any,
              tensors: list[Any]) -> None:
-    e.static_in = [t.clone() for t in tensors]
+    with normal_tensors(torch):
+        e.static_in = [t.clone() for t in tensors]
     s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(e.static_in))
     g.stream.synchronize()
     torch.cuda.current_stream().synchronize()  # (the clones above, where the script set its own stream)

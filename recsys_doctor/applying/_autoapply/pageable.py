@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from ._common import _first_line, _state, _tls
+from ._common import _first_line, _state, _tls, normal_tensors
 from .accounting import fell_back, script_site, taken_over
 
 #: why a copy from host memory is PyTorch's while staging is off (the default)
@@ -66,7 +66,7 @@ class _Stager:
     __slots__ = ("arenas", "views", "nps", "events", "streams", "cur", "off", "device", "size", "to")
 
     def __init__(self, torch: Any, device: Any, host_alloc: Any = None) -> None:
-        alloc = host_alloc or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
+        alloc = host_alloc or (lambda n: _pinned(torch, n))
         self.size = int(os.environ.get(ENV_STAGING_BYTES) or ARENA_BYTES)
         self.arenas = [alloc(self.size), alloc(self.size)]
         self.nps = [a.numpy() for a in self.arenas]
@@ -116,8 +116,9 @@ class _Stager:
 
 
 def _pinned(torch: Any, nbytes: int) -> Any:
-    """A pinned host buffer of ``nbytes`` bytes (uint8)."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    """A pinned host buffer of ``nbytes`` bytes (uint8), a normal tensor (:func:`._common.normal_tensors`)."""
+    with normal_tensors(torch):
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 #: views of one slot kept (one per shape and dtype); a shape beyond them gets a new view each time

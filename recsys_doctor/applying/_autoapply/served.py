@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._common import _first_line, _state, _tls, trains
+from ._common import _first_line, _state, _tls, normal_tensors, trains
 from .accounting import taken_over
 from .fallback import _fall_back
 from .argtree import Slot, flatten, matches, remake, skeleton
@@ -174,7 +174,8 @@ def _learn(torch: Any, st: _ThreadCopies, module: Any, args: tuple[Any, ...],
         st.reason = NOT_COPIES
         return
     src, moves, raws, lines = found
-    tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    with normal_tensors(torch):
+        tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     tg = _ThreadGraph(module, None, src, tin, skeleton((args, {}), torch.Tensor), None, tensors[0].get_device(), moves,
                       lines)
     tg.raw = raws

@@ -7,7 +7,7 @@ from typing import Any
 
 import os
 
-from ._common import ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch, trains
+from ._common import ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch, normal_tensors, trains
 from .accounting import taken_over
 from .argtree import matches, remake, skeleton
 from .buckets import call_rows
@@ -217,7 +217,8 @@ def _h2d(dst: Any, src: Any, stream: Any) -> None:
 def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: Any, kwargs: Any,
                     tensors: list[Any], src: list[Any], moves: list[Any] | None = None,
                     lines: list[str] | None = None) -> _ThreadGraph:
-    tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    with normal_tensors(torch):
+        tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(tin))
     template = skeleton((args, kwargs), torch.Tensor)
     # a side stream of the runtime's for this thread's one capture, not the group's capture
