@@ -79,7 +79,8 @@ capture gate), :mod:`.fallback` (failures: the reason logged and counted), :mod:
 graph), :mod:`.served` (batched calls served by the runtime), :mod:`.host_args` (a model's host arguments, copied inside its forward),
 :mod:`.interception` (what is patched), :mod:`.accounting` (calls taken over and
 left, per line of the script), :mod:`.modstate` (models that change while they serve),
-:mod:`.argwrites` (models that write into their arguments),
+:mod:`.argwrites` (models that write into their arguments), :mod:`.trainers` (threads that train
+the served model: off their groups),
 :mod:`.settings` (the plan's settings), :mod:`.report` (``stats``); here: ``activate``.
 
 The plan file is the one ``recsys-doctor profile --apply`` writes (``runtime`` object:
