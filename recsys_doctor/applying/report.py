@@ -178,16 +178,24 @@ def batching_refused(cand: Candidate, hook: dict[str, Any] | None) -> str | None
     return f"the kept plan's batching did not apply ({why}): its calls ran unbatched, each on its group's graphs{said}"
 
 
+def _threads_named(hook: dict[str, Any] | None, names_key: str, count_key: str) -> str | None:
+    """``"N thread(s) (a, b, ...)"`` from the hook's kept names and count of some threads, or None."""
+    names = (hook or {}).get(names_key) or []
+    if not names:
+        return None
+    n = max(int((hook or {}).get(count_key) or 0), len(names))
+    return f"{n} thread{'s' if n > 1 else ''} ({', '.join(names)}{', ...' if n > len(names) else ''})"
+
+
 def copy_only_note(hook: dict[str, Any] | None) -> str | None:
     """What to say where the kept plan's run had threads, placed at their start, that copied to
     the GPU but called no model (the hook's ``copy_only_threads``): they may hand GPU tensors to
     the model threads with nothing ordering the two (placed at start: ``RECSYS_DOCTOR_PLACE=start``,
     or a plan without CUDA graphs)."""
-    names = (hook or {}).get("copy_only_threads") or []
-    if not names:
+    who = _threads_named(hook, "copy_only_threads", "copy_only_count")
+    if who is None:
         return None
-    n = max(int((hook or {}).get("copy_only_count") or 0), len(names))
-    return (f"{n} thread{'s' if n > 1 else ''} ({', '.join(names)}{', ...' if n > len(names) else ''}) copied data "
+    return (f"{who} copied data "
             "to the GPU but called no model, on group streams of their own: where such a thread hands GPU tensors "
             "to the model threads nothing orders its work before their use; where the plan has CUDA graphs, threads "
             "are placed at their first model call (the default, unless RECSYS_DOCTOR_PLACE=start), so such threads "
@@ -198,11 +206,10 @@ def training_note(hook: dict[str, Any] | None) -> str | None:
     """What to say where threads of the kept plan's run trained a model (a backward or an
     optimizer step: the hook's ``training_threads``, :mod:`._autoapply.trainers`): they left their
     stream groups for PyTorch's default stream, and their later model calls were PyTorch's."""
-    names = (hook or {}).get("training_threads") or []
-    if not names:
+    who = _threads_named(hook, "training_threads", "training_thread_count")
+    if who is None:
         return None
-    n = max(int((hook or {}).get("training_thread_count") or 0), len(names))
-    return (f"{n} thread{'s' if n > 1 else ''} ({', '.join(names)}{', ...' if n > len(names) else ''}) trained "
+    return (f"{who} trained "
             "a model (a backward or an optimizer step) and left their stream groups for PyTorch's default stream "
             "from then on, so that their in-place updates of the weights stay ordered with the other threads' model "
             "calls as one stream orders them unhooked; their own model calls after that ran as PyTorch runs them")
