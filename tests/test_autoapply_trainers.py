@@ -67,10 +67,11 @@ class FakeCuda:
 
 @pytest.fixture
 def hook_state(monkeypatch):
-    """The hook's state with three group streams on one device, and no thread placed."""
+    """Three group streams on one device (a group holds them: ``_Group.streams``), the hook's
+    training counts, and no thread placed."""
     fake = FakeCuda(G1)
     streams = SimpleNamespace(device=DEV, streams=[fake.Stream(r) for r in (G0, G1, G2)])
-    for k, v in {"streams": streams, "streams_by_dev": {}, "training_threads": [], "training_threads_count": 0}.items():
+    for k, v in {"training_threads": [], "training_threads_count": 0}.items():
         monkeypatch.setitem(_state, k, v)
     yield fake, streams
     for k in ("group", "copies"):

@@ -3,6 +3,7 @@ thread-local group, the log line. Standard library only (loaded by file path at 
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any
@@ -41,25 +42,17 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def _exported(cls: type) -> bool:
+@functools.lru_cache(maxsize=None)
+def _exported(cls: Any) -> bool:
     """Whether ``cls`` is the class of a ``torch.export`` program's module (``ExportedProgram.module()``)."""
     return any(c.__name__ == "_StatefulGraphModule" and c.__module__.startswith("torch.export") for c in cls.__mro__)
-
-
-_EXPORTED: dict[type, bool] = {}
 
 
 def trains(module: Any) -> bool:
     """``module.training``, except for a ``torch.export`` program's module: its graph fixed train or
     eval at export (``aten.dropout(x, p, False)`` in the graph) and its ``train()``/``eval()`` raise, so
     its ``training`` flag, True as every new module's, changes nothing it computes."""
-    if not module.training:
-        return False
-    cls = type(module)
-    e = _EXPORTED.get(cls)
-    if e is None:
-        e = _EXPORTED[cls] = _exported(cls)
-    return not e
+    return bool(module.training) and not _exported(module.__class__)
 
 
 def normal_tensors(torch: Any) -> Any:

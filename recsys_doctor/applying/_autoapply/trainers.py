@@ -54,7 +54,7 @@ def leave_for_training(torch: Any) -> None:
     if st is not None:
         flush(torch, st)
         _tls.copies = None
-    if g.stream is not None and _placed_on_group_stream(torch) is not None:
+    if _placed_on_group_stream(torch) is not None:
         dev = g.stream.device
         with torch.cuda.device(dev):
             torch.cuda.set_stream(torch.cuda.default_stream(dev))
@@ -70,14 +70,6 @@ def leave_for_training(torch: Any) -> None:
              "default stream, so its writes to the weights stay ordered with the other threads' model calls")
 
 
-def _group_streams(torch: Any, dev: Any) -> list[Any]:
-    """The plan groups' streams on ``dev`` (those made so far)."""
-    for streams in list(_state.get("streams_by_dev", {}).values()) + [_state.get("streams")]:
-        if streams is not None and streams.device == dev:
-            return list(streams.streams)
-    return []
-
-
 def fenced(torch: Any, write: Any) -> Any:
     """``write()`` from a thread on a group stream, ordered with every other group stream's work
     before it and after it (see the module's docstring); plainly elsewhere."""
@@ -85,7 +77,7 @@ def fenced(torch: Any, write: Any) -> Any:
     if g is None:
         return write()
     cur = torch.cuda.current_stream(g.stream.device)
-    others = [s for s in _group_streams(torch, g.stream.device) if s.cuda_stream != cur.cuda_stream]
+    others = [s for s in g.streams.streams if s.cuda_stream != cur.cuda_stream]  # (its device's plan groups)
     for s in others:
         cur.wait_stream(s)
     try:
