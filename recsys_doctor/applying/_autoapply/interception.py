@@ -294,6 +294,8 @@ def _patch_module(torch: Any) -> None:
     tracing = getattr(torch._C, "_is_tracing", None) or (lambda: False)
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_tls, "depth", 0):  # a call nested in a hooked top-level call: PyTorch's, at once
+            return orig(self, *args, **kwargs)
         if tracing():
             return orig(self, *args, **kwargs)
         g = getattr(_tls, "group", None)
