@@ -152,12 +152,64 @@ def test_padding_keeps_plain_leaves_only_where_they_are_the_same():
     assert not buckets.same_rows(torch, {"s": x * 2, "n": 5}, {"s": xp * 2, "n": 8}, 5, 8)
 
 
-def test_a_site_admits_at_most_the_bound():
+class _OnGpu:
+    """What :func:`graphs._key_part` reads of a CUDA tensor (its dtype, sizes, device), on the CPU."""
+
+    def __init__(self, *shape, dtype=torch.float32):
+        self.shape, self.dtype = torch.Size(shape), dtype
+
+    def get_device(self):
+        return 0
+
+
+def _key(*args, **kwargs):
+    """A call's key as :func:`graphs._key_or_reason` makes it, of :class:`_OnGpu` arguments."""
+    tensors = []
+    return 1234, (graphs._key_part(_OnGpu, args, tensors), graphs._key_part(_OnGpu, kwargs, tensors))
+
+
+def test_keys_that_differ_in_sizes_alone_are_one_family():
+    fam = buckets.family
+    assert fam(_key(_OnGpu(8, 13), ids=_OnGpu(8, 4, dtype=torch.int64))) == \
+        fam(_key(_OnGpu(128, 13), ids=_OnGpu(128, 4, dtype=torch.int64)))
+    assert fam(_key(_OnGpu(8, 13, 20))) == fam(_key(_OnGpu(8, 13, 57)))  # (a sequence length)
+    base = fam(_key(_OnGpu(8, 13), temperature=0.5))
+    assert len({base, fam(_key(_OnGpu(8, 13), temperature=1.0)),  # a plain value
+                fam(_key(_OnGpu(8, 13), temperature=0.5, topic=_OnGpu(8, 3))),  # an optional argument
+                fam(_key(_OnGpu(8, 13, dtype=torch.float16), temperature=0.5)),  # a dtype
+                fam(_key(_OnGpu(8, 13, 1), temperature=0.5))}) == 5  # a rank
+
+
+def test_a_site_admits_at_most_the_bounds():
     s = buckets._Site()
-    assert all(s.admit(("k", i)) for i in range(buckets.MAX_GRAPHS_PER_SITE))
-    assert not s.admit(("k", "one more"))
-    assert s.admit(("k", 0))  # one admitted before stays admitted
+    sizes = [_key(_OnGpu(n, 13)) for n in range(1, buckets.MAX_GRAPHS_PER_SITE + 2)]
+    assert all(s.admit(k) for k in sizes[:-1])
+    assert s.refused(sizes[-1]) == buckets.BOUND_REACHED and not s.admit(sizes[-1])
+    assert s.admit(sizes[0])  # one admitted before stays admitted
     assert len(s.keys) == buckets.MAX_GRAPHS_PER_SITE
+    # other families, each with its own sizes, up to the families' bound
+    others = [[_key(_OnGpu(n, 13), temperature=t) for n in (8, 16)] for t in range(buckets.MAX_FAMILIES_PER_SITE)]
+    assert all(s.admit(k) for fam in others[:-1] for k in fam)
+    assert s.refused(others[-1][0]) == buckets.FAMILIES_REACHED
+    assert len(s.keys) == buckets.MAX_GRAPHS_PER_SITE + 2 * (buckets.MAX_FAMILIES_PER_SITE - 1)
+    # a batching site's batch sizes: one family, given
+    b = buckets._Site()
+    assert all(b.refused((sizes[0], "batch", k), (buckets.family(sizes[0]), "batch")) is None
+               for k in range(1, buckets.MAX_GRAPHS_PER_SITE + 1))
+    assert b.refused((sizes[0], "batch", 99), (buckets.family(sizes[0]), "batch")) == buckets.BOUND_REACHED
+
+
+def test_optional_features_and_two_temperatures_all_get_their_buckets():
+    """optional_features_serve.py's calls: 4 sets of optional features, 2 temperatures, rows
+    8-128 in 5 buckets: 40 keys, all admitted (one bound over all of them held 8)."""
+    s = buckets._Site()
+    keys = []
+    for feats in ({}, {"topic": _OnGpu(1, 3)}, {"geo": _OnGpu(1, 2)}, {"topic": _OnGpu(1, 3), "geo": _OnGpu(1, 2)}):
+        for t in (0.7, 1.0):
+            for b in (8, 16, 32, 64, 128):
+                keys.append(_key(_OnGpu(b, 13), **{k: _OnGpu(b, *v.shape[1:]) for k, v in feats.items()},
+                                 temperature=t))
+    assert len(set(keys)) == 40 and all(s.admit(k) for k in keys)
 
 
 # ------------------------------------------------------------------------------ the flow on the CPU
@@ -197,11 +249,23 @@ def test_shapes_beyond_the_bound_run_eagerly_and_are_counted(group):
     x = torch.randn(3, 4)
     with torch.no_grad():
         want = lin(x)
-        for i in range(buckets.MAX_GRAPHS_PER_SITE + 3):
-            assert torch.equal(_call(group, lin, ("shape", i), x), want)
+        for i in range(buckets.MAX_GRAPHS_PER_SITE + 3):  # (keys of one family, as sizes alone make them)
+            assert torch.equal(_call(group, lin, _key(_OnGpu(i + 1, 4)), x), want)
     assert len(group.entries) == buckets.MAX_GRAPHS_PER_SITE
     assert _counts("s.py:9") == (0, buckets.MAX_GRAPHS_PER_SITE + 3,
                                  {buckets.WARMING_UP: buckets.MAX_GRAPHS_PER_SITE, buckets.BOUND_REACHED: 3})
+
+
+def test_argument_families_beyond_their_bound_run_eagerly_and_are_counted(group):
+    lin = torch.nn.Linear(4, 2).eval()
+    x = torch.randn(3, 4)
+    n = buckets.MAX_FAMILIES_PER_SITE
+    with torch.no_grad():
+        want = lin(x)
+        for t in range(n + 2):  # a plain value that differs each call (a counter passed along)
+            assert torch.equal(_call(group, lin, _key(_OnGpu(3, 4), step=t), x), want)
+    assert len(group.entries) == n
+    assert _counts("s.py:9") == (0, n + 2, {buckets.WARMING_UP: n, buckets.FAMILIES_REACHED: 2})
 
 
 def test_no_capture_beyond_the_memory_budget(group, monkeypatch, capsys):

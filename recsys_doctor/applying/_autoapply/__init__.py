@@ -31,7 +31,8 @@ this module is loaded by file path, so at interpreter start it imports nothing o
   rows are padded up to the next power of two (copies of the last row) once the first two
   padded calls of that bucket, each run eagerly as it is and padded, gave the same real rows;
   a model that mixes rows gets graphs per exact shape. A call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs
-  a group and all graphs at most ``GRAPH_MEMORY_BUDGET`` bytes; a call without a graph runs
+  a group per argument family (sizes alone differ), at most ``MAX_FAMILIES_PER_SITE`` families,
+  and all graphs at most ``GRAPH_MEMORY_BUDGET`` bytes; a call without a graph runs
   eagerly (:mod:`.buckets`). Every call is counted at the script's line that made it, taken
   over or left to PyTorch with the reason (``stats()["sites"]``). The first
   ``WARMUP_CALLS`` calls of a key run eagerly on the group stream, then the call is

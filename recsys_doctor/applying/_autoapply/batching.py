@@ -42,7 +42,7 @@ from ._common import _state, _tls, _torch, normal_tensors, trains
 from .accounting import batched, fell_back, taken_over
 from .argtree import Slot, flatten, remake, skeleton
 from .argwrites import WRITES_ARGS, watched_call
-from .buckets import BOUND_REACHED, BUDGET_SPENT, GRAPH_MEMORY_BUDGET
+from .buckets import BUDGET_SPENT, GRAPH_MEMORY_BUDGET, family
 from .combine import Combiner
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _graph_of, _graphed_call, _key_or_reason, _site_of
@@ -235,8 +235,9 @@ class _Batches:
     def _capture(self, torch: Any, k: int) -> None:
         """Bucket ``k``'s graph, within the site's bound and the memory budget; else the reason
         its batches run eagerly (said once)."""
-        if not self.site.admit((self.key, "batch", k)):
-            self.eager[k] = BOUND_REACHED
+        why = self.site.refused((self.key, "batch", k), (family(self.key), "batch"))  # (its sizes: one family)
+        if why is not None:
+            self.eager[k] = why
             return
         if _state.get("graph_bytes", 0) >= GRAPH_MEMORY_BUDGET:
             self.eager[k] = BUDGET_SPENT

@@ -2,9 +2,19 @@
 per-request candidate counts) is graphed per row *bucket* - its rows padded up to the next
 power of two - where padding is verified to leave the real rows as they are, and per exact
 shape otherwise and for the site's common row count (most of its calls: the full batches); a
-call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group, all the hook's group graphs at
-most ``GRAPH_MEMORY_BUDGET`` bytes. The pure logic (no CUDA) is here;
-the flow is :func:`.graphs._graphed_call`.
+call site holds at most ``MAX_GRAPHS_PER_SITE`` graphs per group of each *argument family* (the
+call's key without its tensors' sizes: which arguments it has, their dtypes and ranks, the plain
+values passed), at most ``MAX_FAMILIES_PER_SITE`` families, all the hook's group graphs at most
+``GRAPH_MEMORY_BUDGET`` bytes. The pure logic (no CUDA) is here; the flow is
+:func:`.graphs._graphed_call`.
+
+Why families: a script whose calls pass optional features or a setting (``model(**feats,
+temperature=t)`` with 4 feature sets and 2 temperatures, ``examples/heldout/
+optional_features_serve.py``) has 8 families, each with its row buckets: 40 graphs it uses
+all the time. One bound over all of them (8) left 42% of its calls eager on the H200. Sizes
+still vary within a family only as far as ``MAX_GRAPHS_PER_SITE`` goes, and a value that
+changes every call (a counter passed as an argument) still fills at most
+``MAX_FAMILIES_PER_SITE`` families.
 
 Why padding is safe where it is used:
 
@@ -36,8 +46,11 @@ from __future__ import annotations
 
 from typing import Any
 
-#: graphs one call site (a module, in one group) may hold: one per row bucket or exact shape
+#: graphs one call site (a module, in one group) may hold of one argument family (:func:`family`):
+#: one per row bucket or exact shape
 MAX_GRAPHS_PER_SITE = 8
+#: argument families one call site (a module, in one group) may hold graphs of
+MAX_FAMILIES_PER_SITE = 8
 #: bytes the hook's group graphs may hold together (their private pools, measured as the growth
 #: of ``torch.cuda.memory_reserved`` over each capture); no capture starts beyond it
 GRAPH_MEMORY_BUDGET = 2 << 30
@@ -59,6 +72,8 @@ PAD_ATOL = 1e-6
 
 #: why a call ran eagerly (``accounting.fell_back`` reasons; stable texts, counted per site)
 BOUND_REACHED = f"no graph for this shape: the call site holds {MAX_GRAPHS_PER_SITE} graphs already"
+FAMILIES_REACHED = (f"no graph for these arguments: the call site holds graphs of {MAX_FAMILIES_PER_SITE} other "
+                    "sets of arguments (optional ones, plain values) already")
 BUDGET_SPENT = "no graph for this shape: the graphs' memory budget is spent"
 VERIFYING = "padding rows to a bucket being verified on this call"
 WARMING_UP = "the first calls of a shape run eagerly before its capture"
@@ -184,17 +199,31 @@ def same_rows(torch: Any, out: Any, padded_out: Any, n: int, b: int) -> bool:
     return True
 
 
+def family(key: Any) -> Any:
+    """A call's key (:func:`.graphs._key`) without its tensors' sizes: each ``torch.Size`` in
+    it (the only tuple subclass a key holds) replaced by its length, so keys that differ in
+    sizes alone (rows, a sequence length) are one family, and keys that differ in which
+    arguments are passed, their dtypes, ranks or plain values are not."""
+    if isinstance(key, tuple):
+        if type(key) is not tuple:
+            return len(key)
+        return tuple([family(v) for v in key])
+    return key
+
+
 class _Site:
     """A call site's shapes in one group (a module called by the group's threads): the keys
     that hold (or may get) a graph, the padded keys' verifications passed, and why padding
     is off."""
 
-    __slots__ = ("keys", "verified", "no_pad", "rows", "calls", "pad_keys")
+    __slots__ = ("keys", "verified", "no_pad", "rows", "calls", "pad_keys", "families")
 
     def __init__(self) -> None:
         #: (a call's key, its row bucket) -> the padded call's key, learned from the calls padded so far
         self.pad_keys: dict[tuple[Any, int], Any] = {}
         self.keys: set[Any] = set()
+        #: argument family (:func:`family`) -> its keys admitted
+        self.families: dict[Any, int] = {}
         self.verified: dict[Any, int] = {}
         self.no_pad: str | None = None
         self.rows: dict[int, int] = {}  # calls per row count (up to MAX_ROW_COUNTS counts)
@@ -225,10 +254,21 @@ class _Site:
 
     def admit(self, key: Any) -> bool:
         """Whether ``key`` may have a graph here: one already admitted, or a new one within
-        ``MAX_GRAPHS_PER_SITE`` (then admitted)."""
+        the bounds (then admitted): :meth:`refused` says."""
+        return key in self.keys or self.refused(key) is None
+
+    def refused(self, key: Any, fam: Any = None) -> str | None:
+        """Why a new ``key`` may not have a graph here (``MAX_GRAPHS_PER_SITE`` of its family
+        held, or ``MAX_FAMILIES_PER_SITE`` other families), or None: admitted now. ``fam``: its
+        family where not :func:`family` of it (a batching site's batch sizes: one family)."""
         if key in self.keys:
-            return True
-        if len(self.keys) >= MAX_GRAPHS_PER_SITE:
-            return False
+            return None
+        f = family(key) if fam is None else fam
+        n = self.families.get(f)
+        if n is None and len(self.families) >= MAX_FAMILIES_PER_SITE:
+            return FAMILIES_REACHED
+        if n is not None and n >= MAX_GRAPHS_PER_SITE:
+            return BOUND_REACHED
+        self.families[f] = (n or 0) + 1
         self.keys.add(key)
-        return True
+        return None

@@ -289,9 +289,10 @@ def _keyed_call(torch: Any, g: _Group, s: _Site, orig_call: Any, module: Any, ar
     e = g.entries.get(key)
     if e is None:
         with g.lock:
-            e = g.entries.setdefault(key, _Entry()) if s.admit(key) else None
+            refused = s.refused(key)
+            e = g.entries.setdefault(key, _Entry()) if refused is None else None
         if e is None:
-            return _eager(orig_call, module, args, kwargs, site, BOUND_REACHED)
+            return _eager(orig_call, module, args, kwargs, site, refused or BOUND_REACHED)
     if e.reason is not None:
         return _eager(orig_call, module, args, kwargs, site, e.reason)
     with g.lock:
