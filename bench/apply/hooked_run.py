@@ -3,7 +3,8 @@
 unhooked). Each row: the label, the plan, the script's JSON line (q/s, p99, checksum) and the
 hook's counters (replays, thread replays, fallbacks). Every run's output goes to ``OUT.jsonl.log``
 (a failed run's whole traceback: the error names only its last line). ``bench/apply/hook_ab.sh`` alternates two
-trees of the package with it, on one machine."""
+trees of the package with it, on one machine. ``RD_BATCHING=1``: the batching plan; ``RD_NO_GRAPHS=1``: stream
+groups without CUDA graphs (where the hook's placement alone costs or wins)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def main() -> None:
     else:
         d = Path(tempfile.mkdtemp(prefix="hooked-run-"))
         batching = os.environ.get("RD_BATCHING") == "1"  # the hook's batching plan (batches of up to 32)
-        plan = write_plan(d / "plan.json", {}, Candidate(g, True, False, True, batching=batching))
+        graphs = os.environ.get("RD_NO_GRAPHS") != "1"  # (1: stream groups alone, every call eager)
+        plan = write_plan(d / "plan.json", {}, Candidate(g, True, False, graphs, batching=batching and graphs))
         row["batching"] = batching
+        row["cuda_graphs"] = graphs
         env = script_env(plan, hook_dir=d / "hook", stats_path=d / "stats.json")
         res, _ = run_script(argv, env=env, log=log, timeout_s=300)
         st = read_hook_stats(d / "stats.json") or {}  # (worker processes' stats merged in)
