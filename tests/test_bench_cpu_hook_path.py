@@ -1,0 +1,47 @@
+"""bench/apply/cpu_hook_path.py (the hook's steady-state Python a query, on the CPU) still drives the
+hook's real path: its hand-built thread graph is replayed once per query, each copy hands out the
+thread's buffer, and nothing falls back - else its numbers would time some other path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import runpy, sys
+sys.argv = ["cpu_hook_path.py"]
+mod = runpy.run_path(sys.argv_path, run_name="bench")
+model, src, tg = mod["setup"](6)
+import torch
+from recsys_doctor.applying._autoapply._common import _state
+from recsys_doctor.applying._autoapply import accounting
+dense, *idx, offs = src
+for q in range(5):
+    with torch.inference_mode():
+        xs = [dense.to("cuda:0", non_blocking=True), [t.to("cuda:0", non_blocking=True) for t in idx],
+              offs.to("cuda:0", non_blocking=True)]
+        views = [xs[0], *xs[1], xs[2]]
+        assert all(v.data_ptr() == b.data_ptr() for v, b in zip(views, tg.tin)), "a copy was not the buffer's view"
+        out = model(*xs)
+    assert torch.equal(out, tg.static_out) and out.data_ptr() != tg.static_out.data_ptr()
+assert _state["thread_replays"] == 5, _state["thread_replays"]
+rows = {r["kind"]: r for r in accounting.sites()}
+assert rows["model"]["taken_over"] == 5 and rows["model"]["fallback"] == 0, rows
+assert rows["h2d"]["taken_over"] == 30 and rows["h2d"]["fallback"] == 0, rows
+print("ok")
+"""
+
+
+def test_the_cpu_harness_times_the_hooks_thread_graph_path():
+    code = PROBE.replace("sys.argv_path", repr(str(ROOT / "bench/apply/cpu_hook_path.py")))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
+    run = subprocess.run([sys.executable, "bench/apply/cpu_hook_path.py", "--inputs", "4", "--queries", "500"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0 and "the hook's cost" in run.stdout, run.stderr[-2000:]
