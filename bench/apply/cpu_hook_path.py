@@ -3,7 +3,9 @@ the CPU, where no GPU is lent: ``python bench/apply/cpu_hook_path.py [--inputs 2
 [--profile]``.
 
 A query as ``examples/plain_serving_script.py`` makes it: ``x.to("cuda", non_blocking=True)`` of each
-of ``--inputs`` pinned tensors, then one model call. In the hook's steady state each copy hands out
+of ``--inputs`` pinned tensors, then one model call; with ``--pageable`` as ``examples/scripts/
+dlrm_numpy_serve.py`` does, ``torch.from_numpy(a).cuda()`` of numpy arrays (their bytes written into
+the thread's pinned slots, the slots being the thread graph's sources). In the hook's steady state each copy hands out
 a view of the thread's device buffer and the model call replays the thread's graph, which makes the
 copies and runs the model; what is left on the host is the hook's Python (the patched
 ``Tensor.to`` and ``nn.Module.__call__``, its checks and counts) around one replay and one clone of
@@ -31,6 +33,19 @@ class _Graph:
         pass
 
 
+class _Event:
+    """A CUDA event's stand-in: always complete."""
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
 class _Stream:
     device_index = None  # (no device: the module's, None on the CPU, is never "another GPU")
     device = torch.device("cuda", 0)
@@ -42,13 +57,16 @@ class Model(torch.nn.Module):
         raise AssertionError("the thread graph replays this call")
 
 
-def setup(n_inputs: int):
+def setup(n_inputs: int, pageable_: bool = False):
     from recsys_doctor.applying import _autoapply as hook
     from recsys_doctor.applying._autoapply import interception, pageable
     from recsys_doctor.applying._autoapply._common import _state, _tls
     from recsys_doctor.applying._autoapply.argtree import skeleton
     from recsys_doctor.applying._autoapply.groups import _Gate, _Group
+    from recsys_doctor.applying._autoapply.pageable_fast import Learned
     from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph
+
+    pageable_copies = pageable_  # (the module's name is taken)
 
     hook.activate({"runtime": {"groups": 1, "cuda_graphs": True}})  # (nn.Module.__call__ patched now)
     interception._patch_thread_copies(torch)  # Tensor.to / .cuda, as at the first placed thread
@@ -62,13 +80,26 @@ def setup(n_inputs: int):
     orig_to = _state["orig_tensor_methods"]["to"]
     move = pageable.Move(torch.device("cuda", 0), None, True, False, None)
     here = f"{__file__}:0"
-    tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), torch.randn(256), 0,
-                      [move] * len(src), [here] * len(src))
-    tg.raw = [pageable.raw_call(torch, orig_to, ("cuda:0",), {"non_blocking": True}, move)] * len(src)
+    if pageable_copies:  # the sources are the thread's pinned slots; the script's arrays are copied into them
+        tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), torch.randn(256), 0)
+        orig_cuda = _state["orig_tensor_methods"]["cuda"]
+        blocking = pageable.Move(torch.device("cuda", 0), None, False, False, None)
+        raw = pageable.raw_call(torch, orig_cuda, (), {}, blocking)
+        tg.learned = [Learned(raw, t.dtype, t.shape, t.numel() * t.element_size(), t, t.data_ptr(), i, blocking.device,
+                              _Stream.cuda_stream) for i, t in enumerate(src)]
+        _state["stream_now"] = lambda index: _Stream.cuda_stream
+        if not hasattr(torch._C, "_cuda_getDevice"):  # (.cuda() names no device: the current one, asked)
+            torch._C._cuda_getDevice = lambda: 0
+        _state.setdefault("pageable_fast", 0)
+    else:
+        tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), torch.randn(256), 0,
+                          [move] * len(src), [here] * len(src))
+        tg.raw = [pageable.raw_call(torch, orig_to, ("cuda:0",), {"non_blocking": True}, move)] * len(src)
     g = _Group(0, _Stream())
     _tls.group, _tls.depth = g, 0
     _tls.copies = st = _ThreadCopies(g.stream)
     st.tg = tg
+    st.slot_event = _Event()  # (recorded after each model call that read the slots)
     _tls.calls, _tls.handles, _tls.called = 10**6, _state.get("activation"), True
     return model, src, tg
 
@@ -77,16 +108,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", type=int, default=28, help="pinned tensors copied a query (2 or more)")
     ap.add_argument("--queries", type=int, default=20000)
+    ap.add_argument("--pageable", action="store_true",
+                    help="numpy arrays copied by torch.from_numpy(a).cuda(), as dlrm_numpy_serve.py does")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    model, src, tg = setup(max(2, a.inputs))
+    model, src, tg = setup(max(2, a.inputs), a.pageable)
+    arrays = [t.numpy().copy() for t in src]
 
     def query():  # the script's query, as plain_serving_script.py makes it
         dense, *idx, offs = src
         with torch.inference_mode():
             return model(dense.to("cuda:0", non_blocking=True), [t.to("cuda:0", non_blocking=True) for t in idx],
                          offs.to("cuda:0", non_blocking=True))
+
+    def query_pageable():  # as dlrm_numpy_serve.py makes it, from numpy arrays
+        dense, *idx, offs = arrays
+        with torch.inference_mode():
+            return model(torch.from_numpy(dense).cuda(), [torch.from_numpy(t).cuda() for t in idx],
+                         torch.from_numpy(offs).cuda())
+
+    if a.pageable:
+        query = query_pageable  # noqa: F811
 
     def least():  # a hand-written graph server's host work a query: the replay, the output's clone
         tg.graph.replay()

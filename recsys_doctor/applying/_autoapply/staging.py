@@ -15,6 +15,7 @@ from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_arr
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import make_lazy_type
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
+from .steady import steady_copy
 from .unplaced import unplaced_copy, unplaced_factory
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
@@ -236,13 +237,6 @@ def _next_copy(src: Any) -> tuple[_ThreadCopies, _ThreadGraph] | None:
     return (st, tg) if 0 <= i < len(tg.src) and src is tg.src[i] else None
 
 
-def _same_raw_call(torch: Any, st: _ThreadCopies, tg: _ThreadGraph, orig: Any, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> bool:
-    """Whether the copy :func:`_next_copy` found is made by the same call, with the same plain
-    arguments, as when it was learned (:func:`.pageable.raw_call`): the same copy, not parsed again."""
-    return called_again(torch, tg.raw[st.n], orig, args, kwargs)
-
-
 def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> Any:
     """``Tensor.to`` / ``Tensor.cuda`` for hooked threads: a copy of a host tensor to the GPU
     that ``parse`` (:func:`.pageable.to_args` / :func:`.pageable.cuda_args`) recognizes and the
@@ -251,9 +245,9 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
     is asynchronous already (pinned, non-blocking: PyTorch's, counted), to :func:`_take_copy`; one it
     would not make exactly is PyTorch's, counted with the reason; anything else is ``orig``'s, as
     is every call while the thread's stream captures a graph of the script's own. A copy the thread graph knows already is taken
-    first, unparsed: its pinned tensor copied by the same call (:func:`.pageable.called_again`),
-    or a pageable one written into its slot (:func:`.pageable_fast.same_copy`, learned by
-    :func:`.pageable_fast.learn` after the slow path)."""
+    first, unparsed (:func:`.steady.steady_copy`, else the checks again here): its pinned tensor copied
+    by the same call (:func:`.pageable.called_again`), or a pageable one written into its slot
+    (:func:`.pageable_fast.same_copy`, learned by :func:`.pageable_fast.learn` after the slow path)."""
     T = torch.Tensor
     capturing = capturing or capture_probe(torch)
 
@@ -263,8 +257,11 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
             return orig(self, *args, **kwargs)
         if type(self) is not T or self.is_cuda or capturing():
             return orig(self, *args, **kwargs)
-        nxt = _next_copy(self)
-        if nxt is not None and _same_raw_call(torch, *nxt, orig, args, kwargs):
+        view = steady_copy(torch, orig, self, args, kwargs)
+        if view is not None:  # (the steady state of a thread graph's copy, made or deferred)
+            return view
+        nxt = _next_copy(self)  # (the same call as learned: the same copy, not parsed again)
+        if nxt is not None and called_again(torch, nxt[1].raw[nxt[0].n], orig, args, kwargs):
             cs, tg = nxt
             return _copy_in(torch, cs, self, tg.device, orig, args, kwargs, tg.moves[cs.n])
         if nxt is None:
