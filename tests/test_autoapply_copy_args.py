@@ -151,15 +151,15 @@ def test_a_copy_the_hook_makes_is_pytorchs_exactly_or_left_to_it(src, mf, exact)
 
 def test_a_thread_graph_takes_pinned_non_blocking_copies_to_its_groups_device_in_the_sources_dtype(monkeypatch):
     monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=C3)), raising=False)
-    src = SimpleNamespace(dtype=torch.float32, is_pinned=lambda: True)  # a pinned tensor (none on a CPU-only build)
+    src = SimpleNamespace(dtype=torch.float32)  # (its pinned memory asked once by the caller: none on a CPU-only build)
     ok = Move(C3, None, True, False, None)
-    assert staging._graph_copy(src, ok)
-    assert staging._graph_copy(src, ok._replace(dtype=torch.float32))  # its own dtype: the same copy
-    assert staging._graph_copy(src, ok._replace(copy=True))  # a copy to the GPU is a new tensor either way
-    assert not staging._graph_copy(src, ok._replace(dtype=F16))  # a conversion
-    assert not staging._graph_copy(src, ok._replace(non_blocking=False))  # the script may reuse the source
-    assert not staging._graph_copy(src, ok._replace(device=C1))  # another GPU than the group's
-    assert not staging._graph_copy(SimpleNamespace(dtype=torch.float32, is_pinned=lambda: False), ok)
+    assert staging._graph_copy(src, ok, True)
+    assert staging._graph_copy(src, ok._replace(dtype=torch.float32), True)  # its own dtype: the same copy
+    assert staging._graph_copy(src, ok._replace(copy=True), True)  # a copy to the GPU is a new tensor either way
+    assert not staging._graph_copy(src, ok._replace(dtype=F16), True)  # a conversion
+    assert not staging._graph_copy(src, ok._replace(non_blocking=False), True)  # the script may reuse the source
+    assert not staging._graph_copy(src, ok._replace(device=C1), True)  # another GPU than the group's
+    assert not staging._graph_copy(src, ok, False)  # pageable memory
 
 
 def test_a_copy_to_another_gpu_than_the_groups_is_left_to_pytorch(monkeypatch):
@@ -234,7 +234,7 @@ def test_the_thread_graphs_next_copy_asked_for_as_learned_takes_the_short_path(m
     of the same tensor, or a slot's copy (learned with no move), takes the long path."""
     src, learned, tg, st = _thread_graph_of(monkeypatch)
     asked = []
-    monkeypatch.setattr(staging, "_graph_copy", lambda s, m: asked.append(m) or False)
+    monkeypatch.setattr(staging, "_graph_copy", lambda s, m, pinned: asked.append(m) or False)
     monkeypatch.setattr(staging, "_take_copy", lambda *a: None)  # (the long path's pageable copy: PyTorch's)
     to = staging._copy_method(torch, lambda t, *a, **k: "pytorch", pageable.to_args)
     view = to(src, "cuda:0", non_blocking=True)

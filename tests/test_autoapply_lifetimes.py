@@ -97,3 +97,29 @@ def test_the_report_says_when_threads_lived_short_lives():
     note = short_lives_note({"ended_threads": 376, "short_lived_threads": 372})
     assert note.startswith("372 of the 376 hooked threads that ended made few model calls each")
     assert "RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS" in note and "one pool" in note
+
+
+def test_a_thread_whose_calls_no_graph_takes_stops_learning_and_staging(hook_group):
+    """A model call with an argument no graph takes (an object of the script's own, as
+    kjt_ranker_serve.py's KeyedJagged) counts a learning try each time; past ``LEARN_TRIES`` the
+    thread gives up its graph with the reason, and its host copies no longer go into slots
+    (``_slot_thread`` is None: PyTorch's copies, as unhooked) - before, it learned every query."""
+    from recsys_doctor.applying._autoapply.staging import _slot_thread
+
+    class Jagged:  # (not a tensor, a dataclass or a container: no key)
+        pass
+
+    lin = torch.nn.Linear(4, 2).eval()
+    st = _tls.copies = hook._ThreadCopies(stream=None)
+    _tls.calls, _tls.depth = tgm.MIN_THREAD_CALLS, 0
+    recent = [(lambda: None, lambda: None, None, None, "s.py:3")]
+    try:
+        for i in range(tgm.LEARN_TRIES):
+            with torch.no_grad():
+                tgm._learn(torch, st, type(lin).__call__, lin, (Jagged(),), {}, recent, "s.py:4")
+            assert st.reason is None and st.learn_tries == i + 1 and _slot_thread() is st
+        with torch.no_grad():
+            tgm._learn(torch, st, type(lin).__call__, lin, (Jagged(),), {}, recent, "s.py:4")
+        assert st.reason == tgm.NOT_KEYED and st.tg is None and _slot_thread() is None
+    finally:
+        del _tls.calls, _tls.copies, _tls.depth

@@ -391,13 +391,6 @@ def cuda_args(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Move
     return _move(torch, "cuda" if dev is None else dev, bound)
 
 
-def asynchronous(src: Any, m: Move) -> bool:
-    """Whether ``src.to/cuda`` asking for ``m`` is asynchronous already (non-blocking, from
-    pinned memory): a copy the hook never stages; a thread graph takes it over, or it is
-    PyTorch's, counted at its line (:data:`ASYNC_PINNED`)."""
-    return m.non_blocking and src.is_pinned()
-
-
 def host_data(T: Any, data: Any) -> bool:
     """Whether ``data`` given to ``torch.as_tensor`` / ``torch.tensor`` is host data the hook
     takes (``T``: ``torch.Tensor``): not a tensor (numpy, a list), or a plain CPU tensor (not a

@@ -11,7 +11,7 @@ from typing import Any
 from ._common import _state, _tls
 from .modstate import version
 from .accounting import fell_back, script_site, taken_over
-from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, asynchronous, called_again,
+from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again,
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import make_lazy_type
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
@@ -218,11 +218,12 @@ def _patch_copies(torch: Any) -> None:
     torch.tensor = _factory(torch, torch.tensor, tensor_args, "tensor")
 
 
-def _graph_copy(src: Any, m: Move) -> bool:
+def _graph_copy(src: Any, m: Move, pinned: bool) -> bool:
     """Whether ``src.to/cuda`` asking for ``m`` is a copy a thread graph may take over
-    (:func:`_copy_in`): pinned, non-blocking, to the thread's group's device, in ``src``'s own
-    dtype. A blocking one is not: the script may reuse the source right after it."""
-    return (m.non_blocking and (m.dtype is None or m.dtype == src.dtype) and src.is_pinned()
+    (:func:`_copy_in`): pinned (``pinned``: asked by the caller, once, as ``is_pinned()`` gives the
+    GIL up), non-blocking, to the thread's group's device, in ``src``'s own dtype. A blocking one
+    is not: the script may reuse the source right after it."""
+    return (pinned and m.non_blocking and (m.dtype is None or m.dtype == src.dtype)
             and m.device == _tls.group.stream.device)
 
 
@@ -282,11 +283,12 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
         if m is None or self.device.type != "cpu":  # not a host-to-GPU copy
             return orig(self, *args, **kwargs)
         why = inexact(torch, self, m)
-        if why is None and _graph_copy(self, m):
+        pinned = m.non_blocking and self.is_pinned()  # (asked once: it gives the GIL up)
+        if why is None and _graph_copy(self, m, pinned):
             st = getattr(_tls, "copies", None)
             if st is not None and not _tls.depth:
                 return _copy_in(torch, st, self, m.device.index, orig, args, kwargs, m)
-        if asynchronous(self, m):
+        if pinned:  # (asynchronous already: pinned, non-blocking)
             if not _tls.depth:  # (the script's own copy, not one inside a model's forward)
                 fell_back("h2d", script_site(2), ASYNC_PINNED)
             return orig(self, *args, **kwargs)

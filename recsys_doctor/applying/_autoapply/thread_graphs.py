@@ -70,6 +70,8 @@ def mostly_short(ended: int, short: int) -> bool:
 
 #: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
 NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
+#: why a thread has none where its model calls take arguments no graph takes
+NOT_KEYED = f"the model call's arguments are not ones a graph takes, {LEARN_TRIES} calls in a row"
 
 
 def copy_sources(recent: list[tuple[Any, Any, Any, Any, str]],
@@ -168,6 +170,13 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     kt = _key(torch, module, args, kwargs, getattr(orig_call, "key_tag", None))
     g: _Group = _tls.group
     if kt is None:
+        # an argument no graph takes (an object of the script's own, kjt_ranker_serve.py's
+        # KeyedJagged): the call runs eagerly; after a few such calls the thread stops staging its
+        # copies into slots for a graph it cannot have (its slot copies, learning and events cost
+        # GIL time every query: that script ran 0.67x under one group, every call eager)
+        st.learn_tries += 1
+        if st.learn_tries > LEARN_TRIES:
+            st.reason = NOT_KEYED
         return
     e = g.entries.get(kt[0])
     if e is not None and e.reason is not None:
