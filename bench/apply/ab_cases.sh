@@ -18,6 +18,8 @@ ab_case() {
     cand0) _ab_run 0 examples/scripts/candidates_ranker.py --threads 4 --queries 3000;;
     amp0) _ab_run 0 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     amp2) _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
+    kjt1) _ab_run 1 examples/heldout/kjt_ranker_serve.py --threads 8 --queries 3000;;
+    kjt0) _ab_run 0 examples/heldout/kjt_ranker_serve.py --threads 8 --queries 3000;;
     ampb2) RD_BATCHING=1 _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     pin0) _ab_run 0 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
     pin2) _ab_run 2 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;

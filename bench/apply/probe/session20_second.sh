@@ -9,7 +9,7 @@ export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 STOP_AT=200
 T=170 gpu_test apply_gpu tests/test_apply_gpu.py
 T=120 gpu_test batching_gpu tests/test_batching_gpu.py
-if [ -d out/old ]; then CASES="plain4 dlrm4" timeout 200 bash bench/apply/hook_ab.sh out/old 2 > $OUT/hook_ab.txt 2>&1; tail -8 $OUT/hook_ab.txt; fi
+if [ -d out/old ]; then CASES="plain4 dlrm4 kjt1" timeout 260 bash bench/apply/hook_ab.sh out/old 2 > $OUT/hook_ab.txt 2>&1; tail -8 $OUT/hook_ab.txt; fi
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 STOP_AT=560
 T=200 gpu_test heldout_method tests/test_heldout_gpu.py -k "method_api or optional_features" --basetemp=/tmp/bt2
