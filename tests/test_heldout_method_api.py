@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -49,19 +46,12 @@ def _requests():
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[int, dict]:
-    """The script at each thread count with its TINY arguments (one intra-op thread, nothing on
-    PYTHONPATH, as conftest's ``heldout_runs``, but this script alone): its one JSON line, parsed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    out = {}
+def runs(heldout_runs) -> dict[int, dict]:
+    """The script at each thread count with its TINY arguments (conftest's ``heldout_runs``: one
+    intra-op thread, nothing on PYTHONPATH): its one JSON line, parsed."""
     for t in THREADS:
-        cmd = [sys.executable, str(HELDOUT / NAME), "--device", "cpu", *TINY[NAME], "--threads", str(t)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=HELDOUT, env=env, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        lines = proc.stdout.splitlines()
-        assert len(lines) == 1, lines
-        out[t] = json.loads(lines[0])
-    return out
+        assert len(heldout_runs[(NAME, t)]) == 1, heldout_runs[(NAME, t)]
+    return {t: json.loads(heldout_runs[(NAME, t)][0]) for t in THREADS}
 
 
 @pytest.fixture(scope="module")
