@@ -15,12 +15,11 @@ be served only through ``recommend``: ``forward`` raises, the script calls no mo
 from __future__ import annotations
 
 import ast
-import json
 
 import numpy as np
 import pytest
 import torch
-from test_heldout_scripts import HELDOUT, THREADS, TINY, _tiny_run
+from test_heldout_scripts import HELDOUT, THREADS, TINY, _tiny_run, json_runs
 
 NAME = "method_api_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -49,9 +48,7 @@ def _requests():
 def runs(heldout_runs) -> dict[int, dict]:
     """The script at each thread count with its TINY arguments (conftest's ``heldout_runs``: one
     intra-op thread, nothing on PYTHONPATH): its one JSON line, parsed."""
-    for t in THREADS:
-        assert len(heldout_runs[(NAME, t)]) == 1, heldout_runs[(NAME, t)]
-    return {t: json.loads(heldout_runs[(NAME, t)][0]) for t in THREADS}
+    return json_runs(heldout_runs, NAME)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,11 @@ sigmoid), and the optional features and the temperature are shown to change the 
 from __future__ import annotations
 
 import inspect
-import json
 
 import numpy as np
 import pytest
 import torch
-from test_heldout_scripts import THREADS, TINY, _tiny_run
+from test_heldout_scripts import TINY, _tiny_run, json_runs
 
 NAME = "optional_features_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -60,9 +59,7 @@ def _requests():
 def runs(heldout_runs) -> dict[int, dict]:
     """The script at each thread count with its TINY arguments (conftest's ``heldout_runs``: one
     intra-op thread, nothing on PYTHONPATH): its one JSON line, parsed."""
-    for t in THREADS:
-        assert len(heldout_runs[(NAME, t)]) == 1, heldout_runs[(NAME, t)]
-    return {t: json.loads(heldout_runs[(NAME, t)][0]) for t in THREADS}
+    return json_runs(heldout_runs, NAME)
 
 
 @pytest.fixture(scope="module")

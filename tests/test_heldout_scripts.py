@@ -99,6 +99,14 @@ def _load(name: str):
     return mod
 
 
+def json_runs(heldout_runs: dict, name: str) -> dict[int, dict]:
+    """Script ``name``'s one JSON line at each thread count of ``THREADS``, parsed, from conftest's
+    ``heldout_runs``."""
+    for t in THREADS:
+        assert len(heldout_runs[(name, t)]) == 1, heldout_runs[(name, t)]
+    return {t: json.loads(heldout_runs[(name, t)][0]) for t in THREADS}
+
+
 @contextlib.contextmanager
 def _tiny_run(name: str):
     """``name``'s module and its TINY arguments as a dict, with the seed set and one intra-op
