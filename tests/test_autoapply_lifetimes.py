@@ -101,9 +101,10 @@ def test_the_report_says_when_threads_lived_short_lives():
 
 def test_a_thread_whose_calls_no_graph_takes_stops_learning_and_staging(hook_group):
     """A model call with an argument no graph takes (an object of the script's own, as
-    kjt_ranker_serve.py's KeyedJagged) counts a learning try each time; past ``LEARN_TRIES`` the
-    thread gives up its graph with the reason, and its host copies no longer go into slots
-    (``_slot_thread`` is None: PyTorch's copies, as unhooked) - before, it learned every query."""
+    kjt_ranker_serve.py's KeyedJagged) is counted; past ``LEARN_TRIES`` of them, and no call a
+    graph could take, the thread gives up its graph with the reason, and its host copies no longer
+    go into slots (``_slot_thread`` is None: PyTorch's copies, as unhooked) - before, it learned
+    every query. A thread that also calls a model a graph takes keeps learning for that one."""
     from recsys_doctor.applying._autoapply.staging import _slot_thread
 
     class Jagged:  # (not a tensor, a dataclass or a container: no key)
@@ -114,12 +115,20 @@ def test_a_thread_whose_calls_no_graph_takes_stops_learning_and_staging(hook_gro
     _tls.calls, _tls.depth = tgm.MIN_THREAD_CALLS, 0
     recent = [(lambda: None, lambda: None, None, None, "s.py:3")]
     try:
-        for i in range(tgm.LEARN_TRIES):
+        def learn(*args):
             with torch.no_grad():
-                tgm._learn(torch, st, type(lin).__call__, lin, (Jagged(),), {}, recent, "s.py:4")
-            assert st.reason is None and st.learn_tries == i + 1 and _slot_thread() is st
-        with torch.no_grad():
-            tgm._learn(torch, st, type(lin).__call__, lin, (Jagged(),), {}, recent, "s.py:4")
+                tgm._learn(torch, st, type(lin).__call__, lin, args, {}, recent, "s.py:4")
+
+        for i in range(tgm.LEARN_TRIES):
+            learn(Jagged())
+            assert st.reason is None and st.unkeyed == i + 1 and _slot_thread() is st
+        learn(Jagged())
         assert st.reason == tgm.NOT_KEYED and st.tg is None and _slot_thread() is None
+        # a thread that also calls a model a graph could take (two models a query) keeps learning
+        _tls.copies = st = hook._ThreadCopies(stream=None)
+        learn()  # (no tensor: a key on the CPU; no graph of it yet: a try)
+        for _ in range(2 * tgm.LEARN_TRIES):
+            learn(Jagged())
+        assert st.reason is None and st.learn_tries == 1 and _slot_thread() is st
     finally:
         del _tls.calls, _tls.copies, _tls.depth

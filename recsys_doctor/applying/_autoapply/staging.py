@@ -58,7 +58,7 @@ class _ThreadCopies:
     """The copy state of one hooked thread."""
 
     __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
-                 "slot_churn", "learn_tries", "routed")
+                 "slot_churn", "learn_tries", "unkeyed", "routed")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -74,6 +74,7 @@ class _ThreadCopies:
         self.slot_event: Any = None  # recorded after the last model call that read the slots
         self.slot_churn = 0  # slots given new (larger) memory
         self.learn_tries = 0  # model calls since the copies were first seen, with no thread graph yet
+        self.unkeyed = 0  # model calls after copies whose arguments no graph takes (.thread_graphs._learn)
         self.routed = False  # the last model call went to the runtime's batching: its views unwritten (.served)
 
 

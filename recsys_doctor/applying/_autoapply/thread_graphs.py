@@ -71,7 +71,7 @@ def mostly_short(ended: int, short: int) -> bool:
 #: why a call's arguments cannot be learned as the thread's copies (:func:`copy_sources`)
 NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor made just before it"
 #: why a thread has none where its model calls take arguments no graph takes
-NOT_KEYED = f"the model call's arguments are not ones a graph takes, {LEARN_TRIES} calls in a row"
+NOT_KEYED = f"the model calls' arguments are not ones a graph takes ({LEARN_TRIES} calls, none that are)"
 
 
 def copy_sources(recent: list[tuple[Any, Any, Any, Any, str]],
@@ -156,7 +156,7 @@ def drop_stale(torch: Any, st: _ThreadCopies, module: Any) -> None:
         _materialize(torch, st)
     st.n = 0
     torch.cuda.current_stream().synchronize()
-    st.tg, st.reason, st.learn_tries = None, None, 0
+    st.tg, st.reason, st.learn_tries, st.unkeyed = None, None, 0, 0
 
 
 def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any, ...],
@@ -171,11 +171,12 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     g: _Group = _tls.group
     if kt is None:
         # an argument no graph takes (an object of the script's own, kjt_ranker_serve.py's
-        # KeyedJagged): the call runs eagerly; after a few such calls the thread stops staging its
-        # copies into slots for a graph it cannot have (its slot copies, learning and events cost
-        # GIL time every query: that script ran 0.67x under one group, every call eager)
-        st.learn_tries += 1
-        if st.learn_tries > LEARN_TRIES:
+        # KeyedJagged): the call runs eagerly; after a few such calls, and none a graph could take
+        # (a thread calling two models learns for the other), the thread stops staging its copies
+        # into slots for a graph it cannot have (its slot copies, learning and events cost GIL
+        # time every query: that script ran 0.67x under one group, every call eager)
+        st.unkeyed += 1
+        if st.unkeyed > LEARN_TRIES and not st.learn_tries:
             st.reason = NOT_KEYED
         return
     e = g.entries.get(kt[0])
