@@ -93,6 +93,22 @@ def test_a_copy_out_of_order_makes_the_deferred_ones_and_goes_to_pytorch(thread)
         assert a.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_a_copy_after_all_of_the_graphs_keeps_them_deferred_and_goes_to_pytorch(thread):
+    """Once every copy of the thread graph is handed out, another copy (an input of a later model
+    call) is PyTorch's and leaves the graph's copies deferred: the model call can still replay."""
+    a = _to(thread, thread.src[0])
+    b = _to(thread, thread.src[1])
+    other = torch.ones(3)
+    out = _to(thread, other)
+    assert thread.calls == [other] and type(out) is torch.Tensor and out.tolist() == [1.0] * 3
+    assert thread.st.n == 2 and thread.st.pending and hook._state["materialized"] == 0
+    assert thread.tin[0].tolist() == [-1.0] * 4  # (not copied yet: the replay brings it)
+    again = _to(thread, torch.zeros(2))  # (any number of them)
+    assert type(again) is torch.Tensor and thread.st.n == 2 and thread.st.pending
+    # used before the model call: the deferred copies are made as ever
+    assert (a + 0).tolist() == [0.0, 1.0, 2.0, 3.0] and (b + 0).tolist() == list(range(10, 16))
+
+
 def test_a_changed_source_is_not_taken_over(thread):
     thread.src[0].resize_(2)
     out = _to(thread, thread.src[0])

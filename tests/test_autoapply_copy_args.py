@@ -220,7 +220,7 @@ def _thread_graph_of(monkeypatch):
                            out=torch.zeros(1), device=0, moves=[learned])
     st = hook._ThreadCopies(stream=None)
     st.tg = tg
-    monkeypatch.setitem(staging._state, "lazy_type", staging._make_lazy_type(torch))
+    monkeypatch.setitem(staging._state, "lazy_type", staging.make_lazy_type(torch))
     monkeypatch.setattr(staging._tls, "group", SimpleNamespace(stream=SimpleNamespace(device=C0)), raising=False)
     monkeypatch.setattr(staging._tls, "copies", st, raising=False)
     monkeypatch.setattr(staging._tls, "depth", 0, raising=False)

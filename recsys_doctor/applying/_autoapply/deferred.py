@@ -1,15 +1,58 @@
 """The tensor type a thread graph hands out for a copy it defers (:mod:`.staging`): reading its
-metadata needs no data; any other use makes the query's deferred copies first."""
+metadata needs no data; any other use makes the query's deferred copies first - and how those
+copies are made: :func:`_materialize` (the query's, as PyTorch would have), :func:`settle` (after a
+call the runtime's batching served), :func:`_own_memory` (a view the script kept)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from ._common import _state
 
-def make_lazy_type(torch: Any, settle: Any, materialize: Any) -> type:
+
+def settle(torch: Any, st: Any) -> None:
+    """After a routed call: each of its input views the script still holds gets its copy now,
+    from its pinned tensor (see :mod:`.staging`); the others stay unwritten."""
+    if not st.routed:
+        return
+    st.routed = False
+    tg = st.tg
+    if tg is None:
+        return
+    orig_copy = torch.Tensor.copy_
+    with torch._C.DisableTorchFunctionSubclass():
+        for i in range(len(tg.handed)):
+            # references: the list and getrefcount's argument; any more is the script's
+            if tg.handed[i] is not None and sys.getrefcount(tg.handed[i]) > 2:
+                orig_copy(tg.tin[i], tg.src[i], non_blocking=True)
+
+
+def _own_memory(torch: Any, view: Any) -> None:
+    """Give a view the script kept a copy of the buffer it shows (enqueued on this
+    thread's stream, before the graph writes the buffer again)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        view.set_(view.clone())
+
+
+def _materialize(torch: Any, st: Any) -> None:
+    """Make the copies this query deferred, on the current stream, as PyTorch would have."""
+    with st.lock:
+        tg = st.tg
+        if not st.pending or tg is None or st.n <= 0:
+            st.pending = False
+            return
+        with torch._C.DisableTorchFunctionSubclass():
+            for i in range(st.n):
+                tg.tin[i].copy_(tg.src[i], non_blocking=True)
+        st.pending = False
+        _state["materialized"] += 1
+
+
+def make_lazy_type(torch: Any) -> type:
     """``DeferredCopy``: a view of a thread graph's input buffer whose copy the model call's graph
-    makes (:mod:`.staging`). ``settle(torch, st)`` / ``materialize(torch, st)``: :func:`.staging.settle`
-    and :func:`.staging._materialize`, which make a query's deferred copies."""
+    makes (:mod:`.staging`); another use makes the query's deferred copies (:func:`settle`,
+    :func:`_materialize`)."""
     T = torch.Tensor
     # what reads only a tensor's metadata: no need for its data
     meta = {T.shape.__get__, T.dtype.__get__, T.device.__get__, T.is_cuda.__get__, T.ndim.__get__,
@@ -42,7 +85,7 @@ def make_lazy_type(torch: Any, settle: Any, materialize: Any) -> type:
                 for st in found:
                     if st.routed:  # (a view of a call the runtime served: its copy now, where still held)
                         settle(torch, st)
-                    materialize(torch, st)
+                    _materialize(torch, st)
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
 

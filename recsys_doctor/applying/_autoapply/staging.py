@@ -13,7 +13,7 @@ from .modstate import version
 from .accounting import fell_back, script_site, taken_over
 from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again,
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
-from .deferred import make_lazy_type
+from .deferred import _materialize, _own_memory, make_lazy_type, settle  # noqa: F401 - (theirs too)
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
 from .steady import steady_copy
 from .unplaced import unplaced_copy, unplaced_factory
@@ -45,8 +45,10 @@ from .unplaced import unplaced_copy, unplaced_factory
 #   so reading it at the model call instead is within their contract; the pinned tensors
 #   stay referenced by the graph;
 # * any other ``.to()`` (a different tensor, order, device or argument) in a query makes
-#   the deferred copies now and leaves the rest to PyTorch; a model call with other
-#   arguments does the same and takes the group's path (above);
+#   the deferred copies now and leaves the rest to PyTorch, but for one made once every copy
+#   of the graph is handed out (an input of a later model call): PyTorch's, the graph's copies
+#   still deferred; a model call with other arguments makes them and takes the group's path
+#   (above);
 # * the copies, the model and the output's clone of one thread touch only that thread's
 #   buffers and its graph's own memory pool, so threads sharing a group stay apart.
 
@@ -149,9 +151,12 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
             st.n = i + 1
             st.pending = True
             return view
-        # not the copy the graph expects: the deferred ones are made now, PyTorch does the rest
-        _materialize(torch, st)
-        st.n = -1
+        if i != len(tg.src) or not st.pending:
+            # not the copy the graph expects: the deferred ones are made now, PyTorch does the rest
+            _materialize(torch, st)
+            st.n = -1
+        # (else every copy of the graph's is handed out and this one is besides them: an input of a
+        # later model call, method_api_serve.py's candidates; PyTorch's, the deferred ones kept)
     out = orig(src, *args, **kwargs)
     if move is not None:  # (the script's own copy, PyTorch's here; a slot's is counted where it is filled)
         fell_back("h2d", script_site(3), ASYNC_PINNED)
@@ -162,55 +167,12 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     return out
 
 
-def settle(torch: Any, st: _ThreadCopies) -> None:
-    """After a routed call: each of its input views the script still holds gets its copy now,
-    from its pinned tensor (see the module docstring); the others stay unwritten."""
-    if not st.routed:
-        return
-    st.routed = False
-    tg = st.tg
-    if tg is None:
-        return
-    orig_copy = torch.Tensor.copy_
-    with torch._C.DisableTorchFunctionSubclass():
-        for i in range(len(tg.handed)):
-            # references: the list and getrefcount's argument; any more is the script's
-            if tg.handed[i] is not None and sys.getrefcount(tg.handed[i]) > 2:
-                orig_copy(tg.tin[i], tg.src[i], non_blocking=True)
-
-
-def _own_memory(torch: Any, view: Any) -> None:
-    """Give a view the script kept a copy of the buffer it shows (enqueued on this
-    thread's stream, before the graph writes the buffer again)."""
-    with torch._C.DisableTorchFunctionSubclass():
-        view.set_(view.clone())
-
-
-def _materialize(torch: Any, st: _ThreadCopies) -> None:
-    """Make the copies this query deferred, on the current stream, as PyTorch would have."""
-    with st.lock:
-        tg = st.tg
-        if not st.pending or tg is None or st.n <= 0:
-            st.pending = False
-            return
-        with torch._C.DisableTorchFunctionSubclass():
-            for i in range(st.n):
-                tg.tin[i].copy_(tg.src[i], non_blocking=True)
-        st.pending = False
-        _state["materialized"] += 1
-
-
-def _make_lazy_type(torch: Any) -> type:
-    """The view type of a deferred copy (:func:`.deferred.make_lazy_type`)."""
-    return make_lazy_type(torch, settle, _materialize)
-
-
 def _patch_copies(torch: Any) -> None:
     """Patch ``Tensor.to`` / ``Tensor.cuda`` (and, through :mod:`.pageable`, ``torch.as_tensor``
     / ``torch.tensor``) for hooked threads; other threads get PyTorch's own at once."""
     T = torch.Tensor
     _state["orig_tensor_methods"] = {"to": T.to, "cuda": T.cuda}
-    _state["lazy_type"] = _make_lazy_type(torch)
+    _state["lazy_type"] = make_lazy_type(torch)
     _state["stream_now"] = cuda_stream_now(torch)
     T.to = _copy_method(torch, T.to, to_args)
     T.cuda = _copy_method(torch, T.cuda, cuda_args)
