@@ -185,6 +185,7 @@ def test_a_site_admits_at_most_the_bounds():
     sizes = [_key(_OnGpu(n, 13)) for n in range(1, buckets.MAX_GRAPHS_PER_SITE + 2)]
     assert all(s.admit(k) for k in sizes[:-1])
     assert s.refused(sizes[-1]) == buckets.BOUND_REACHED and not s.admit(sizes[-1])
+    assert s.refusals == {sizes[-1]: buckets.BOUND_REACHED}  # (remembered: its next calls look it up)
     assert s.admit(sizes[0])  # one admitted before stays admitted
     assert len(s.keys) == buckets.MAX_GRAPHS_PER_SITE
     # other families, each with its own sizes, up to the families' bound

@@ -62,6 +62,8 @@ VERIFY_CALLS = 2
 #: calls all hold one row count gets no graph it will not use
 COMMON_SHARE = 0.5
 COMMON_AFTER = 4
+#: keys a site remembers the refusal of (:meth:`_Site.refused`)
+MAX_REFUSALS = 1024
 #: row counts a site counts (more distinct ones are not counted: none of them is common)
 MAX_ROW_COUNTS = 64
 #: (call key, bucket) pairs a site remembers the padded key of (:meth:`_Site.pad_keys`)
@@ -216,7 +218,7 @@ class _Site:
     that hold (or may get) a graph, the padded keys' verifications passed, and why padding
     is off."""
 
-    __slots__ = ("keys", "verified", "no_pad", "rows", "calls", "pad_keys", "families")
+    __slots__ = ("keys", "verified", "no_pad", "rows", "calls", "pad_keys", "families", "refusals")
 
     def __init__(self) -> None:
         #: (a call's key, its row bucket) -> the padded call's key, learned from the calls padded so far
@@ -224,6 +226,8 @@ class _Site:
         self.keys: set[Any] = set()
         #: argument family (:func:`family`) -> its keys admitted
         self.families: dict[Any, int] = {}
+        #: keys refused a graph -> why (up to ``MAX_REFUSALS``): asked again at each of their calls
+        self.refusals: dict[Any, str] = {}
         self.verified: dict[Any, int] = {}
         self.no_pad: str | None = None
         self.rows: dict[int, int] = {}  # calls per row count (up to MAX_ROW_COUNTS counts)
@@ -263,12 +267,19 @@ class _Site:
         family where not :func:`family` of it (a batching site's batch sizes: one family)."""
         if key in self.keys:
             return None
+        why = self.refusals.get(key)  # (a refusal stands: the bounds are fixed and families only fill)
+        if why is not None:
+            return why
         f = family(key) if fam is None else fam
         n = self.families.get(f)
         if n is None and len(self.families) >= MAX_FAMILIES_PER_SITE:
-            return FAMILIES_REACHED
-        if n is not None and n >= MAX_GRAPHS_PER_SITE:
-            return BOUND_REACHED
-        self.families[f] = (n or 0) + 1
-        self.keys.add(key)
-        return None
+            why = FAMILIES_REACHED
+        elif n is not None and n >= MAX_GRAPHS_PER_SITE:
+            why = BOUND_REACHED
+        else:
+            self.families[f] = (n or 0) + 1
+            self.keys.add(key)
+            return None
+        if len(self.refusals) < MAX_REFUSALS:
+            self.refusals[key] = why
+        return why
