@@ -30,3 +30,5 @@ STOP_AT=500
 T=150 gpu_test autoapply_gpu tests/test_autoapply_gpu.py
 grep -B2 -A12 "Traceback" $J.log | tail -c 3000 > $OUT/tracebacks.txt
 rm -f $OUT/setup.log
+# (at most 8 files come back: the logs in one archive)
+(cd $OUT && tar czf logs.tgz $(ls | grep -E '\.log$|\.txt$') && rm -f $(ls | grep -E '\.log$|\.txt$'); ls)

@@ -14,3 +14,5 @@ export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 STOP_AT=560
 T=200 gpu_test heldout_method tests/test_heldout_gpu.py -k "method_api or optional_features" --basetemp=/tmp/bt2
 rm -f $OUT/setup.log
+# (at most 8 files come back: the logs in one archive)
+(cd $OUT && tar czf logs.tgz $(ls | grep -E '\.log$|\.txt$') && rm -f $(ls | grep -E '\.log$|\.txt$'); ls)
