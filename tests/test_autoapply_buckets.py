@@ -183,14 +183,14 @@ def test_keys_that_differ_in_sizes_alone_are_one_family():
 def test_a_site_admits_at_most_the_bounds():
     s = buckets._Site()
     sizes = [_key(_OnGpu(n, 13)) for n in range(1, buckets.MAX_GRAPHS_PER_SITE + 2)]
-    assert all(s.admit(k) for k in sizes[:-1])
-    assert s.refused(sizes[-1]) == buckets.BOUND_REACHED and not s.admit(sizes[-1])
+    assert all(s.refused(k) is None for k in sizes[:-1])
+    assert s.refused(sizes[-1]) == buckets.BOUND_REACHED
     assert s.refusals == {sizes[-1]: buckets.BOUND_REACHED}  # (remembered: its next calls look it up)
-    assert s.admit(sizes[0])  # one admitted before stays admitted
+    assert s.refused(sizes[0]) is None  # one admitted before stays admitted
     assert len(s.keys) == buckets.MAX_GRAPHS_PER_SITE
     # other families, each with its own sizes, up to the families' bound
     others = [[_key(_OnGpu(n, 13), temperature=t) for n in (8, 16)] for t in range(buckets.MAX_FAMILIES_PER_SITE)]
-    assert all(s.admit(k) for fam in others[:-1] for k in fam)
+    assert all(s.refused(k) is None for fam in others[:-1] for k in fam)
     assert s.refused(others[-1][0]) == buckets.FAMILIES_REACHED
     assert len(s.keys) == buckets.MAX_GRAPHS_PER_SITE + 2 * (buckets.MAX_FAMILIES_PER_SITE - 1)
     # a batching site's batch sizes: one family, given
@@ -210,7 +210,7 @@ def test_optional_features_and_two_temperatures_all_get_their_buckets():
             for b in (8, 16, 32, 64, 128):
                 keys.append(_key(_OnGpu(b, 13), **{k: _OnGpu(b, *v.shape[1:]) for k, v in feats.items()},
                                  temperature=t))
-    assert len(set(keys)) == 40 and all(s.admit(k) for k in keys)
+    assert len(set(keys)) == 40 and all(s.refused(k) is None for k in keys)
 
 
 # ------------------------------------------------------------------------------ the flow on the CPU

@@ -256,15 +256,10 @@ class _Site:
         """Whether padded calls of ``key`` may use its graph (``VERIFY_CALLS`` verifications passed)."""
         return self.verified.get(key, 0) >= VERIFY_CALLS
 
-    def admit(self, key: Any) -> bool:
-        """Whether ``key`` may have a graph here: one already admitted, or a new one within
-        the bounds (then admitted): :meth:`refused` says."""
-        return key in self.keys or self.refused(key) is None
-
     def refused(self, key: Any, fam: Any = None) -> str | None:
-        """Why a new ``key`` may not have a graph here (``MAX_GRAPHS_PER_SITE`` of its family
-        held, or ``MAX_FAMILIES_PER_SITE`` other families), or None: admitted now. ``fam``: its
-        family where not :func:`family` of it (a batching site's batch sizes: one family)."""
+        """Why ``key`` may not have a graph here (``MAX_GRAPHS_PER_SITE`` of its family held, or
+        ``MAX_FAMILIES_PER_SITE`` other families), or None: admitted (now, or before). ``fam``:
+        its family where not :func:`family` of it (a batching site's batch sizes: one family)."""
         if key in self.keys:
             return None
         why = self.refusals.get(key)  # (a refusal stands: the bounds are fixed and families only fill)
