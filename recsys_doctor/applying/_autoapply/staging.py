@@ -15,7 +15,7 @@ from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_arr
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import _materialize, _own_memory, make_lazy_type, settle  # noqa: F401 - (theirs too)
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
-from .steady import steady_copy
+from .steady import counted_fast, same_source, steady_copy
 from .unplaced import unplaced_copy, unplaced_factory
 
 # A plain script's query copies its host inputs to the GPU tensor by tensor
@@ -137,8 +137,7 @@ def _copy_in(torch: Any, st: _ThreadCopies, src: Any, dev: int, orig: Any, args:
     tg = st.tg
     if tg is not None:
         i = st.n
-        if (0 <= i < len(tg.src) and src is tg.src[i] and dev == tg.device and src.data_ptr() == tg.src_ptr[i]
-                and src.shape == tg.src_shape[i] and src.dtype is tg.tin[i].dtype and src.is_contiguous()):
+        if 0 <= i < len(tg.src) and dev == tg.device and same_source(tg, i, src):
             view = tg.handed[i]
             # references: the list, this name, getrefcount's argument; one more is the
             # script's (it kept an earlier query's input): that view gets its own memory
@@ -233,8 +232,7 @@ def _copy_method(torch: Any, orig: Any, parse: Any, capturing: Any = None) -> An
             if st is not None and st.tg is not None and not _tls.depth and st.reason is None:
                 k = same_copy(torch, st, st.tg, self, orig, args, kwargs, _state["stream_now"])
                 if k is not None:  # the thread graph's next pageable copy, its bytes in the slot
-                    _state["pageable_fast"] += 1
-                    taken_over("h2d", script_site(2))
+                    counted_fast(2)
                     return _copy_in(torch, st, k.slot, st.tg.device, _state["orig_tensor_methods"]["to"],
                                     (k.device,), {"non_blocking": True})
         m = parse(torch, args, kwargs)

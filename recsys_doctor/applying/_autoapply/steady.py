@@ -2,22 +2,35 @@
 copies as when the thread graph was learned, and each one only hands out the view of the thread's
 device buffer that the graph's replay fills (:mod:`.staging`). One query makes dozens of copies (the
 plain script 28), so each function call and check saved here is GIL time saved a copy
-(``bench/apply/cpu_hook_path.py`` measures it on the CPU: 28 copies a query, 72 -> 63 us of the
-hook's Python for pinned tensors, 182-190 -> 158 us for numpy arrays with the script's own
+(``bench/apply/cpu_hook_path.py`` measures it on the CPU: 28 copies a query, 72 -> 63-65 us of the
+hook's Python for pinned tensors, 182-190 -> 158-162 us for numpy arrays with the script's own
 ``torch.from_numpy``, on the 2-CPU dev box). Whatever is not that steady state - a view the script kept, a query
 routed to the runtime's batching, a copy not learned - is left to the general path of
 :func:`.staging._copy_method`, which checks it all again."""
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from typing import Any
 
 from ._common import _state, _tls
 from .accounting import script_site, taken_over
 from .pageable import called_again
-from .pageable_fast import HOLD_GIL_BYTES, _memmove_gil, plain_source
+from .pageable_fast import same_copy
+
+
+def same_source(tg: Any, i: int, src: Any) -> bool:
+    """Whether ``src`` is the source of copy ``i`` of thread graph ``tg`` as it was learned: the same
+    tensor, on the same memory, of the same shape and dtype, contiguous."""
+    return (src is tg.src[i] and src.data_ptr() == tg.src_ptr[i] and src.shape == tg.src_shape[i]
+            and src.dtype is tg.tin[i].dtype and src.is_contiguous())
+
+
+def counted_fast(depth: int) -> None:
+    """A pageable copy :func:`.pageable_fast.same_copy` wrote into its slot: counted, and taken over
+    at the script's line ``depth`` frames above the caller."""
+    _state["pageable_fast"] += 1
+    taken_over("h2d", script_site(depth + 1))
 
 
 def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -45,21 +58,12 @@ def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: 
     if view is None or sys.getrefcount(view) > 3:
         return None
     if src is tg.src[i]:
-        if not (called_again(torch, tg.raw[i], orig, args, kwargs) and src.data_ptr() == tg.src_ptr[i]
-                and src.shape == tg.src_shape[i] and src.dtype is tg.tin[i].dtype and src.is_contiguous()):
+        if not (called_again(torch, tg.raw[i], orig, args, kwargs) and same_source(tg, i, src)):
             return None
+    elif st.reason is not None or same_copy(torch, st, tg, src, orig, args, kwargs, _state["stream_now"]) is None:
+        return None
     else:
-        k = tg.learned[i]
-        if (k is None or st.reason is not None or st.slot_n != k.slot_i or src.dtype is not k.dtype
-                or src.shape != k.shape or not plain_source(torch, src) or not called_again(torch, k.raw, orig, args, kwargs)
-                or _state["stream_now"](tg.device) != k.stream):
-            return None
-        if k.slot_i == 0 and st.slot_event is not None and not st.slot_event.query():
-            st.slot_event.synchronize()  # the last model call's graph still reads the slots
-        (_memmove_gil if k.nbytes <= HOLD_GIL_BYTES else ctypes.memmove)(k.slot_ptr, src.data_ptr(), k.nbytes)
-        st.slot_n = k.slot_i + 1
-        _state["pageable_fast"] += 1
-        taken_over("h2d", script_site(3))  # (3: the script's frame, past the hook's Tensor.to)
+        counted_fast(3)  # (3: the script's frame, past this function and the hook's Tensor.to)
     st.n = i + 1
     st.pending = True
     return view
