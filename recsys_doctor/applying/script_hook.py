@@ -28,6 +28,7 @@ from ..errors import BadInputError, WorkloadError
 from ..planning.io import read_plan
 from ._autoapply.accounting import merge_sites
 from ._autoapply.interception import MAX_COPY_ONLY
+from ._autoapply.trainers import MAX_NAMED as MAX_TRAINING_NAMED
 from ._autoapply.threaderrors import MAX_KEPT
 from ._autoapply.meter import ENV_METER
 from ._autoapply.report import ENV_STATS, ENV_STATS_PID
@@ -197,7 +198,7 @@ def merge_hook_stats(main: dict[str, Any], children: list[dict[str, Any]]) -> di
     out["fallbacks"] = list(dict.fromkeys(f for d in every for f in d.get("fallbacks") or []))
     out["thread_errors"] = [e for d in every for e in d.get("thread_errors") or []][:MAX_KEPT]
     out["copy_only_threads"] = [n for d in every for n in d.get("copy_only_threads") or []][:MAX_COPY_ONLY]
-    out["training_threads"] = [n for d in every for n in d.get("training_threads") or []][:MAX_COPY_ONLY]
+    out["training_threads"] = [n for d in every for n in d.get("training_threads") or []][:MAX_TRAINING_NAMED]
     out["active"] = any(d.get("active") for d in every)
     out["sites"] = merge_sites(s for d in every for s in d.get("sites") or [])
     measured = [d["measurement"] for d in every if d.get("measurement")]
