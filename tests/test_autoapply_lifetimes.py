@@ -132,3 +132,48 @@ def test_a_thread_whose_calls_no_graph_takes_stops_learning_and_staging(hook_gro
         assert st.reason is None and st.learn_tries == 1 and _slot_thread() is st
     finally:
         del _tls.calls, _tls.copies, _tls.depth
+
+
+class _Synced:
+    """The current stream's stand-in: counts its synchronizations."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+
+def test_a_thread_graph_that_rarely_replays_is_dropped(hook_group, monkeypatch):
+    """A thread graph serves one key; a thread whose calls vary more (optional features, row
+    buckets) staged its copies into slots every query for a replay that hardly ever came. Once
+    ``REPLAY_WINDOW`` calls have passed since its capture, a graph that served fewer than a quarter
+    of them is dropped with the reason, after one synchronize (its last replay read its buffers),
+    and the thread's copies are PyTorch's (``_slot_thread`` None). The boundary by hand: 16 hits
+    in 64 calls is a quarter (kept), 16 in 65 is not (dropped)."""
+    from recsys_doctor.applying._autoapply.staging import _slot_thread, _ThreadGraph
+
+    stream = _Synced()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: stream)
+    monkeypatch.setattr(tgm, "_graphed_call", lambda orig, m, a, k, site="?": orig(m, *a, **k))
+    lin = torch.nn.Linear(4, 2).eval()
+    st = _tls.copies = hook._ThreadCopies(stream=None)
+    st.tg = tg = _ThreadGraph(lin, None, [torch.zeros(1)], [], None, None, 0)  # one copy a call: none made
+    st.tg_hits, st.tg_calls = 16, 16
+    _tls.calls, _tls.depth = tgm.MIN_THREAD_CALLS, 0
+    x = torch.randn(3, 4)
+    try:
+        with torch.no_grad():
+            for i in range(tgm.REPLAY_WINDOW - 16):  # misses: 17th ... 64th call
+                out = tgm._copies_call(st, type(lin).__call__, lin, (x,), {}, "s.py:9")
+                assert st.tg is tg and st.reason is None and _slot_thread() is st, i
+            assert st.tg_calls == 64 and stream.syncs == 0
+            torch.testing.assert_close(out, lin(x))  # (the call itself ran: its result)
+            tgm._copies_call(st, type(lin).__call__, lin, (x,), {}, "s.py:9")  # 65th: 16 of 65
+        assert st.tg is None and st.reason == tgm.RARELY_REPLAYED and _slot_thread() is None
+        assert stream.syncs == 1 and hook._state["fallbacks"] == [tgm.RARELY_REPLAYED]
+        with torch.no_grad():  # dropped for good: no judging, no learning, no second sync
+            tgm._copies_call(st, type(lin).__call__, lin, (x,), {}, "s.py:9")
+        assert st.tg is None and stream.syncs == 1 and hook._state["fallbacks"] == [tgm.RARELY_REPLAYED]
+    finally:
+        del _tls.calls, _tls.copies, _tls.depth

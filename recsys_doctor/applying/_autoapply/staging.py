@@ -60,7 +60,7 @@ class _ThreadCopies:
     """The copy state of one hooked thread."""
 
     __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
-                 "slot_churn", "learn_tries", "unkeyed", "routed")
+                 "slot_churn", "learn_tries", "unkeyed", "routed", "tg_calls", "tg_hits")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -78,6 +78,8 @@ class _ThreadCopies:
         self.learn_tries = 0  # model calls since the copies were first seen, with no thread graph yet
         self.unkeyed = 0  # model calls after copies whose arguments no graph takes (.thread_graphs._learn)
         self.routed = False  # the last model call went to the runtime's batching: its views unwritten (.served)
+        self.tg_calls = 0  # top-level model calls since the thread graph was captured (.thread_graphs._judge)
+        self.tg_hits = 0  # those of them its replay served
 
 
 class _ThreadGraph:

@@ -73,6 +73,16 @@ NOT_COPIES = "an argument of the model call is not a copy of a pinned CPU tensor
 #: why a thread has none where its model calls take arguments no graph takes
 NOT_KEYED = f"the model calls' arguments are not ones a graph takes ({LEARN_TRIES} calls, none that are)"
 
+#: A thread graph serves one key (the call's exact shapes and arguments). Where a thread's calls
+#: vary more than that (optional_features_serve.py: 4 sets of keyword features x 2 temperatures
+#: x row buckets), its copies were staged through slots every query for a replay that came in 15
+#: of 12,000 calls, 0.64x of the script on the H200 against 0.80-1.01x without thread graphs.
+#: After this many calls since its capture, a thread graph that served fewer than a quarter of them
+#: is dropped: the thread's calls take the group's graphs, its copies are PyTorch's
+REPLAY_WINDOW = 64
+RARELY_REPLAYED = (f"its thread graph served fewer than 1 in 4 of its first {REPLAY_WINDOW} model calls "
+                   "(their shapes or arguments vary): its copies are PyTorch's")
+
 
 def copy_sources(recent: list[tuple[Any, Any, Any, Any, str]],
                  tensors: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[str]] | None:
@@ -117,6 +127,8 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
         try:
             out = _run_shared(_thread_replay, tg)
             st.pending = False
+            st.tg_calls += 1
+            st.tg_hits += 1
             taken_over("model", site)
             count_copies(tg)
             return out
@@ -128,12 +140,28 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     elif st.pending:
         st.n = n
         _materialize(torch, st)
+    if tg is not None and st.tg is tg:
+        _judge(torch, st, module, site)
     st.n = 0
     recent, st.recent = st.recent, []
     out = _graphed_call(orig_call, module, args, kwargs, site)
     if st.tg is None and st.reason is None and recent:
         _learn(torch, st, orig_call, module, args, kwargs, recent, site)
     return out
+
+
+def _judge(torch: Any, st: _ThreadCopies, module: Any, site: str) -> None:
+    """A call its thread graph did not serve (its copies made already): past
+    :data:`REPLAY_WINDOW` calls since the capture, a graph that served fewer than a quarter of
+    them is dropped (:data:`RARELY_REPLAYED`), once its last replay is done."""
+    st.tg_calls += 1
+    if st.tg_calls < REPLAY_WINDOW or 4 * st.tg_hits >= st.tg_calls:
+        return
+    torch.cuda.current_stream().synchronize()  # (its last replay read its buffers: done before they go)
+    st.tg, st.reason = None, RARELY_REPLAYED
+    st.recent = []
+    _fall_back(f"{type(module).__name__} ({site}): {RARELY_REPLAYED} ({st.tg_hits} of {st.tg_calls})",
+               RARELY_REPLAYED)
 
 
 def flush(torch: Any, st: _ThreadCopies) -> None:
@@ -199,6 +227,7 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
     try:
         st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves, lines)
         st.tg.raw = raws
+        st.tg_calls = st.tg_hits = 0
         _state["thread_captured"] += 1
     except Exception as ex:  # noqa: BLE001 - the group's path stays, with the reason
         _debug_traceback()
