@@ -5,7 +5,8 @@ stacks (``py-spy record --gil -r 200``: a sample is taken only while some thread
 prints it (``client (dlrm_numpy_serve.py``): samples whose stack holds it are the serving
 threads'. Prints, per run, the GIL seconds of those threads over the run, per query, and as a
 ceiling (queries/s if the GIL were never idle and nothing else waited), plus how much of it is
-under the hook's frames (recsys_doctor/, the hook's own and what it calls)."""
+under the hook's frames (recsys_doctor/, the hook's own and what it calls, the model's forward
+included where the hook made the call) and the hook's own (:func:`hook_own`: not the model's work)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gil_profile import stacks  # noqa: E402 - beside this file
 
 
-def share(folded: Path, frame: str) -> tuple[int, int, int]:
-    """(all samples, the serving threads', those under a recsys_doctor frame)."""
-    total = serving = hook = 0
+def hook_own(frames: list[str]) -> bool:
+    """Whether a sample is the hook's own work: walking up from the innermost frame, the first
+    that is the hook's (recsys_doctor/), a module call (``torch/nn/modules/module.py``: the model's
+    work, wherever the hook made the call) or the script's own (a ``.py`` file py-spy names without
+    a folder) is the hook's. So PyTorch's copy the hook makes counts, and so does its import of the
+    runtime at a thread's first call; the model's forward does not."""
+    for f in reversed(frames):
+        path = f.rpartition(" (")[2]
+        if "recsys_doctor/" in path:
+            return "bootstrap_inner" not in f
+        if "torch/nn/modules/module.py" in path or ("/" not in path and ".py:" in path):
+            return False
+    return False
+
+
+def share(folded: Path, frame: str) -> tuple[int, int, int, int]:
+    """(all samples, the serving threads', those under a recsys_doctor frame, the hook's own)."""
+    total = serving = hook = own = 0
     for stack, n in stacks(folded):
         total += n
         if frame in stack:
@@ -27,7 +43,8 @@ def share(folded: Path, frame: str) -> tuple[int, int, int]:
             frames = stack.split(";")
             if any("recsys_doctor/" in f and "bootstrap_inner" not in f for f in frames):
                 hook += n
-    return total, serving, hook
+            own += n * hook_own(frames)
+    return total, serving, hook, own
 
 
 def main() -> None:
@@ -35,12 +52,13 @@ def main() -> None:
     rate = float(sys.argv[3]) if len(sys.argv) > 3 else 200.0
     for run in ("unhooked", "hooked"):
         res = json.loads((d / f"{run}.json").read_text())
-        total, serving, hook = share(d / f"{run}.folded.gz", frame)
+        total, serving, hook, own = share(d / f"{run}.folded.gz", frame)
         q, qps = res["queries"], res["qps"]
         gil_s = serving / rate
         print(f"{d.name:<13} {run:<9} {qps:8.1f} q/s  serving threads' GIL {gil_s:5.2f} s = "
               f"{gil_s / (q / qps):4.0%} of the {q / qps:5.2f} s window, {gil_s / q * 1e6:5.0f} us a query "
-              f"(hook frames {hook / rate / q * 1e6:5.0f} us) -> ceiling {q / gil_s:6.0f} q/s")
+              f"(hook frames {hook / rate / q * 1e6:5.0f} us, the hook's own {own / rate / q * 1e6:5.0f} us) "
+              f"-> ceiling {q / gil_s:6.0f} q/s")
 
 
 if __name__ == "__main__":
