@@ -20,6 +20,8 @@ ab_case() {
     amp2) _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     kjt1) _ab_run 1 examples/heldout/kjt_ranker_serve.py --threads 8 --queries 3000;;
     kjt0) _ab_run 0 examples/heldout/kjt_ranker_serve.py --threads 8 --queries 3000;;
+    opt0) _ab_run 0 examples/heldout/optional_features_serve.py --threads 4 --queries 6000;;
+    opt2) _ab_run 2 examples/heldout/optional_features_serve.py --threads 4 --queries 6000;;
     ampb2) RD_BATCHING=1 _ab_run 2 examples/heldout/amp_ranker_serve.py --threads 4 --queries 3000;;
     pin0) _ab_run 0 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
     pin2) _ab_run 2 examples/heldout/pinned_stream_serve.py --threads 4 --queries 3000;;
