@@ -47,7 +47,10 @@ def test_the_printed_shares_are_the_samples_counted_by_hand(tmp_path):
             fh.writelines(f"{k} {v}\n" for k, v in rows.items())
         (tmp_path / f"{run}.json").write_text(json.dumps({"queries": 100, "qps": 50.0}))
     out = subprocess.run([sys.executable, str(ROOT / "bench/apply/gil_share.py"), str(tmp_path),
-                          "handle (kjt_ranker_serve.py"], capture_output=True, text=True, check=True).stdout
+                          "handle (kjt_ranker_serve.py", "--by-frame"], capture_output=True, text=True, check=True).stdout
     line = out.splitlines()[1]
     assert " 3500 us a query" in line and "hook frames  3000 us" in line and "the hook's own  1000 us" in line, line
     assert "18% of the  2.00 s window" in line  # 0.35 s of 2 s (100 queries at 50 q/s)
+    # the hooked run's own samples by the hook's outermost frame: all 20 entered at staging.py:261
+    assert out.splitlines()[2].split() == ["20", "samples", "1000.0", "us", "a", "query", "staging.py:261"]
+    assert len(out.splitlines()) == 3

@@ -1,7 +1,8 @@
 """GIL time per query of a script's serving threads, from ``bench/apply/gil_profile.py``'s folded
 stacks (``py-spy record --gil -r 200``: a sample is taken only while some thread holds the GIL):
 ``python bench/apply/gil_share.py DIR FRAME [RATE]`` for a run folder holding ``unhooked`` /
-``hooked`` ``.folded.gz`` and ``.json``. FRAME names the script's per-request function as py-spy
+``hooked`` ``.folded.gz`` and ``.json`` (``--by-frame``: also the hook's own samples of the hooked
+run by the hook's outermost frame in each, the script's line that entered the hook). FRAME names the script's per-request function as py-spy
 prints it (``client (dlrm_numpy_serve.py``): samples whose stack holds it are the serving
 threads'. Prints, per run, the GIL seconds of those threads over the run, per query, and as a
 ceiling (queries/s if the GIL were never idle and nothing else waited), plus how much of it is
@@ -10,6 +11,7 @@ included where the hook made the call) and the hook's own (:func:`hook_own`: not
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from pathlib import Path
@@ -47,9 +49,23 @@ def share(folded: Path, frame: str) -> tuple[int, int, int, int]:
     return total, serving, hook, own
 
 
+def own_by_frame(folded: Path, frame: str) -> collections.Counter[str]:
+    """The hook's own samples of the serving threads by the hook's outermost frame in each
+    (``file.py:line`` of recsys_doctor/, the thread's bootstrap wrapper not counted)."""
+    by: collections.Counter[str] = collections.Counter()
+    for stack, n in stacks(folded):
+        frames = stack.split(";")
+        if frame in stack and hook_own(frames):
+            top = next(f for f in frames if "recsys_doctor/" in f and "bootstrap_inner" not in f)
+            by[top.rpartition("/")[2].rstrip(")")] += n
+    return by
+
+
 def main() -> None:
-    d, frame = Path(sys.argv[1]), sys.argv[2]
-    rate = float(sys.argv[3]) if len(sys.argv) > 3 else 200.0
+    by_frame = "--by-frame" in sys.argv
+    argv = [a for a in sys.argv[1:] if a != "--by-frame"]
+    d, frame = Path(argv[0]), argv[1]
+    rate = float(argv[2]) if len(argv) > 2 else 200.0
     for run in ("unhooked", "hooked"):
         res = json.loads((d / f"{run}.json").read_text())
         total, serving, hook, own = share(d / f"{run}.folded.gz", frame)
@@ -59,6 +75,9 @@ def main() -> None:
               f"{gil_s / (q / qps):4.0%} of the {q / qps:5.2f} s window, {gil_s / q * 1e6:5.0f} us a query "
               f"(hook frames {hook / rate / q * 1e6:5.0f} us, the hook's own {own / rate / q * 1e6:5.0f} us) "
               f"-> ceiling {q / gil_s:6.0f} q/s")
+        if by_frame and run == "hooked":
+            for f, n in own_by_frame(d / f"{run}.folded.gz", frame).most_common(12):
+                print(f"    {n:5d} samples {n / rate / q * 1e6:6.1f} us a query  {f}")
 
 
 if __name__ == "__main__":
