@@ -154,6 +154,7 @@ def test_a_thread_graph_that_rarely_replays_is_dropped(hook_group, monkeypatch):
     from recsys_doctor.applying._autoapply.staging import _slot_thread, _ThreadGraph
 
     stream = _Synced()
+    monkeypatch.setitem(hook._state, "replay_window", tgm.REPLAY_WINDOW)  # (as activate() sets it, unset in the env)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: stream)
     monkeypatch.setattr(tgm, "_graphed_call", lambda orig, m, a, k, site="?": orig(m, *a, **k))
     lin = torch.nn.Linear(4, 2).eval()
@@ -175,5 +176,33 @@ def test_a_thread_graph_that_rarely_replays_is_dropped(hook_group, monkeypatch):
         with torch.no_grad():  # dropped for good: no judging, no learning, no second sync
             tgm._copies_call(st, type(lin).__call__, lin, (x,), {}, "s.py:9")
         assert st.tg is None and stream.syncs == 1 and hook._state["fallbacks"] == [tgm.RARELY_REPLAYED]
+    finally:
+        del _tls.calls, _tls.copies, _tls.depth
+
+
+def test_the_replay_window_is_set_from_the_environment_and_0_never_drops(hook_group, monkeypatch):
+    """``RECSYS_DOCTOR_REPLAY_WINDOW``: the calls before a thread graph is judged (a bad value: the
+    default, said on stderr; a negative one: 0); 0 keeps every thread graph, as before the drop
+    (a same-tree comparison on the GPU)."""
+    from recsys_doctor.applying._autoapply.staging import _ThreadGraph
+
+    for raw, want in ((None, tgm.REPLAY_WINDOW), ("128", 128), ("-3", 0), ("0", 0), ("many", tgm.REPLAY_WINDOW)):
+        if raw is None:
+            monkeypatch.delenv("RECSYS_DOCTOR_REPLAY_WINDOW", raising=False)
+        else:
+            monkeypatch.setenv("RECSYS_DOCTOR_REPLAY_WINDOW", raw)
+        assert tgm._replay_window() == want, raw
+    monkeypatch.setitem(hook._state, "replay_window", 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Synced())
+    monkeypatch.setattr(tgm, "_graphed_call", lambda orig, m, a, k, site="?": orig(m, *a, **k))
+    lin = torch.nn.Linear(4, 2).eval()
+    st = _tls.copies = hook._ThreadCopies(stream=None)
+    st.tg = tg = _ThreadGraph(lin, None, [torch.zeros(1)], [], None, None, 0)
+    _tls.calls, _tls.depth = tgm.MIN_THREAD_CALLS, 0
+    try:
+        with torch.no_grad():
+            for _ in range(3 * tgm.REPLAY_WINDOW):  # never served, never dropped
+                tgm._copies_call(st, type(lin).__call__, lin, (torch.randn(3, 4),), {}, "s.py:9")
+        assert st.tg is tg and st.reason is None and st.tg_calls == 3 * tgm.REPLAY_WINDOW
     finally:
         del _tls.calls, _tls.copies, _tls.depth

@@ -107,7 +107,7 @@ from .importwatch import cancel, when_imported
 from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_imported  # noqa: F401
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
 from .settings import read_runtime, unhonoured
-from .thread_graphs import _min_calls
+from .thread_graphs import _min_calls, _replay_window
 from .deferred import make_lazy_type as _make_lazy_type  # noqa: F401
 from .staging import _copy_in, _materialize, _ThreadCopies, _ThreadGraph  # noqa: F401
 
@@ -155,7 +155,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,
                       late_groups=[], module_changes=0, thread_errors=[], thread_error_count=0,
                       copy_only_threads=[], copy_only_count=0, training_threads=[], training_threads_count=0, ended_threads=0, short_lived_threads=0, meter_only=False,
-                      min_thread_calls=_min_calls(),
+                      min_thread_calls=_min_calls(), replay_window=_replay_window(),
                       place_at_first_call=place != "start" and rt["cuda_graphs"])
         if hasattr(threading.Thread, "_bootstrap_inner"):
             meter.reset()

@@ -14,6 +14,9 @@ ENV_THREAD_GRAPHS = "RECSYS_DOCTOR_THREAD_GRAPHS"
 #: the model calls a thread makes before it learns a thread graph, where the script's threads
 #: that ended lived short lives (:data:`.thread_graphs.MIN_THREAD_CALLS`; 0: never waits)
 ENV_THREAD_GRAPH_MIN_CALLS = "RECSYS_DOCTOR_THREAD_GRAPH_MIN_CALLS"
+#: the calls after a thread graph's capture before one that served fewer than a quarter of them is
+#: dropped (:data:`.thread_graphs.REPLAY_WINDOW`; 0: never dropped, for comparison)
+ENV_REPLAY_WINDOW = "RECSYS_DOCTOR_REPLAY_WINDOW"
 #: "1" stages host-to-device copies from pageable memory (pageable.py); off by default: on the
 #: H100 it measured slower than PyTorch's own copies (bench/apply/results/staging_ab_h100/)
 ENV_STAGE_PAGEABLE = "RECSYS_DOCTOR_STAGE_PAGEABLE"

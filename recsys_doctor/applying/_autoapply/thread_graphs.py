@@ -7,7 +7,7 @@ from typing import Any
 
 import os
 
-from ._common import ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch, normal_tensors, trains
+from ._common import ENV_REPLAY_WINDOW, ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch, normal_tensors, trains
 from .accounting import taken_over
 from .argtree import matches, remake, skeleton
 from .buckets import call_rows
@@ -30,15 +30,25 @@ LEARN_TRIES = 8
 MIN_THREAD_CALLS = 32
 
 
-def _min_calls() -> int:
-    raw = os.environ.get(ENV_THREAD_GRAPH_MIN_CALLS)
+def _env_calls(name: str, default: int) -> int:
+    """A count of calls from the environment variable ``name`` (``default`` where unset or not an
+    integer, said once on stderr; a negative one is 0)."""
+    raw = os.environ.get(name)
     if raw is None:
-        return MIN_THREAD_CALLS
+        return default
     try:
         return max(0, int(raw))
     except ValueError:
-        _log(f"{ENV_THREAD_GRAPH_MIN_CALLS}={raw!r} is not an integer: {MIN_THREAD_CALLS} calls")
-        return MIN_THREAD_CALLS
+        _log(f"{name}={raw!r} is not an integer: {default} calls")
+        return default
+
+
+def _min_calls() -> int:
+    return _env_calls(ENV_THREAD_GRAPH_MIN_CALLS, MIN_THREAD_CALLS)
+
+
+def _replay_window() -> int:
+    return _env_calls(ENV_REPLAY_WINDOW, REPLAY_WINDOW)
 
 
 #: threads that ended before their lives are judged (:func:`short_lived`)
@@ -79,8 +89,9 @@ NOT_KEYED = f"the model calls' arguments are not ones a graph takes ({LEARN_TRIE
 #: of 12,000 calls, 0.64x of the script on the H200 against 0.80-1.01x without thread graphs.
 #: After this many calls since its capture, a thread graph that served fewer than a quarter of them
 #: is dropped: the thread's calls take the group's graphs, its copies are PyTorch's
+#: (``RECSYS_DOCTOR_REPLAY_WINDOW`` sets it; 0: never dropped, the behaviour before, to compare)
 REPLAY_WINDOW = 64
-RARELY_REPLAYED = (f"its thread graph served fewer than 1 in 4 of its first {REPLAY_WINDOW} model calls "
+RARELY_REPLAYED = ("its thread graph served fewer than 1 in 4 of the thread's model calls since its capture "
                    "(their shapes or arguments vary): its copies are PyTorch's")
 
 
@@ -155,7 +166,8 @@ def _judge(torch: Any, st: _ThreadCopies, module: Any, site: str) -> None:
     :data:`REPLAY_WINDOW` calls since the capture, a graph that served fewer than a quarter of
     them is dropped (:data:`RARELY_REPLAYED`), once its last replay is done."""
     st.tg_calls += 1
-    if st.tg_calls < REPLAY_WINDOW or 4 * st.tg_hits >= st.tg_calls:
+    window = _state.get("replay_window", REPLAY_WINDOW)
+    if not window or st.tg_calls < window or 4 * st.tg_hits >= st.tg_calls:
         return
     torch.cuda.current_stream().synchronize()  # (its last replay read its buffers: done before they go)
     st.tg, st.reason = None, RARELY_REPLAYED
