@@ -61,6 +61,7 @@ ARGS = {
     "exported_ranker_serve.py": ["--threads", "4", "--queries", "3000"],
     "optional_features_serve.py": ["--threads", "4", "--queries", "3000"],
     "method_api_serve.py": ["--threads", "4", "--queries", "3000"],
+    "replica_per_thread_serve.py": ["--threads", "4", "--queries", "3000"],
     "ddp_train.py": ["--samples", "131072", "--batch", "512", "--epochs", "3", "--workers", "2", "--log-every", "20"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],
