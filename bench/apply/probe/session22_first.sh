@@ -1,8 +1,8 @@
 # One H200: the thread-graph drop (thread_graphs.REPLAY_WINDOW) measured on one tree, as the A/B
 # across trees of the twenty-first session drifted more than the effect (results/session21_h200/):
 # each case with the default and with RECSYS_DOCTOR_REPLAY_WINDOW=0 (never dropped, as before),
-# rounds alternating in order; optional features unhooked beside them; then the optional-features
-# script through profile --apply (does the plan still lose?) and the hook's GPU tests.
+# rounds alternating in order; optional features unhooked beside them; and the hook's GPU tests
+# (session22_second.sh: the held-out scripts through profile --apply).
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 T=150 gpu_test autoapply_gpu tests/test_autoapply_gpu.py
@@ -14,6 +14,4 @@ for l in open(os.environ["OUT"] + "/knob_ab.jsonl"):
     print(r["label"], r["script"], r.get("groups"), r.get("qps"), r.get("p99_ms"), r.get("checksum"), "tr", h.get("thread_replays"),
           "staged", h.get("staged_copies"), "fb", len(h.get("fallbacks") or []))
 PY
-export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
-STOP_AT=420 T=170 gpu_test heldout_opt tests/test_heldout_gpu.py -k optional_features --basetemp=/tmp/bt1
 (cd $OUT && tar czf logs.tgz $(ls | grep -E '\.log$|\.txt$') && rm -f $(ls | grep -E '\.log$|\.txt$'); ls)
