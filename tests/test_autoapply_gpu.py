@@ -1185,3 +1185,53 @@ def test_a_copy_into_the_scripts_own_gpu_buffer_is_counted_at_its_line(tmp_path)
         assert s["site"].startswith("tests/test_autoapply_gpu.py:") and s["taken_over"] == 0
         assert s["fallback"] == 4 * rounds and s["reasons"] == {COPY_INTO: 4 * (rounds - 1), BEFORE_PLACED: 4}, s
     assert sum(s["taken_over"] for s in _model_sites(st)) > 0
+
+
+@pytest.mark.parametrize("window", [None, "0"])
+def test_a_thread_graph_serving_few_of_its_calls_is_dropped_and_outputs_stay_exact(tmp_path, monkeypatch, window):
+    """Each thread cycles through 5 models (weights scaled apart, so a replay of the wrong one
+    shows) with its pinned inputs copied non-blocking: its own graph, of one of them, serves
+    at most 1 call in 5. 64 calls after its capture it is dropped, once a thread, with the reason
+    (``thread_graphs.RARELY_REPLAYED``), and the thread's later calls take the groups' graphs
+    with PyTorch's copies; ``RECSYS_DOCTOR_REPLAY_WINDOW=0`` keeps every thread graph (none
+    dropped, as before). Every output equals eager's for its model and query either way."""
+    import copy
+
+    from recsys_doctor.applying._autoapply import thread_graphs
+
+    torch = pytest.importorskip("torch")
+    if window is None:
+        monkeypatch.delenv("RECSYS_DOCTOR_REPLAY_WINDOW", raising=False)
+    else:
+        monkeypatch.setenv("RECSYS_DOCTOR_REPLAY_WINDOW", window)
+    base, host_query = _wdl()
+    models = [base] + [copy.deepcopy(base) for _ in range(4)]
+    with torch.no_grad():
+        for i, m in enumerate(models):
+            for p in m.parameters():
+                p.mul_(1 + 0.1 * i)
+    threads, rounds = 4, 130
+    qs = []
+    for k in range(threads):
+        torch.manual_seed(300 + k)
+        qs.append(host_query(32, 1000))
+    ref = {(k, i): pinned_query(m, qs[k]) for k in range(threads) for i, m in enumerate(models)}
+    assert all(not torch.allclose(ref[0, 0], ref[0, i]) for i in range(1, 5))
+    got: dict = {}
+
+    def client(k: int) -> None:
+        for r in range(rounds):
+            got[k, r] = pinned_query(models[r % 5], qs[k])
+
+    st = _run_hooked(tmp_path, 2, threads, client)
+    for (k, r), out in got.items():
+        want = ref[k, r % 5]
+        assert torch.allclose(out, want, atol=1e-6, rtol=1e-5), (k, r, (out - want).abs().max())
+    dropped = st["fallbacks"].count(thread_graphs.RARELY_REPLAYED)
+    assert st["thread_graphs"] == threads, st
+    if window is None:
+        # each thread's graph served at most 1 in 5 of its calls: dropped within 64 calls of its
+        # capture, so it replayed at most 64 / 4 = 16 times a thread
+        assert dropped == threads and st["thread_replays"] <= threads * 16, st
+    else:
+        assert dropped == 0 and st["thread_replays"] >= threads * (rounds // 5 - 6), st
