@@ -150,7 +150,8 @@ def test_a_thread_graph_that_rarely_replays_is_dropped(hook_group, monkeypatch):
     ``REPLAY_WINDOW`` calls have passed since its capture, a graph that served fewer than a quarter
     of them is dropped with the reason, after one synchronize (its last replay read its buffers),
     and the thread's copies are PyTorch's (``_slot_thread`` None). The boundary by hand: 16 hits
-    in 64 calls is a quarter (kept), 16 in 65 is not (dropped)."""
+    in 64 calls is a quarter (kept), 16 in 65 is not (dropped). A call that paid nothing for the
+    graph (no copy deferred for it, none staged) is not counted."""
     from recsys_doctor.applying._autoapply.staging import _slot_thread, _ThreadGraph
 
     stream = _Synced()
@@ -165,6 +166,10 @@ def test_a_thread_graph_that_rarely_replays_is_dropped(hook_group, monkeypatch):
     x = torch.randn(3, 4)
     try:
         with torch.no_grad():
+            for _ in range(3 * tgm.REPLAY_WINDOW):  # calls that paid nothing for it (no copy staged
+                tgm._copies_call(st, type(lin).__call__, lin, (x,), {}, "s.py:9")  # or deferred): not counted
+            assert st.tg is tg and st.tg_calls == 16 and stream.syncs == 0
+            st.slot_n = 1  # (from now on each call's copy was staged into a slot: a miss that cost)
             for i in range(tgm.REPLAY_WINDOW - 16):  # misses: 17th ... 64th call
                 out = tgm._copies_call(st, type(lin).__call__, lin, (x,), {}, "s.py:9")
                 assert st.tg is tg and st.reason is None and _slot_thread() is st, i
@@ -199,6 +204,7 @@ def test_the_replay_window_is_set_from_the_environment_and_0_never_drops(hook_gr
     st = _tls.copies = hook._ThreadCopies(stream=None)
     st.tg = tg = _ThreadGraph(lin, None, [torch.zeros(1)], [], None, None, 0)
     _tls.calls, _tls.depth = tgm.MIN_THREAD_CALLS, 0
+    st.slot_n = 1  # (each call's copy staged: misses that cost)
     try:
         with torch.no_grad():
             for _ in range(3 * tgm.REPLAY_WINDOW):  # never served, never dropped

@@ -87,8 +87,11 @@ NOT_KEYED = f"the model calls' arguments are not ones a graph takes ({LEARN_TRIE
 #: vary more than that (optional_features_serve.py: 4 sets of keyword features x 2 temperatures
 #: x row buckets), its copies were staged through slots every query for a replay that came in 15
 #: of 12,000 calls, 0.64x of the script on the H200 against 0.80-1.01x without thread graphs.
-#: After this many calls since its capture, a thread graph that served fewer than a quarter of them
-#: is dropped: the thread's calls take the group's graphs, its copies are PyTorch's
+#: After this many calls since its capture (those it served, and those that paid for it without
+#: a replay: its copies deferred, or copies staged into the slots), a thread graph that served
+#: fewer than a quarter of them is dropped: the thread's calls take the group's graphs, its
+#: copies are PyTorch's. A call that paid nothing (another model's, with pinned inputs of its
+#: own: the thread graph still saves its model's launches every query) is not counted
 #: (``RECSYS_DOCTOR_REPLAY_WINDOW`` sets it; 0: never dropped, the behaviour before, to compare)
 REPLAY_WINDOW = 64
 RARELY_REPLAYED = ("its thread graph served fewer than 1 in 4 of the thread's model calls since its capture "
@@ -128,7 +131,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     """A top-level model call, made at ``site``, of a thread whose copies a thread graph may own."""
     torch = _torch()
     drop_stale(torch, st, module)
-    tg, n = st.tg, st.n
+    tg, n, pending = st.tg, st.n, st.pending
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
     # its copy: the replay's own copies give the model exactly what the script handed it)
@@ -151,7 +154,10 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     elif st.pending:
         st.n = n
         _materialize(torch, st)
-    if tg is not None and st.tg is tg:
+    if tg is not None and st.tg is tg and (pending or st.slot_n):
+        # a miss that cost something: the graph's copies deferred for nothing, or this call's
+        # copies staged into the slots (a call with neither, another model's with pinned inputs
+        # of its own, is neither a hit nor a miss)
         _judge(torch, st, module, site)
     st.n = 0
     recent, st.recent = st.recent, []
@@ -162,9 +168,9 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
 
 
 def _judge(torch: Any, st: _ThreadCopies, module: Any, site: str) -> None:
-    """A call its thread graph did not serve (its copies made already): past
-    :data:`REPLAY_WINDOW` calls since the capture, a graph that served fewer than a quarter of
-    them is dropped (:data:`RARELY_REPLAYED`), once its last replay is done."""
+    """A call its thread graph did not serve, at a cost (its copies made already): past
+    :data:`REPLAY_WINDOW` such calls and hits since the capture, a graph that served fewer than a
+    quarter of them is dropped (:data:`RARELY_REPLAYED`), once its last replay is done."""
     st.tg_calls += 1
     window = _state.get("replay_window", REPLAY_WINDOW)
     if not window or st.tg_calls < window or 4 * st.tg_hits >= st.tg_calls:
