@@ -5,6 +5,8 @@ needs CUDA (the GPU tests); here each thread's end is run as the hook runs it.""
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 
 from recsys_doctor.applying._autoapply import accounting, interception
@@ -127,6 +129,46 @@ def test_a_model_left_its_host_arguments_gets_a_note_with_the_hooks_reason():
     assert host_args_note({"graphs": True, "sites": [dict(s, taken_over=9000) for s in sites]}) is None
 
 
+def test_calls_with_an_argument_no_graph_takes_get_a_note_naming_its_type():
+    """kjt_ranker_serve.py under a graphed plan (session21_h200: every call eager for its
+    KeyedJagged): the note names the type, from the reason the hook's own key function gives (two
+    types: both, sorted); none where most calls were graphed, nor without graphs."""
+    torch = pytest.importorskip("torch")
+    from recsys_doctor.applying._autoapply import accounting
+    from recsys_doctor.applying._autoapply.buckets import WARMING_UP
+    from recsys_doctor.applying._autoapply.graphs import _key_or_reason
+    from recsys_doctor.applying.report import call_notes, unkeyed_note
+
+    class KeyedJagged:  # (a plain class holding tensors: no key)
+        pass
+
+    class Batch:
+        pass
+
+    lin = torch.nn.Linear(2, 2)
+    why = _key_or_reason(torch, lin, (KeyedJagged(),), {})
+    why2 = _key_or_reason(torch, lin, (), {"b": Batch()})
+    assert why == "not graphed: an argument of type KeyedJagged" and why2.endswith("of type Batch")
+    accounting.reset()
+    try:
+        accounting.fell_back("model", "s.py:139", WARMING_UP, 8)
+        accounting.fell_back("model", "s.py:139", why, 2992)
+        one = accounting.sites()
+        accounting.fell_back("model", "s.py:150", why2, 3000)
+        two = accounting.sites()
+    finally:
+        accounting.reset()
+    note = unkeyed_note({"graphs": True, "sites": one})
+    assert note.startswith("2992 of the 3000 model calls ran eagerly under the graphed plan: an argument of type "
+                           "KeyedJagged is not what a CUDA graph is keyed by")
+    assert "making its class a dataclass" in note and ".tolist()" in note
+    assert call_notes({"graphs": True, "sites": one}, train=False) == (None, None, None, note)
+    assert unkeyed_note({"graphs": True, "sites": two}).startswith(
+        "5992 of the 6000 model calls ran eagerly under the graphed plan: arguments of types Batch, KeyedJagged are ")
+    assert unkeyed_note({"graphs": False, "sites": one}) is None
+    assert unkeyed_note({"graphs": True, "sites": [dict(s, taken_over=3000) for s in one]}) is None
+
+
 def test_a_model_that_needs_the_host_in_a_capture_gets_a_note_with_the_reason():
     """Most model calls of a graphed plan eager because the model's forward needs the host in a
     capture (the hook's reason NEEDS_HOST + the failure): a note says no plan graphs it as it is,
@@ -148,7 +190,7 @@ def test_a_model_that_needs_the_host_in_a_capture_gets_a_note_with_the_reason():
     note = needs_host_note({"graphs": True, "sites": sites})
     assert note == ("96 of the 100 model calls ran eagerly under the graphed plan: the model's forward needs the "
                     f"host inside a CUDA graph capture, so no plan can graph it as it is ({why})")
-    assert call_notes({"graphs": True, "sites": sites}, train=True) == (None, note, None)
+    assert call_notes({"graphs": True, "sites": sites}, train=True) == (None, note, None, None)
     assert needs_host_note({"graphs": False, "sites": sites}) is None
     most_graphed = [dict(s, taken_over=200) for s in sites]
     assert needs_host_note({"graphs": True, "sites": most_graphed}) is None

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..planning._batching import UNPRICED
-from ._autoapply.graphs import CPU_ARG, GRAD_ON, NEEDS_HOST
+from ._autoapply.graphs import CPU_ARG, GRAD_ON, NEEDS_HOST, UNKEYED
 from ._autoapply.host_args import HOST_USE
 from ._autoapply.thread_graphs import MIN_THREAD_CALLS, mostly_short
 from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
            "copy_only_note", "training_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note",
-           "host_args_note", "call_notes", "host_work_note", "devices_note",
+           "host_args_note", "unkeyed_note", "call_notes", "host_work_note", "devices_note",
            "run_notes"]
 
 
@@ -314,6 +314,24 @@ def host_args_note(hook: dict[str, Any] | None) -> str | None:
             f"CPU ({why}), so no plan can graph those calls as they are")
 
 
+def unkeyed_note(hook: dict[str, Any] | None) -> str | None:
+    """What to say where most model calls of a graphed plan ran eagerly because an argument is of
+    a type no graph takes (the hook's reasons starting :data:`UNKEYED`: an object of the script's
+    own holding tensors, as TorchRec's ``KeyedJaggedTensor`` or ``examples/heldout/kjt_ranker_serve.py``'s
+    ``KeyedJagged``): the types, and what would let a plan try."""
+    most = _most_model_calls(hook, lambda why: why.startswith(UNKEYED))
+    if most is None:
+        return None
+    n, calls, found = most
+    types = sorted({why[len(UNKEYED):] for why in found})
+    what = f"an argument of type {types[0]} is" if len(types) == 1 else f"arguments of types {', '.join(types)} are"
+    return (f"{n} of the {calls} model calls ran eagerly under the graphed plan: {what} not what a CUDA graph is "
+            "keyed by (tensors, lists, tuples, dicts and dataclasses of them, and plain constants are), so no plan "
+            "can graph those calls as they are; passing the tensors it holds as arguments, or making its class a "
+            "dataclass, lets a plan try (a forward that reads values on the host, such as .tolist() of lengths or "
+            "offsets, still cannot be captured)")
+
+
 def host_work_note(advise: Any) -> str | None:
     """What to say where most of the baseline's wait for the host followed host work outside CUDA
     calls (``launch-bound``'s ``host_work_share_of_host_wait`` >= 0.5 in the diagnosis of the
@@ -341,8 +359,8 @@ def devices_note(advise: Any) -> str | None:
 
 def call_notes(hook: dict[str, Any] | None, train: bool) -> tuple[str | None, ...]:
     """The notes on how the model calls ran (:func:`grad_on_note` for serving, :func:`needs_host_note`,
-    :func:`host_args_note`)."""
-    return (None if train else grad_on_note(hook)), needs_host_note(hook), host_args_note(hook)
+    :func:`host_args_note`, :func:`unkeyed_note`)."""
+    return (None if train else grad_on_note(hook)), needs_host_note(hook), host_args_note(hook), unkeyed_note(hook)
 
 
 def run_notes(hook: dict[str, Any] | None, train: bool, advise: Any) -> tuple[str | None, ...]:
