@@ -235,3 +235,44 @@ def test_a_baseline_waiting_mostly_on_host_work_gets_a_note():
     assert host_work_note(None) is None and host_work_note(advise(None)) is None
     hook = {"graphs": True, "sites": []}
     assert run_notes(hook, False, advise(0.947)) == (*call_notes(hook, False), note, None)
+
+
+def test_graphed_plans_are_not_all_run_where_no_graph_can_be_captured(tmp_path, monkeypatch):
+    """profile --apply on a script whose model calls no graph takes (kjt_ranker_serve.py): once a
+    graphed plan captured nothing and most calls ran eagerly for such a reason, the other graphed
+    plans are not run (each would give the same eager calls), but the batching plan still is; each
+    skipped one says why. A plan that captured something, or a training script's, skips nothing."""
+    from types import SimpleNamespace
+
+    from recsys_doctor.applying import apply as ap
+    from recsys_doctor.applying._autoapply.graphs import UNKEYED
+    from recsys_doctor.planning.whatif import Candidate, Prediction
+
+    accounting.reset()
+    try:
+        accounting.fell_back("model", "s.py:139", f"{UNKEYED}KeyedJagged", 3000)
+        sites = accounting.sites()
+    finally:
+        accounting.reset()
+    eager = {"active": True, "graphs": True, "captured": 0, "thread_graphs": 0, "sites": sites}
+    cands = [Candidate(1, True, False, True), Candidate(2, True, False, True), Candidate(4, True, True, True),
+             Candidate(2, True, False, True, batching=True)]
+    preds = [Prediction(c, 0, 0, 0, "host") for c in cands]
+    ran: list[str] = []
+
+    def go(hook: dict, line: dict) -> list:
+        ran.clear()
+        monkeypatch.setattr(ap, "run_script", lambda argv, env, log, timeout_s: (ran.append(env["RECSYS_DOCTOR_PLAN"])
+                                                                                 or dict(line), ""))
+        monkeypatch.setattr(ap, "read_hook_stats", lambda p: dict(hook))
+        run = SimpleNamespace(out=tmp_path, say=lambda s: None, device_index=0, nvml=False)
+        return ap._measure_script_candidates(run, ["python", "s.py"], preds, preds, {}, 60.0)
+
+    res = go(eager, {"qps": 500.0})
+    assert len(ran) == 2  # the first graphed plan and the batching one
+    assert res[0].measured == {"qps": 500.0} and res[3].measured == {"qps": 500.0}
+    for r in res[1:3]:
+        assert r.measured is None and r.error is None and r.info["skipped"].startswith(
+            "under g1 ") and "no graph was captured" in r.info["skipped"]
+    assert len(go(dict(eager, captured=1), {"qps": 500.0}) and ran) == 4  # a graph captured: all run
+    assert len(go(eager, {"step_ms": 9.0}) and ran) == 4  # a training script's: all run

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
-from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, keep_within, training_note, measured_tables,
+from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, graphs_out_of_reach, keep_within,
+                     training_note, measured_tables,
                      short_lives_note, tail_note, no_model_calls_note, run_notes, _meas_numbers, _pred_numbers, _summary_point,
                      before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
@@ -354,6 +355,9 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                                          script_timeout_s, base_out)
     notes: list[str] = []
     best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
+    skipped = [r for r in results if r.info.get("skipped")]
+    if skipped:
+        notes.append(f"{skipped[0].info['skipped']} ({', '.join(r.prediction.candidate.label for r in skipped)})")
     units = base.get("queries") or base.get("calls") or base.get("steps")
     notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}"
                  + (f"; {METERED}" if run.metered else ""))
@@ -432,9 +436,15 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
     thread of the script raised under it: :func:`.script_hook.fail_on_thread_errors`)."""
     results = [CandidateResult(p) for p in ranked]
     by_cand = {r.prediction.candidate: r for r in results}
+    out_of_reach: str | None = None  # (graphs_out_of_reach of a graphed plan measured: the others skipped)
     for i, p in enumerate(todo):
-        run.say(f"running the script with candidate {i + 1}/{len(todo)}: {p.candidate.label}")
         r = by_cand[p.candidate]
+        graphed = p.candidate.cuda_graphs and not p.candidate.batching
+        if out_of_reach is not None and graphed:
+            r.info["skipped"] = out_of_reach
+            run.say(f"not running candidate {i + 1}/{len(todo)}: {p.candidate.label} (no graph can be captured)")
+            continue
+        run.say(f"running the script with candidate {i + 1}/{len(todo)}: {p.candidate.label}")
         pp = write_plan(run.out / f"cand_{i + 1}.plan.json", advised, p.candidate)
         sp = run.out / f"cand_{i + 1}.{HOOK_STATS_FILE}"
         try:
@@ -447,4 +457,6 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
             r.error = str(e)
         r.info["hook"] = read_hook_stats(sp)
         fail_on_thread_errors(r, r.info["hook"], out_as_is)
+        if graphed and r.measured and (r.measured.get("qps") is not None) and out_of_reach is None:
+            out_of_reach = graphs_out_of_reach(r.info["hook"], p.candidate.label)
     return results

@@ -15,7 +15,7 @@ from ..planning.whatif import Candidate, Prediction
 
 __all__ = ["CandidateResult", "ApplyResult", "before_after_rows", "measured_tables", "keep_within", "batching_refused",
            "copy_only_note", "training_note", "tail_note", "short_lives_note", "no_model_calls_note", "grad_on_note", "needs_host_note",
-           "host_args_note", "unkeyed_note", "call_notes", "host_work_note", "devices_note",
+           "host_args_note", "unkeyed_note", "graphs_out_of_reach", "call_notes", "host_work_note", "devices_note",
            "run_notes"]
 
 
@@ -330,6 +330,19 @@ def unkeyed_note(hook: dict[str, Any] | None) -> str | None:
             "can graph those calls as they are; passing the tensors it holds as arguments, or making its class a "
             "dataclass, lets a plan try (a forward that reads values on the host, such as .tolist() of lengths or "
             "offsets, still cannot be captured)")
+
+
+def graphs_out_of_reach(hook: dict[str, Any] | None, label: str) -> str | None:
+    """Where a serving script's graphed plan ``label`` captured no graph at all (none of the
+    groups', no thread's) and most of its model calls ran eagerly for a reason no other graphed
+    plan changes (an argument no graph is keyed by, a tensor argument left on the CPU, a forward
+    that needs the host in a capture): why the other graphed plans need not be run; else None."""
+    if not hook or not hook.get("graphs") or hook.get("batching") or hook.get("captured") or hook.get("thread_graphs"):
+        return None
+    if not (unkeyed_note(hook) or host_args_note(hook) or needs_host_note(hook)):
+        return None
+    return (f"under {label} no graph was captured and most model calls ran eagerly for a reason no other group "
+            "count or pool changes (the notes say which), so the other graphed plans were not run")
 
 
 def host_work_note(advise: Any) -> str | None:
