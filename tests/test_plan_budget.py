@@ -143,7 +143,7 @@ def test_a_plain_training_script_keeps_the_fastest_step():
 def test_a_script_plan_that_loses_is_declined():
     """A plain script whose best measured plan is slower than the script as it is keeps no
     plan (issue 25: the hook declines plans that lose); a tie or a win is kept."""
-    from recsys_doctor.applying.apply import _declined
+    from recsys_doctor.applying.confirm import declined as _declined
 
     def res(qps=None, step_ms=None):
         r = CandidateResult(Prediction(Candidate(2), 0.0, 0.0, 0.0, "", {}))

@@ -37,16 +37,15 @@ from typing import Any, Callable, Sequence
 
 from .._util.json import json_default
 from .report import (ApplyResult, CandidateResult, batching_refused, copy_only_note, graphs_out_of_reach, keep_within,
-                     training_note, measured_tables,
-                     short_lives_note, tail_note, no_model_calls_note, run_notes, _meas_numbers, _pred_numbers, _summary_point,
-                     before_after_rows)
+                     training_note, measured_tables, short_lives_note, tail_note, no_model_calls_note, run_notes,
+                     _meas_numbers, _pred_numbers, _summary_point, before_after_rows)
 from ..capture import check_workload_options, child_argv, default_out_dir, profile
 from ..capture.child_process import child_env
 from ..capture.nvml import NvmlSampler
 from ..errors import BadInputError, RecsysDoctorError, WorkloadError
 from ..planning.io import read_plan, write_plan
 from ..planning.search import GROUP_COUNTS, candidates, plan_candidate, runtime_plan, select_to_measure
-from .confirm import confirm, metric, needs_confirming, ratio
+from .confirm import confirm, declined, metric, needs_confirming
 from .evidence import HOOK_STATS_FILE, sync_evidence
 from .script_hook import (ENV_PLAN, METERED, fail_on_thread_errors, parse_script_result, read_hook_stats, run_as_is,
                           run_script, script_env, script_treatment)
@@ -250,6 +249,9 @@ def _keep_best(results: list[CandidateResult], kind: str, p99_ms: float | None =
     if not measured:
         raise WorkloadError("no candidate plan could be measured: " + "; ".join(
             f"{r.prediction.candidate.label}: {r.error}" for r in results if r.error))
+    skipped = [r for r in results if r.info.get("skipped")]  # (_measure_script_candidates: why, once)
+    if skipped and notes is not None:
+        notes.append(f"{skipped[0].info['skipped']} ({', '.join(r.prediction.candidate.label for r in skipped)})")
     if kind in ("train", "script-train"):
         return min(measured, key=lambda r: (r.measured or {}).get("step_ms") or math.inf)
     measured, note = keep_within(measured, p99_ms)
@@ -355,9 +357,6 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                                          script_timeout_s, base_out)
     notes: list[str] = []
     best = _keep_best(results, "script-train" if train else "script", None if train else p99_ms, notes)
-    skipped = [r for r in results if r.info.get("skipped")]
-    if skipped:
-        notes.append(f"{skipped[0].info['skipped']} ({', '.join(r.prediction.candidate.label for r in skipped)})")
     units = base.get("queries") or base.get("calls") or base.get("steps")
     notes.append(f"units per the trace: {stats.units} ({stats.unit_source}); the script reported {units}"
                  + (f"; {METERED}" if run.metered else ""))
@@ -365,7 +364,7 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                            predicted=_pred_numbers(best.prediction), measured=_meas_numbers(best.measured),
                            baseline=_meas_numbers(base))
     hook_stats = run.out / "after" / HOOK_STATS_FILE
-    decline, shown = _declined(base, best, train), (base, best.measured)
+    decline, shown = declined(base, best, train), (base, best.measured)
     if decline is None and needs_confirming(base, best.measured, train):  # a close win: once more
         decline, shown = confirm(run, argv, advised, base, best, train, script_timeout_s, notes)
     before_pt = _summary_point(shown[0], before.capture.get("nvml"), before.advise)
@@ -390,19 +389,6 @@ def apply_script(target: str | os.PathLike[str], args: Sequence[str] = (), *, ba
                       candidates=results, stats=stats.to_dict(), notes=notes, p99_budget_ms=p99_ms, evidence=ev)
     _finish(res, before, after, run.out, plan_path, t0, history=history, db_path=db_path)
     return res, before, after
-
-
-def _declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str | None:
-    """Why the best measured plan is declined (it is slower than the script as it is: fewer
-    queries/s, or a longer step: :func:`.confirm.ratio` below 1), or None where it wins or ties."""
-    m = best.measured or {}
-    r = ratio(base, m, train)
-    if r is None or r >= 1:
-        return None
-    key, unit = metric(train)
-    return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {m[key]:g} "
-            f"{unit} against {base[key]:g} for the script as it is; the script is left unchanged (plan.json keeps "
-            "that plan for reference)")
 
 
 #: what a plain script's graphed estimate is: the script's own Python per query or step is not

@@ -102,3 +102,16 @@ def both_rounds(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             out[k] = round((a + b) / 2, 4)
     return out
+
+
+def declined(base: dict[str, Any], best: CandidateResult, train: bool) -> str | None:
+    """Why the best measured plan is declined (it is slower than the script as it is: fewer
+    queries/s, or a longer step: :func:`ratio` below 1), or None where it wins or ties."""
+    m = best.measured or {}
+    r = ratio(base, m, train)
+    if r is None or r >= 1:
+        return None
+    key, unit = metric(train)
+    return (f"declined: the best plan measured, {best.prediction.candidate.label}, ran at {m[key]:g} "
+            f"{unit} against {base[key]:g} for the script as it is; the script is left unchanged (plan.json keeps "
+            "that plan for reference)")
