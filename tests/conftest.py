@@ -93,6 +93,16 @@ def hook_group(monkeypatch):
     del _tls.group
 
 
+@pytest.fixture(scope="module")
+def heldout_json(heldout_runs, request) -> dict[int, dict]:
+    """The held-out script named by the requesting test module's ``NAME`` at each thread count
+    with its TINY arguments (``heldout_runs``: one intra-op thread, nothing on PYTHONPATH): its one
+    JSON line, parsed."""
+    from test_heldout_scripts import json_runs
+
+    return json_runs(heldout_runs, request.module.NAME)
+
+
 @pytest.fixture(scope="session")
 def heldout_runs() -> dict[tuple[str, int], list[str]]:
     """Every held-out script at 1 and 3 client threads (one intra-op thread each, nothing on

@@ -19,7 +19,7 @@ import ast
 import numpy as np
 import pytest
 import torch
-from test_heldout_scripts import HELDOUT, THREADS, TINY, _tiny_run, json_runs
+from test_heldout_scripts import HELDOUT, THREADS, TINY, _tiny_run
 
 NAME = "method_api_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -43,12 +43,6 @@ def _request(seed: int, rid: int) -> tuple[np.ndarray, np.ndarray]:
 def _requests():
     return [_request(0, rid) for rid in range(QUERIES)]
 
-
-@pytest.fixture(scope="module")
-def runs(heldout_runs) -> dict[int, dict]:
-    """The script at each thread count with its TINY arguments (conftest's ``heldout_runs``: one
-    intra-op thread, nothing on PYTHONPATH): its one JSON line, parsed."""
-    return json_runs(heldout_runs, NAME)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +95,11 @@ def _gap(values: np.ndarray, n: int) -> float:
     return float(v[n - 1] - v[n])
 
 
-def test_json_line_and_the_same_checksum_at_every_thread_count(runs):
+def test_json_line_and_the_same_checksum_at_every_thread_count(heldout_json):
     """The keys of the JSON line; candidates_total is the candidate count of the requests made from
     the docstring; the checksum and the id checksum are exactly the same at 1 and 3 threads."""
     total = sum(len(c) for _, c in _requests())
-    for t, r in runs.items():
+    for t, r in heldout_json.items():
         assert set(r) == {"script", "qps", "p50_ms", "p99_ms", "threads", "queries", "candidates_total",
                           "id_checksum", "checksum"}
         assert r["script"] == "method_api_serve" and r["threads"] == t and r["queries"] == QUERIES
@@ -113,8 +107,8 @@ def test_json_line_and_the_same_checksum_at_every_thread_count(runs):
         assert r["candidates_total"] == total
         assert isinstance(r["id_checksum"], int) and isinstance(r["checksum"], float)
         assert np.isfinite(r["checksum"]) and r["checksum"] != r["id_checksum"]
-    assert runs[1]["checksum"] == runs[3]["checksum"]
-    assert runs[1]["id_checksum"] == runs[3]["id_checksum"]
+    assert heldout_json[1]["checksum"] == heldout_json[3]["checksum"]
+    assert heldout_json[1]["id_checksum"] == heldout_json[3]["id_checksum"]
 
 
 def test_requests_are_as_the_docstring_says(model):
@@ -133,7 +127,7 @@ def test_requests_are_as_the_docstring_says(model):
     assert len(counts) > QUERIES // 2
 
 
-def test_checksum_recomputed_by_hand(runs, model):
+def test_checksum_recomputed_by_hand(heldout_json, model):
     """Every request made again from the docstring and ranked by hand in float64 from the seeded
     parameters; the id checksum agrees exactly, the checksum's score part (checksum less id
     checksum) to float32 rounding. The model's ``recommend``, called the handler's way, agrees
@@ -174,7 +168,7 @@ def test_checksum_recomputed_by_hand(runs, model):
             score_sum += (rid + 1) * float(hand["logits"].sum())
     assert min(room) > 10, min(room)  # (far from a swap, not barely)
     print(f"smallest gap / largest float32 difference over the requests: {min(room):.0f}")
-    for r in runs.values():
+    for r in heldout_json.values():
         assert r["id_checksum"] == id_sum
         # the score part: 240 float32 logits of ~0.1, weighted up to 24, summed with cancellation
         # (~3 in all): float32 rounding leaves a few 1e-6 of it, so an absolute tolerance
@@ -182,14 +176,14 @@ def test_checksum_recomputed_by_hand(runs, model):
         assert r["checksum"] == pytest.approx(id_sum + score_sum, rel=0, abs=1e-4)
 
 
-def test_served_only_through_recommend_under_no_grad(runs, model):
-    """``Recommender.forward`` raises, yet the runs succeeded: the script never calls the model
+def test_served_only_through_recommend_under_no_grad(heldout_json, model):
+    """``Recommender.forward`` raises, yet the heldout_json succeeded: the script never calls the model
     object (nor is a call of any name holding it in its source: only ``model.recommend(...)``,
     and ``recommend`` calls the three submodules). ``recommend`` is decorated with
     ``@torch.no_grad()`` in its source, and called with gradients on its outputs do not require
     grad, while the same towers called directly do."""
     mod, net = model
-    assert set(runs) == set(THREADS)
+    assert set(heldout_json) == set(THREADS)
     history, candidates = _request(0, 0)
     h, o, c = torch.as_tensor(history), torch.zeros(1, dtype=torch.long), torch.from_numpy(candidates)
     with pytest.raises(NotImplementedError, match="recommend"):

@@ -19,7 +19,7 @@ import inspect
 import numpy as np
 import pytest
 import torch
-from test_heldout_scripts import TINY, _tiny_run, json_runs
+from test_heldout_scripts import TINY, _tiny_run
 
 NAME = "optional_features_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -54,12 +54,6 @@ def _request(seed: int, rid: int) -> tuple[dict[str, np.ndarray], float]:
 def _requests():
     return [_request(0, rid) for rid in range(QUERIES)]
 
-
-@pytest.fixture(scope="module")
-def runs(heldout_runs) -> dict[int, dict]:
-    """The script at each thread count with its TINY arguments (conftest's ``heldout_runs``: one
-    intra-op thread, nothing on PYTHONPATH): its one JSON line, parsed."""
-    return json_runs(heldout_runs, NAME)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +114,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def test_json_line_and_the_same_checksum_at_every_thread_count(runs):
+def test_json_line_and_the_same_checksum_at_every_thread_count(heldout_json):
     keys = {
         "script",
         "qps",
@@ -132,7 +126,7 @@ def test_json_line_and_the_same_checksum_at_every_thread_count(runs):
         "with_context",
         "checksum",
     }
-    for t, r in runs.items():
+    for t, r in heldout_json.items():
         assert set(r) == keys
         assert (
             r["script"] == "optional_features_serve"
@@ -145,10 +139,10 @@ def test_json_line_and_the_same_checksum_at_every_thread_count(runs):
             and np.isfinite(r["checksum"])
             and r["checksum"] != 0
         )
-    assert runs[1]["checksum"] == runs[3]["checksum"]
+    assert heldout_json[1]["checksum"] == heldout_json[3]["checksum"]
 
 
-def test_optional_feature_counts_and_both_sides_occur(runs, model):
+def test_optional_feature_counts_and_both_sides_occur(heldout_json, model):
     """with_history and with_context are the counts of the requests made from the docstring, and
     each optional feature is present in some requests of the tiny run and missing in others. The
     script's own requests are the same arrays and temperatures."""
@@ -160,7 +154,7 @@ def test_optional_feature_counts_and_both_sides_occur(runs, model):
     assert any(
         ("history" in q) != ("context" in q) for q, _ in reqs
     )  # the two are drawn apart
-    for r in runs.values():
+    for r in heldout_json.values():
         assert r["with_history"] == with_history and r["with_context"] == with_context
     rows = set()
     for rid, (req, temp) in enumerate(reqs):
@@ -177,7 +171,7 @@ def test_optional_feature_counts_and_both_sides_occur(runs, model):
     assert len(rows) > QUERIES // 2
 
 
-def test_checksum_recomputed_by_hand(runs, model):
+def test_checksum_recomputed_by_hand(heldout_json, model):
     """Every request made again from the docstring and scored by hand in float64 from the seeded
     parameters (temperature applied); the checksum, the sum of (rid + 1) x each request's score sum,
     agrees with the script's at 1 and 3 threads. The model, called the handler's way (keywords,
@@ -199,7 +193,7 @@ def test_checksum_recomputed_by_hand(runs, model):
                 out["logit"].numpy(), _hand_logits(p, req) / temp, rtol=1e-4, atol=1e-5
             )
             expected += (rid + 1) * float(s.sum())
-    for r in runs.values():
+    for r in heldout_json.values():
         assert r["checksum"] == pytest.approx(expected, rel=1e-5)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from test_heldout_scripts import HELDOUT, TINY, _tiny_run, json_runs
+from test_heldout_scripts import HELDOUT, TINY, _tiny_run
 
 NAME = "replica_per_thread_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -86,12 +86,6 @@ def _hand_scores(p: dict, ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-logit))
 
 
-@pytest.fixture(scope="module")
-def runs(heldout_runs) -> dict[int, dict]:
-    """The script at each thread count with its TINY arguments (conftest's ``heldout_runs``: one
-    intra-op thread, nothing on PYTHONPATH): its one JSON line, parsed."""
-    return json_runs(heldout_runs, NAME)
-
 
 @pytest.fixture(scope="module")
 def model():
@@ -103,21 +97,21 @@ def model():
     return mod, net
 
 
-def test_json_line_and_the_same_checksum_at_every_thread_count(runs):
+def test_json_line_and_the_same_checksum_at_every_thread_count(heldout_json):
     """The keys of the JSON line; rows_total is the row count of the requests made from the
     docstring; one replica serves at 1 thread, one to three at 3; the checksum is exactly the
     same at 1 and 3 threads."""
     rows_total = sum(len(ids) for ids, _ in _requests())
-    for t, r in runs.items():
+    for t, r in heldout_json.items():
         assert set(r) == {"script", "threads", "queries", "qps", "p50_ms", "p99_ms", "rows_total", "replicas",
                           "checksum"}
         assert r["script"] == "replica_per_thread_serve" and r["threads"] == t and r["queries"] == QUERIES
         assert r["qps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
         assert r["rows_total"] == rows_total
         assert isinstance(r["checksum"], float) and np.isfinite(r["checksum"])
-    assert runs[1]["replicas"] == 1
-    assert 1 <= runs[3]["replicas"] <= 3
-    assert runs[1]["checksum"] == runs[3]["checksum"]
+    assert heldout_json[1]["replicas"] == 1
+    assert 1 <= heldout_json[3]["replicas"] <= 3
+    assert heldout_json[1]["checksum"] == heldout_json[3]["checksum"]
 
 
 def test_requests_are_as_the_docstring_says(model):
@@ -147,10 +141,10 @@ def test_parameters_are_as_the_docstring_says(model):
         assert np.array_equal(sd[k].double().numpy(), v), k
 
 
-def test_checksum_recomputed_by_hand(runs, model):
+def test_checksum_recomputed_by_hand(heldout_json, model):
     """Every request made again from the docstring and scored by hand in float64 from the
     docstring's parameters; the checksum (the scores in request order dotted with
-    ``linspace(1, 2, n)``) agrees with both runs. The base model called on the same requests agrees
+    ``linspace(1, 2, n)``) agrees with both heldout_json. The base model called on the same requests agrees
     score by score (a check on the hand math only)."""
     _, net = model
     p = _docstring_params()
@@ -172,7 +166,7 @@ def test_checksum_recomputed_by_hand(runs, model):
     assert worst / flat.min() < 1e-5, (worst, flat.min())
     print(f"largest float32 - float64 score difference: {worst:.2e}, over the smallest score: {worst / flat.min():.1e}")
     expected = float(flat @ np.linspace(1.0, 2.0, flat.size))
-    for r in runs.values():
+    for r in heldout_json.values():
         assert r["checksum"] == pytest.approx(expected, rel=1e-5)
 
 
