@@ -419,7 +419,9 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
                                advised: dict[str, Any], timeout_s: float, out_as_is: str = "") -> list[CandidateResult]:
     """Every ranked candidate's result; those in ``todo`` measured by running the script
     unmodified with the candidate's plan file applied at interpreter start (not kept where a
-    thread of the script raised under it: :func:`.script_hook.fail_on_thread_errors`)."""
+    thread of the script raised under it: :func:`.script_hook.fail_on_thread_errors`). Once a
+    graphed plan captured nothing for a reason no other plan changes
+    (:func:`.report.graphs_out_of_reach`), the other graphed ones are not run (``info["skipped"]``)."""
     results = [CandidateResult(p) for p in ranked]
     by_cand = {r.prediction.candidate: r for r in results}
     out_of_reach: str | None = None  # (graphs_out_of_reach of a graphed plan measured: the others skipped)
@@ -443,6 +445,6 @@ def _measure_script_candidates(run: _Setup, argv: list[str], ranked: list[Predic
             r.error = str(e)
         r.info["hook"] = read_hook_stats(sp)
         fail_on_thread_errors(r, r.info["hook"], out_as_is)
-        if graphed and r.measured and (r.measured.get("qps") is not None) and out_of_reach is None:
+        if graphed and r.measured and r.measured.get("qps") is not None and out_of_reach is None:
             out_of_reach = graphs_out_of_reach(r.info["hook"], p.candidate.label)
     return results
