@@ -6,6 +6,7 @@
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 T=150 gpu_test autoapply_gpu tests/test_autoapply_gpu.py
+# (opt0, unhooked, under both settings: how far the machine drifts between two runs of one case)
 CASES="opt0 opt2 cand4 dlrm4" KNOBS="- RECSYS_DOCTOR_REPLAY_WINDOW=0" timeout 330 bash bench/apply/knob_ab.sh 2 > $OUT/knob_ab.txt 2>&1
 python3 - <<'PY'
 import json, os
