@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from recsys_doctor.applying._autoapply import served  # noqa: E402
-from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph, settle  # noqa: E402
+from recsys_doctor.applying._autoapply.deferred import settle  # noqa: E402
+from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph  # noqa: E402
 
 META = torch.device("meta")
 

@@ -108,8 +108,8 @@ from .interception import _group_for_new_thread, _wrapped_bootstrap, on_torch_im
 from .report import ENV_STATS, _at_exit, claim_stats_file, stats, write_stats
 from .settings import read_runtime, unhonoured
 from .thread_graphs import _min_calls, _replay_window
-from .deferred import make_lazy_type as _make_lazy_type  # noqa: F401
-from .staging import _copy_in, _materialize, _ThreadCopies, _ThreadGraph  # noqa: F401
+from .deferred import _materialize, make_lazy_type as _make_lazy_type  # noqa: F401
+from .staging import _copy_in, _ThreadCopies, _ThreadGraph  # noqa: F401
 
 __all__ = ["activate", "deactivate", "read_runtime", "stats", "write_stats", "ENV_PLAN", "ENV_STATS", "ENV_THREAD_GRAPHS",
            "ENV_STAGE_PAGEABLE", "ENV_PLACE", "WARMUP_CALLS"]

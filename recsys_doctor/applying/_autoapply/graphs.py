@@ -26,7 +26,8 @@ _ON_CPU = "a CPU tensor argument"
 CPU_ARG = f"not graphed: {_ON_CPU}"
 #: the start of the reason of a call with an argument no graph takes (an object of the script's
 #: own holding tensors, as TorchRec's KeyedJaggedTensor; :func:`_key_part` names its type)
-UNKEYED = "not graphed: an argument of type "
+_OF_TYPE = "an argument of type "
+UNKEYED = f"not graphed: {_OF_TYPE}"
 #: why every call of a module runs eagerly after a capture of it needed the host
 NEEDS_HOST = "its forward needs the host inside a CUDA graph capture: every call eager from now on"
 
@@ -85,7 +86,7 @@ def _key_part(T: type[Any], x: Any, tensors: list[Any]) -> Any:
     names = dataclass_fields(type(x))
     if names is not None:  # (in the class's field order, as :mod:`.argtree` walks it)
         return (type(x), tuple([_key_part(T, getattr(x, n), tensors) for n in names]))
-    raise TypeError(f"{UNKEYED[len('not graphed: '):]}{type(x).__name__}")
+    raise TypeError(f"{_OF_TYPE}{type(x).__name__}")
 
 
 def _capture(torch: Any, g: _Group, e: _Entry, orig_call: Any, module: Any, args: Any, kwargs: Any,

@@ -52,7 +52,8 @@ from .accounting import taken_over
 from .fallback import _fall_back
 from .argtree import Slot, flatten, matches, remake, skeleton
 from .pageable import _cuda_at
-from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
+from .deferred import _materialize, settle
+from .staging import _ThreadCopies, _ThreadGraph
 from .modstate import fresh
 from .thread_graphs import NOT_COPIES, copy_sources, count_copies, drop_stale
 

@@ -13,7 +13,7 @@ from .modstate import version
 from .accounting import fell_back, script_site, taken_over
 from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again,
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
-from .deferred import _materialize, _own_memory, make_lazy_type, settle  # noqa: F401 - (theirs too)
+from .deferred import _materialize, _own_memory, make_lazy_type, settle
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
 from .steady import counted_fast, same_source, steady_copy
 from .unplaced import unplaced_copy, unplaced_factory

@@ -15,7 +15,8 @@ from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failur
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
 from .modstate import fresh, stale
-from .staging import _materialize, _ThreadCopies, _ThreadGraph, settle
+from .deferred import _materialize, settle
+from .staging import _ThreadCopies, _ThreadGraph
 
 
 #: model calls a thread's copies wait for a graph of the call's exact shapes to learn from
@@ -176,8 +177,7 @@ def _judge(torch: Any, st: _ThreadCopies, module: Any, site: str) -> None:
     if not window or st.tg_calls < window or 4 * st.tg_hits >= st.tg_calls:
         return
     torch.cuda.current_stream().synchronize()  # (its last replay read its buffers: done before they go)
-    st.tg, st.reason = None, RARELY_REPLAYED
-    st.recent = []
+    st.tg, st.reason = None, RARELY_REPLAYED  # (the query's copies are not learned: _copies_call asks reason)
     _fall_back(f"{type(module).__name__} ({site}): {RARELY_REPLAYED} ({st.tg_hits} of {st.tg_calls})",
                RARELY_REPLAYED)
 
