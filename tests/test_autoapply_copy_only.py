@@ -274,5 +274,7 @@ def test_graphed_plans_are_not_all_run_where_no_graph_can_be_captured(tmp_path, 
     for r in res[1:3]:
         assert r.measured is None and r.error is None and r.info["skipped"].startswith(
             "under g1 ") and "no graph was captured" in r.info["skipped"]
+        assert "3000 of the 3000 model calls ran eagerly (not graphed: an argument of type KeyedJagged)" in r.info[
+            "skipped"]
     assert len(go(dict(eager, captured=1), {"qps": 500.0}) and ran) == 4  # a graph captured: all run
     assert len(go(eager, {"step_ms": 9.0}) and ran) == 4  # a training script's: all run

@@ -290,7 +290,7 @@ def needs_host_note(hook: dict[str, Any] | None) -> str | None:
     """What to say where most model calls of a graphed plan ran eagerly because the model's
     forward needs the host inside a capture (the hook's reason starting ``NEEDS_HOST``): no plan
     graphs it as it is; the reason (the lines, and what keeps it capturable where that is known)."""
-    most = _most_model_calls(hook, lambda why: why.startswith(NEEDS_HOST))
+    most = _most_model_calls(hook, _needs_host)
     if most is None:
         return None
     host, calls, found = most
@@ -303,7 +303,7 @@ def host_args_note(hook: dict[str, Any] | None) -> str | None:
     """What to say where most model calls of a graphed plan ran eagerly because a tensor argument
     stays on the CPU (the hook's reason :data:`CPU_ARG` at its model call sites): the hook's reason
     where the model uses such an argument on the host (the line, PyTorch's function, the way out)."""
-    most = _most_model_calls(hook, lambda why: why == CPU_ARG)
+    most = _most_model_calls(hook, _cpu_arg)
     if most is None:
         return None
     n, calls, _ = most
@@ -319,7 +319,7 @@ def unkeyed_note(hook: dict[str, Any] | None) -> str | None:
     a type no graph takes (the hook's reasons starting :data:`UNKEYED`: an object of the script's
     own holding tensors, as TorchRec's ``KeyedJaggedTensor`` or ``examples/heldout/kjt_ranker_serve.py``'s
     ``KeyedJagged``): the types, and what would let a plan try."""
-    most = _most_model_calls(hook, lambda why: why.startswith(UNKEYED))
+    most = _most_model_calls(hook, _unkeyed)
     if most is None:
         return None
     n, calls, found = most
@@ -339,10 +339,14 @@ def graphs_out_of_reach(hook: dict[str, Any] | None, label: str) -> str | None:
     that needs the host in a capture): why the other graphed plans need not be run; else None."""
     if not hook or not hook.get("graphs") or hook.get("batching") or hook.get("captured") or hook.get("thread_graphs"):
         return None
-    if not (unkeyed_note(hook) or host_args_note(hook) or needs_host_note(hook)):
-        return None
-    return (f"under {label} no graph was captured and most model calls ran eagerly for a reason no other group "
-            "count or pool changes (the notes say which), so the other graphed plans were not run")
+    for match in (_unkeyed, _cpu_arg, _needs_host):  # (the reasons of unkeyed_note, host_args_note, needs_host_note)
+        most = _most_model_calls(hook, match)
+        if most is not None:
+            n, calls, found = most
+            return (f"under {label} no graph was captured and {n} of the {calls} model calls ran eagerly "
+                    f"({max(found, key=lambda k: found[k])}), a reason no other group count or pool changes, so the "
+                    "other graphed plans were not run")
+    return None
 
 
 def host_work_note(advise: Any) -> str | None:
@@ -380,6 +384,18 @@ def run_notes(hook: dict[str, Any] | None, train: bool, advise: Any) -> tuple[st
     """:func:`call_notes`, and :func:`host_work_note` and :func:`devices_note` of the script as it
     is (``advise``: its diagnosis)."""
     return (*call_notes(hook, train), host_work_note(advise), devices_note(advise))
+
+
+def _needs_host(why: str) -> bool:
+    return why.startswith(NEEDS_HOST)
+
+
+def _cpu_arg(why: str) -> bool:
+    return why == CPU_ARG
+
+
+def _unkeyed(why: str) -> bool:
+    return why.startswith(UNKEYED)
 
 
 def _most_model_calls(hook: dict[str, Any] | None, match: Any) -> tuple[int, int, dict[str, int]] | None:
