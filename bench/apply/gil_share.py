@@ -35,30 +35,23 @@ def hook_own(frames: list[str]) -> bool:
     return False
 
 
-def share(folded: Path, frame: str) -> tuple[int, int, int, int]:
-    """(all samples, the serving threads', those under a recsys_doctor frame, the hook's own)."""
-    total = serving = hook = own = 0
+def share(folded: Path, frame: str) -> tuple[int, int, int, collections.Counter[str]]:
+    """(all samples, the serving threads', those under a recsys_doctor frame, the hook's own by the
+    hook's outermost frame in each: ``file.py:line`` of recsys_doctor/, the thread's bootstrap
+    wrapper not counted), in one pass over the file."""
+    total = serving = hook = 0
+    own: collections.Counter[str] = collections.Counter()
     for stack, n in stacks(folded):
         total += n
         if frame in stack:
             serving += n
             frames = stack.split(";")
-            if any("recsys_doctor/" in f and "bootstrap_inner" not in f for f in frames):
+            ours = [f for f in frames if "recsys_doctor/" in f and "bootstrap_inner" not in f]
+            if ours:
                 hook += n
-            own += n * hook_own(frames)
+                if hook_own(frames):
+                    own[ours[0].rpartition("/")[2].rstrip(")")] += n
     return total, serving, hook, own
-
-
-def own_by_frame(folded: Path, frame: str) -> collections.Counter[str]:
-    """The hook's own samples of the serving threads by the hook's outermost frame in each
-    (``file.py:line`` of recsys_doctor/, the thread's bootstrap wrapper not counted)."""
-    by: collections.Counter[str] = collections.Counter()
-    for stack, n in stacks(folded):
-        frames = stack.split(";")
-        if frame in stack and hook_own(frames):
-            top = next(f for f in frames if "recsys_doctor/" in f and "bootstrap_inner" not in f)
-            by[top.rpartition("/")[2].rstrip(")")] += n
-    return by
 
 
 def main() -> None:
@@ -68,7 +61,8 @@ def main() -> None:
     rate = float(argv[2]) if len(argv) > 2 else 200.0
     for run in ("unhooked", "hooked"):
         res = json.loads((d / f"{run}.json").read_text())
-        total, serving, hook, own = share(d / f"{run}.folded.gz", frame)
+        total, serving, hook, by = share(d / f"{run}.folded.gz", frame)
+        own = sum(by.values())
         q, qps = res["queries"], res["qps"]
         gil_s = serving / rate
         print(f"{d.name:<13} {run:<9} {qps:8.1f} q/s  serving threads' GIL {gil_s:5.2f} s = "
@@ -76,7 +70,7 @@ def main() -> None:
               f"(hook frames {hook / rate / q * 1e6:5.0f} us, the hook's own {own / rate / q * 1e6:5.0f} us) "
               f"-> ceiling {q / gil_s:6.0f} q/s")
         if by_frame and run == "hooked":
-            for f, n in own_by_frame(d / f"{run}.folded.gz", frame).most_common(12):
+            for f, n in by.most_common(12):
                 print(f"    {n:5d} samples {n / rate / q * 1e6:6.1f} us a query  {f}")
 
 
