@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..capture.term_exit import CHAIN_SITECUSTOMIZE
 from ..capture.treatment import Treatment
 from ..errors import BadInputError, WorkloadError
 from ..planning.io import read_plan
@@ -57,16 +58,6 @@ if _os.environ.get("RECSYS_DOCTOR_PLAN"):
     _sys.modules["_recsys_doctor_autoapply"] = _m
     _spec.loader.exec_module(_m)
     _m._main()
-# chain to the sitecustomize this one shadows, if any
-def _chain():
-    import importlib.machinery as _mach, sys as _sys
-    here = {here!r}
-    spec = _mach.PathFinder.find_spec("sitecustomize", [p for p in _sys.path if _os.path.abspath(p or ".") != here])
-    if spec is not None and spec.loader is not None:
-        import importlib.util as _u
-        mod = _u.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-_chain()
 '''
 
 
@@ -87,7 +78,8 @@ def script_env(plan_path: str | os.PathLike[str], base_env: dict[str, str] | Non
     read_plan(plan)
     d = Path(hook_dir) if hook_dir is not None else Path(tempfile.mkdtemp(prefix=HOOK_DIR_PREFIX))
     d.mkdir(parents=True, exist_ok=True)
-    (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(_AUTOAPPLY), here=str(d.resolve())))
+    (d / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(path=str(_AUTOAPPLY))
+                                         + CHAIN_SITECUSTOMIZE.format(here=str(d.resolve())))
     env = dict(os.environ if base_env is None else base_env)
     env[ENV_PLAN] = str(plan)
     env.pop(ENV_STATS_PID, None)  # the program's first interpreter writes the stats, not an ancestor

@@ -167,6 +167,7 @@ def _capture_nsys(run: _Run, baseline: bool) -> _Captured:
     """The program in a child process under ``nsys profile``; a workload's child writes
     ``measurement.json``, and its baseline is another child without nsys."""
     from .nsys import find_nsys, run_nsys
+    from .term_exit import capture_env
 
     nsys = find_nsys()
     run.env["nsys"] = str(nsys)
@@ -186,6 +187,7 @@ def _capture_nsys(run: _Run, baseline: bool) -> _Captured:
     penv = child_env()
     if run.treatment is not None and run.treatment.script_env is not None:
         penv = run.treatment.script_env(penv, run.out / "hook")
+    penv = capture_env(penv, run.out / "term_exit")  # the processes it starts keep their trace when terminated
     sampler = run.sampler()
     t_cap = time.perf_counter()
     with sampler:
