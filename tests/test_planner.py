@@ -40,6 +40,39 @@ def test_serving_plan_groups_per_contending_thread():
     json.dumps(res.to_dict())
 
 
+def test_threads_of_several_processes_each_on_its_own_stream_of_one_number_do_not_share_it():
+    """Pool workers: each process launches into its own legacy stream, and nsys numbers each
+    process's the same (stream 7): two processes' stream 7 are two streams (two CUDA contexts),
+    not one shared by 3 threads, as the stream-contention analyzer keys them too."""
+    ks, calls = [], []
+    for i in range(60):
+        pid = 100 + i % 3
+        ks.append(kern(100000 + i * 3000, 100000 + i * 3000 + 2000, corr=i + 1, pid=pid, name="k%d" % (i % 10)))
+        calls.append(api(i * 1000, i * 1000 + 1500, i + 1, tid=10, pid=pid))
+    res = advise_trace(T(kernels=ks, api=calls), Options())
+    g = res.plan["stream_groups"]
+    assert g["count"] == 3
+    assert g["reason"].startswith("3 CPU threads of 3 processes launch concurrently on device 0, "
+                                  "each into its own stream already")
+    # the same launches from 3 threads of one process share its one stream 7
+    one = advise_trace(_contended(3), Options()).plan["stream_groups"]["reason"]
+    assert one.startswith("3 CPU threads launch concurrently on device 0, into shared streams")
+
+
+def test_sibling_streams_are_streams_of_one_process():
+    """The same 10 kernels on streams 7 and 13, their spans overlapping: sibling branches of one
+    module when one process runs both, nothing when each stream is another process's."""
+    from recsys_doctor.planning._branches import sibling_streams
+
+    def ks(pid_of):
+        return [kern(i * 1000, i * 1000 + 800, corr=i + 1, pid=pid_of(s), stream=s, name="k%d" % (i // 2))
+                for i, s in enumerate([7, 13] * 10)]
+
+    one = sibling_streams(T(kernels=ks(lambda s: 1)), Options())
+    assert one["streams"] == 2 and one["kernels_each"] == 10
+    assert sibling_streams(T(kernels=ks(lambda s: s)), Options())["streams"] == 0
+
+
 def test_group_count_is_capped():
     p = advise_trace(_contended(6), Options(max_stream_groups=4)).plan
     assert p["stream_groups"]["count"] == 4

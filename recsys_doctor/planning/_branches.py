@@ -46,17 +46,20 @@ CONCURRENCY_SAMPLE = 200_000
 
 
 def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
-    """``{"threads", "concurrent", "own_streams", "device"}`` for the device with the most
-    concurrent launching threads, then the most launching threads (zeros when nothing is
-    launched)."""
+    """``{"threads", "concurrent", "own_streams", "device", "processes"}`` for the device with
+    the most concurrent launching threads, then the most launching threads (zeros when nothing
+    is launched). A stream is its process's: two processes' streams of one number are two
+    streams (each process has its own CUDA context), as the stream-contention analyzer keys
+    them; ``processes`` counts the processes of the launching threads."""
     j = launches(trace)
-    best = {"threads": 0, "concurrent": 0, "own_streams": False, "device": None}
+    best = {"threads": 0, "concurrent": 0, "own_streams": False, "device": None, "processes": 0}
     if not len(j):
         return best
     dev = j["device"].to_numpy(np.int64)
-    thread, _, _ = pair_codes(j["pid"].to_numpy(np.int64), j["tid"].to_numpy(np.int64))
+    pid = j["pid"].to_numpy(np.int64)
+    thread, _, _ = pair_codes(pid, j["tid"].to_numpy(np.int64))
     t = j["api_start"].to_numpy(np.int64)
-    stream, _ = pd.factorize(j["stream"].to_numpy(np.int64))
+    stream, _, _ = pair_codes(pid, j["stream"].to_numpy(np.int64))
     one = dev.min() == dev.max()  # (one device: no sort of the millions of launches by device)
     devs, dev_code = (dev[:1], None) if one else np.unique(dev, return_inverse=True)
     for di, d in enumerate(devs):
@@ -74,7 +77,8 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
         conc = _concurrency(t[mid], thread[mid], heavy)
         if (conc, heavy.size) > (best["concurrent"], best["threads"]):
             best = {"threads": int(heavy.size), "concurrent": conc,
-                    "own_streams": _own_streams(thread[hk], stream[hk]), "device": int(d)}
+                    "own_streams": _own_streams(thread[hk], stream[hk]), "device": int(d),
+                    "processes": int(np.unique(pid[hk]).size)}
     return best
 
 
@@ -127,7 +131,8 @@ def _own_streams(thread: np.ndarray, stream: np.ndarray) -> bool:
 
 def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
     """``{"streams", "kernels_each", "overlap_ns", "wait_events", "device"}``: the largest
-    set of sibling side streams of one device (``streams`` 0 when there is none)."""
+    set of sibling side streams of one process on one device (``streams`` 0 when there is
+    none): two processes running the same kernels are not one module's branches."""
     k = trace.kernels
     api = trace.api
     waits = int(str_contains(api["name"], r"StreamWaitEvent").sum()) if len(api) else 0
@@ -136,12 +141,13 @@ def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
         return none
     comm = comm_mask(trace)
     dur = (k["end"] - k["start"]).to_numpy(np.int64)
-    df = pd.DataFrame({"device": k["device"].to_numpy(np.int64), "stream": k["stream"].to_numpy(np.int64),
+    df = pd.DataFrame({"pid": k["pid"].to_numpy(np.int64), "device": k["device"].to_numpy(np.int64),
+                       "stream": k["stream"].to_numpy(np.int64),
                        "start": k["start"].to_numpy(np.int64),
                        "code": k["name"].cat.codes.to_numpy() if hasattr(k["name"], "cat") else
                        pd.factorize(k["name"])[0], "dur": dur, "comm": comm})
     best = none
-    for d, g in df.groupby("device"):
+    for (p, d), g in df.groupby(["pid", "device"]):  # (a stream is its process's)
         comm_streams = set(g.loc[g["comm"], "stream"])
         g = g[~g["stream"].isin(comm_streams)]
         per = g.groupby("stream")["dur"].sum()
@@ -161,14 +167,14 @@ def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
         members = max(together, key=len) if together else []
         if len(members) >= 2 and len(members) > best["streams"]:
             best = {"streams": len(members), "kernels_each": int((g["stream"] == members[0]).sum()),
-                    "overlap_ns": _overlap(k, int(d), members), "wait_events": waits, "device": int(d)}
+                    "overlap_ns": _overlap(k, int(p), int(d), members), "wait_events": waits, "device": int(d)}
     return best
 
 
-def _overlap(k: pd.DataFrame, device: int, streams: list[int]) -> int:
-    """Time two or more of ``streams`` run kernels at once: the sum of each stream's busy
-    time minus the busy time of all of them together."""
-    on = (k["device"].to_numpy(np.int64) == device)
+def _overlap(k: pd.DataFrame, pid: int, device: int, streams: list[int]) -> int:
+    """Time two or more of ``streams`` (of process ``pid``) run kernels at once: the sum of each
+    stream's busy time minus the busy time of all of them together."""
+    on = (k["device"].to_numpy(np.int64) == device) & (k["pid"].to_numpy(np.int64) == pid)
     st = k["stream"].to_numpy(np.int64)
     s, e = k["start"].to_numpy(np.int64), k["end"].to_numpy(np.int64)
     each = 0

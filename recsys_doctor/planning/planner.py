@@ -161,8 +161,10 @@ def _stream_groups(trace: Trace, options: Options, data: dict[str, Any], byid: d
     if threads["concurrent"] >= 2:
         want = threads["concurrent"]
         where = ("each into its own stream already" if threads["own_streams"] else "into shared streams")
+        procs = threads["processes"]
+        who = f"{want} CPU threads" + (f" of {procs} processes" if procs > 1 else "")
         return {"count": min(cap, want), "because": launchy or real,
-                "reason": f"{want} CPU threads launch concurrently on device {threads['device']}, {where}: "
+                "reason": f"{who} launch concurrently on device {threads['device']}, {where}: "
                           f"one group per thread{cap_note(want)}"}
     sib = sibling_streams(trace, options)
     if families:
