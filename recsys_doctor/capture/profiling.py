@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 from .._util.files import file_sha256
 from .._util.json import json_default
 from ..diagnose.advise import AdviseResult, advise_trace, restrict
-from ..errors import BadInputError
+from ..errors import BadInputError, WorkloadError
 from ..options import Options
 from .workload import Measurement, is_workload_module
 from . import backend as _backend
@@ -33,6 +34,9 @@ __all__ = ["ProfileResult", "profile", "check_workload_options", "MEASURE_RANGE"
 
 #: the NVTX range of the measurement window; a workload's trace is analyzed inside it
 MEASURE_RANGE = "measure"
+#: CPU seconds of its child processes past which a script with no CUDA work of its own under the
+#: torch backend is taken for one whose GPU work ran in them
+CHILDREN_CPU_S = 0.5
 
 
 @dataclass
@@ -88,6 +92,8 @@ class _Captured:
     measurement: Measurement | None = None
     baseline: Measurement | None = None
     baseline_nvml: NvmlSamples | None = None
+    #: CPU seconds of the processes the program started (and reaped) during the capture
+    children_cpu_s: float = 0.0
 
 
 def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = (), *, backend: str = "auto",
@@ -127,6 +133,7 @@ def profile(target: str | os.PathLike[str], args: tuple[str, ...] | list[str] = 
     files = _save_samples(run, cap)
     window = nvtx if nvtx is not None else (MEASURE_RANGE if run.is_wl else None)
     res, used = _diagnose(cap.trace, options, window, required=nvtx is not None)
+    _check_children_traced(run, cap, res)
     record = _capture_record(run, cap, backend_requested=backend, window=used, files=files,
                              wall_s=time.perf_counter() - t_start)
     if host is not None:
@@ -209,13 +216,34 @@ def _capture_torch(run: _Run, baseline: bool) -> _Captured:
     undo = t.activate() if t is not None and t.activate is not None else None
     sampler = run.sampler()
     t_cap = time.perf_counter()
+    children = _children_cpu_s()
     try:
         with sampler:
             trace = profile_script(run.target, run.args, run.out)
     finally:
         if undo is not None:
             undo()
-    return _Captured(trace, command, time.perf_counter() - t_cap, sampler.result)
+    return _Captured(trace, command, time.perf_counter() - t_cap, sampler.result,
+                     children_cpu_s=_children_cpu_s() - children)
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _check_children_traced(run: _Run, cap: _Captured, res: AdviseResult) -> None:
+    """The torch backend traces this process only: a script that ran no CUDA work here while
+    the processes it started worked (a ``multiprocessing`` pool scoring on the GPU) gets one
+    line saying so, not a diagnosis of an empty trace."""
+    if run.backend != "torch" or run.is_wl or cap.children_cpu_s < CHILDREN_CPU_S:
+        return
+    s = res.summary
+    if s.get("kernels") or s.get("memcpys") or s.get("graph_executions"):
+        return
+    raise WorkloadError(f"{run.target} ran no CUDA work in its own process, while the processes it started used "
+                        f"{cap.children_cpu_s:.1f} s of CPU: the torch backend traces this process only; profile it "
+                        "with Nsight Systems (--backend nsys), which traces the processes a program starts")
 
 
 def _torch_workload(run: _Run, baseline: bool, command: list[str]) -> _Captured:
