@@ -3,7 +3,10 @@
 Every other analyzer then has nothing to say, so this one explains why, from what the
 trace does contain: CUDA API calls without activity mean CUDA activity tracing was off
 (``nsys profile -t cuda`` / ``torch.profiler`` without ``ProfilerActivity.CUDA``) or the
-window missed the GPU work; no API calls at all mean the process never used CUDA.
+window missed the GPU work; no API calls at all mean the process never used CUDA. API calls from
+several processes and no activity is also what nsys leaves of worker processes ended by a
+signal: it keeps a process's activity only when the process exits (a ``multiprocessing`` pool's
+``terminate()``: 0 kernels of 94,558 on the H200, ``bench/apply/results/session22_h200/``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ __all__ = ["analyze"]
 EVIDENCE_UNITS: dict[str, dict[str, str]] = {
     "no-gpu-activity": {
         "api_calls": "number", "graph_executions": "number", "kernels": "number", "launch_calls": "number",
-        "memcpys": "number", "memsets": "number",
+        "memcpys": "number", "memsets": "number", "processes": "number",
     },
 }
 
@@ -30,14 +33,21 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     res = AnalysisResult(name="no-gpu-activity")
     n_k, n_g = len(trace.kernels), len(trace.graphs)
     n_launch = int(str_contains(trace.api["name"], r"Launch").sum())
+    n_procs = int(trace.api["pid"].nunique()) if len(trace.api) and "pid" in trace.api else 0
     res.data = {"kernels": n_k, "graph_executions": n_g, "api_calls": int(len(trace.api)),
-                "launch_calls": n_launch, "memcpys": int(len(trace.memcpys)), "memsets": int(len(trace.memsets))}
+                "launch_calls": n_launch, "memcpys": int(len(trace.memcpys)), "memsets": int(len(trace.memsets)),
+                "processes": n_procs}
     if n_k or n_g:
         return res
     if len(trace.api):
         why = (f"{len(trace.api)} CUDA API calls ({n_launch} launch calls) but no kernel activity "
                "recorded: was CUDA activity tracing on (nsys -t cuda, torch.profiler activities=[CUDA]), "
                "or did the capture window miss the GPU work?")
+        if n_procs > 1:
+            why += (f" The calls come from {n_procs} processes: nsys keeps a process's GPU activity only when "
+                    "the process exits, so worker processes ended by a signal (a multiprocessing pool's "
+                    "terminate(), SIGTERM or SIGKILL) leave none; close and join the pool, or profile with "
+                    "recsys-doctor profile, whose capture lets Python workers ended by SIGTERM exit first")
     elif len(trace.memcpys) or len(trace.memsets):
         why = "copies/memsets were recorded but no kernels: this trace cannot show compute utilization"
     else:

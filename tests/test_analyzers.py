@@ -327,6 +327,17 @@ def test_no_gpu_activity():
     (f,) = res.findings
     assert f.id == "no-gpu-activity" and f.severity == "note" and "tracing" in f.evidence["why"]
     assert no_gpu_activity.analyze(T(kernels=[kern(0, 1)]), O).findings == []
+    assert f.evidence["processes"] == 1 and "processes" not in f.evidence["why"]
+
+
+def test_no_gpu_activity_from_several_processes_names_the_signal():
+    """What nsys left of a pool whose workers were terminated (H200, session22_h200): a few API
+    calls in each of 4 workers and 1 in the parent, no activity."""
+    calls = [api(0, 10, 1, 5, pid=100)] + [api(w * 100 + i, w * 100 + i + 5, 10 * w + i, 7, pid=200 + w)
+                                           for w in range(4) for i in range(3)]
+    (f,) = no_gpu_activity.analyze(T(api=calls), O).findings
+    assert f.evidence["processes"] == 5 and f.evidence["api_calls"] == 13
+    assert "The calls come from 5 processes" in f.evidence["why"] and "terminate()" in f.evidence["why"]
 
 
 def test_registry_runs_all_and_ids_are_contract():
