@@ -126,6 +126,13 @@ def test_trace_stats_counts_units_from_ranges_or_as_given():
 def test_trace_stats_refuses_empty_trace():
     with pytest.raises(BadInputError, match="no kernels"):
         trace_stats(Trace(path="x", format="nsys-sqlite"))
+    # CUDA calls from 3 processes, no activity (a terminated pool's workers): the reason says so
+    api = pd.DataFrame({"start": [0, 5, 9], "end": [1, 6, 10], "pid": [1, 2, 3], "tid": [1, 2, 3],
+                        "correlation": [1, 2, 3], "name": ["cuInit"] * 3, "api_class": ["driver"] * 3})
+    with pytest.raises(BadInputError) as e:
+        trace_stats(Trace(path="x", format="nsys-sqlite", api=api))
+    assert str(e.value).startswith("the trace has no kernels or copies: nothing to estimate from (3 CUDA API calls")
+    assert "come from 3 processes" in str(e.value) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------------------ estimate

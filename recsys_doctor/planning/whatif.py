@@ -290,7 +290,9 @@ def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", 
     """
     k, m, ms = trace.kernels, trace.memcpys, trace.memsets
     if len(k) + len(m) == 0:
-        raise BadInputError("the trace has no kernels or copies: nothing to estimate from")
+        from ..analyzers.no_gpu_activity import reason
+
+        raise BadInputError(f"the trace has no kernels or copies: nothing to estimate from ({reason(trace)})")
     units, source = _count_units(trace, units, unit_range)
     act = trace.gpu_activity()
     lo = int(act["start"].min())
