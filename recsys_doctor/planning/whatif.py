@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyzers._util import merge_intervals, union_length
+from ..analyzers.no_gpu_activity import reason as no_gpu_reason
 from ..errors import BadInputError
 from ..model import Trace
 from ..plan import Plan
@@ -285,14 +286,11 @@ def trace_stats(trace: Trace, *, units: int | None = None, kind: str = "serve", 
     (one result copy per query is the serving pattern). ``mean_sm_share`` is the
     time-weighted mean of ``min(1, blocks * threads_per_block / (SMs * threads_per_sm))``;
     ``small_grid_share`` the share of kernel time in kernels with fewer blocks than SMs.
-    Raises :class:`BadInputError`
-    when the trace has no GPU work or no units can be counted.
+    Raises :class:`BadInputError` when the trace has no GPU work (saying why) or no units.
     """
     k, m, ms = trace.kernels, trace.memcpys, trace.memsets
     if len(k) + len(m) == 0:
-        from ..analyzers.no_gpu_activity import reason
-
-        raise BadInputError(f"the trace has no kernels or copies: nothing to estimate from ({reason(trace)})")
+        raise BadInputError(f"the trace has no kernels or copies: nothing to estimate from ({no_gpu_reason(trace)})")
     units, source = _count_units(trace, units, unit_range)
     act = trace.gpu_activity()
     lo = int(act["start"].min())
