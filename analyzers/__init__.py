@@ -17,8 +17,8 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from . import (allocator_churn, comm_exposed, embedding_bound, gil_handoffs, graph_candidate, input_stall, kernel_mix,
-               launch_bound, memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid,
-               step_variance, stream_contention, stream_overlap, sync_api, utilization)
+               launch_bound, memcpy_ping_pong, no_gpu_activity, optimizer_unfused, process_sharing, short_kernels,
+               small_grid, step_variance, stream_contention, stream_overlap, sync_api, utilization)
 
 from ._shared_causes import SHARED_EVIDENCE_UNITS
 
@@ -45,6 +45,7 @@ ANALYZERS: dict[str, Analyzer] = {
     "optimizer-unfused": optimizer_unfused.analyze,
     "input-stall": input_stall.analyze,
     "streams-never-overlap": stream_overlap.analyze,
+    "processes-share-gpu": process_sharing.analyze,
     "kernel-mix": kernel_mix.analyze,
 }
 
@@ -54,8 +55,8 @@ ANALYZERS: dict[str, Analyzer] = {
 EVIDENCE_UNITS: dict[str, dict[str, str]] = {
     fid: {**SHARED_EVIDENCE_UNITS, **units}
     for m in (allocator_churn, comm_exposed, embedding_bound, gil_handoffs, graph_candidate, input_stall, kernel_mix,
-              launch_bound, memcpy_ping_pong, no_gpu_activity, optimizer_unfused, short_kernels, small_grid,
-              step_variance, stream_contention, stream_overlap, sync_api)
+              launch_bound, memcpy_ping_pong, no_gpu_activity, optimizer_unfused, process_sharing, short_kernels,
+              small_grid, step_variance, stream_contention, stream_overlap, sync_api)
     for fid, units in m.EVIDENCE_UNITS.items()
 }
 
@@ -69,8 +70,8 @@ def evidence_units(finding_id: str) -> dict[str, str]:
 #: the order in which two processes take the analyzers: the usually longest first
 PARALLEL_ORDER = ("graph-candidate", "stream-contention", "gil-handoffs", "short-kernels", "sync-api", "launch-bound",
                   "memcpy-ping-pong", "small-grid", "comm-exposed", "allocator-churn", "step-variance",
-                  "embedding-bound", "optimizer-unfused", "streams-never-overlap", "kernel-mix", "input-stall",
-                  "utilization", "no-gpu-activity")
+                  "embedding-bound", "optimizer-unfused", "streams-never-overlap", "processes-share-gpu", "kernel-mix",
+                  "input-stall", "utilization", "no-gpu-activity")
 
 
 def run_all(trace: Trace, options: Options | None = None,

@@ -31,7 +31,8 @@ def _where_text(where: list[dict[str, Any]], limit: int = 3) -> Text:
     for i, w in enumerate(where[:limit]):
         if i:
             t.append("; ")
-        parts = [f"{k}={shorten(str(w[k]))}" for k in ("nvtx", "cpu_op", "thread", "api", "callsite", "stream", "device", "kernel")
+        parts = [f"{k}={shorten(str(w[k]))}" for k in ("nvtx", "cpu_op", "process", "thread", "api", "callsite", "stream",
+                                                             "device", "kernel")
                  if w.get(k) is not None]
         t.append(", ".join(parts) or "?")
         if w.get("share") is not None:

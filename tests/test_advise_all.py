@@ -20,7 +20,7 @@ ALL = (shared_files("nsys", ("*.sqlite",)) + shared_files("h100", ("*.sqlite", "
 FINDING_IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api",
                "small-grid", "graph-candidate", "no-gpu-activity", "comm-exposed",
                "allocator-churn", "step-variance", "embedding-bound", "optimizer-unfused",
-               "input-stall", "streams-never-overlap", "copy-kernels", "fp32-gemm"}
+               "input-stall", "streams-never-overlap", "processes-share-gpu", "copy-kernels", "fp32-gemm"}
 
 
 def _no_constants(name: str):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recsys_doctor.analyzers import ANALYZERS, run_all
-from recsys_doctor.analyzers import (graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity,
+from recsys_doctor.analyzers import (graph_candidate, launch_bound, memcpy_ping_pong, no_gpu_activity, process_sharing,
                                      short_kernels, small_grid, stream_contention, sync_api, utilization)
 from recsys_doctor.analyzers._attribution import attribute, enclosing_range
 from recsys_doctor.findings import SEVERITIES
@@ -21,7 +21,7 @@ from _tracebuild import T, api, copy, kern, rng
 O = Options()
 IDS = {"short-kernels", "launch-bound", "stream-contention", "memcpy-ping-pong", "sync-api", "small-grid",
        "graph-candidate", "no-gpu-activity", "allocator-churn", "step-variance", "embedding-bound",
-       "optimizer-unfused", "input-stall", "streams-never-overlap", "copy-kernels", "fp32-gemm"}
+       "optimizer-unfused", "input-stall", "streams-never-overlap", "processes-share-gpu", "copy-kernels", "fp32-gemm"}
 
 
 def ids(res):
@@ -319,6 +319,44 @@ def test_graph_candidate_recognizes_graphs():
     assert res.data["graphed_busy_share"] == 0.75
     (f,) = res.findings
     assert f.id == "graph-candidate" and f.severity == "note"
+
+
+# --- processes sharing a GPU -----------------------------------------------------------
+def _two_processes(offset_us, dev2=0, n2=10, len2_us=100):
+    """pid 1: 10 kernels of 100 us every 300 us from 0; pid 2: ``n2`` of ``len2_us`` starting
+    ``offset_us`` later each, on device ``dev2``."""
+    ks = [kern(i * 300_000, i * 300_000 + 100_000, corr=i + 1, pid=1) for i in range(10)]
+    ks += [kern(i * 300_000 + offset_us * 1000, i * 300_000 + (offset_us + len2_us) * 1000, corr=100 + i, pid=2,
+                device=dev2) for i in range(n2)]
+    return T(kernels=ks)
+
+
+def test_processes_whose_kernels_never_overlap_on_one_device():
+    res = process_sharing.analyze(_two_processes(150), O)
+    (f,) = res.findings
+    assert f.id == "processes-share-gpu" and f.severity == "note" and f.recoverable_ns == 0
+    (d,) = f.evidence["devices"]
+    # busy 20 x 100 us = 2,000 us, no overlap; the device's window 0 .. 9 x 300 + 250 us = 2,950 us
+    assert (d["processes"], d["kernel_time_us"], d["busy_us"], d["overlap_us"]) == (2, 2000.0, 2000.0, 0.0)
+    assert d["busy_share"] == round(2000 / 2950, 4)
+    assert [p["pid"] for p in d["per_process"]] == [1, 2] and d["per_process"][0]["share"] == 0.5
+    assert f.title == ("2 processes run kernels on device 0, each in its own CUDA context, and together for only "
+                       "0.000 ms of 2.000 ms (GPU busy 68%)")
+    assert f.where == [{"process": 1, "device": 0, "share": 0.5}, {"process": 2, "device": 0, "share": 0.5}]
+
+
+def test_processes_that_overlap_or_do_not_share_a_device_are_not_reported():
+    # 50 of each 100 us overlap: 500 of 2,000 us (25%), as MPS allows
+    res = process_sharing.analyze(_two_processes(50), O)
+    assert res.findings == [] and res.data["devices"][0]["overlap_us"] == 500.0
+    assert res.data["devices"][0]["overlap_share"] == 0.25
+    # each process on a device of its own (one rank per GPU): nothing to compare
+    res = process_sharing.analyze(_two_processes(150, dev2=1), O)
+    assert res.findings == [] and res.data["devices"] == []
+    # a second process with 10 of 1,010 us (1% < report_min_share): one process judged
+    res = process_sharing.analyze(_two_processes(150, n2=1, len2_us=10), O)
+    assert res.findings == [] and res.data["devices"][0]["processes_judged"] == 1
+    assert process_sharing.analyze(T(), O).findings == []
 
 
 # --- no GPU activity + registry ------------------------------------------------------
