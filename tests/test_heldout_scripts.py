@@ -68,6 +68,7 @@ TINY = {
     "optional_features_serve.py": ["--queries", "24", "--vocab", "500", "--max-rows", "32"],
     "method_api_serve.py": ["--queries", "24", "--vocab", "500"],
     "replica_per_thread_serve.py": ["--queries", "24", "--vocab", "500"],
+    "subprocess_server_serve.py": ["--queries", "24", "--vocab", "500"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "ddp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--accum", "3", "--epochs", "2",
