@@ -4,7 +4,7 @@
 #    overlap by plain SQL (process_overlap.py) against the finding of advise --json on the same file;
 # 2. it and mp_pool_serve.py (worker processes joined on their own, each with a thread pool: nothing
 #    should change) through profile --apply (it failed before the change: "the trace has no
-#    kernels or copies"); 3. the capture's GPU tests.
+#    kernels or copies"); 3. the capture and apply GPU tests (nsys runs with the generated sitecustomize).
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 timeout 120 python3 -m recsys_doctor profile examples/heldout/proc_pool_serve.py --out /tmp/pp -- --procs 4 --queries 3000 > $OUT/profile.txt 2>&1
@@ -13,6 +13,7 @@ python3 -m recsys_doctor advise /tmp/pp/trace.sqlite --json --no-history > $OUT/
 python3 -c "import json; d=json.load(open('$OUT/advise.json')); print([(f['id'], f['severity'], f['title']) for f in d['findings'] if f['id'] == 'processes-share-gpu'])"
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 T=380 gpu_test heldout_apply tests/test_heldout_gpu.py -k "proc_pool or mp_pool" --basetemp=/tmp/bt1
-STOP_AT=500 T=90 gpu_test capture_gpu tests/test_capture_gpu.py
+STOP_AT=480 T=60 gpu_test capture_gpu tests/test_capture_gpu.py
+STOP_AT=530 T=50 gpu_test apply_gpu tests/test_apply_gpu.py
 find /tmp/bt1 -name "*.json" -size -400k | tar czf $OUT/bt1.tgz -T - 2>/dev/null
 (cd $OUT && tar czf logs.tgz $(ls | grep -E '\.log$|\.txt$') && rm -f $(ls | grep -E '\.log$|\.txt$'); ls)
