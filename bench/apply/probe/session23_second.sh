@@ -2,11 +2,14 @@
 # generator starts with Popen and ends with terminate()): as it is and under g2 (the hook runs in
 # every Python process of the program; the model calls are in the server's handler threads), then
 # through profile --apply (test_heldout_gpu.py), whose "after" trace needs the server's activity
-# kept when it is terminated (capture/term_exit.py).
+# kept when it is terminated (capture/term_exit.py); first the capture and apply GPU tests (nsys runs
+# with the capture's generated sitecustomize).
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 H=bench/apply/hooked_run.py; J=$OUT/hooked.jsonl; S="examples/heldout/subprocess_server_serve.py --threads 4 --queries 3000"
 run() { timeout 100 python3 $H $J "$@" 2>&1 | tail -1 | cut -c1-300; }
+T=60 gpu_test capture_gpu tests/test_capture_gpu.py
+T=50 gpu_test apply_gpu tests/test_apply_gpu.py
 run ref 0 $S; run g2 2 $S
 export RECSYS_DOCTOR_WRITE_SUITE=$OUT/heldout_rows.json
 STOP_AT=300 T=280 gpu_test heldout_apply tests/test_heldout_gpu.py -k subprocess_server --basetemp=/tmp/bt1
