@@ -69,6 +69,7 @@ TINY = {
     "method_api_serve.py": ["--queries", "24", "--vocab", "500"],
     "replica_per_thread_serve.py": ["--queries", "24", "--vocab", "500"],
     "subprocess_server_serve.py": ["--queries", "24", "--vocab", "500"],
+    "executor_procs_serve.py": ["--queries", "24", "--vocab", "500"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "ddp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--accum", "3", "--epochs", "2",
@@ -83,7 +84,8 @@ APPROX = {"own_batcher_serve.py": 1e-9, "triton_backend_serve.py": 1e-9}
 TRAIN = {"amp_accum_train.py", "log_train.py", "sparse_amp_train.py", "ddp_train.py"}
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers"),
-           "proc_pool_serve.py": ("--procs", "procs"), "log_train.py": ("--prefetch", "prefetch"),
+           "proc_pool_serve.py": ("--procs", "procs"), "executor_procs_serve.py": ("--procs", "procs"),
+           "log_train.py": ("--prefetch", "prefetch"),
            "sparse_amp_train.py": ("--workers", "workers"), "ddp_train.py": ("--workers", "workers")}
 THREADS = (1, 3)
 #: scripts that print no throughput or latency (``profile --apply`` measures them itself)
