@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Trace
-from ._arrays import merge_intervals, pair_codes
+from ._arrays import code_order, merge_intervals, pair_codes
 from ._ops import OP_KINDS, launches, op_api_rows, op_table
 
 __all__ = [
@@ -124,6 +124,24 @@ def str_contains(s: pd.Series, pat: Any, regex: bool = True) -> pd.Series:
         m = np.append(np.array(hit, dtype=bool), False)[s.cat.codes.to_numpy()]
         return pd.Series(m, index=s.index)
     return s.astype(str).str.contains(pat, regex=regex).fillna(False).astype(bool)
+
+
+def busy_by_key(ops: pd.DataFrame, *columns: str) -> tuple[list[tuple], list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """The rows of ``ops`` (``start``/``end`` and ``columns``) grouped by ``columns``: each
+    group's key, its merged busy intervals and their total length (ns), in key order."""
+    codes, keys = group_codes(*(ops[c].to_numpy(np.int64) for c in columns))
+    order = code_order(codes, len(keys))
+    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
+    s, e = ops["start"].to_numpy(np.int64)[order], ops["end"].to_numpy(np.int64)[order]
+    merged = [merge_intervals(s[a:b], e[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return keys, merged, np.array([int((me - ms).sum()) for ms, me in merged], dtype=np.int64)
+
+
+def busy_together(merged: list[tuple[np.ndarray, np.ndarray]], busy: np.ndarray, idx: list[int]) -> tuple[int, int]:
+    """``(sum of the groups' busy time, busy time of their union)`` for the groups ``idx`` of
+    :func:`busy_by_key`: the first minus the second is the time two or more ran at once."""
+    ms, me = merge_intervals(np.concatenate([merged[i][0] for i in idx]), np.concatenate([merged[i][1] for i in idx]))
+    return int(busy[idx].sum()), int((me - ms).sum())
 
 
 def stream_label(pid: Any, device: Any, stream: Any) -> str:

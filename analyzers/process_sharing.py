@@ -20,15 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._arrays import code_order, merge_intervals
 from ._ops import op_table
 from ._recoverable import finish, report, steady_window
-from ._util import group_codes, r
+from ._util import busy_by_key, busy_together, r
 from .summary import device_windows
 
 __all__ = ["analyze"]
@@ -76,22 +74,14 @@ def _per_device(trace: Trace, options: Options) -> list[dict[str, Any]]:
     """Per device with kernels (or graph executions) of two or more processes: each process's
     kernel time and busy time, the device's busy time, and the overlap between processes."""
     k = trace.kernels if not len(trace.graphs) else op_table(trace, ("kernel", "graph"))
-    codes, keys = group_codes(k["device"].to_numpy(np.int64), k["pid"].to_numpy(np.int64))
-    order = code_order(codes, len(keys))
-    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
-    s, e = k["start"].to_numpy(np.int64)[order], k["end"].to_numpy(np.int64)[order]
-    merged = [merge_intervals(s[a:b], e[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    busy = np.array([int((me - ms).sum()) for ms, me in merged], dtype=np.int64)
+    keys, merged, busy = busy_by_key(k, "device", "pid")
     wins = device_windows(trace)  # (the summary's: its GPU utilization is busy / window per device)
     out = []
     for dev in sorted({key[0] for key in keys}):
         idx = [i for i, key in enumerate(keys) if key[0] == dev]
         if len(idx) < 2:
             continue
-        ms, me = merge_intervals(np.concatenate([merged[i][0] for i in idx]),
-                                 np.concatenate([merged[i][1] for i in idx]))
-        union = int((me - ms).sum())
-        total = int(busy[idx].sum())
+        total, union = busy_together(merged, busy, idx)
         shares = busy[idx] / max(total, 1)
         per = sorted(({"pid": int(keys[i][1]), "busy_us": r(busy[i] / 1000, 3), "share": r(sh)}
                       for i, sh in zip(idx, shares)), key=lambda x: -x["share"])

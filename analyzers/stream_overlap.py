@@ -24,10 +24,9 @@ import numpy as np
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
-from ._arrays import code_order, merge_intervals
 from ._ops import op_table
 from ._recoverable import finish, report, steady_window
-from ._util import group_codes, r, stream_label, str_is
+from ._util import busy_by_key, busy_together, r, stream_label, str_is
 
 __all__ = ["analyze"]
 
@@ -77,13 +76,7 @@ def _per_device(trace: Trace, options: Options) -> list[dict[str, Any]]:
     """Per (process, device) with kernels (or graph executions) on two or more streams: each stream's busy
     time, the device's busy time and the overlap between streams."""
     k = trace.kernels if not len(trace.graphs) else op_table(trace, ("kernel", "graph"))
-    codes, keys = group_codes(k["pid"].to_numpy(np.int64), k["device"].to_numpy(np.int64),
-                              k["stream"].to_numpy(np.int64))
-    order = code_order(codes, len(keys))
-    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
-    s, e = k["start"].to_numpy(np.int64)[order], k["end"].to_numpy(np.int64)[order]
-    merged = [merge_intervals(s[a:b], e[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    busy = np.array([int((me - ms).sum()) for ms, me in merged], dtype=np.int64)
+    keys, merged, busy = busy_by_key(k, "pid", "device", "stream")
     api = trace.api
     waits = str_is(api["name"], "cudaStreamWaitEvent") if len(api) else np.zeros(0, bool)
     out = []
@@ -91,10 +84,7 @@ def _per_device(trace: Trace, options: Options) -> list[dict[str, Any]]:
         idx = [i for i, key in enumerate(keys) if key[:2] == pd_key]
         if len(idx) < 2:
             continue
-        ms, me = merge_intervals(np.concatenate([merged[i][0] for i in idx]),
-                                 np.concatenate([merged[i][1] for i in idx]))
-        union = int((me - ms).sum())
-        total = int(busy[idx].sum())
+        total, union = busy_together(merged, busy, idx)
         shares = busy[idx] / max(total, 1)
         per = sorted(({"stream": stream_label(*keys[i]), "kernel_time_us": r(busy[i] / 1000, 3),
                        "share": r(sh)} for i, sh in zip(idx, shares)), key=lambda x: -x["share"])
