@@ -53,3 +53,31 @@ def test_no_cuda_work_here_while_children_worked_is_one_line():
 ])
 def test_left_to_the_diagnosis(run, cpu, res):
     pr._check_children_traced(run, _cap(cpu), res)
+
+
+def _record(backend, children_cpu_s):
+    run = _run(backend=backend)
+    cap = _cap(children_cpu_s)
+    cap.samples = SimpleNamespace(summary=lambda *a: {"n": 0, "reason": "off"})
+    return pr._capture_record(run, cap, backend_requested=backend, window=None, files={}, wall_s=1.0)
+
+
+def _rendered(record) -> str:
+    from rich.console import Console
+
+    from recsys_doctor.cli.profile import render_capture
+
+    console = Console(record=True, width=200)
+    render_capture(record, console)
+    return console.export_text()
+
+
+def test_the_report_says_what_the_torch_backend_left_untraced():
+    rec = _record("torch", 2.3456)
+    assert rec["children_cpu_s"] == 2.346
+    text = _rendered(rec)
+    assert "not traced" in text and "the processes the program started (2.35 s of CPU)" in text
+    # below the threshold, or under nsys (which traces them), nothing is said
+    assert "not traced" not in _rendered(_record("torch", pr.CHILDREN_CPU_S - 0.01))
+    nsys = _record("nsys", 2.0)
+    assert nsys["children_cpu_s"] is None and "not traced" not in _rendered(nsys)

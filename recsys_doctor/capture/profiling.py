@@ -307,6 +307,8 @@ def _capture_record(run: _Run, cap: _Captured, *, backend_requested: str, window
         "nvml_whole_run": cap.samples.summary(),
         **files,
         "measurement": meas.to_dict() if meas else None,
+        # torch backend: CPU seconds of the processes the program started, whose GPU work is not traced
+        "children_cpu_s": round(cap.children_cpu_s, 3) if run.backend == "torch" else None,
         "baseline": ({"measurement": base.to_dict(),
                       "nvml": base_nvml.summary(base.window_epoch) if base_nvml else None}
                      if base else None),

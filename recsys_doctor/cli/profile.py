@@ -265,6 +265,8 @@ def render_capture(cap: dict[str, Any], console: Any) -> None:
     """The capture part of the report: backend, files, NVML, measured numbers."""
     from rich.table import Table
 
+    from ..capture.profiling import CHILDREN_CPU_S
+
     t = Table(title="Capture", show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
@@ -302,6 +304,9 @@ def render_capture(cap: dict[str, Any], console: Any) -> None:
         if nvb and nvb.get("n"):
             text += f"; NVML util mean {fixed(nvb.get('util_mean'), '%', 1)}, p50 {fixed(nvb.get('util_p50'), '%', 0)}"
         t.add_row(label, text)
+    if (cap.get("children_cpu_s") or 0) >= CHILDREN_CPU_S:
+        t.add_row("not traced", f"the processes the program started ({fixed(cap['children_cpu_s'], ' s')} of CPU): "
+                                "the torch backend traces this process only; nsys traces them")
     t.add_row("files", str(cap.get("out_dir")))
     console.print(t)
     if cap.get("host_sampling") is not None:
