@@ -8,18 +8,17 @@ time. Threads of one process, each with a stream group of its own, share one con
 their kernels overlap (what ``profile --apply`` applies); MPS does it for processes. Evidence
 per device: each process's kernel time and busy time, the device's busy time, the time two or
 more processes ran kernels at once (``sum over processes of their busy time - the device's busy
-time``), and the device's busy share of the window (when the GPU is mostly idle, the host is
-the limit: the processes help the host, not the GPU; the summary's utilization of that device). Reported, as a note with no recoverable
-time of its own, when at least two processes each hold at least ``Options.report_min_share``
-of a device's kernel time and they overlap for less than ``Options.stream_overlap_note_share``
-of it. A trace cannot tell whether MPS ran: with MPS the kernels can overlap, so an overlap
+time``), and the device's busy share of its window (the summary's utilization of that device:
+where the GPU is mostly idle, the host is the limit, and the processes help the host, not the
+GPU). Reported, as a note with no recoverable time of its own, when at least two processes
+each hold at least ``Options.report_min_share`` of a device's kernel time and they overlap for
+less than ``Options.stream_overlap_note_share`` of it. A trace cannot tell whether MPS ran: with MPS the kernels can overlap, so an overlap
 that stays near 0 while the processes are busy is what time slicing looks like.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
 
 from ..findings import AnalysisResult
 from ..model import Trace

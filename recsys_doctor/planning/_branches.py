@@ -32,7 +32,7 @@ import pandas as pd
 from ..analyzers._arrays import code_order, merge_intervals, pair_codes
 from ..analyzers._comm import comm_mask
 from ..analyzers._ops import launches
-from ..analyzers._util import str_contains
+from ..analyzers._util import busy_by_key, busy_together, str_contains
 from ..model import Trace
 from ..options import Options
 
@@ -174,14 +174,8 @@ def sibling_streams(trace: Trace, options: Options) -> dict[str, Any]:
 def _overlap(k: pd.DataFrame, pid: int, device: int, streams: list[int]) -> int:
     """Time two or more of ``streams`` (of process ``pid``) run kernels at once: the sum of each
     stream's busy time minus the busy time of all of them together."""
-    on = (k["device"].to_numpy(np.int64) == device) & (k["pid"].to_numpy(np.int64) == pid)
-    st = k["stream"].to_numpy(np.int64)
-    s, e = k["start"].to_numpy(np.int64), k["end"].to_numpy(np.int64)
-    each = 0
-    for x in streams:
-        m = on & (st == x)
-        ms, me = merge_intervals(s[m], e[m])
-        each += int((me - ms).sum())
-    m = on & np.isin(st, streams)
-    ms, me = merge_intervals(s[m], e[m])
-    return each - int((me - ms).sum())
+    on = ((k["device"].to_numpy(np.int64) == device) & (k["pid"].to_numpy(np.int64) == pid)
+          & np.isin(k["stream"].to_numpy(np.int64), streams))
+    keys, merged, busy = busy_by_key(k[on], "stream")
+    each, together = busy_together(merged, busy, list(range(len(keys))))
+    return each - together
