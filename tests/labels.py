@@ -68,6 +68,12 @@ LABELS: dict[str, dict] = {
         "must": {"stream-contention": "low", **_EAGER_SMALL_KERNELS, "graph-candidate": "note"},
         "must_not": {"no-gpu-activity": None},
     },
+    "tests/data/procs2_pool/procs2_pool.sqlite.gz": {
+        "why": "2 spawn Pool worker processes on one GPU, each scoring on its main thread in its own CUDA context",
+        "must": {"processes-share-gpu": "note", "launch-bound": "note"},
+        # (each process launches into its own stream 7: not one stream shared by threads)
+        "must_not": {"stream-contention": None, "no-gpu-activity": None, "streams-never-overlap": None},
+    },
     "recsys_doctor/data/demo_wdl_serial_q4.sqlite.gz": {
         "why": "4 eager wide&deep client threads on ONE shared stream (--mode eager --streams shared)",
         # (no OS runtime trace in this export: the lock waits are not seen, only slower launches)

@@ -103,6 +103,10 @@ def _plan_agrees_with_findings_and_trace(d: dict, path) -> None:
     m = re.match(r"(\d+) CPU threads launch concurrently on device (\d+)", g["reason"])
     if m:
         assert threads[int(m.group(2))] >= int(m.group(1)) >= g["count"] >= 2, (g, threads)
+    m = re.match(r"(\d+) CPU threads of (\d+) processes launch concurrently on device (\d+)", g["reason"])
+    if m:  # (a process's groups hold its own threads: at most the threads of one process)
+        assert threads[int(m.group(3))] >= int(m.group(1)) >= int(m.group(2)) >= 2, (g, threads)
+        assert g["count"] <= int(m.group(1)) - int(m.group(2)) + 1, (g, threads)
 
 
 def test_the_corpus_is_all_there_when_shared_is():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _intervals import union_len
 from labels import LABELS, SEVERITY_RANK
 from recsys_doctor.diagnose.advise import advise
 
@@ -188,3 +189,30 @@ def test_backtraces_name_the_call_site(shared_traces):
     assert set(res.trace.api["callsite"].dropna().str.split(" \\(").str[0]) <= own
     sync = next(f for f in res.findings if f.id == "sync-api")
     assert {"callsite": "main (saxpy-mpi-cuda)", "share": 1.0} in sync.where
+
+
+def test_procs2_pool_processes_share_gpu_against_sql(tmp_path, results):
+    """The 2 pool workers' kernels, read with SQL (the process is globalPid's bits 24-47), each
+    worker's busy time and their overlap by the tests' own interval union: the finding's numbers."""
+    rel = "tests/data/procs2_pool/procs2_pool.sqlite.gz"
+    db = _db(tmp_path, rel)
+    by_pid: dict[int, list[tuple[int, int]]] = {}
+    for pid, s, e in db.execute("SELECT (globalPid >> 24) & 16777215, start, end FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                                "WHERE deviceId = 0"):
+        by_pid.setdefault(pid, []).append((s, e))
+    assert len(by_pid) == 2 and db.execute("SELECT count(DISTINCT deviceId) FROM CUPTI_ACTIVITY_KIND_KERNEL"
+                                           ).fetchone()[0] == 1
+    busy = {pid: union_len(iv) for pid, iv in by_pid.items()}
+    total = sum(busy.values())
+    union = union_len([x for iv in by_pid.values() for x in iv])
+    f = next(f for f in _advise(rel, None, results).findings if f.id == "processes-share-gpu")
+    (d,) = f.evidence["devices"]
+    assert (d["device"], d["processes"], d["processes_judged"]) == (0, 2, 2)
+    assert d["kernel_time_us"] == pytest.approx(total / 1000, abs=1e-3)
+    assert d["busy_us"] == pytest.approx(union / 1000, abs=1e-3)
+    assert d["overlap_us"] == pytest.approx((total - union) / 1000, abs=1e-3)
+    assert {p["pid"]: p["busy_us"] for p in d["per_process"]} == {
+        pid: pytest.approx(b / 1000, abs=1e-3) for pid, b in busy.items()}
+    assert f"together for only {(total - union) / 1e6:.3f} ms of {total / 1e6:.3f} ms" in f.title
+    # each worker's one launching thread: the plan keeps one group (a process's groups are its own)
+    assert _advise(rel, None, results).plan["stream_groups"]["count"] == 1

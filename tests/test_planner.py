@@ -51,12 +51,32 @@ def test_threads_of_several_processes_each_on_its_own_stream_of_one_number_do_no
         calls.append(api(i * 1000, i * 1000 + 1500, i + 1, tid=10, pid=pid))
     res = advise_trace(T(kernels=ks, api=calls), Options())
     g = res.plan["stream_groups"]
-    assert g["count"] == 3
-    assert g["reason"].startswith("3 CPU threads of 3 processes launch concurrently on device 0, "
-                                  "each into its own stream already")
+    # one launching thread a process: a process's groups hold its own threads, so one group each
+    # (not 3 groups "one per thread": the 3 are in 3 CUDA contexts, which time-slice)
+    assert g["count"] == 1 and g["because"] == []
+    assert g["reason"].startswith("3 CPU threads of 3 processes launch concurrently on device 0, one per "
+                                  "process: ")
+    assert "time-slice" in g["reason"]
+    assert res.plan["per_stream_allocators"]["enabled"] is False
     # the same launches from 3 threads of one process share its one stream 7
     one = advise_trace(_contended(3), Options()).plan["stream_groups"]["reason"]
     assert one.startswith("3 CPU threads launch concurrently on device 0, into shared streams")
+
+
+def test_threads_of_several_processes_get_groups_per_process_thread():
+    """2 processes with 2 launching threads each, launches round-robin over the 4 threads (each
+    thread every 4 us, busy 1.5 us): 4 threads launch concurrently, 2 within each process, so
+    2 groups (one per thread of a process), not 4."""
+    ks, calls = [], []
+    for i in range(80):
+        k = i % 4
+        pid, tid = 100 + k // 2, 10 + k % 2
+        ks.append(kern(200000 + i * 3000, 200000 + i * 3000 + 2000, corr=i + 1, pid=pid, name="k%d" % (i % 10)))
+        calls.append(api(i * 1000, i * 1000 + 1500, i + 1, tid=tid, pid=pid))
+    g = advise_trace(T(kernels=ks, api=calls), Options()).plan["stream_groups"]
+    assert g["count"] == 2 and g["because"]
+    assert g["reason"].startswith("4 CPU threads of 2 processes launch concurrently on device 0, up to 2 in "
+                                  "one process: one group per thread of a process")
 
 
 def test_sibling_streams_are_streams_of_one_process():

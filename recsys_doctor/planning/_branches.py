@@ -46,13 +46,15 @@ CONCURRENCY_SAMPLE = 200_000
 
 
 def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
-    """``{"threads", "concurrent", "own_streams", "device", "processes"}`` for the device with
-    the most concurrent launching threads, then the most launching threads (zeros when nothing
-    is launched). A stream is its process's: two processes' streams of one number are two
-    streams (each process has its own CUDA context), as the stream-contention analyzer keys
-    them; ``processes`` counts the processes of the launching threads."""
+    """``{"threads", "concurrent", "own_streams", "device", "processes", "per_process"}`` for the
+    device with the most concurrent launching threads, then the most launching threads (zeros
+    when nothing is launched). A stream is its process's: two processes' streams of one number
+    are two streams (each process has its own CUDA context), as the stream-contention analyzer
+    keys them; ``processes`` counts the processes of the launching threads and ``per_process``
+    is the most of them that launch concurrently within one process (a process's stream groups
+    are its own: another process's threads are not among them)."""
     j = launches(trace)
-    best = {"threads": 0, "concurrent": 0, "own_streams": False, "device": None, "processes": 0}
+    best = {"threads": 0, "concurrent": 0, "own_streams": False, "device": None, "processes": 0, "per_process": 0}
     if not len(j):
         return best
     dev = j["device"].to_numpy(np.int64)
@@ -74,15 +76,18 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
         keep = is_heavy[th]
         hk = np.flatnonzero(keep) if on is None else on[keep]
         mid = hk[max(0, hk.size // 2 - CONCURRENCY_SAMPLE // 2):][:CONCURRENCY_SAMPLE]
-        conc = _concurrency(t[mid], thread[mid], heavy)
+        conc = _concurrency(t[mid], thread[mid])
         if (conc, heavy.size) > (best["concurrent"], best["threads"]):
+            pids = np.unique(pid[mid])
+            per = conc if pids.size <= 1 else max(_concurrency(t[mid[pid[mid] == p]], thread[mid[pid[mid] == p]])
+                                                  for p in pids)
             best = {"threads": int(heavy.size), "concurrent": conc,
                     "own_streams": _own_streams(thread[hk], stream[hk]), "device": int(d),
-                    "processes": int(np.unique(pid[hk]).size)}
+                    "processes": int(np.unique(pid[hk]).size), "per_process": per}
     return best
 
 
-def _concurrency(t: np.ndarray, thread: np.ndarray, threads: np.ndarray) -> int:
+def _concurrency(t: np.ndarray, thread: np.ndarray) -> int:
     """How many of the threads launch concurrently: those that issue at least half of
     their launches while another of the threads is busy launching. A thread is busy
     launching from a launch until its next one, unless that gap is over 4x its median gap

@@ -159,12 +159,12 @@ def _stream_groups(trace: Trace, options: Options, data: dict[str, Any], byid: d
     threads = launching_threads(trace, options)
     launchy = _ids(findings, "launch-bound", "short-kernels", "graph-candidate", "small-grid")
     if threads["concurrent"] >= 2:
-        want = threads["concurrent"]
+        want, procs = threads["concurrent"], threads["processes"]
         where = ("each into its own stream already" if threads["own_streams"] else "into shared streams")
-        procs = threads["processes"]
-        who = f"{want} CPU threads" + (f" of {procs} processes" if procs > 1 else "")
+        if procs > 1:  # (a process's groups are its own streams: they hold its threads, not another's)
+            return _process_groups(threads, launchy or real, cap, cap_note)
         return {"count": min(cap, want), "because": launchy or real,
-                "reason": f"{who} launch concurrently on device {threads['device']}, {where}: "
+                "reason": f"{want} CPU threads launch concurrently on device {threads['device']}, {where}: "
                           f"one group per thread{cap_note(want)}"}
     sib = sibling_streams(trace, options)
     if families:
@@ -194,6 +194,23 @@ def _stream_groups(trace: Trace, options: Options, data: dict[str, Any], byid: d
     else:
         why += " and no independent sibling branches were found"
     return {"count": 1, "because": [], "reason": why}
+
+
+def _process_groups(threads: dict[str, Any], because: list[str], cap: int, cap_note: Any) -> dict[str, Any]:
+    """Stream groups where the concurrent launching threads belong to several processes: one
+    per thread that launches concurrently within one process (``per_process``), since a
+    process's stream groups hold its own threads only and the processes, each in its own CUDA
+    context, time-slice the GPU unless MPS runs (the processes-share-gpu note)."""
+    want, procs, per = threads["concurrent"], threads["processes"], max(1, threads["per_process"])
+    who = f"{want} CPU threads of {procs} processes launch concurrently on device {threads['device']}"
+    apart = "their kernels time-slice between the processes' CUDA contexts unless MPS runs"
+    if per == 1:
+        return {"count": 1, "because": [],
+                "reason": f"{who}, one per process: a process's stream groups hold its own threads, so one "
+                          f"group each ({apart})"}
+    return {"count": min(cap, per), "because": because,
+            "reason": f"{who}, up to {per} in one process: one group per thread of a process{cap_note(per)} "
+                      f"({apart})"}
 
 
 def _merge_copy_compute(mp: dict[str, Any], byid: dict[str, Finding], findings: list[Finding],
