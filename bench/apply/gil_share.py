@@ -1,7 +1,7 @@
 """GIL time per query of a script's serving threads, from ``bench/apply/gil_profile.py``'s folded
 stacks (``py-spy record --gil -r 200``: a sample is taken only while some thread holds the GIL):
 ``python bench/apply/gil_share.py DIR FRAME [RATE]`` for a run folder holding ``unhooked`` /
-``hooked`` ``.folded.gz`` and ``.json`` (``--by-frame``: also the hook's own samples of the hooked
+``hooked`` ``.folded`` (or ``.folded.gz``) and ``.json`` (``--by-frame``: also the hook's own samples of the hooked
 run by the hook's outermost frame in each, the script's line that entered the hook). FRAME names the script's per-request function as py-spy
 prints it (``client (dlrm_numpy_serve.py``): samples whose stack holds it are the serving
 threads'. Prints, per run, the GIL seconds of those threads over the run, per query, and as a
@@ -61,7 +61,8 @@ def main() -> None:
     rate = float(argv[2]) if len(argv) > 2 else 200.0
     for run in ("unhooked", "hooked"):
         res = json.loads((d / f"{run}.json").read_text())
-        total, serving, hook, by = share(d / f"{run}.folded.gz", frame)
+        folded = d / f"{run}.folded.gz"  # (gzipped as committed; gil_profile.py writes it plain)
+        total, serving, hook, by = share(folded if folded.is_file() else d / f"{run}.folded", frame)
         own = sum(by.values())
         q, qps = res["queries"], res["qps"]
         gil_s = serving / rate
