@@ -64,6 +64,7 @@ ARGS = {
     "replica_per_thread_serve.py": ["--threads", "4", "--queries", "3000"],
     "subprocess_server_serve.py": ["--threads", "4", "--queries", "3000"],
     "executor_procs_serve.py": ["--procs", "4", "--queries", "3000"],
+    "offline_scoring_serve.py": ["--workers", "2", "--queries", "2000"],
     "ddp_train.py": ["--samples", "131072", "--batch", "512", "--epochs", "3", "--workers", "2", "--log-every", "20"],
     "log_train.py": ["--steps", "600"],
     "sparse_amp_train.py": ["--epochs", "2"],

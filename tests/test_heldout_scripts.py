@@ -70,6 +70,7 @@ TINY = {
     "replica_per_thread_serve.py": ["--queries", "24", "--vocab", "500"],
     "subprocess_server_serve.py": ["--queries", "24", "--vocab", "500"],
     "executor_procs_serve.py": ["--queries", "24", "--vocab", "500"],
+    "offline_scoring_serve.py": ["--queries", "8", "--batch", "16", "--vocab", "500"],
     "sparse_amp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--log-every", "4"],
     "log_train.py": ["--steps", "30", "--batch", "32", "--users", "500", "--items", "500", "--log-every", "4"],
     "ddp_train.py": ["--samples", "1000", "--batch", "64", "--vocab", "500", "--accum", "3", "--epochs", "2",
@@ -85,6 +86,7 @@ TRAIN = {"amp_accum_train.py", "log_train.py", "sparse_amp_train.py", "ddp_train
 #: the flag a script takes for its number of clients, where it is not --threads (and its JSON key)
 CLIENTS = {"asyncio_inline_serve.py": ("--concurrency", "concurrency"), "amp_accum_train.py": ("--workers", "workers"),
            "proc_pool_serve.py": ("--procs", "procs"), "executor_procs_serve.py": ("--procs", "procs"),
+           "offline_scoring_serve.py": ("--workers", "workers"),
            "log_train.py": ("--prefetch", "prefetch"),
            "sparse_amp_train.py": ("--workers", "workers"), "ddp_train.py": ("--workers", "workers")}
 THREADS = (1, 3)
