@@ -71,6 +71,10 @@ _ADVICE = (
 )
 
 
+#: the OS name PyTorch gives the DataLoader's pin-memory thread (``torch.utils.data._utils.pin_memory``)
+PIN_THREAD = "pt_data_pin"
+
+
 def advice_for(releaser: str) -> str | None:
     """What to do about the calls of one releaser (None: nothing specific)."""
     return next((advice for keys, advice in _ADVICE if any(k in releaser for k in keys)), None)
@@ -164,14 +168,27 @@ def _report(res: AnalysisResult, trace: Trace, ow: pd.DataFrame, rows: np.ndarra
             advice.append(a)
     title = (f"{ev['threads']} threads wait for the GIL {ev['gil_wait_ms']:.1f} ms ({ev['wait_share']:.0%} of their "
              f"time, {ev['gil_waits']} waits); {top['share']:.0%} of it after {top['by']} gave it up")
+    pin = [t for t in ev["per_thread"] if PIN_THREAD in t["thread"]]
+    cut = "Cut those calls per query or step" + (": " + "; ".join(advice[:3]) if advice else "") + ". "
+    if pin:  # (the DataLoader's pin-memory thread is one of the waiting threads)
+        recommendation = (
+            f"The loop's thread and the DataLoader's pin-memory thread ({PIN_THREAD}, "
+            f"{pin[0]['share']:.0%} of the window waiting) take turns at Python's interpreter lock: that "
+            "thread holds it to rebuild and pin every batch the workers send, and every call of the loop's "
+            "that gives it up makes the loop wait to take it back. " + cut
+            + "Then measure with pin_memory=False (the loop's own copy of a small batch from pageable memory "
+              "costs microseconds, and the pin-memory thread is gone) and with larger batches (fewer handoffs "
+              "per row).")
+        action = "cut the loop's calls that give the GIL up (CUDA graphs), or measure with pin_memory=False"
+    else:
+        recommendation = (
+            "The threads queue for Python's interpreter lock: every call that gives it up makes its thread wait "
+            "behind the others to take it back. " + cut
+            + "Measure again after each change (the waits should fall); where they stay, fewer threads per "
+              "interpreter (processes) or batching (one host path for many queries) is what is left.")
+        action = "cut the calls that give the GIL up per query (graphs or batching, reused tensors)"
     f = report(res, "gil-handoffs", title=title, evidence=ev, where=_where(trace, rows, s, e, pid, tid, options),
-               recommendation=("The serving threads queue for Python's interpreter lock: every call that gives it up "
-                               "makes its thread wait behind the others to take it back. Cut those calls per query"
-                               + (": " + "; ".join(advice[:3]) if advice else "") + ". "
-                               + "Measure again after each change (the waits should fall); where they stay, fewer "
-                               "threads per interpreter (processes) or batching (one host path for many queries) "
-                               "is what is left."),
-               action="cut the calls that give the GIL up per query (graphs or batching, reused tensors)")
+               recommendation=recommendation, action=action)
     f.examples = examples(trace, start=s, end=e, pid=pid, tid=tid,
                           what=list(ow["gil_by"].astype(object).to_numpy()[rows]), n=options.examples_per_finding)
     finish(f, idle, steady_window(trace, options), options, claims=claims)

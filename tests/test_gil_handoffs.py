@@ -163,4 +163,31 @@ def test_a_releaser_without_advice_still_reads(fixture_db):
     (f,) = gil_handoffs.analyze(dataclasses.replace(trace, os_waits=ow), Options()).findings
     assert f.evidence["released_by"] == [{"by": "my_codec [libmine.so]", "waits": f.evidence["gil_waits"],
                                           "ms": f.evidence["gil_wait_ms"], "share": 1.0}]
-    assert "Cut those calls per query. Measure again" in f.recommendation
+    assert "Cut those calls per query or step. Measure again" in f.recommendation
+
+
+def test_the_dataloader_pin_memory_thread_is_named_with_what_to_measure(fixture_db):
+    """When one of the waiting threads is the DataLoader's pin-memory thread (PyTorch names it
+    pt_data_pin): the recommendation says that thread competes with the loop for the GIL, with
+    its share of the window (checked against SQL in the evidence test), and to measure
+    pin_memory=False; the other threads' recommendation does not."""
+    import dataclasses
+    import re
+
+    import pandas as pd
+
+    trace = load(fixture_db)
+    (plain,) = gil_handoffs.analyze(trace, Options()).findings
+    assert "pin-memory" not in plain.recommendation and "pin_memory" not in plain.action
+    assert plain.recommendation.startswith("The threads queue for Python's interpreter lock")
+    second = plain.evidence["per_thread"][1]
+    pid, tid = map(int, re.match(r"pid (\d+) tid (\d+)", second["thread"]).groups())
+    th = trace.threads.copy()
+    named = (th["pid"] == pid) & (th["tid"] == tid)
+    th = pd.concat([th[~named], pd.DataFrame({"pid": [pid], "tid": [tid], "name": ["pt_data_pin"]})],
+                   ignore_index=True)
+    (f,) = gil_handoffs.analyze(dataclasses.replace(trace, threads=th), Options()).findings
+    assert f.evidence["gil_wait_ms"] == plain.evidence["gil_wait_ms"]  # the same waits, another name
+    assert f.recommendation.startswith(f"The loop's thread and the DataLoader's pin-memory thread (pt_data_pin, "
+                                       f"{second['share']:.0%} of the window waiting)")
+    assert "measure with pin_memory=False" in f.recommendation and "pin_memory=False" in f.action
