@@ -86,3 +86,35 @@ def test_without_ptrace_permission_one_clear_line(tmp_path):
     assert s.snapshots == 0 and s.reason and "\n" not in s.reason
     assert "ptrace permission" in s.reason
     assert s.to_dict()["threads"] == []
+
+
+def test_snapshots_inside_imports_are_start_up_not_top_frames():
+    """10 snapshots of one running thread: 4 inside the import system (a stack through
+    <frozen importlib._bootstrap>), 6 in the program's own ``work``: the thread's top frame
+    is ``work`` at 6/10, its import share 4/10 (the import's own innermost frame is no top
+    frame), and the report's table says so in its first line."""
+    from recsys_doctor.capture.host_sample import HostSamples
+    from recsys_doctor.cli.profile import render_host
+
+    def snap(frames):
+        return [{"os_thread_id": 7, "thread_name": "MainThread", "owns_gil": True, "active": True,
+                 "frames": frames}]
+
+    importing = [{"name": "_call_with_frames_removed", "filename": "<frozen importlib._bootstrap>"},
+                 {"name": "_find_and_load", "filename": "<frozen importlib._bootstrap>"},
+                 {"name": "<module>", "filename": "/x/job.py", "short_filename": "job.py"}]
+    working = [{"name": "work", "filename": "/x/job.py", "short_filename": "job.py"},
+               {"name": "<module>", "filename": "/x/job.py", "short_filename": "job.py"}]
+    h = HostSamples(pid=1)
+    for i in range(10):
+        h.add(snap(importing if i < 4 else working))
+    (t,) = h.to_dict()["threads"]
+    assert t["import_share"] == 0.4 and t["gil_share"] == 1.0
+    assert t["top_frames"] == [{"frame": "work (job.py)", "share": 0.6}]
+    from io import StringIO
+
+    from rich.console import Console
+
+    buf = StringIO()
+    render_host(h.to_dict(), Console(file=buf, width=200))
+    assert "(importing modules: start-up) 40%" in buf.getvalue() and "work (job.py) 60%" in buf.getvalue()

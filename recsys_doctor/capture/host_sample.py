@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 __all__ = ["HostSamples", "find_py_spy", "sample_process", "sample_program", "host_profile"]
 
+#: the frozen module every stack that is importing a module goes through
+_IMPORTING = "<frozen importlib._bootstrap"
 #: how often a snapshot is taken (one ``py-spy dump`` costs ~15-70 ms of CPU)
 DEFAULT_INTERVAL_S = 0.1
 _TOP = 5
@@ -50,6 +52,7 @@ class _Thread:
     snapshots: int = 0
     gil: float = 0.0
     active: int = 0
+    imports: int = 0
     frames: Counter = field(default_factory=Counter)
 
 
@@ -79,20 +82,25 @@ class HostSamples:
             t.active += active
             frames = th.get("frames") or []
             if frames and (gil or active):
+                if any(_IMPORTING in str(f.get("filename") or "") for f in frames):
+                    t.imports += 1  # (start-up: the program's imports, not the work it is run for)
+                    continue
                 f = frames[0]
                 t.frames[f"{f.get('name')} ({f.get('short_filename') or f.get('filename')})"] += 1
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: per thread (most GIL-holding first) its GIL share of all the
         process's snapshots (one GIL: the threads' shares add up to at most 1, also where a
-        thread lived for part of the run only), its running share and its top frames with
-        their share of the thread's own snapshots."""
+        thread lived for part of the run only), its running share, the share of its own
+        snapshots spent importing modules (``import_share``: a stack through
+        ``<frozen importlib._bootstrap>``, the program's start-up) and its top frames outside
+        imports with their share of the thread's own snapshots."""
         rows: list[dict[str, Any]] = []
         whole = max(self.snapshots, 1)
         for tid, t in self.threads.items():
             n = max(t.snapshots, 1)
             rows.append({"tid": tid, "name": t.name, "snapshots": t.snapshots, "gil_share": round(t.gil / whole, 4),
-                         "active_share": round(t.active / n, 4),
+                         "active_share": round(t.active / n, 4), "import_share": round(t.imports / n, 4),
                          "top_frames": [{"frame": fr, "share": round(c / n, 4)} for fr, c in t.frames.most_common(_TOP)]})
         rows.sort(key=lambda x: (-x["gil_share"], -x["active_share"], x["tid"]))
         return {"tool": "py-spy dump", "pid": self.pid, "snapshots": self.snapshots, "interval_s": self.interval_s,

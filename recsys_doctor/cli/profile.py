@@ -241,8 +241,9 @@ def render_apply(d: dict[str, Any], console: Any) -> None:
 
 
 def render_host(h: dict[str, Any], console: Any) -> None:
-    """Which Python code holds the host: per thread its GIL and running shares and its top
-    frames (py-spy snapshots), or the one line saying why there are none."""
+    """Which Python code holds the host: per thread its GIL and running shares, its share
+    importing modules and its top frames outside imports (py-spy snapshots), or the one line
+    saying why there are none."""
     from rich.table import Table
 
     if not h.get("threads"):
@@ -253,7 +254,9 @@ def render_host(h: dict[str, Any], console: Any) -> None:
     for c in ("thread", "holds GIL", "running", "top frames (share of snapshots)"):
         t.add_column(c)
     for th in h["threads"]:
-        frames = "\n".join(f"{f['frame']} {f['share'] * 100:.0f}%" for f in th["top_frames"]) or "-"
+        imp = th.get("import_share") or 0.0
+        frames = "\n".join(([f"(importing modules: start-up) {imp * 100:.0f}%"] if imp >= 0.005 else [])
+                           + [f"{f['frame']} {f['share'] * 100:.0f}%" for f in th["top_frames"]]) or "-"
         t.add_row(f"{th['name']} ({th['tid']})", f"{th['gil_share'] * 100:.0f}%", f"{th['active_share'] * 100:.0f}%",
                   frames)
     console.print(t)
