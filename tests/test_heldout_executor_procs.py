@@ -19,17 +19,14 @@ boundary shown to be far wider than float32 rounding so the chosen candidates ag
 from __future__ import annotations
 
 import ast
-import json
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from test_heldout_scripts import HELDOUT, TINY, _tiny_run
+from test_heldout_scripts import HELDOUT, TINY, _tiny_run, tiny_json
 
 NAME = "executor_procs_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -114,14 +111,8 @@ def _gap(values: np.ndarray, n: int) -> float:
 @pytest.fixture(scope="module")
 def two_procs() -> dict:
     """The script's JSON line at 2 processes, run as conftest's ``heldout_runs`` runs it (its TINY
-    arguments, one intra-op thread, nothing on PYTHONPATH)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    p = subprocess.run([sys.executable, str(HELDOUT / NAME), "--device", "cpu", *TINY[NAME], "--procs", "2"],
-                       capture_output=True, text=True, cwd=HELDOUT, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    lines = p.stdout.splitlines()
-    assert len(lines) == 1, lines
-    return json.loads(lines[0])
+    arguments, one intra-op thread, nothing on PYTHONPATH: :func:`tiny_json`)."""
+    return tiny_json(NAME, "--procs", "2")
 
 
 @pytest.fixture(scope="module")

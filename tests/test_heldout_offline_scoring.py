@@ -16,16 +16,12 @@ numpy (embedding rows by indexing, the MLPs and cross layers by matmuls), no mod
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from test_heldout_scripts import HELDOUT, TINY, _tiny_run
+from test_heldout_scripts import HELDOUT, TINY, _tiny_run, tiny_json
 
 NAME = "offline_scoring_serve.py"
 ARGS = {k: int(v) for k, v in zip(TINY[NAME][::2], TINY[NAME][1::2])}
@@ -38,15 +34,8 @@ WIDTH = (SPARSE + 1) * DIM
 
 
 def _run(*extra: str) -> dict:
-    """The script's one JSON line with its TINY arguments and ``extra``, run as conftest's
-    ``heldout_runs`` runs it (one intra-op thread, nothing on PYTHONPATH)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    p = subprocess.run([sys.executable, str(HELDOUT / NAME), "--device", "cpu", *TINY[NAME], *extra],
-                       capture_output=True, text=True, cwd=HELDOUT, env=env, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    lines = p.stdout.splitlines()
-    assert len(lines) == 1, lines
-    return json.loads(lines[0])
+    """The script's one JSON line with its TINY arguments and ``extra`` (:func:`tiny_json`)."""
+    return tiny_json(NAME, *extra, timeout=120)
 
 
 @pytest.fixture(scope="module")

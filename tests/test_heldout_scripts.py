@@ -113,6 +113,18 @@ def json_runs(heldout_runs: dict, name: str) -> dict[int, dict]:
     return {t: json.loads(heldout_runs[(name, t)][0]) for t in THREADS}
 
 
+def tiny_json(name: str, *extra: str, timeout: float = 300) -> dict:
+    """``name``'s one JSON line on the CPU with its TINY arguments and ``extra``, run as conftest's
+    ``heldout_runs`` runs it (one intra-op thread, nothing on PYTHONPATH); it must print only that line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    p = subprocess.run([sys.executable, str(HELDOUT / name), "--device", "cpu", *TINY[name], *extra],
+                       capture_output=True, text=True, cwd=HELDOUT, env=env, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1, lines
+    return json.loads(lines[0])
+
+
 @contextlib.contextmanager
 def _tiny_run(name: str):
     """``name``'s module and its TINY arguments as a dict, with the seed set and one intra-op
