@@ -14,6 +14,8 @@ def test_fmt_counts_floats_and_absent():
     assert fmt(1234567.0) == "1,234,567"  # a whole-number float is a count: printed exactly
     assert fmt(0.123456) == "0.1235"
     assert fmt(1234.5678) == "1,235"
+    assert fmt(13115.094) == "13,115" and fmt(-191163.4) == "-191,163"  # not "1.312e+04" (4 significant digits)
+    assert fmt(999999.4) == "999,999" and fmt(1500000.5) == "1.5e+06"
     assert fmt(0.0001234) == "0.000123"
     assert fmt(None) == "n/a" and fmt(math.nan) == "n/a"
     assert fmt(True) == "yes" and fmt(np.int64(7)) == "7"

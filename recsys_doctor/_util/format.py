@@ -47,6 +47,8 @@ def fmt(v: Any) -> str:
             return f"{int(v):,}"
         if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
             return f"{v:.3g}"
+        if abs(v) >= 1e4:  # (",.4g" would print 13115.09 as "1.312e+04")
+            return f"{v:,.0f}"
         return f"{v:,.4g}"
     if hasattr(v, "item"):
         return fmt(v.item())
