@@ -77,7 +77,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     W = data["window_ns"]
     work = data["host_work_share_of_host_wait"]
     hosty = work is not None and work >= 0.5
-    advice = (_HOST_WORK.format(work=work, us=options.host_work_us) if hosty else "") + _advice(trace, ops)
+    advice = (_HOST_WORK.format(work=work, us=options.host_work_us) if hosty else "") + _advice(
+        trace, ops, _waiting_threads(gaps, options) > 1)
     f = report(
         res, "launch-bound",
         title=(f"GPU idle {data['idle_share']:.0%} of the window; {share:.0%} of the window is "
@@ -230,9 +231,21 @@ def _where(trace: Trace, gaps: pd.DataFrame, options: Options) -> list[dict]:
     return where
 
 
-def _advice(trace: Trace, ops: pd.DataFrame) -> str:
+def _waiting_threads(gaps: pd.DataFrame, options: Options) -> int:
+    """How many CPU threads launch after host-wait gaps: those whose launches end at least
+    ``report_min_share`` of the host-wait time (per process and thread id)."""
+    hw = gaps[gaps["host_wait"].to_numpy() & gaps["tid"].notna().to_numpy()]
+    if not len(hw):
+        return 0
+    per = hw.groupby([hw["pid"].to_numpy(np.int64), hw["tid"].to_numpy(np.int64)])["gap"].sum()
+    return int((per >= options.report_min_share * float(per.sum())).sum())
+
+
+def _advice(trace: Trace, ops: pd.DataFrame, several: bool = True) -> str:
     """What to do; a trace whose GPU time already runs mostly in CUDA graphs is told to
-    overlap requests, not to capture graphs it already has."""
+    overlap requests, not to capture graphs it already has; one whose host waits all follow
+    one thread's launches (``several`` False: a training or scoring loop) is not told to give
+    each client thread a stream group of its own."""
     kern, graph = what_is(ops, "kernel"), what_is(ops, "graph")
     in_graph = np.zeros(len(ops), dtype=bool)
     if len(trace.kernels):
@@ -247,6 +260,9 @@ def _advice(trace: Trace, ops: pd.DataFrame) -> str:
         return ("The work is already in CUDA graphs; the GPU waits for the host between replays: "
                 "overlap requests on several stream groups (one graph per group), copy each request's "
                 "inputs with one pinned copy, and wait on an event only where the result is needed.")
+    if not several:
+        return ("The GPU waits for the CPU to issue work: capture the steady-state sequence in CUDA graphs "
+                "(one launch per query/step) and move host-side preprocessing off the launching thread.")
     return ("The GPU waits for the CPU to issue work: capture the steady-state sequence in CUDA graphs "
             "(one launch per query/step), give each client thread its own stream group so launches "
             "from several threads overlap instead of queuing, and move host-side preprocessing off the "

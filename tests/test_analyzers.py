@@ -120,6 +120,26 @@ def test_launch_bound_split_by_hand():
                              "thread": "pid 1 tid 6", "stream": "pid 1 dev 0 stream 7"}
 
 
+def test_launch_bound_names_client_threads_only_where_several_launch_after_the_waits():
+    """Ten 1 us kernels, each after 9 us of GPU idle whose launch starts after the previous
+    kernel ended (host waits). Launched by one thread (a training or scoring loop): the advice
+    does not ask for a stream group per client thread. Launched round-robin by 3 threads (each
+    >= 5% of the host-wait time): it does."""
+    def trace(n_threads):
+        ks = [kern(i * 10_000, i * 10_000 + 1000, corr=i + 1) for i in range(10)]
+        calls = [api(i * 10_000 - 2000, i * 10_000 - 1500, i + 1, 10 + i % n_threads) for i in range(10)]
+        return T(kernels=ks, api=calls)
+
+    (one,) = launch_bound.analyze(trace(1), O).findings
+    assert one.evidence["host_wait_ns"] == 9 * 9000
+    assert one.recommendation == ("The GPU waits for the CPU to issue work: capture the steady-state sequence in "
+                                  "CUDA graphs (one launch per query/step) and move host-side preprocessing off the "
+                                  "launching thread.")
+    (three,) = launch_bound.analyze(trace(3), O).findings
+    assert three.evidence["host_wait_ns"] == 9 * 9000
+    assert "give each client thread its own stream group" in three.recommendation
+
+
 def test_launch_bound_splits_out_host_work_outside_cuda_calls_by_hand():
     """Two host waits, of 20 and 60 us. Before the first launch its thread was in a synchronize
     until 1 ns earlier (launching); before the second it had made no CUDA call for 60.1 us (host
