@@ -260,10 +260,7 @@ def _advice(trace: Trace, ops: pd.DataFrame, several: bool = True) -> str:
         return ("The work is already in CUDA graphs; the GPU waits for the host between replays: "
                 "overlap requests on several stream groups (one graph per group), copy each request's "
                 "inputs with one pinned copy, and wait on an event only where the result is needed.")
-    if not several:
-        return ("The GPU waits for the CPU to issue work: capture the steady-state sequence in CUDA graphs "
-                "(one launch per query/step) and move host-side preprocessing off the launching thread.")
+    per_thread = (", give each client thread its own stream group so launches from several threads overlap "
+                  "instead of queuing," if several else "")
     return ("The GPU waits for the CPU to issue work: capture the steady-state sequence in CUDA graphs "
-            "(one launch per query/step), give each client thread its own stream group so launches "
-            "from several threads overlap instead of queuing, and move host-side preprocessing off the "
-            "launching thread.")
+            f"(one launch per query/step){per_thread} and move host-side preprocessing off the launching thread.")

@@ -78,9 +78,9 @@ def launching_threads(trace: Trace, options: Options) -> dict[str, Any]:
         mid = hk[max(0, hk.size // 2 - CONCURRENCY_SAMPLE // 2):][:CONCURRENCY_SAMPLE]
         conc = _concurrency(t[mid], thread[mid])
         if (conc, heavy.size) > (best["concurrent"], best["threads"]):
-            pids = np.unique(pid[mid])
-            per = conc if pids.size <= 1 else max(_concurrency(t[mid[pid[mid] == p]], thread[mid[pid[mid] == p]])
-                                                  for p in pids)
+            pm = pid[mid]
+            pids = np.unique(pm)
+            per = conc if pids.size <= 1 else max(_concurrency(t[mid[pm == p]], thread[mid[pm == p]]) for p in pids)
             best = {"threads": int(heavy.size), "concurrent": conc,
                     "own_streams": _own_streams(thread[hk], stream[hk]), "device": int(d),
                     "processes": int(np.unique(pid[hk]).size), "per_process": per}

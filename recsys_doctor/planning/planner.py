@@ -159,10 +159,10 @@ def _stream_groups(trace: Trace, options: Options, data: dict[str, Any], byid: d
     threads = launching_threads(trace, options)
     launchy = _ids(findings, "launch-bound", "short-kernels", "graph-candidate", "small-grid")
     if threads["concurrent"] >= 2:
-        want, procs = threads["concurrent"], threads["processes"]
-        where = ("each into its own stream already" if threads["own_streams"] else "into shared streams")
-        if procs > 1:  # (a process's groups are its own streams: they hold its threads, not another's)
+        if threads["processes"] > 1:  # (a process's groups are its own streams: they hold its threads, not another's)
             return _process_groups(threads, launchy or real, cap, cap_note)
+        want = threads["concurrent"]
+        where = ("each into its own stream already" if threads["own_streams"] else "into shared streams")
         return {"count": min(cap, want), "because": launchy or real,
                 "reason": f"{want} CPU threads launch concurrently on device {threads['device']}, {where}: "
                           f"one group per thread{cap_note(want)}"}
