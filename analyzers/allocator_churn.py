@@ -32,6 +32,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
+from ._framework import idiom
 from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_starts, steady_window
 from ._arrays import merge_intervals
 from ._util import coverage_at, r, str_contains, take_str, thread_label_codes
@@ -82,15 +83,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
                f"{s['time_ms']:.1f} ms) leave the GPU idle {rec / 1e6:.1f} ms "
                f"({rec / window:.0%} of the steady state)"),
         evidence=data, where=_where(trace, al[steady], options),
-        recommendation=(
-            "Keep device memory in PyTorch's caching allocator instead of going back to the driver: "
-            "do not call torch.cuda.empty_cache() (or free and re-grow pools) in the loop, warm up with "
-            "the largest batch so every block size is cached before the steady state, set "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to stop fragmentation from forcing new "
-            "cudaMalloc calls, preallocate static buffers (inputs, workspaces, communication buffers), "
-            "and give each stream group its own pool so frees need no cross-stream synchronization."),
-        action="stop the steady-state cudaMalloc/cudaFree: warm the caching allocator up, no empty_cache, "
-               "expandable_segments")
+        recommendation=idiom(trace, "keep_memory"), action=idiom(trace, "keep_memory_action"))
     gs = gaps[sg]
     f.examples = examples(trace, start=gs["start"], end=gs["end"], pid=gs["pid"], device=gs["device"],
                           stream=gs["stream"], what="GPU idle while the host is in cudaMalloc/cudaFree",

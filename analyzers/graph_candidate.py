@@ -32,6 +32,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
+from ._framework import framework, idiom
 from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_window
 from ._util import (GRAPH_LAUNCH_RE, group_codes, launches, merge_intervals, r, str_contains, take_str,
                     thread_label)
@@ -234,17 +235,18 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
     points = data["sync_points_per_sequence"] = _sync_points(trace, seq, found)
     inside = data["syncs_inside_sequence"] = max(points - 1, 0)
     syncs = f"{inside} host synchronization{'s' if inside != 1 else ''}"
-    recommendation = ("Capture the repeated sequence once per stream group in a CUDA graph "
-                      "(torch.cuda.graphs / make_graphed_callables, static input buffers filled by "
-                      "one pinned copy) and replay it with one cudaGraphLaunch per request/step.")
+    recommendation = (f"Capture the repeated sequence once per stream group in a CUDA graph "
+                      f"({idiom(trace, 'graph')}) and replay it with one cudaGraphLaunch per request/step.")
+    pytorch = framework(trace)["name"] == "pytorch"
     action = f"capture the repeated {period}-kernel sequence once in a CUDA graph and replay it"
     if inside:
         recommendation = (
             f"The repeated sequence waits for the GPU at {points} points of each repetition of its "
             f"{body}-kernel loop body (a "
-            f"synchronizing call between two of its kernels: a value read back with .item(), .cpu() or "
-            f".tolist(), a data-dependent branch, or PyTorch code that reads a tensor, such as "
-            f"nn.TransformerEncoder's nested-tensor fast path); one graph holds at most one such point at "
+            f"synchronizing call between two of its kernels: a value read back with {idiom(trace, 'host_read')}, "
+            f"a data-dependent branch" + (", or PyTorch code that reads a tensor, such as nn.TransformerEncoder's "
+                                          "nested-tensor fast path" if pytorch else "") +
+            f"); one graph holds at most one such point at "
             f"its edge, so {inside} fall inside a graph of one body and its capture fails. Remove "
             f"those reads (see sync-api for where they are)"
             + (f", or capture the {points} segments between them separately" if body >= 2 * points else "")

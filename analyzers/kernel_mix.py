@@ -21,6 +21,7 @@ import numpy as np
 from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
+from ._framework import framework, idiom
 from ._kernel_classes import COPY, FP32_GEMM, kernel_classes, kernel_durations, kernel_where, offenders
 from ._recoverable import finish, report, steady_window
 from ._util import r
@@ -41,20 +42,31 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
     },
 }
 
-_TEXT = {
-    "copy-kernels": (
-        "{share:.0%} of kernel time is copies and concatenations ({n:,} copy/cat kernels)",
-        "Keep tensors in the layout and dtype the next op wants: build the concatenated (e.g. pooled "
-        "embedding) output once into a preallocated buffer instead of torch.cat per step, drop "
-        ".contiguous()/.to() round trips, and let torch.compile fuse the copies into their consumers.",
-        "remove the per-step cat/contiguous copies (preallocate, or fuse with torch.compile)"),
-    "fp32-gemm": (
-        "{share:.0%} of kernel time is FP32 GEMMs on CUDA cores ({n:,} kernels)",
-        "On Ampere or newer GPUs let the GEMMs use tensor cores: torch.backends.cuda.matmul.allow_tf32 = True "
-        "(torch.set_float32_matmul_precision('high')), or run the dense layers under "
-        "torch.autocast(dtype=torch.bfloat16); on Volta, float16 autocast.",
-        "enable TF32 (set_float32_matmul_precision('high')) or bf16 autocast for the dense layers"),
+#: what each note says: its title, and per framework (:func:`_fix`) the fix and the action
+_TITLE = {
+    "copy-kernels": "{share:.0%} of kernel time is copies and concatenations ({n:,} copy/cat kernels)",
+    "fp32-gemm": "{share:.0%} of kernel time is FP32 GEMMs on CUDA cores ({n:,} kernels)",
 }
+_PYTORCH_COPIES = (
+    "Keep tensors in the layout and dtype the next op wants: build the concatenated (e.g. pooled "
+    "embedding) output once into a preallocated buffer instead of torch.cat per step, drop "
+    ".contiguous()/.to() round trips, and let torch.compile fuse the copies into their consumers.",
+    "remove the per-step cat/contiguous copies (preallocate, or fuse with torch.compile)")
+
+
+def _fix(trace: Trace, fid: str) -> tuple[str, str]:
+    """The fix and the action of note ``fid``, in the words of the framework that made ``trace``."""
+    pytorch = framework(trace)["name"] == "pytorch"
+    if fid == "copy-kernels":
+        if pytorch:
+            return _PYTORCH_COPIES
+        return ("Keep tensors in the layout and dtype the next op wants: build a concatenated output once in a "
+                "preallocated buffer instead of copying it every step, drop layout and dtype round trips, and fuse "
+                f"the copies into their consumers ({idiom(trace, 'fuse')}).",
+                "remove the per-step concatenation and layout copies (preallocate, or fuse)")
+    return ("On Ampere or newer GPUs let the GEMMs use tensor cores: " + idiom(trace, "tensor_cores"),
+            "enable TF32 (set_float32_matmul_precision('high')) or bf16 autocast for the dense layers" if pytorch
+            else "let the dense layers' GEMMs use tensor cores (TF32 or bfloat16)")
 
 
 def analyze(trace: Trace, options: Options) -> AnalysisResult:
@@ -76,8 +88,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         ev = dict(ev, offenders=offenders(trace, rows, dur, options.top_n))
         if fid == "fp32-gemm" and len(trace.devices):
             ev["devices"] = sorted({str(n) for n in trace.devices["name"].dropna()})
-        title, fix, action = _TEXT[fid]
-        f = report(res, fid, title=title.format(share=share, n=int(rows.size)), evidence=ev,
+        fix, action = _fix(trace, fid)
+        f = report(res, fid, title=_TITLE[fid].format(share=share, n=int(rows.size)), evidence=ev,
                    where=kernel_where(trace, rows, options.top_n, dur[rows]), recommendation=fix, action=action)
         finish(f, 0, steady_window(trace, options), options)
     return res

@@ -40,6 +40,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._ops import what_is
+from ._framework import idiom
 from ._recoverable import allocator_cover, device_gaps, examples, finish, report, steady_starts, steady_window
 from ._arrays import pair_codes
 from ._util import _packed_key, merge_intervals, op_api_rows, op_table, per_key, r, take_str, thread_label_codes
@@ -77,7 +78,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     W = data["window_ns"]
     work = data["host_work_share_of_host_wait"]
     hosty = work is not None and work >= 0.5
-    advice = (_HOST_WORK.format(work=work, us=options.host_work_us) if hosty else "") + _advice(
+    advice = (_HOST_WORK.format(work=work, us=options.host_work_us, elsewhere=idiom(trace, "input_off_thread")) if hosty else "") + _advice(
         trace, ops, _waiting_threads(gaps, options) > 1)
     f = report(
         res, "launch-bound",
@@ -175,8 +176,7 @@ _HOST_WORK = ("Most of the wait is host work outside CUDA calls: in {work:.0%} o
               "thread had made no CUDA call for at least {us:g} us before the launch (the program's own Python, "
               "preprocessing or parsing, another thread holding the GIL). CUDA graphs and stream groups remove "
               "launch calls, not that work: profile the host (py-spy --gil, nsys CPU sampling) and cut it or move it "
-              "off the launching threads (DataLoader workers or more processes, inputs prepared ahead of the model "
-              "call). Then: ")
+              "off the launching threads ({elsewhere}, inputs prepared ahead of the model call). Then: ")
 
 
 def _silent_before(trace: Trace, rows: np.ndarray, pick: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
+from ._framework import idiom
 from ._recoverable import examples, finish, idle_gaps, report, steady_window
 from ._util import BLOCKING_COPY_RE, launches, norm_name, r, str_contains, thread_label_codes
 from .summary import direction_switches
@@ -100,7 +101,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
     data["round_trip_idle_ns"] = int(rt["ns"].sum()) if len(rt) else 0
     data["merge_copies_saving_ns"] = int(merge)
     f = report(res, "memcpy-ping-pong", title=f"{n} host<->device copies: " + ", ".join(_parts(data)),
-               evidence=data, recommendation=_sentence("; ".join(_advice(data, scores))),
+               evidence=data, recommendation=_sentence("; ".join(_advice(data, scores, idiom(trace, "host_read_examples")))),
                where=_where(trace, j, reg, options),
                action="stage each request's inputs in one pinned buffer and read results back asynchronously")
     if len(rt):
@@ -181,13 +182,13 @@ def _parts(data: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _advice(data: dict[str, Any], scores: dict[str, float]) -> list[str]:
+def _advice(data: dict[str, Any], scores: dict[str, float], reads: str) -> list[str]:
     rec = []
     if scores["small"] or data["pageable_copies"]:
         rec.append("gather the per-tensor inputs into one pinned staging buffer and issue a single "
                    "cudaMemcpyAsync per query/step")
     if data["sync_copies"] or data["direction_switches"]:
-        rec.append("replace blocking cudaMemcpy/.cpu()/.item() with async copies into pinned memory and "
+        rec.append(f"replace blocking cudaMemcpy{reads} with async copies into pinned memory and "
                    "one event wait at the end of the request")
     rec.append("put the copies on the group's own stream (or merge copy and compute streams when the "
                "copies are this small and latency-bound)")

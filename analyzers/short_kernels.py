@@ -21,6 +21,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
+from ._framework import idiom
 from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_window
 from ._util import launches, r, stream_label_codes, take_str
 
@@ -72,10 +73,10 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             ("Most kernels are long enough to hide their launch; the short ones still cost a launch "
              "each. " if hides else "") +
             "Amortize the launch cost: capture the repeated per-query/per-step sequence in a CUDA graph "
-            "(one cudaGraphLaunch replaces dozens of cudaLaunchKernel), fuse elementwise tails "
-            "(torch.compile), and batch several requests per launch; launching from several threads "
+            f"(one cudaGraphLaunch replaces dozens of cudaLaunchKernel), fuse elementwise tails "
+            f"({idiom(trace, 'fuse')}), and batch several requests per launch; launching from several threads "
             "only helps once each thread has its own stream group."),
-        action="capture the repeated per-query/step kernel sequence in a CUDA graph (or fuse it with torch.compile)")
+        action=f"capture the repeated per-query/step kernel sequence in a CUDA graph (or fuse it: {idiom(trace, 'fuse')})")
     if len(gk):
         f.examples = examples(trace, start=gk["start"], end=gk["end"], pid=gk["pid"],
                               device=gk["device"], stream=gk["stream"],

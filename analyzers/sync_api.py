@@ -31,6 +31,7 @@ from ..findings import AnalysisResult
 from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
+from ._framework import idiom
 from ._ops import api_keys_in, api_thread_spans, cached
 from ._recoverable import examples, finish, gaps_containing, idle_gaps, report, steady_window
 from ._util import (BLOCKING_COPY_RE, SYNC_RE, launches, per_value, r, str_contains, str_is,
@@ -87,7 +88,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         evidence=data, where=_where(trace, sy, dur, options),
         recommendation=(
             "Remove the syncs from the hot path: replace cudaDeviceSynchronize/cudaStreamSynchronize "
-            "and blocking cudaMemcpy (.cpu(), .item()) with an event recorded on the group's stream and "
+            f"and blocking cudaMemcpy{idiom(trace, 'host_read_examples')} with an event recorded on the group's stream and "
             "waited on only where the result is consumed; copy results into pinned buffers "
             "asynchronously."),
         action="replace the per-request synchronize calls with one event wait where the result is used")

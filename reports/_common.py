@@ -258,3 +258,10 @@ def shown_plan(result: "AdviseResult") -> dict[str, Any]:
     if (result.summary or {}).get("gpu_utilization") is None:
         return {}
     return dict(result.plan or {})
+
+
+def framework_text(info: dict[str, Any]) -> str:
+    """``framework PyTorch (a PyTorch profiler (Kineto) trace)``: what made the trace and why it
+    is taken for it (the words of the fixes follow it); empty where the JSON has none."""
+    fw = info.get("framework") or {}
+    return f"framework {fw['label']} ({fw['because']})" if fw.get("label") else ""

@@ -27,7 +27,7 @@ from markupsafe import Markup
 
 from ..errors import BadInputError
 from .._util.format import fixed, fmt, pct
-from ._common import by_severity, clock_s, headline, kernel_label, plan_rows, report_kernel_labels, shown_plan, summary_rows, trace_name
+from ._common import by_severity, clock_s, framework_text, headline, kernel_label, plan_rows, report_kernel_labels, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,7 +97,7 @@ def _trace_context(result: "AdviseResult", history_rows: Sequence[Mapping[str, A
         why = f"{v.get('problem')}." + (f" Plan: {v['plan']}." if v.get("plan") and shown_plan(result) else "")
     info = result.trace_info or {}
     history = sorted(history_rows or [], key=lambda r: str(r.get("when_utc")), reverse=True)[:10]
-    return dict(name=trace_name(result), info=info, window=window_text(info), big=big, why=why,
+    return dict(name=trace_name(result), info=info, window=window_text(info), framework=framework_text(info), big=big, why=why,
                 hero_class={"high": "bad", "medium": "warn"}.get(v.get("severity") or "", ""),
                 summary=summary_rows(result.summary or {}, result.analyses), findings=by_severity(result),
                 labels=report_kernel_labels(result.findings),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInputError
 from .._util.format import fmt, pct
-from ._common import by_severity, clock_s, headline, plan_rows, shown_plan, summary_rows, trace_name
+from ._common import by_severity, clock_s, framework_text, headline, plan_rows, shown_plan, summary_rows, trace_name
 from . import plots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +65,7 @@ def render_markdown(result: "AdviseResult", image_links: Sequence[tuple[str, str
     lines = [f"# recsys-doctor report: {md_escape(trace_name(result))}", "",
              f"**{md_escape(big)}**", "", f"**Why:** {md_escape(why)}", "",
              md_escape(window_text(result.trace_info or {})), "",
+             *([md_escape(framework_text(result.trace_info or {})), ""] if framework_text(result.trace_info or {}) else []),
              "| metric | value |", "|---|---:|"]
     lines += [f"| {md_escape(k)} | {md_escape(v)} |" for k, v in summary_rows(s, result.analyses)]
     lines.append("")

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from .._util.format import NAME_WIDTH, duration_ns, fmt_evidence, fmt_unit, shorten
 from ..analyzers import evidence_units
-from ._common import clock_s, evidence_label, kernel_label, plan_rows, report_kernel_labels, shown_plan
+from ._common import clock_s, evidence_label, framework_text, kernel_label, plan_rows, report_kernel_labels, shown_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..diagnose.advise import AdviseResult
@@ -199,6 +199,8 @@ def _report_parts(res: "AdviseResult") -> list[Any]:
             out.append(Text(f"Plan: {v['plan']} (details below)", style="bold"))
     out.append(Text(" | ".join(str(x) for x in sub if x), style="dim"))
     out.append(Text(window_text(info), style="dim"))
+    if framework_text(info):
+        out.append(Text(framework_text(info), style="dim"))
     if info.get("attribution"):
         out.append(Text(info["attribution"], style="dim"))
     out += [_summary_table(res), Text("")]

@@ -109,6 +109,7 @@ def restrict(trace: Trace, *, nvtx: str | None = None, start_ns: int | None = No
 def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool = False) -> AdviseResult:
     """Run the summary, every analyzer and the planner over an already loaded trace."""
     from ..analyzers import ANALYZERS, summarize_and_run_all
+    from ..analyzers._framework import apply_hint, framework
     from ..loaders._nsys_columns import release_free_memory
     from ..planning.planner import make_plan
     from .._util.progress import progress as progress_bar
@@ -128,6 +129,9 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
     findings = [f for r in results for f in r.findings]
     findings.sort(key=lambda f: (_SEV_ORDER.get(f.severity, 9), -(f.recoverable_ns or 0)))
     plan = make_plan(trace, findings, results, options)
+    hint = apply_hint(trace, plan)
+    if hint:  # (additive: how to carry the plan out where the runtime, PyTorch's, cannot)
+        plan["notes"] = [*plan.get("notes", []), hint]
     span = trace_span(trace)
     rg = trace.ranges
     has_regions = bool(len(rg)) and bool((rg["source"].astype(object) != "cpu_op").any())
@@ -136,6 +140,8 @@ def advise_trace(trace: Trace, options: Options | None = None, *, progress: bool
         "format": trace.format,
         "counts": trace.counts(),
         "meta": trace.meta,
+        # additive: the framework that made the trace, and why it is taken for it
+        "framework": framework(trace),
         # additive: the trace's span on its own clock, and the analysis window asked for
         "span_ns": list(span) if span else None,
         "window_ns": (trace.meta.get("window_ns") if isinstance(trace.meta.get("window_ns"), list) else None),
