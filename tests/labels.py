@@ -74,6 +74,14 @@ LABELS: dict[str, dict] = {
         # (each process launches into its own stream 7: not one stream shared by threads)
         "must_not": {"stream-contention": None, "no-gpu-activity": None, "streams-never-overlap": None},
     },
+    "tests/data/cuda_python_q4/cuda_python_q4.sqlite.gz": {
+        "why": ("no framework: NVRTC kernels launched through cuda-python by 4 client threads on ONE shared "
+                "stream, 24 tiny kernels a query, pageable copies, a cuStreamSynchronize a query"),
+        "must": {"stream-contention": "low", "launch-bound": "low", "sync-api": "note", "memcpy-ping-pong": "note",
+                 "graph-candidate": "note", "short-kernels": "note"},
+        "must_not": {"no-gpu-activity": None, "processes-share-gpu": None, "optimizer-unfused": None,
+                     "input-stall": None, "streams-never-overlap": None},
+    },
     "recsys_doctor/data/demo_wdl_serial_q4.sqlite.gz": {
         "why": "4 eager wide&deep client threads on ONE shared stream (--mode eager --streams shared)",
         # (no OS runtime trace in this export: the lock waits are not seen, only slower launches)

@@ -169,3 +169,31 @@ def test_reports_say_the_framework():
     md = render_markdown(res)
     assert md_escape("framework TensorFlow (12 of 12 kernel executions are TensorFlow's)") in md
     assert res.to_dict()["trace"]["framework"]["name"] == "tensorflow"
+
+
+CUDA_FIXTURE = Path(__file__).parent / "data" / "cuda_python_q4" / "cuda_python_q4.sqlite.gz"
+
+
+def test_the_project_made_cuda_program_is_told_in_cuda_terms(tmp_path):
+    """tests/data/cuda_python_q4 (no PyTorch in the process): a CUDA program, its kernel counts as
+    SQL reads them, no fix in PyTorch's words, the plan carried out in CUDA's."""
+    import gzip
+    import shutil
+
+    db = tmp_path / "t.sqlite"
+    with gzip.open(CUDA_FIXTURE) as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    names = dict(sql_rows(db, "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
+                              "ON s.id = k.demangledName GROUP BY s.value"))
+    assert names == {"scale_add": 5 * 150 * 12, "relu": 5 * 150 * 12}  # the README's workload
+    res = advise(str(CUDA_FIXTURE), Options())
+    fw = res.trace_info["framework"]
+    assert fw["name"] == "cuda" and fw["evidence"]["pytorch_kernels"] == 0 and fw["evidence"]["xla_kernels"] == 0
+    assert len(res.findings) >= 5
+    for f in res.findings:
+        assert not re.search(r"torch|PyTorch|\.item\(\)|\.cpu\(\)|DataLoader|pin_memory", f"{f.recommendation} "
+                                                                                         f"{f.action}"), f.id
+    graph = next(f for f in res.findings if f.id == "graph-candidate")
+    assert "cudaStreamBeginCapture" in graph.recommendation
+    notes = res.plan.get("notes", [])
+    assert len(notes) == 1 and notes[0].startswith("In CUDA: 4 stream groups: a cudaStream_t per client thread")
