@@ -136,7 +136,14 @@ IDIOMS: dict[str, dict[str, str]] = {
         "pytorch": "torch.compile",
         "tensorflow": "XLA, tf.function(jit_compile=True)",
         "jax": "jax.jit over the whole step, not per op",
-        "cuda": "one fused kernel",
+        "cuda": "into one kernel",
+    },
+    # the same, as the short-kernels action's alternative to a graph
+    "fuse_action": {
+        "pytorch": "or fuse it with torch.compile",
+        "tensorflow": "or fuse it with XLA, tf.function(jit_compile=True)",
+        "jax": "or jit the whole step with jax.jit",
+        "cuda": "or fuse its kernels",
     },
     # capturing a repeated launch sequence in a CUDA graph
     "graph": {

@@ -76,7 +76,7 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
             f"(one cudaGraphLaunch replaces dozens of cudaLaunchKernel), fuse elementwise tails "
             f"({idiom(trace, 'fuse')}), and batch several requests per launch; launching from several threads "
             "only helps once each thread has its own stream group."),
-        action=f"capture the repeated per-query/step kernel sequence in a CUDA graph (or fuse it: {idiom(trace, 'fuse')})")
+        action=f"capture the repeated per-query/step kernel sequence in a CUDA graph ({idiom(trace, 'fuse_action')})")
     if len(gk):
         f.examples = examples(trace, start=gk["start"], end=gk["end"], pid=gk["pid"],
                               device=gk["device"], stream=gk["stream"],
