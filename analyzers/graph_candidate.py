@@ -50,6 +50,7 @@ EVIDENCE_UNITS: dict[str, dict[str, str]] = {
         "in_graph_kernels": "number", "kernels": "number", "min_kernels": "number", "min_repeats": "number",
         "sequence_length": "number", "sequence_repeats": "number", "share": "share",
         "sync_points_per_sequence": "number", "syncs_inside_sequence": "number", "loop_body_kernels": "number",
+        "inner_period_kernels": "number",
     },
 }
 
@@ -132,6 +133,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         "graphed_busy_share": r(graphed_share), "min_kernels": K, "min_repeats": R}
     res.data = data
     found = _candidates(seq, k, busy, data, options) if len(seq) >= K else None
+    if found is not None:
+        _step_between_syncs(trace, seq, k, found, data)
     if found is not None and found["share"] >= options.report_min_share:
         _report_candidates(res, trace, k, seq, found, graphed_share, options)
     elif graphed_share or n_graph_launch:
@@ -254,7 +257,7 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
         action = f"remove the {syncs} inside the repeated {body}-kernel loop body, then capture it in a CUDA graph"
     f = report(
         res, "graph-candidate",
-        title=(f"A {period}-kernel sequence repeats {data['sequence_repeats']}x eagerly; repeated eager "
+        title=(f"A {period}-kernel sequence{_step_words(data)} repeats {data['sequence_repeats']}x eagerly; repeated eager "
                f"sequences hold {found['share']:.0%} of GPU busy time{already}"
                + (f"; {syncs} inside each {body}-kernel loop body" if inside else "")),
         evidence=data, where=_where(trace, k, seq, found, options),
@@ -264,6 +267,70 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
                               stream=gc["stream"], what="GPU idle before a kernel of the repeated sequence",
                               n=options.examples_per_finding)
     finish(f, rec, steady_window(trace, options), options, claims=gc)
+
+
+def _step_words(data: dict) -> str:
+    """What a sequence found from the host synchronizations is (empty for a plain loop body)."""
+    inner = data.get("inner_period_kernels")
+    return (f" (what a thread launches between two of its host synchronizations; a {inner}-kernel block "
+            "repeats inside it)"
+            if inner else "")
+
+
+def _step_between_syncs(trace: Trace, seq: pd.DataFrame, k: pd.DataFrame, found: dict, data: dict) -> None:
+    """Where the launching threads' host synchronizations recur every ``D`` kernels, ``D`` a
+    multiple of the loop body longer than it (the same block of kernels repeated inside one query
+    or step: identical layers, a Python loop over a block), the sequence is the step of ``D``
+    kernels, not one block: ``found`` and ``data`` are set to it (``inner_period_kernels``: the
+    block), and :func:`_sync_points` then finds its synchronizations (one at its edge: a graph of
+    the step; more: segments). The numbers of kernels a thread launches between two of its
+    synchronizations repeat with the smallest period ``q`` (1 to 4) that holds for 80% of them;
+    ``D`` is the most common sum of ``q`` consecutive ones, where at least half of the sums are it."""
+    from .sync_api import sync_calls
+
+    P = int(found["raw_period"])
+    m, _ = sync_calls(trace)
+    grp, tid, pid, t = (seq[c].to_numpy(np.int64) for c in ("grp", "tid", "pid", "api_start"))
+    if not m.any() or not (tid >= 0).any():
+        return
+    api = trace.api
+    s_pid, s_tid, s_t = (api[c].to_numpy(np.int64)[m] for c in ("pid", "tid", "start"))
+    per_thread: list[np.ndarray] = []
+    groups = np.unique(grp[tid >= 0])
+    for g in groups:
+        sel = np.flatnonzero(grp == g)
+        mine = np.sort(s_t[(s_pid == pid[sel[0]]) & (s_tid == tid[sel[0]])])
+        # each sync's place in the thread's kernel sequence: how many kernels were launched before it
+        at = np.unique(np.searchsorted(t[sel], mine, "left"))
+        at = at[(at > 0) & (at < sel.size)]
+        per_thread.append(np.diff(at))
+    step = _sync_step(per_thread)
+    if step is None or step[0] <= P or step[0] % P:
+        return
+    D, q = step
+    cov = found["covered"]
+    # the repetitions: each thread whose synchronizations recur every D kernels, its covered kernels / D
+    mine = [g for g, gaps in zip(groups, per_thread) if gaps.size >= q and
+            (np.convolve(gaps, np.ones(q, np.int64), "valid") == D).any()]
+    found.update(period=D, raw_period=D)
+    first = int(np.flatnonzero(cov & (grp == mine[0]))[0])
+    body = take_str(k["name"], seq["row"].to_numpy()[first: first + D]).astype(str).tolist()
+    data.update({"sequence_length": D, "sequence_head": body[:10], "inner_period_kernels": P,
+                 "sequence_repeats": max(sum(int((cov & (grp == g)).sum()) // D for g in mine), 1)})
+
+
+def _sync_step(per_thread: list[np.ndarray]) -> tuple[int, int] | None:
+    """The kernels of one repetition of the threads' synchronization pattern and the gaps it
+    spans (see :func:`_step_between_syncs`), or None where the gaps between synchronizations do
+    not repeat."""
+    for q in range(1, 5):
+        same = [g[q:] == g[:-q] for g in per_thread if g.size > q]
+        if sum(x.size for x in same) < 2 or float(np.concatenate(same).mean()) < 0.8:
+            continue
+        sums = np.concatenate([np.convolve(g, np.ones(q, np.int64), "valid") for g in per_thread if g.size >= q])
+        vals, cnts = np.unique(sums, return_counts=True)
+        return (int(vals[np.argmax(cnts)]), q) if 2 * int(cnts.max()) >= sums.size else None
+    return None
 
 
 def _sync_points(trace: Trace, seq: pd.DataFrame, found: dict) -> int:

@@ -523,3 +523,41 @@ def test_the_plan_says_to_remove_the_syncs_inside_the_sequence_first():
     assert plain["enabled"] and synced["enabled"] and "remove" not in plain["reason"]
     assert synced["reason"].endswith("first remove the 3 host synchronizations inside it (graph-candidate: a "
                                      "capture fails across them, and the calls then run eagerly)")
+
+
+def test_graph_candidate_takes_the_step_between_host_syncs_over_a_block_repeated_inside_it():
+    """The same 2-kernel block (A B) launched 12 times a query, a cudaStreamSynchronize after
+    each query (identical layers, a Python loop over a block): the sequence is the query's 24
+    kernels, not the block, with one sync point at its edge; 30 queries by one thread, then by 3
+    threads taking turns (their kernels interleave in time, each thread's own order is the
+    query). A step of 10 blocks with syncs after the 6th and the 10th (gaps 12 and 8 kernels,
+    alternating) is one 20-kernel step with 2 sync points, one inside it."""
+    def trace(threads, blocks_between_syncs, queries=30):
+        ks, calls, i = [], [], 0
+        for _ in range(queries):
+            for th in range(threads):
+                for nb in blocks_between_syncs:
+                    for _ in range(nb):
+                        for n in "AB":
+                            i += 1
+                            ks.append(kern(i * 2000, i * 2000 + 1000, corr=i, name=n))
+                            calls.append(api(i * 2000 - 500, i * 2000 - 400, i, 5 + th))
+                    calls.append(api(i * 2000 + 100, i * 2000 + 1100, 100_000 + i, 5 + th,
+                                     name="cudaStreamSynchronize"))
+        return T(kernels=ks, api=calls)
+
+    for threads in (1, 3):
+        res = graph_candidate.analyze(trace(threads, (12,)), O)
+        d = res.data
+        assert (d["sequence_length"], d["loop_body_kernels"], d["inner_period_kernels"]) == (24, 24, 2), threads
+        assert (d["sync_points_per_sequence"], d["syncs_inside_sequence"]) == (1, 0), threads
+        assert d["sequence_repeats"] == 30 * threads
+        (f,) = res.findings
+        assert f.title.startswith("A 24-kernel sequence (what a thread launches between two of its host "
+                                  "synchronizations; a 2-kernel block repeats inside it) repeats "
+                                  f"{30 * threads}x eagerly")
+    res = graph_candidate.analyze(trace(1, (6, 4)), O)
+    d = res.data
+    assert (d["sequence_length"], d["inner_period_kernels"], d["sync_points_per_sequence"],
+            d["syncs_inside_sequence"]) == (20, 2, 2, 1)
+    assert "capture the 2 segments between them separately" in res.findings[0].recommendation
