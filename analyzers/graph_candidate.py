@@ -310,13 +310,13 @@ def _step_between_syncs(trace: Trace, seq: pd.DataFrame, k: pd.DataFrame, found:
     D, q = step
     cov = found["covered"]
     # the repetitions: each thread whose synchronizations recur every D kernels, its covered kernels / D
-    mine = [g for g, gaps in zip(groups, per_thread) if gaps.size >= q and
+    stepping = [g for g, gaps in zip(groups, per_thread) if gaps.size >= q and
             (np.convolve(gaps, np.ones(q, np.int64), "valid") == D).any()]
     found.update(period=D, raw_period=D)
-    first = int(np.flatnonzero(cov & (grp == mine[0]))[0])
+    first = int(np.flatnonzero(cov & (grp == stepping[0]))[0])
     body = take_str(k["name"], seq["row"].to_numpy()[first: first + D]).astype(str).tolist()
     data.update({"sequence_length": D, "sequence_head": body[:10], "inner_period_kernels": P,
-                 "sequence_repeats": max(sum(int((cov & (grp == g)).sum()) // D for g in mine), 1)})
+                 "sequence_repeats": max(sum(int((cov & (grp == g)).sum()) // D for g in stepping), 1)})
 
 
 def _sync_step(per_thread: list[np.ndarray]) -> tuple[int, int] | None:
