@@ -155,6 +155,16 @@ IDIOMS: dict[str, dict[str, str]] = {
         "cuda": "cudaStreamBeginCapture ... cudaStreamEndCapture, cudaGraphInstantiate once, cudaGraphLaunch per "
                 "query, inputs copied into fixed buffers",
     },
+    # stream-contention: where a thread's own stream comes from, after the advice to give it one
+    "own_stream": {
+        "pytorch": "",
+        "tensorflow": " TensorFlow sends every op of a GPU to its one compute stream from the inter-op threads: "
+                      "stream groups come from NVIDIA's Multi-Stream TensorFlow or from a logical GPU per serving "
+                      "thread (the plan's note).",
+        "jax": " JAX gives a thread no stream of its own: batch the concurrent requests into one jitted call "
+               "instead (the plan's note).",
+        "cuda": " In CUDA: a cudaStream_t per thread (cudaStreamCreateWithFlags with cudaStreamNonBlocking).",
+    },
     # what reads a device value on the host (a sync)
     "host_read": {
         "pytorch": ".item(), .cpu() or .tolist()",

@@ -36,6 +36,7 @@ from ..model import Trace
 from ..options import Options
 from ._arrays import code_order, code_spans
 from ._attribution import any_region, attribute, where_shares
+from ._framework import idiom
 from ._recoverable import examples, finish, idle_gaps, report, steady_starts, steady_window
 from ._ops import api_thread_spans, what_is
 from ._util import (coverage_at, group_codes, launches, merge_intervals, pair_codes, r, stream_label, thread_label,
@@ -131,7 +132,8 @@ def analyze(trace: Trace, options: Options) -> AnalysisResult:
         recommendation=(
             "Give every client thread its own stream group (a compute stream plus a copy stream, "
             "with a per-stream caching allocator) so launches stop serializing on one stream and "
-            "requests overlap on the GPU; use CUDA graphs per group to cut the launch calls."),
+            "requests overlap on the GPU; use CUDA graphs per group to cut the launch calls."
+            + idiom(trace, "own_stream")),
         action="give every client thread its own stream group instead of one shared stream")
     ov = fc[fc["_ov"].to_numpy(bool) & fc["_steady"].to_numpy(bool) & ~fc["_first"].to_numpy(bool)]
     if len(ov):  # (steady-state calls; a first launch loads a module, it is not contention)
