@@ -169,6 +169,14 @@ def test_reports_say_the_framework():
     md = render_markdown(res)
     assert md_escape("framework TensorFlow (12 of 12 kernel executions are TensorFlow's)") in md
     assert res.to_dict()["trace"]["framework"]["name"] == "tensorflow"
+    from recsys_doctor.reports.html import render_html
+    from recsys_doctor.reports.terminal import render_terminal
+    from rich.console import Console
+
+    assert "framework TensorFlow (12 of 12 kernel executions are TensorFlow&#x27;s)" in render_html(res)
+    con = Console(record=True, width=200)
+    render_terminal(res, console=con)
+    assert "framework TensorFlow (12 of 12 kernel executions are TensorFlow's)" in con.export_text()
 
 
 CUDA_FIXTURE = Path(__file__).parent / "data" / "cuda_python_q4" / "cuda_python_q4.sqlite.gz"
