@@ -59,21 +59,23 @@ _THREADS = {"pytorch": re.compile(r"^pt_"), "tensorflow": re.compile(r"^tf_(?:Co
 XLA_MIN_SHARE = 0.1
 
 
+def _name_counts(names: pd.Series) -> tuple[list[str], np.ndarray]:
+    """The distinct values of a name column and how often each occurs (by category codes where the
+    column is categorical, as the loaders make it: no string per row)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = names.cat.codes.to_numpy()
+        return [str(c) for c in names.cat.categories], np.bincount(codes[codes >= 0],
+                                                                    minlength=len(names.cat.categories))
+    vc = names.astype(str).value_counts()
+    return list(vc.index), vc.to_numpy()
+
+
 def _kernel_counts(trace: Trace) -> dict[str, int]:
     """Kernel executions whose name marks each framework (and ``xla``), counted per distinct name."""
     out = {"pytorch": 0, "tensorflow": 0, "xla": 0}
-    k = trace.kernels
-    if not len(k):
+    if not len(trace.kernels):
         return out
-    names = k["name"]
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        codes = names.cat.codes.to_numpy()
-        counts = np.bincount(codes[codes >= 0], minlength=len(names.cat.categories))
-        uniq = [str(c) for c in names.cat.categories]
-    else:
-        vc = names.astype(str).value_counts()
-        uniq, counts = list(vc.index), vc.to_numpy()
-    for name, n in zip(uniq, counts):
+    for name, n in zip(*_name_counts(trace.kernels["name"])):
         if not n:
             continue
         for fw, rx in _KERNELS.items():
@@ -93,10 +95,9 @@ def _thread_counts(trace: Trace) -> dict[str, int]:
 
 
 def _aten_ranges(trace: Trace) -> int:
-    r = trace.ranges
-    if not len(r):
+    if not len(trace.ranges):
         return 0
-    return int(r["name"].astype(str).str.startswith("aten::").sum())
+    return int(sum(n for name, n in zip(*_name_counts(trace.ranges["name"])) if name.startswith("aten::")))
 
 
 def _detect(trace: Trace) -> dict[str, Any]:
