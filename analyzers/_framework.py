@@ -236,39 +236,63 @@ def idiom(trace: Trace, key: str) -> str:
 def apply_hint(trace: Trace, plan: dict[str, Any] | None) -> str | None:
     """How to carry ``plan`` (the planner's JSON document) out in the trace's framework, where this
     package's runtime (PyTorch) cannot: one paragraph, or None for PyTorch (``recsys-doctor profile
-    --apply`` and the runtime do it) and for a plan that asks for neither groups nor graphs."""
+    --apply`` and the runtime do it) and for a plan that asks for neither groups nor graphs. A
+    training plan's groups are a step's independent branches, a serving plan's the client threads."""
     name = framework(trace)["name"]
     if name == "pytorch" or not plan:
         return None
     groups = int((plan.get("stream_groups") or {}).get("count") or 1)
     graphs = bool((plan.get("cuda_graphs") or {}).get("enabled"))
     merge = bool((plan.get("merge_copy_compute") or {}).get("enabled"))
-    parts: list[str] = []
-    if name == "tensorflow":
-        if groups > 1:
-            parts.append(f"{groups} stream groups: NVIDIA's Multi-Stream TensorFlow takes "
-                         f"TF_GPU_STREAM_GROUP_COUNT={groups}"
-                         + (" with TF_GPU_STREAM_MERGE=true (copies on the compute stream)" if merge else "")
-                         + " and TF_PER_STREAM_HOST_ALLOCATOR=true; stock TensorFlow gets separate streams and "
-                         f"allocators from {groups} logical GPUs (tf.config.set_logical_device_configuration), "
-                         "one per serving thread under tf.device, each holding its own copy of the weights")
-        if groups > 1 or graphs:
-            parts.append("TF_GPU_THREAD_MODE=gpu_private launches the GPU's kernels from threads of its own, not "
-                         "from the inter-op pool")
-        if graphs:
-            parts.append("CUDA graphs with " + IDIOMS["graph"]["tensorflow"])
-        return ("In TensorFlow: " + "; ".join(parts) + ".") if parts else None
-    if name == "jax":
-        if graphs:
-            parts.append("CUDA graphs with " + IDIOMS["graph"]["jax"])
-        if groups > 1:
-            parts.append(f"{groups} concurrent requests: JAX gives a thread no stream of its own, so batch "
-                         "concurrent requests into one jitted call (a batch dimension, jax.vmap) instead")
-        return ("In JAX: " + "; ".join(parts) + ".") if parts else None
-    if groups > 1:
+    training = plan.get("kind") == "training"
+    how = {"tensorflow": _tensorflow_hint, "jax": _jax_hint}.get(name, _cuda_hint)
+    parts = how(groups, graphs, merge, training)
+    head = {"tensorflow": "In TensorFlow: ", "jax": "In JAX: "}.get(name, "In CUDA: ")
+    return (head + "; ".join(parts) + ".") if parts else None
+
+
+def _tensorflow_hint(groups: int, graphs: bool, merge: bool, training: bool) -> list[str]:
+    parts = []
+    if groups > 1 and training:
+        parts.append(f"{groups} stream groups for the step's independent branches: NVIDIA's Multi-Stream TensorFlow "
+                     f"takes TF_GPU_STREAM_GROUP_COUNT={groups} with TF_NODE_LEVEL_MULTISTREAM=true and each branch "
+                     "inside the tf.function under tf.cuda.stream_scope(tf.cuda.get_stream(i)); stock TensorFlow "
+                     "runs a step's ops on one compute stream")
+    elif groups > 1:
+        parts.append(f"{groups} stream groups: NVIDIA's Multi-Stream TensorFlow takes "
+                     f"TF_GPU_STREAM_GROUP_COUNT={groups}"
+                     + (" with TF_GPU_STREAM_MERGE=true (copies on the compute stream)" if merge else "")
+                     + " and TF_PER_STREAM_HOST_ALLOCATOR=true; stock TensorFlow gets separate streams and "
+                     f"allocators from {groups} logical GPUs (tf.config.set_logical_device_configuration), "
+                     "one per serving thread under tf.device, each holding its own copy of the weights")
+    if groups > 1 or graphs:
+        parts.append("TF_GPU_THREAD_MODE=gpu_private launches the GPU's kernels from threads of its own, not "
+                     "from the inter-op pool")
+    if graphs:
+        parts.append("CUDA graphs with " + IDIOMS["graph"]["tensorflow"])
+    return parts
+
+
+def _jax_hint(groups: int, graphs: bool, merge: bool, training: bool) -> list[str]:
+    parts = ["CUDA graphs with " + IDIOMS["graph"]["jax"]] if graphs else []
+    if groups > 1 and training:
+        parts.append(f"{groups} independent branches: XLA runs a jitted step's kernels in order, so identical "
+                     "branches (experts, towers) overlap best as one batched computation (jax.vmap over them)")
+    elif groups > 1:
+        parts.append(f"{groups} concurrent requests: JAX gives a thread no stream of its own, so batch "
+                     "concurrent requests into one jitted call (a batch dimension, jax.vmap) instead")
+    return parts
+
+
+def _cuda_hint(groups: int, graphs: bool, merge: bool, training: bool) -> list[str]:
+    parts = []
+    if groups > 1 and training:
+        parts.append(f"{groups} streams, one per independent branch of the step, each joined back once a step "
+                     "(cudaEventRecord, cudaStreamWaitEvent)")
+    elif groups > 1:
         parts.append(f"{groups} stream groups: a cudaStream_t per client thread (cudaStreamCreateWithFlags with "
                      "cudaStreamNonBlocking), each with its own memory pool (cudaMemPoolCreate, "
                      "cudaMallocFromPoolAsync)" + (", its copies on the same stream" if merge else ""))
     if graphs:
         parts.append("CUDA graphs with " + IDIOMS["graph"]["cuda"])
-    return ("In CUDA: " + "; ".join(parts) + ".") if parts else None
+    return parts

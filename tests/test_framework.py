@@ -112,6 +112,12 @@ def test_apply_hint_maps_each_plan_choice():
     cuda = apply_hint(_trace(LIB_KERNELS), plan)
     assert cuda is not None and "4 stream groups" in cuda and "cudaMemPoolCreate" in cuda
     assert apply_hint(_trace(PT_KERNELS), plan) is None
+    # a training plan's groups are a step's branches: stream scopes, not logical GPUs per serving thread
+    train = apply_hint(_trace(TF_KERNELS), {**plan, "kind": "training"})
+    assert train is not None and "TF_NODE_LEVEL_MULTISTREAM=true" in train and "tf.cuda.stream_scope" in train
+    assert "logical GPUs" not in train and "TF_GPU_STREAM_MERGE" not in train
+    cuda_train = apply_hint(_trace(LIB_KERNELS), {**plan, "kind": "training"})
+    assert cuda_train is not None and "cudaStreamWaitEvent" in cuda_train and "client thread" not in cuda_train
     # a plan that changes nothing says nothing
     idle = {"stream_groups": {"count": 1}, "merge_copy_compute": {"enabled": False}, "cuda_graphs": {"enabled": False}}
     assert apply_hint(_trace(TF_KERNELS), idle) is None and apply_hint(_trace(LIB_KERNELS), idle) is None
