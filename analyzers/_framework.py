@@ -5,9 +5,11 @@ one depends on what the program is written in: a PyTorch user captures a CUDA gr
 ``torch.cuda.graphs``, a TensorFlow user gets one from XLA (``jit_compile=True``), a CUDA C++
 program calls ``cudaStreamBeginCapture``. :func:`framework` reads the trace for its makers:
 
-* **PyTorch**: a PyTorch profiler (Kineto) trace; or kernels of ATen, c10, FBGEMM or
-  TorchInductor's Triton (``at::native::...``, ``triton_poi_fused_...``), threads PyTorch names
-  (``pt_autograd_0``, ``pt_data_pin``, ``pt_main_thread``), ``aten::`` ranges (``emit_nvtx``).
+* **PyTorch**: kernels of ATen, c10, FBGEMM or TorchInductor's Triton (``at::native::...``,
+  ``triton_poi_fused_...``), threads PyTorch names (``pt_autograd_0``, ``pt_data_pin``,
+  ``pt_main_thread``), ``aten::`` ranges (``emit_nvtx``, a PyTorch profiler trace's ops). A
+  PyTorch profiler trace is not PyTorch's by its format alone: ``profile --backend torch`` of a
+  program that runs no PyTorch op (cuda-python, CuPy) records only that program's kernels.
 * **TensorFlow**: kernels of TensorFlow or its Eigen GPU device (``tensorflow::functor::...``,
   ``Eigen::internal::EigenMetaKernel``), threads of its executor and tf.data pools (``tf_Compute``,
   ``tf_data_private...``; TSL names every pool's threads ``tf_<pool>``, JAX's ``tf_XLAEigen`` too).
@@ -107,20 +109,22 @@ def _detect(trace: Trace) -> dict[str, Any]:
     evidence: dict[str, Any] = {"pytorch_kernels": kern["pytorch"], "tensorflow_kernels": kern["tensorflow"],
                                 "xla_kernels": kern["xla"], "pytorch_threads": threads["pytorch"],
                                 "tensorflow_threads": threads["tensorflow"], "aten_ranges": aten}
-    if trace.format == "kineto-json":
-        name, why = "pytorch", "a PyTorch profiler (Kineto) trace"
-    elif kern["pytorch"] or kern["tensorflow"]:
+    if kern["pytorch"] or kern["tensorflow"]:
         name = "tensorflow" if kern["tensorflow"] > kern["pytorch"] else "pytorch"
         why = f"{kern[name]:,} of {len(trace.kernels):,} kernel executions are {LABELS[name]}'s"
     elif threads["pytorch"] or threads["tensorflow"] or aten:
         pt = threads["pytorch"] + aten
         name = "tensorflow" if threads["tensorflow"] > pt else "pytorch"
+        pt_parts = ([f"{threads['pytorch']} threads named pt_*"] if threads["pytorch"] else []) + (
+            [f"{aten:,} aten:: ranges"] if aten else [])
         why = (f"{threads['tensorflow']} threads of TensorFlow's executor or tf.data (tf_Compute, tf_data...)"
-               if name == "tensorflow" else f"{threads['pytorch']} threads named pt_*, {aten:,} aten:: ranges")
+               if name == "tensorflow" else ", ".join(pt_parts))
     elif len(trace.kernels) and kern["xla"] >= XLA_MIN_SHARE * len(trace.kernels):
         name, why = "jax", f"{kern['xla']:,} of {len(trace.kernels):,} kernel executions carry XLA's fusion names"
     else:
         name, why = "cuda", "no kernel, thread or range of PyTorch, TensorFlow or XLA recognized"
+        if trace.format == "kineto-json":  # (recsys-doctor profile --backend torch of a program that runs no op)
+            why = "a PyTorch profiler trace without a PyTorch op or kernel: the program's own CUDA work"
     return {"name": name, "label": LABELS[name], "because": why, "evidence": evidence}
 
 

@@ -72,9 +72,18 @@ def test_framework_by_kernels_then_threads(names, threads, want):
     assert ev["tensorflow_threads"] == sum(t.startswith(("tf_Compute", "tf_data")) for t in threads)
 
 
-def test_a_pytorch_profiler_trace_is_pytorch_whatever_its_kernels():
-    assert framework(_trace(LIB_KERNELS, fmt="kineto-json"))["name"] == "pytorch"
-    assert framework(_trace((), fmt="kineto-json"))["because"] == "a PyTorch profiler (Kineto) trace"
+def test_a_pytorch_profiler_trace_is_pytorch_by_its_ops_not_its_format():
+    """A Kineto trace of a PyTorch program has aten:: ops (CPU ranges); one of a program that runs
+    no PyTorch op (profile --backend torch of a cuda-python script) has only its own kernels."""
+    tr = _trace(LIB_KERNELS, fmt="kineto-json")
+    assert framework(tr)["name"] == "cuda"
+    assert framework(tr)["because"].startswith("a PyTorch profiler trace without a PyTorch op or kernel")
+    tr = T(kernels=[kern(0, 500, name=LIB_KERNELS[0])],
+           ranges=[{"start": 0, "end": 900, "pid": 1, "tid": 1, "name": "aten::mm", "source": "cpu_op",
+                    "depth": 0}])
+    tr.format = "kineto-json"
+    fw = framework(tr)
+    assert fw["name"] == "pytorch" and fw["evidence"]["aten_ranges"] == 1
 
 
 def test_fixes_in_each_frameworks_words():

@@ -67,3 +67,26 @@ def test_profile_names_it_cuda_and_speaks_cuda(tmp_path):
             assert not re.search(r"torch|PyTorch|\.item\(\)|\.cpu\(\)|DataLoader", f["recommendation"]), f
     notes = d["plan"].get("notes") or []
     assert any(n.startswith("In CUDA: ") for n in notes), notes
+
+
+def test_the_torch_backend_keeps_its_kernels_and_does_not_call_it_pytorch(tmp_path):
+    """``profile --backend torch`` (CUPTI through torch.profiler, in the script's own process) of the
+    same program: CUPTI records the program's own kernels (counted from the JSON), and a PyTorch
+    profiler trace without a PyTorch op is still a CUDA program's."""
+    import gzip
+
+    out = tmp_path / "t"
+    res = CliRunner().invoke(main, ["profile", "--backend", "torch", "--json", "--out", str(out), str(SCRIPT), "--",
+                                    "--threads", str(THREADS), "--queries", str(QUERIES)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output[-3000:]
+    d = json.loads(res.stdout)
+    path = Path(d["capture"]["trace"])
+    raw = (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")).read()
+    events = json.loads(raw)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    kernels = [e for e in events if str(e.get("cat", "")).lower() == "kernel"]
+    assert sum(e["name"] == "scale_add" for e in kernels) == (THREADS + 1) * QUERIES * LAYERS
+    assert not any(str(e.get("name", "")).startswith("aten::") for e in events)
+    fw = d["trace"]["framework"]
+    assert fw["name"] == "cuda", fw
+    assert fw["because"].startswith("a PyTorch profiler trace without a PyTorch op or kernel"), fw
