@@ -35,9 +35,9 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ..model import Trace
+from ._util import per_value, str_contains
 
 __all__ = ["framework", "idiom", "apply_hint", "FRAMEWORKS", "IDIOMS", "LABELS"]
 
@@ -61,33 +61,16 @@ _THREADS = {"pytorch": re.compile(r"^pt_"), "tensorflow": re.compile(r"^tf_(?:Co
 XLA_MIN_SHARE = 0.1
 
 
-def _name_counts(names: pd.Series) -> tuple[list[str], np.ndarray]:
-    """The distinct values of a name column and how often each occurs (by category codes where the
-    column is categorical, as the loaders make it: no string per row)."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        codes = names.cat.codes.to_numpy()
-        return [str(c) for c in names.cat.categories], np.bincount(codes[codes >= 0],
-                                                                    minlength=len(names.cat.categories))
-    vc = names.astype(str).value_counts()
-    return list(vc.index), vc.to_numpy()
+def _mark(name: Any) -> str | None:
+    """Which framework's own code a kernel name is (``xla``: one of XLA's fusion names), or None."""
+    name = str(name)
+    return next((fw for fw, rx in _KERNELS.items() if rx.search(name)), "xla" if _XLA.match(name) else None)
 
 
 def _kernel_counts(trace: Trace) -> dict[str, int]:
-    """Kernel executions whose name marks each framework (and ``xla``), counted per distinct name."""
-    out = {"pytorch": 0, "tensorflow": 0, "xla": 0}
-    if not len(trace.kernels):
-        return out
-    for name, n in zip(*_name_counts(trace.kernels["name"])):
-        if not n:
-            continue
-        for fw, rx in _KERNELS.items():
-            if rx.search(name):
-                out[fw] += int(n)
-                break
-        else:
-            if _XLA.match(name):
-                out["xla"] += int(n)
-    return out
+    """Kernel executions whose name marks each framework (and ``xla``), the names judged once each."""
+    marks = per_value(trace.kernels["name"], _mark) if len(trace.kernels) else np.zeros(0, object)
+    return {fw: int((marks == fw).sum()) for fw in ("pytorch", "tensorflow", "xla")}
 
 
 def _thread_counts(trace: Trace) -> dict[str, int]:
@@ -97,9 +80,7 @@ def _thread_counts(trace: Trace) -> dict[str, int]:
 
 
 def _aten_ranges(trace: Trace) -> int:
-    if not len(trace.ranges):
-        return 0
-    return int(sum(n for name, n in zip(*_name_counts(trace.ranges["name"])) if name.startswith("aten::")))
+    return int(str_contains(trace.ranges["name"], r"^aten::").sum()) if len(trace.ranges) else 0
 
 
 def _detect(trace: Trace) -> dict[str, Any]:

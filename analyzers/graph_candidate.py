@@ -33,6 +33,7 @@ from ..model import Trace
 from ..options import Options
 from ._attribution import any_region, attribute, where_shares
 from ._framework import framework, idiom
+from ._ops import cached
 from ._recoverable import allocator_gap, examples, finish, idle_gaps, report, steady_window
 from ._util import (GRAPH_LAUNCH_RE, group_codes, launches, merge_intervals, r, str_contains, take_str,
                     thread_label)
@@ -269,6 +270,21 @@ def _report_candidates(res: AnalysisResult, trace: Trace, k: pd.DataFrame, seq: 
     finish(f, rec, steady_window(trace, options), options, claims=gc)
 
 
+def _syncs_by_thread(trace: Trace) -> dict[tuple[int, int], np.ndarray]:
+    """Each thread's host synchronizations (:func:`.sync_api.sync_calls`), their start times
+    sorted, by ``(pid, tid)``; once a trace (the step and the sync points both ask)."""
+    from .sync_api import sync_calls
+
+    def make() -> dict[tuple[int, int], np.ndarray]:
+        m, _ = sync_calls(trace)
+        if not m.any():
+            return {}
+        s = trace.api.loc[m, ["pid", "tid", "start"]].sort_values("start", kind="stable")
+        return {(int(p), int(t)): g["start"].to_numpy(np.int64) for (p, t), g in s.groupby(["pid", "tid"], sort=False)}
+
+    return cached(trace, "graph_candidate.syncs_by_thread", make)  # type: ignore[no-any-return]
+
+
 def _step_words(data: dict) -> str:
     """What a sequence found from the host synchronizations is (empty for a plain loop body)."""
     inner = data.get("inner_period_kernels")
@@ -286,20 +302,17 @@ def _step_between_syncs(trace: Trace, seq: pd.DataFrame, k: pd.DataFrame, found:
     the step; more: segments). The numbers of kernels a thread launches between two of its
     synchronizations repeat with the smallest period ``q`` (1 to 4) that holds for 80% of them;
     ``D`` is the most common sum of ``q`` consecutive ones, where at least half of the sums are it."""
-    from .sync_api import sync_calls
-
     P = int(found["raw_period"])
-    m, _ = sync_calls(trace)
+    syncs = _syncs_by_thread(trace)
     grp, tid, pid, t = (seq[c].to_numpy(np.int64) for c in ("grp", "tid", "pid", "api_start"))
-    if not m.any() or not (tid >= 0).any():
+    if not syncs or not (tid >= 0).any():
         return
-    api = trace.api
-    s_pid, s_tid, s_t = (api[c].to_numpy(np.int64)[m] for c in ("pid", "tid", "start"))
     per_thread: list[np.ndarray] = []
     groups = np.unique(grp[tid >= 0])
+    none = np.zeros(0, np.int64)
     for g in groups:
         sel = np.flatnonzero(grp == g)
-        mine = np.sort(s_t[(s_pid == pid[sel[0]]) & (s_tid == tid[sel[0]])])
+        mine = syncs.get((int(pid[sel[0]]), int(tid[sel[0]])), none)
         # each sync's place in the thread's kernel sequence: how many kernels were launched before it
         at = np.unique(np.searchsorted(t[sel], mine, "left"))
         at = at[(at > 0) & (at < sel.size)]
@@ -340,20 +353,17 @@ def _sync_points(trace: Trace, seq: pd.DataFrame, found: dict) -> int:
     from the run's start, modulo the body's length); a position counts where at least half of
     its pairs hold one. A graph of the body can start right after one such point (a request's
     read-back at its end); every other point falls inside it."""
-    from .sync_api import sync_calls
-
     P = int(found["raw_period"])
     cov, grp = found["covered"], seq["grp"].to_numpy()
     tid, pid, t = (seq[c].to_numpy(np.int64) for c in ("tid", "pid", "api_start"))
     pair = np.flatnonzero(cov[:-1] & cov[1:] & (grp[:-1] == grp[1:]) & (tid[:-1] >= 0))
-    m, _ = sync_calls(trace)
-    if not pair.size or not m.any():
+    syncs = _syncs_by_thread(trace)
+    if not pair.size or not syncs:
         return 0
-    api = trace.api
-    s_pid, s_tid, s_t = (api[c].to_numpy(np.int64)[m] for c in ("pid", "tid", "start"))
     held = np.zeros(pair.size, dtype=bool)
+    none = np.zeros(0, np.int64)
     for p_, t_ in set(zip(pid[pair].tolist(), tid[pair].tolist())):
-        mine = np.sort(s_t[(s_pid == p_) & (s_tid == t_)])
+        mine = syncs.get((p_, t_), none)
         sel = (pid[pair] == p_) & (tid[pair] == t_)
         lo, hi = t[pair[sel]], t[pair[sel] + 1]
         held[sel] = np.searchsorted(mine, hi, "left") > np.searchsorted(mine, lo, "right")

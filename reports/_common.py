@@ -261,7 +261,7 @@ def shown_plan(result: "AdviseResult") -> dict[str, Any]:
 
 
 def framework_text(info: dict[str, Any]) -> str:
-    """``framework PyTorch (a PyTorch profiler (Kineto) trace)``: what made the trace and why it
+    """``framework PyTorch (2,739 of 2,904 kernel executions are PyTorch's)``: what made the trace and why it
     is taken for it (the words of the fixes follow it); empty where the JSON has none."""
     fw = info.get("framework") or {}
     return f"framework {fw['label']} ({fw['because']})" if fw.get("label") else ""

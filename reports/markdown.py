@@ -62,10 +62,11 @@ def render_markdown(result: "AdviseResult", image_links: Sequence[tuple[str, str
     big, why = headline(result)
     from .terminal import window_text
 
+    fw = framework_text(result.trace_info or {})
     lines = [f"# recsys-doctor report: {md_escape(trace_name(result))}", "",
              f"**{md_escape(big)}**", "", f"**Why:** {md_escape(why)}", "",
              md_escape(window_text(result.trace_info or {})), "",
-             *([md_escape(framework_text(result.trace_info or {})), ""] if framework_text(result.trace_info or {}) else []),
+             *([md_escape(fw), ""] if fw else []),
              "| metric | value |", "|---|---:|"]
     lines += [f"| {md_escape(k)} | {md_escape(v)} |" for k, v in summary_rows(s, result.analyses)]
     lines.append("")

@@ -199,8 +199,8 @@ def _report_parts(res: "AdviseResult") -> list[Any]:
             out.append(Text(f"Plan: {v['plan']} (details below)", style="bold"))
     out.append(Text(" | ".join(str(x) for x in sub if x), style="dim"))
     out.append(Text(window_text(info), style="dim"))
-    if framework_text(info):
-        out.append(Text(framework_text(info), style="dim"))
+    if fw := framework_text(info):
+        out.append(Text(fw, style="dim"))
     if info.get("attribution"):
         out.append(Text(info["attribution"], style="dim"))
     out += [_summary_table(res), Text("")]
