@@ -831,6 +831,60 @@ def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
     assert st["pageable_fast"] >= threads * (rounds - 12) * copies, st
 
 
+def test_copies_made_while_the_last_replay_still_runs_wait_for_its_mark(tmp_path):
+    """A thread that does not read its outputs before its next query (each one kept on the GPU and
+    read at the end), its model busy on the GPU ~1 ms a call: the next query's pageable copies come
+    while the thread's last replay may still be queued, so their bytes go into the slots only once
+    that replay's mark (:class:`ReadMark`: the count its graph copies to host memory after its input
+    copies) shows them read; such waits are counted in ``mark_waits``. Every output equals eager's
+    for its own query's arrays."""
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.EmbeddingBag(1000, 64, mode="sum")
+            self.proj = nn.Linear(16 + 64, 2048)
+            self.w = nn.Parameter(torch.randn(2048, 2048) / 48)
+
+        def forward(self, dense, idx, offs):
+            h = self.proj(torch.cat([dense, self.emb(idx, offs)], 1))
+            for _ in range(24):
+                h = torch.tanh(h @ self.w)
+            return h[:, :4]
+
+    torch.manual_seed(3)
+    model = Slow().cuda().eval()
+    threads, rounds, rows = 2, 30, 256
+
+    def arrays(k: int, r: int):
+        rng = np.random.default_rng([k, r, 25])
+        return (rng.random((rows, 16), dtype=np.float32), rng.integers(0, 1000, rows * 4, dtype=np.int64),
+                np.arange(0, rows * 4, 4, dtype=np.int64))
+
+    def call(k: int, r: int):
+        dense, idx, offs = arrays(k, r)
+        with torch.no_grad():
+            return model(torch.from_numpy(dense).cuda(), torch.from_numpy(idx).cuda(), torch.from_numpy(offs).cuda())
+
+    ref = {(k, r): call(k, r).cpu() for k in range(threads) for r in range(rounds)}
+    got: dict = {}
+
+    def client(k: int) -> None:
+        kept = [call(k, r) for r in range(rounds)]  # (no read-back between queries)
+        for r, out in enumerate(kept):
+            got[k, r] = out.cpu()
+
+    st = _run_hooked(tmp_path, 1, threads, client)
+    for key, want in ref.items():
+        assert torch.allclose(got[key], want, atol=1e-5, rtol=1e-4), (key, (got[key] - want).abs().max())
+    assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 12), st
+    assert st["mark_waits"] > 0, st
+
+
 def test_autocast_calls_are_graphed_per_precision_without_the_autocast_cache(tmp_path):
     """A script scoring under ``torch.autocast("cuda", dtype=torch.bfloat16)`` that also calls
     the same model in float32 with inputs of the same shapes (``examples/heldout/amp_ranker_serve.py``):

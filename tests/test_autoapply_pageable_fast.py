@@ -40,7 +40,7 @@ def _thread(shapes, dtype=torch.float32):
     slots = [torch.zeros(s, dtype=dtype) for s in shapes]
     tg = SimpleNamespace(src=slots, moves=[None] * len(slots), handed=[object() for _ in slots],
                          learned=[None] * len(slots), device=0)
-    st = SimpleNamespace(n=0, slot_n=0, slot_event=None)
+    st = SimpleNamespace(n=0, slot_n=0, slot_event=None, slot_mark=None)
     return st, tg
 
 

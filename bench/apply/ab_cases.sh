@@ -1,8 +1,9 @@
 # Sourced by bench/apply/hook_ab.sh and bench/apply/knob_ab.sh: the cases they run, each one
 # script under the hook with a fixed plan (bench/apply/hooked_run.py; groups 0: unhooked).
-# ab_case JSONL LABEL CASE  (run from the repository root)
+# ab_case JSONL LABEL CASE  (run from the repository root; AB_PIN: a command prefix for every run,
+# e.g. "taskset -c 0-7" to keep both trees' runs on the same cores)
 ab_case() {
-  _ab_run() { python3 bench/apply/hooked_run.py "$j" "$label" "$@"; }
+  _ab_run() { ${AB_PIN:-} python3 bench/apply/hooked_run.py "$j" "$label" "$@"; }
   local j=$1 label=$2
   case $3 in
     plain4) _ab_run 4 examples/plain_serving_script.py --threads 8 --duration 3;;

@@ -106,6 +106,32 @@ def taken_over(kind: str, site: str, n: int = 1) -> None:
     c[0] += n
 
 
+def taken_over_here(kind: str, depth: int) -> None:
+    """One call of ``kind`` taken over at the script's line from ``depth`` frames up (counted as
+    :func:`script_site` counts them): :func:`taken_over` of :func:`script_site`, in one step where the calling line is the
+    script's own and was counted by this thread in this activation before (its counter kept
+    per thread, keyed by the calling frame's code and line: a steady query's copies count
+    without a walk, a table lookup or a new key)."""
+    try:
+        f: Any = sys._getframe(depth)
+    except ValueError:
+        taken_over(kind, "?")
+        return
+    gen = _state.get("sites_gen", 0)
+    mine: Any = getattr(_tls, "site_counters", None)
+    if mine is None or mine[0] != gen:
+        mine = _tls.site_counters = (gen, {})
+    key = (f.f_code, f.f_lineno, kind)
+    c = mine[1].get(key)
+    if c is not None:
+        c[0] += 1
+        return
+    site = script_site(depth + 1)
+    taken_over(kind, site)
+    if _line_cache.get(key[:2]) == site:  # (the line is the script's own: its counter is this line's)
+        mine[1][key] = _table()[(kind, site)]
+
+
 def fell_back(kind: str, site: str, reason: str, n: int = 1) -> None:
     """``n`` calls of ``kind`` at ``site`` were left to PyTorch (run eagerly), because of ``reason``."""
     t = _table()

@@ -15,7 +15,9 @@ of itself with each field (in the class's field order) made again; constants are
   made again with :func:`remake` over :class:`Slot` (a batch's calls, a thread graph's call);
 * :func:`matches`: whether a call has a skeleton's structure and constants and, in its
   places, the very tensors given;
-* :func:`flatten`: a call's tensors, and whether :func:`remake` gives back its own types.
+* :func:`flatten`: a call's tensors, and whether :func:`remake` gives back its own types;
+* :func:`positional` / :func:`matches_positional`: :func:`matches` for the usual call's skeleton
+  (positional tensors and plain lists of them, no keyword), as a flat check.
 
 The hot path runs per model call in many threads: a container's leaf items are taken in the
 container's own comprehension (no call per leaf), which makes :func:`remake` faster than the
@@ -108,6 +110,46 @@ def matches(skel: Any, x: Any, leaf: type[Any], it: Iterator[Any]) -> bool:
                 return False
         elif not matches(s, v, leaf, it):
             return False
+    return True
+
+
+def positional(skel: Any) -> tuple[int | None, ...] | None:
+    """For the skeleton ``(args, kwargs)`` of a call made with positional tensors and plain lists
+    of tensors only, no keyword: per argument, None for a tensor, the length for a list of them.
+    None for any other skeleton (:func:`matches` checks those)."""
+    if type(skel) is not tuple or len(skel) != 2 or type(skel[0]) is not tuple or skel[1] != {}:
+        return None
+    out: list[int | None] = []
+    for a in skel[0]:
+        if a is SLOT:
+            out.append(None)
+        elif type(a) is list and all(v is SLOT for v in a):
+            out.append(len(a))
+        else:
+            return None
+    return tuple(out)
+
+
+def matches_positional(form: tuple[int | None, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+                       tensors: list[Any]) -> bool:
+    """:func:`matches` of a skeleton whose :func:`positional` form is ``form``, against the call
+    ``(args, kwargs)`` and the tensors ``tensors`` (each place must hold that very object: a
+    tensor, so the type check is implied)."""
+    if kwargs or len(args) != len(form):
+        return False
+    j = 0
+    for a, n in zip(args, form):
+        if n is None:
+            if a is not tensors[j]:
+                return False
+            j += 1
+        else:
+            if type(a) is not list or len(a) != n:
+                return False
+            for v in a:
+                if v is not tensors[j]:
+                    return False
+                j += 1
     return True
 
 

@@ -21,25 +21,28 @@ class _Gate:
     group locks."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # (the readers' path takes the plain lock only, a C call; the condition on the same lock
+        # is waited on only while a capture is pending or running)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
 
     def acquire_shared(self) -> None:
-        with self._cond:
+        with self._lock:
             while self._writer or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
 
     def release_shared(self) -> None:
-        with self._cond:
+        with self._lock:
             self._readers -= 1
-            if self._readers == 0:
+            if self._readers == 0 and self._writers_waiting:  # (only a writer waits for no readers)
                 self._cond.notify_all()
 
     def acquire_exclusive(self) -> None:
-        with self._cond:
+        with self._lock:
             self._writers_waiting += 1
             while self._writer or self._readers:
                 self._cond.wait()
@@ -47,7 +50,7 @@ class _Gate:
             self._writer = True
 
     def release_exclusive(self) -> None:
-        with self._cond:
+        with self._lock:
             self._writer = False
             self._cond.notify_all()
 

@@ -13,7 +13,8 @@ from .batching import _batched_call
 from . import copyinto, meter, modstate, trainers
 from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
-from .host_args import _capturing, make_host_type, take
+from .host_args import make_host_type, take
+from .pageable_fast import capture_probe
 from .pageable import cuda_args, to_args
 from .report import snapshots_in_child
 from .served import call as served_call
@@ -292,6 +293,12 @@ def _patch_module(torch: Any) -> None:
     # (torch.jit.trace runs the model with tracer-backed sizes: a call it records is PyTorch's,
     # and places nothing; examples/heldout/exported_ranker_serve.py --export trace)
     tracing = getattr(torch._C, "_is_tracing", None) or (lambda: False)
+    probe: list[Any] = []  # (PyTorch's capture probe, bound at the first placed call: .pageable_fast.capture_probe)
+
+    def capturing() -> bool:
+        if not probe:
+            probe.append(capture_probe(torch))
+        return bool(probe[0]())
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "depth", 0):  # a call nested in a hooked top-level call: PyTorch's, at once
@@ -318,7 +325,7 @@ def _patch_module(torch: Any) -> None:
         depth = _tls.depth
         # (a nested call; a call in a graph the script captures itself: the hook's own captures
         # call the original __call__)
-        if depth > 0 or _capturing(torch):
+        if depth > 0 or capturing():
             return orig(self, *args, **kwargs)
         _thread_handles(torch)
         _tls.calls = getattr(_tls, "calls", 0) + 1  # (a thread's top-level calls: .thread_graphs.short_lived)

@@ -25,6 +25,7 @@ from itertools import chain
 from typing import Any, NamedTuple
 
 from .pageable import Move, called_again, current_raw_stream, raw_call
+from .readmark import slots_free
 
 #: a pageable copy up to this size is written into its slot holding the GIL (~4-10 us of
 #: memcpy); a larger one releases it while it copies
@@ -33,6 +34,9 @@ HOLD_GIL_BYTES = 128 << 10
 #: ``memmove`` called holding the GIL (ctypes' own ``memmove`` releases it)
 _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value or 0)
+
+
+_plain: dict[Any, Any] = {}  #: :func:`_plain_again` per torch module (one in practice)
 
 
 class Learned(NamedTuple):
@@ -55,6 +59,18 @@ def plain_source(torch: Any, src: Any) -> bool:
     ``is_complex()``: those release the GIL (a hand-off among the client threads), these do not."""
     return (src.is_cpu and src.layout is torch.strided and not src.requires_grad and src.is_contiguous()
             and not src.dtype.is_complex and not torch._C._dispatch_keys(src).has(torch._C.DispatchKey.Negative))
+
+
+def _plain_again(torch: Any) -> Any:
+    """:func:`plain_source` for a source whose dtype is a learned copy's (a real one, so not asked
+    again), its names bound once: it runs for every pageable copy of a steady query."""
+    strided, keys, neg = torch.strided, torch._C._dispatch_keys, torch._C.DispatchKey.Negative
+
+    def plain(src: Any) -> bool:
+        return (src.is_cpu and src.layout is strided and not src.requires_grad and src.is_contiguous()
+                and not keys(src).has(neg))
+
+    return plain
 
 
 def learn(torch: Any, st: Any, tg: Any, src: Any, out: Any, m: Move, call: tuple[Any, tuple[Any, ...], dict[str, Any]],
@@ -87,13 +103,16 @@ def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any
     if not 0 <= i < len(tg.learned):
         return None
     k = tg.learned[i]
+    plain = _plain.get(torch)
+    if plain is None:
+        plain = _plain[torch] = _plain_again(torch)
     if (k is None or st.slot_n != k.slot_i or src.dtype is not k.dtype or src.shape != k.shape
-            or not plain_source(torch, src) or not called_again(torch, k.raw, orig, args, kwargs)):
+            or not plain(src) or not called_again(torch, k.raw, orig, args, kwargs)):
         return None
     if stream_now(tg.device) != k.stream:
         return None
-    if k.slot_i == 0 and st.slot_event is not None and not st.slot_event.query():
-        st.slot_event.synchronize()  # the last model call's graph still reads the slots
+    if k.slot_i == 0 and (st.slot_mark is not None or st.slot_event is not None):
+        slots_free(torch, st)  # (the last model call's graph may still read the slots)
     (_memmove_gil if k.nbytes <= HOLD_GIL_BYTES else ctypes.memmove)(k.slot_ptr, src.data_ptr(), k.nbytes)
     st.slot_n = k.slot_i + 1
     return k
@@ -113,13 +132,13 @@ def capture_probe(torch: Any) -> Any:
 
 
 def cuda_stream_now(torch: Any) -> Any:
-    """``stream_now`` for :func:`same_copy` on this process's CUDA."""
-    capturing = capture_probe(torch)
-
-    def now(index: int) -> int | None:
-        return None if capturing() else current_raw_stream(torch, index)
-
-    return now
+    """``stream_now`` for :func:`same_copy` on this process's CUDA: the current raw stream of a
+    device. Its callers (the patched ``Tensor.to``/``.cuda``) have asked :func:`capture_probe`
+    already and take a capturing thread's copy as PyTorch's, so it is not asked again here."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: current_raw_stream(torch, index)
 
 
 def list_array(torch: Any, data: Any, dtype: Any) -> Any:

@@ -11,10 +11,12 @@ from typing import Any
 from ._common import _state, _tls
 from .modstate import version
 from .accounting import fell_back, script_site, taken_over
+from .argtree import positional
 from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again,
                        copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
 from .deferred import _materialize, _own_memory, make_lazy_type, settle
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
+from .readmark import ReadMark, slots_free
 from .steady import counted_fast, same_source, steady_copy
 from .unplaced import unplaced_copy, unplaced_factory
 
@@ -60,7 +62,7 @@ class _ThreadCopies:
     """The copy state of one hooked thread."""
 
     __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
-                 "slot_churn", "learn_tries", "unkeyed", "routed", "tg_calls", "tg_hits")
+                 "slot_mark", "replayed", "slot_churn", "learn_tries", "unkeyed", "routed", "tg_calls", "tg_hits")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -74,6 +76,10 @@ class _ThreadCopies:
         self.slots: list[_Slot] = []  # the pinned buffers host copies are staged through, one per position
         self.slot_n = 0  # slots filled in this query
         self.slot_event: Any = None  # recorded after the last model call that read the slots
+        #: where that call was a replay of the thread graph: ``(host counter, value)``, the value its
+        #: :class:`ReadMark` shows once the replay's copies have read the slots (no event then)
+        self.slot_mark: tuple[Any, int] | None = None
+        self.replayed: _ThreadGraph | None = None  # the thread graph the current model call replayed
         self.slot_churn = 0  # slots given new (larger) memory
         self.learn_tries = 0  # model calls since the copies were first seen, with no thread graph yet
         self.unkeyed = 0  # model calls after copies whose arguments no graph takes (.thread_graphs._learn)
@@ -84,7 +90,7 @@ class _ThreadCopies:
 
 class _ThreadGraph:
     __slots__ = ("module_ref", "version", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
-                 "static_out", "device", "tag", "raw", "learned", "copy_sites")
+                 "static_out", "device", "tag", "raw", "learned", "copy_sites", "mark", "replays", "form")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None, lines: list[str] | None = None) -> None:
@@ -105,6 +111,10 @@ class _ThreadGraph:
         self.tin = tin  # this thread's device buffers, one per copy
         self.handed: list[Any] = [None] * len(src)  # the view last handed out for each copy
         self.template = template
+        #: the template's flat form where it has one (:func:`.argtree.positional`: the usual call,
+        #: checked without the walk) and names as many tensors as the graph copies
+        form = positional(template)
+        self.form = form if form is not None and sum(1 if n is None else n for n in form) == len(src) else None
         self.static_out = out
         self.device = device
         self.tag: Any = None  # the key tag of the calls it replays (:mod:`.host_args`)
@@ -122,6 +132,8 @@ class _ThreadGraph:
             if m is not None:
                 n[line] = n.get(line, 0) + 1
         self.copy_sites = tuple(n.items())
+        self.mark: ReadMark | None = None  #: its replays' mark that their copies are done (captured with them)
+        self.replays = 0  #: replays launched since the capture
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:
@@ -298,11 +310,10 @@ def slot_fill(torch: Any, st: _ThreadCopies, a: Any) -> Any:
     """The thread's slot for the query's next copy (``slot_n``), holding the bytes of the numpy
     array ``a`` (a view of the slot's pinned buffer shaped as ``a``, the same one every time)."""
     i = st.slot_n
-    if i == 0 and st.slot_event is not None:
+    if i == 0:
         # the last model call read the slots (a replay's memcpy nodes, or copies made
         # before it): they are written again only once that is done
-        if not st.slot_event.query():
-            st.slot_event.synchronize()
+        slots_free(torch, st)
     slots = st.slots
     if i < len(slots) and slots[i].fits(a):
         slot = slots[i]
@@ -326,12 +337,30 @@ def slot_to_device(torch: Any, st: _ThreadCopies, slot: Any, dev: Any) -> Any:
 
 def slots_read(torch: Any, st: _ThreadCopies) -> None:
     """After a top-level model call: the slots this query filled are read by work queued up to
-    now on the thread's stream; an event marks it (waited for before they are written again)."""
+    now on the thread's stream. Where the call replayed the thread graph (whose copies are then
+    what reads them), the graph's :class:`ReadMark` value says when; else an event marks it
+    (recorded on the group's stream object where that is the current one: no
+    ``torch.cuda.current_stream()`` made). Either is waited for before they are written again."""
+    tg, st.replayed = st.replayed, None
     if st.slot_n:
-        st.slot_n = 0
+        n, st.slot_n = st.slot_n, 0
+        if tg is not None and tg.mark is not None and n <= len(tg.src):
+            st.slot_mark = (tg.mark.seen, tg.mark.base + tg.replays)
+            return
+        st.slot_mark = None
         if st.slot_event is None:
             st.slot_event = torch.cuda.Event()
-        st.slot_event.record()
+        s = st.stream
+        if s is not None and _raw_stream(torch, getattr(s, "device_index", None)) == getattr(s, "cuda_stream", 0):
+            st.slot_event.record(s)
+        else:
+            st.slot_event.record()
+
+
+def _raw_stream(torch: Any, index: int | None) -> Any:
+    """The current raw CUDA stream of device ``index`` (None where that cannot be asked)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None and index is not None else None
 
 
 def _slot_thread() -> _ThreadCopies | None:

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ._common import _state, _tls
-from .accounting import script_site, taken_over
+from .accounting import taken_over_here
 from .pageable import called_again
 from .pageable_fast import same_copy
 
@@ -30,7 +30,7 @@ def counted_fast(depth: int) -> None:
     """A pageable copy :func:`.pageable_fast.same_copy` wrote into its slot: counted, and taken over
     at the script's line ``depth`` frames above the caller."""
     _state["pageable_fast"] += 1
-    taken_over("h2d", script_site(depth + 1))
+    taken_over_here("h2d", depth + 1)  # (+1: this function's frame)
 
 
 def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

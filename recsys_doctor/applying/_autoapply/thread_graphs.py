@@ -9,13 +9,14 @@ import os
 
 from ._common import ENV_REPLAY_WINDOW, ENV_THREAD_GRAPH_MIN_CALLS, _lock, _log, _state, _tls, _torch, normal_tensors, trains
 from .accounting import taken_over
-from .argtree import matches, remake, skeleton
+from .argtree import matches, matches_positional, remake, skeleton
 from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .groups import _Group, _run_shared
 from .modstate import fresh, stale
 from .deferred import _materialize, settle
+from .readmark import ReadMark
 from .staging import _ThreadCopies, _ThreadGraph
 
 
@@ -138,9 +139,11 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     # its copy: the replay's own copies give the model exactly what the script handed it)
     if (tg is not None and st.pending and n == len(tg.src) and fresh(tg, module) and not trains(module)
             and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
-            and matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed))):
+            and (matches_positional(tg.form, args, kwargs, tg.handed) if tg.form is not None
+                 else matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed)))):
         try:
             out = _run_shared(_thread_replay, tg)
+            st.replayed = tg  # (its mark says when the slots it read are free: .staging.slots_read)
             st.pending = False
             st.tg_calls += 1
             st.tg_hits += 1
@@ -284,19 +287,28 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     stream = g.streams.side_stream()
     g.stream.synchronize()
 
-    def run() -> Any:  # the copies, then the model
+    with normal_tensors(torch):
+        mark = ReadMark(torch, tin[0].device) if tin else None
+
+    def run() -> Any:  # the copies, their mark, then the model
         for d, s_ in zip(tin, src):
             _h2d(d, s_, stream)
+        if mark is not None:
+            mark.record(torch, stream)
         return orig_call(module, *s_args, **s_kwargs)
 
     graph, out = _graph_of(torch, stream, run)
     tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device(),
                       moves, lines)
     tg.tag = getattr(orig_call, "key_tag", None)
+    if mark is not None:
+        mark.captured()
+        tg.mark = mark
     return tg
 
 
 def _thread_replay(tg: _ThreadGraph) -> Any:
     tg.graph.replay()
+    tg.replays += 1
     _state["thread_replays"] += 1
     return _clone_out(tg.static_out)
