@@ -97,8 +97,10 @@ def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any
               stream_now: Any) -> Learned | None:
     """The :class:`Learned` copy of ``tg``'s next position where ``src.<orig>(*args,
     **kwargs)`` is that copy again, its bytes now written into the slot; else None (nothing
-    done). ``stream_now(device_index)``: the current raw CUDA stream there, or None during a
-    capture."""
+    done). ``stream_now(device_index)``: the current raw CUDA stream there (or None, which is no
+    group's stream). The caller has made sure the thread is not capturing a graph of its own
+    (the patched ``Tensor.to``/``.cuda`` asks :func:`capture_probe` first). The slots are written
+    once the last model call that read them has (:func:`.readmark.slots_free`)."""
     i = st.n
     if not 0 <= i < len(tg.learned):
         return None
