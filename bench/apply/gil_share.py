@@ -66,6 +66,10 @@ def main() -> None:
         own = sum(by.values())
         q, qps = res["queries"], res["qps"]
         gil_s = serving / rate
+        if not serving:  # (py-spy lost the process's threads: session25_h200/7_gil/)
+            print(f"{d.name:<13} {run:<9} {qps:8.1f} q/s  no GIL sample of the serving threads ({frame}): "
+                  f"{total} samples in all, none to split")
+            continue
         print(f"{d.name:<13} {run:<9} {qps:8.1f} q/s  serving threads' GIL {gil_s:5.2f} s = "
               f"{gil_s / (q / qps):4.0%} of the {q / qps:5.2f} s window, {gil_s / q * 1e6:5.0f} us a query "
               f"(hook frames {hook / rate / q * 1e6:5.0f} us, the hook's own {own / rate / q * 1e6:5.0f} us) "

@@ -60,21 +60,24 @@ def _display(filename: str) -> str:
 def script_site(depth: int = 2) -> str:
     """``file:line`` of the script's frame that made the current call: the first frame, from
     ``depth`` frames up, that is neither PyTorch's nor the hook's (``"?"`` if none is). Cached
-    per calling line where that line is the script's own (the common case: no walk)."""
+    per script line (code and line number): where the frame ``depth`` up is the script's own (a
+    copy's caller) no walk is made; where it is the hook's (a model call, entered through the
+    hook's ``Module.__call__``) the walk up to the script's frame is, but not the formatting."""
     try:
         f: Any = sys._getframe(depth)
     except ValueError:
         return "?"
-    key = (f.f_code, f.f_lineno)
-    site = _line_cache.get(key)
+    site = _line_cache.get((f.f_code, f.f_lineno))
     if site is not None:
         return site
-    own = not _skipped(f.f_code.co_filename)
     while f is not None and _skipped(f.f_code.co_filename):
         f = f.f_back
-    site = "?" if f is None else f"{_display(f.f_code.co_filename)}:{f.f_lineno}"
-    if own:
-        _line_cache[key] = site
+    if f is None:
+        return "?"
+    key = (f.f_code, f.f_lineno)  # (a script frame's: never a skipped frame's code)
+    site = _line_cache.get(key)
+    if site is None:
+        site = _line_cache[key] = f"{_display(f.f_code.co_filename)}:{f.f_lineno}"
     return site
 
 
