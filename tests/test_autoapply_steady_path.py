@@ -25,7 +25,8 @@ torch = pytest.importorskip("torch")
 
 from recsys_doctor.applying._autoapply import accounting, readmark as pf, staging  # noqa: E402
 from recsys_doctor.applying._autoapply._common import _state  # noqa: E402
-from recsys_doctor.applying._autoapply.argtree import SLOT, matches, matches_positional, positional, skeleton  # noqa: E402
+from recsys_doctor.applying._autoapply.argtree import (SLOT, flatten, matches, matches_positional, positional,  # noqa: E402
+                                                      skeleton)
 
 
 class Event:
@@ -117,7 +118,7 @@ def test_the_event_is_recorded_on_the_groups_stream_object_where_that_is_current
     st = staging._ThreadCopies(group_stream)
     st.slot_event = Event()
     for current, want in [(1234, group_stream), (99, None)]:  # (99: the script set a stream of its own)
-        monkeypatch.setattr(staging, "_raw_stream", lambda torch_, index, c=current: c if index == 0 else None)
+        monkeypatch.setattr(staging, "current_raw_stream", lambda torch_, index, c=current: c if index == 0 else None)
         st.slot_n = 1
         staging.slots_read(torch, st)
         assert st.slot_event.recorded[-1] is want
@@ -151,18 +152,6 @@ def _calls(rng: random.Random, tensors: list):
     return args, kwargs
 
 
-def _tensors_of(x, out):
-    if isinstance(x, torch.Tensor):
-        out.append(x)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            _tensors_of(v, out)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _tensors_of(v, out)
-    return out
-
-
 def test_the_flat_check_says_what_the_walk_says_for_every_positional_skeleton():
     rng = random.Random(25)
     pool = [torch.zeros(k + 1) for k in range(6)]
@@ -171,7 +160,8 @@ def test_the_flat_check_says_what_the_walk_says_for_every_positional_skeleton():
         learned = _calls(rng, pool)
         skel = skeleton(learned, torch.Tensor)
         form = positional(skel)
-        handed = _tensors_of(learned, [])
+        handed: list = []
+        flatten(learned, torch.Tensor, handed)  # (the call's tensors in the walk's order, as the hook hands them)
         # the same call, one like it, or another: the flat form must agree with the walk on each
         for call in (learned, _calls(rng, pool), (tuple(reversed(learned[0])), learned[1])):
             want = matches(skel, call, torch.Tensor, iter(handed))

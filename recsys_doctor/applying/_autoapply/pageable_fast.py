@@ -36,7 +36,7 @@ _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value or 0)
 
 
-_plain: dict[Any, Any] = {}  #: :func:`_plain_again` per torch module (one in practice)
+_plain: dict[Any, Any] = {}  #: :func:`_plain_for` per torch module (one in practice)
 
 
 class Learned(NamedTuple):
@@ -57,19 +57,21 @@ def plain_source(torch: Any, src: Any) -> bool:
     """Whether ``src`` is a tensor whose bytes are its values in order: a strided, contiguous
     CPU tensor of a real dtype, without grad or a negative bit. Asked without ``is_neg()`` or
     ``is_complex()``: those release the GIL (a hand-off among the client threads), these do not."""
-    return (src.is_cpu and src.layout is torch.strided and not src.requires_grad and src.is_contiguous()
-            and not src.dtype.is_complex and not torch._C._dispatch_keys(src).has(torch._C.DispatchKey.Negative))
+    return _plain_for(torch)(src) and not src.dtype.is_complex
 
 
-def _plain_again(torch: Any) -> Any:
-    """:func:`plain_source` for a source whose dtype is a learned copy's (a real one, so not asked
-    again), its names bound once: it runs for every pageable copy of a steady query."""
-    strided, keys, neg = torch.strided, torch._C._dispatch_keys, torch._C.DispatchKey.Negative
+def _plain_for(torch: Any) -> Any:
+    """:func:`plain_source` but for the dtype, its names bound once per torch module (it runs for
+    every pageable copy of a steady query, where the dtype is a learned copy's, a real one)."""
+    plain = _plain.get(torch)
+    if plain is None:
+        strided, keys, neg = torch.strided, torch._C._dispatch_keys, torch._C.DispatchKey.Negative
 
-    def plain(src: Any) -> bool:
-        return (src.is_cpu and src.layout is strided and not src.requires_grad and src.is_contiguous()
-                and not keys(src).has(neg))
+        def plain(src: Any) -> bool:
+            return (src.is_cpu and src.layout is strided and not src.requires_grad and src.is_contiguous()
+                    and not keys(src).has(neg))
 
+        _plain[torch] = plain
     return plain
 
 
@@ -105,11 +107,8 @@ def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any
     if not 0 <= i < len(tg.learned):
         return None
     k = tg.learned[i]
-    plain = _plain.get(torch)
-    if plain is None:
-        plain = _plain[torch] = _plain_again(torch)
     if (k is None or st.slot_n != k.slot_i or src.dtype is not k.dtype or src.shape != k.shape
-            or not plain(src) or not called_again(torch, k.raw, orig, args, kwargs)):
+            or not _plain_for(torch)(src) or not called_again(torch, k.raw, orig, args, kwargs)):
         return None
     if stream_now(tg.device) != k.stream:
         return None

@@ -13,7 +13,8 @@ from .modstate import version
 from .accounting import fell_back, script_site, taken_over
 from .argtree import positional
 from .pageable import (ASYNC_PINNED, LEFT_SYNCHRONOUS, MAX_COPY, Move, _host_array, _Slot, as_tensor_args, called_again,
-                       copy_hazard, cuda_args, host_data, inexact, raw_call, stage, tensor_args, to_args)
+                       copy_hazard, cuda_args, current_raw_stream, host_data, inexact, raw_call, stage, tensor_args,
+                       to_args)
 from .deferred import _materialize, _own_memory, make_lazy_type, settle
 from .pageable_fast import capture_probe, cuda_stream_now, learn, list_array, same_copy
 from .readmark import ReadMark, slots_free
@@ -351,16 +352,11 @@ def slots_read(torch: Any, st: _ThreadCopies) -> None:
         if st.slot_event is None:
             st.slot_event = torch.cuda.Event()
         s = st.stream
-        if s is not None and _raw_stream(torch, getattr(s, "device_index", None)) == getattr(s, "cuda_stream", 0):
+        index = getattr(s, "device_index", None)  # (None: no CUDA stream, the CPU tests' groups)
+        if index is not None and current_raw_stream(torch, index) == s.cuda_stream:
             st.slot_event.record(s)
         else:
             st.slot_event.record()
-
-
-def _raw_stream(torch: Any, index: int | None) -> Any:
-    """The current raw CUDA stream of device ``index`` (None where that cannot be asked)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None and index is not None else None
 
 
 def _slot_thread() -> _ThreadCopies | None:
