@@ -36,8 +36,8 @@ class GraphWorker:
 
     def __init__(self, model, batch, offsets_np):
         self.stream = torch.cuda.Stream()
-        self.h_dense = torch.empty((batch, dlrm.N_DENSE), dtype=torch.float32).pin_memory()
-        self.h_ids = torch.empty((dlrm.N_SPARSE, batch), dtype=torch.int64).pin_memory()
+        self.h_dense = torch.zeros((batch, dlrm.N_DENSE), dtype=torch.float32).pin_memory()
+        self.h_ids = torch.zeros((dlrm.N_SPARSE, batch), dtype=torch.int64).pin_memory()  # zeros: valid ids for the warm-up
         self.np_dense, self.np_ids = self.h_dense.numpy(), self.h_ids.numpy()
         with torch.cuda.stream(self.stream), torch.no_grad():
             self.d_offsets = torch.from_numpy(offsets_np).to("cuda", non_blocking=True)

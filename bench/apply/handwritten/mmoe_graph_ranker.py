@@ -37,8 +37,8 @@ class GraphWorker:
     def __init__(self, model, items):
         self.model = model
         self.stream = torch.cuda.Stream()
-        self.h_ids = torch.empty((items, mmoe.N_SPARSE), dtype=torch.int64).pin_memory()
-        self.h_dense = torch.empty((items, mmoe.N_DENSE), dtype=torch.float32).pin_memory()
+        self.h_ids = torch.zeros((items, mmoe.N_SPARSE), dtype=torch.int64).pin_memory()  # zeros: valid ids for the warm-up
+        self.h_dense = torch.zeros((items, mmoe.N_DENSE), dtype=torch.float32).pin_memory()
         self.np_ids, self.np_dense = self.h_ids.numpy(), self.h_dense.numpy()
         with torch.cuda.stream(self.stream), torch.no_grad():
             self.d_ids = self.h_ids.to("cuda", non_blocking=True)
