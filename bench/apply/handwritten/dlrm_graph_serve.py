@@ -4,7 +4,8 @@ scoring hand-written around one CUDA graph per client thread.
 
 Each thread owns a CUDA stream, pinned host buffers for its dense features and ids, and a graph
 captured once (in the main thread, before the clients start) that copies those buffers to the
-device, runs the model and copies the scores into a pinned host buffer. A query is
+device, runs the model and copies the scores into a pinned host buffer; the thread makes that
+stream its current one, which ``graph.replay()`` launches on. A query is
 ``np.copyto`` of its two arrays into the pinned buffers, ``graph.replay()``, ``stream.synchronize()``
 and a NumPy copy of the scores: no PyTorch op, no allocation, one synchronization.
 
@@ -57,6 +58,9 @@ class GraphWorker:
         torch.cuda.synchronize()
 
     def score(self, dense, ids):
+        """One query, on the calling thread's current stream: the client sets it to this
+        worker's stream once (``CUDAGraph.replay`` launches on the current stream, not on the
+        stream it was captured on)."""
         np.copyto(self.np_dense, dense)
         np.copyto(self.np_ids, ids)
         self.graph.replay()
@@ -86,6 +90,7 @@ def main():
     ready = threading.Barrier(args.threads + 1)
 
     def client(k):
+        torch.cuda.set_stream(workers[k].stream)  # this thread's stream, for good
         score = workers[k].score
         for i in range(args.warmup):
             score(*dlrm.make_request(args.seed + 1, k * 1000 + i, args.batch, args.vocab))

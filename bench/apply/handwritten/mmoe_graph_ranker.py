@@ -5,7 +5,8 @@ hand-written around one CUDA graph per client thread.
 Each thread owns a CUDA stream, pinned host buffers for its ids and dense features, and a graph
 captured once (in the main thread, before the clients start) that copies those buffers to the
 device, runs the model, blends the three heads, takes the best score and stacks the per-item
-scores, and copies both into pinned host buffers. A query is ``np.copyto`` of its two arrays,
+scores, and copies both into pinned host buffers; the thread makes that stream its current one,
+which ``graph.replay()`` launches on. A query is ``np.copyto`` of its two arrays,
 ``graph.replay()``, ONE ``stream.synchronize()`` (the script synchronizes twice: ``.item()`` and
 ``.cpu()``), a float and a copy of the per-item scores.
 
@@ -64,6 +65,9 @@ class GraphWorker:
         return blended.max(), torch.stack([click, convert, watch], dim=1)
 
     def rank(self, ids_np, dense_np):
+        """One query, on the calling thread's current stream: the client sets it to this
+        worker's stream once (``CUDAGraph.replay`` launches on the current stream, not on the
+        stream it was captured on)."""
         np.copyto(self.np_ids, ids_np)
         np.copyto(self.np_dense, dense_np)
         self.graph.replay()
@@ -89,6 +93,7 @@ def main():
     results, latencies = {}, []
 
     def client(k):
+        torch.cuda.set_stream(workers[k].stream)  # this thread's stream, for good
         rank = workers[k].rank
         while True:
             with lock:
@@ -101,7 +106,8 @@ def main():
             latencies.append((time.perf_counter() - t0) * 1e3)
 
     for k in range(args.threads):  # warm-up (the script warms up 3 calls on its main thread)
-        workers[k].rank(*mmoe.make_request(args.seed + 1, k, args.items, args.vocab))
+        with torch.cuda.stream(workers[k].stream):
+            workers[k].rank(*mmoe.make_request(args.seed + 1, k, args.items, args.vocab))
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(k,)) for k in range(args.threads)]
     for t in threads:

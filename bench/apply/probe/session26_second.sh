@@ -3,7 +3,8 @@
 # hook with a fixed plan (DLRM g4, MMoE g8), and hand-written around one CUDA graph per client
 # thread (bench/apply/handwritten/), at 4 client threads in two rounds (the order of the three
 # reversed in the second) and at 16 in one. The first try of this call lost the hand-written
-# runs: their warm-up read uninitialized pinned ids (now zeros). 3,000 queries each, so the checksums compare across all three.
+# runs: their warm-up read uninitialized pinned ids (now zeros); the second replayed on the
+# legacy default stream, not the captured one (checksums off: the thread set its stream since). 3,000 queries each, so the checksums compare across all three.
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 J=$OUT/ceiling.jsonl
