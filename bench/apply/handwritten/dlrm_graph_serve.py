@@ -55,11 +55,12 @@ class GraphWorker:
             self.d_dense.copy_(self.h_dense, non_blocking=True)
             self.d_ids.copy_(self.h_ids, non_blocking=True)
             out = model(self.d_dense, self.d_ids, self.d_offsets)
-            if variant != "devout":
+            if variant not in ("devout", "cpu_only"):
                 self.h_out.copy_(out, non_blocking=True)
         self.d_out = out  # the graph's static output on the device
         torch.cuda.synchronize()
-        self.score = {"np": self.score, "from_numpy": self.score_from_numpy, "devout": self.score_devout}[variant]
+        self.score = {"np": self.score, "from_numpy": self.score_from_numpy, "devout": self.score_devout,
+                      "clone_only": self.score_clone_only, "cpu_only": self.score_cpu_only}[variant]
 
     def score(self, dense, ids):
         """One query, on the calling thread's current stream: the client sets it to this
@@ -94,6 +95,29 @@ class GraphWorker:
         out = self.d_out.clone()
         return out.cpu().numpy()
 
+    def score_clone_only(self, dense, ids):
+        """``from_numpy``, and the replay's output cloned on the device (and dropped), the scores
+        read from the graph's own device-to-host copy as in ``np``: what the clone alone costs."""
+        a, b, c = torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(self.offsets_np)
+        np.copyto(self.np_dense, dense)
+        np.copyto(self.np_ids, ids)
+        del a, b, c
+        self.graph.replay()
+        out = self.d_out.clone()
+        self.stream.synchronize()
+        del out
+        return self.np_out.copy()
+
+    def score_cpu_only(self, dense, ids):
+        """``from_numpy``, and the scores read with ``.cpu().numpy()`` of the graph's static output
+        (no clone): what the read-back alone costs."""
+        a, b, c = torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(self.offsets_np)
+        np.copyto(self.np_dense, dense)
+        np.copyto(self.np_ids, ids)
+        del a, b, c
+        self.graph.replay()
+        return self.d_out.cpu().numpy()
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,9 +127,10 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--variant", choices=("np", "from_numpy", "devout"), default="np",
+    ap.add_argument("--variant", choices=("np", "from_numpy", "devout", "clone_only", "cpu_only"), default="np",
                     help="np: the server above; from_numpy: plus the script's torch.from_numpy calls; devout: "
-                         "plus the scores cloned on the device and read with .cpu().numpy(), as under the hook")
+                         "plus the scores cloned on the device and read with .cpu().numpy(), as under the hook; "
+                         "clone_only / cpu_only: one of those two alone")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)

@@ -3,7 +3,8 @@
 # rounds (the order reversed in the second): the server as it is (np), plus the script's three
 # torch.from_numpy calls (from_numpy), plus the scores left on the device, cloned after the replay
 # and read with .cpu().numpy() as the hook hands them to the script (devout); beside the script
-# unhooked and under the hook (g4). 3,000 queries each: every checksum must be the script's.
+# unhooked and under the hook (g4). ORDER: the runs (the fourth call: ORDER="from_numpy clone_only
+# cpu_only devout devout cpu_only clone_only from_numpy", what the clone and the read-back cost apart). 3,000 queries each: every checksum must be the script's.
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 export SETUP_DONE=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 J=$OUT/ablation.jsonl
@@ -15,6 +16,6 @@ one() {
     *) run "$1" 0 bench/apply/handwritten/dlrm_graph_serve.py --threads 4 --queries 3000 --variant $1;;
   esac
 }
-for c in unhooked hooked np from_numpy devout devout from_numpy np hooked unhooked; do one $c; done
+for c in ${ORDER:-unhooked hooked np from_numpy devout devout from_numpy np hooked unhooked}; do one $c; done
 echo "done [${SECONDS}s]"
 (cd $OUT && tar czf logs.tgz $(ls | grep -E '\.log$|\.txt$') && rm -f $(ls | grep -E '\.log$|\.txt$'); ls)
