@@ -780,65 +780,6 @@ def test_thread_graph_outputs_kept_and_used_on_the_gpu_while_inputs_change(tmp_p
     assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 8), st
 
 
-def test_thread_graph_outputs_are_lent_and_what_the_script_keeps_stays_its_own(tmp_path):
-    """Thread graphs lend their static outputs to the script instead of cloning them
-    (:mod:`._autoapply.lentout`): threads that keep nothing of an output get the same object back
-    every query once they replay (``outputs_lent`` counts those replays), with each query's
-    values; a thread that keeps a view of every output (``out[:, 0]``) and one that keeps
-    ``.detach()`` of some still read each query's values at the end (a replay waits while such a
-    view lives), and every ``.cpu()`` equals eager's for that query's input."""
-    torch = pytest.importorskip("torch")
-    model, host_query = _wdl()
-    threads, rounds = 4, 30
-    qs, variants, ref = [], [], []
-    for k in range(threads):
-        torch.manual_seed(190 + k)
-        q = host_query(32, 1000)
-        vs = [torch.rand_like(q[0]) for _ in range(3)]
-        with torch.no_grad():
-            ref.append([model(v.cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for v in vs])
-        qs.append(q)
-        variants.append(vs)
-    got: dict = {}
-
-    def client(k: int) -> None:
-        import weakref
-
-        dense, idx, offs = qs[k]
-        same, last, views = 0, None, []
-        with torch.no_grad():
-            for r in range(rounds):
-                dense.copy_(variants[k][r % 3])  # (the last query's .cpu() waited for its copies)
-                out = model(dense.to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in idx],
-                            offs.to("cuda", non_blocking=True))
-                got[k, r] = out.cpu()
-                if k == 1:
-                    views.append((r, out[:, 0]))
-                elif k == 2 and r % 7 == 3:
-                    views.append((r, out.detach()))
-                else:  # the last query's output still alive (a weak reference holds nothing) and this one
-                    same += last is not None and last() is out
-                    last = weakref.ref(out)
-                del out
-        got[k, "views"] = [(r, v.cpu()) for r, v in views]
-        got[k, "same"] = same
-
-    st = _run_hooked(tmp_path, 2, threads, client)
-    for k in range(threads):
-        for r in range(rounds):
-            want = ref[k][r % 3]
-            assert torch.allclose(got[k, r], want, atol=1e-6, rtol=1e-5), (k, r, (got[k, r] - want).abs().max())
-    assert [r for r, _ in got[1, "views"]] == list(range(rounds)) and len(got[2, "views"]) == 4
-    for k in (1, 2):
-        for r, v in got[k, "views"]:
-            want = ref[k][r % 3][:, 0] if k == 1 else ref[k][r % 3]
-            assert torch.allclose(v, want, atol=1e-6, rtol=1e-5), (k, r)
-    # the threads that kept nothing: one object for every replayed query (a clone is a new one, and the
-    # last one is gone by the next query)
-    assert got[0, "same"] >= rounds - 10 and got[3, "same"] >= rounds - 10, (got[0, "same"], got[3, "same"])
-    assert st["outputs_lent"] >= 2 * (rounds - 10), st
-
-
 def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
     """The DLRM script's pattern: every query builds new numpy arrays and moves each with
     ``torch.from_numpy(a).cuda()`` or ``.to("cuda")`` (blocking copies from pageable memory).

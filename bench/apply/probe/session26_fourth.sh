@@ -1,3 +1,4 @@
+# (Ran on cd6ad9e; lending was not merged after it: ../results/session26_h200/7_lend/lend_outputs.patch.)
 # One H200, session 26, fourth call, on the thread graphs' lent outputs (_autoapply/lentout.py: the
 # replay hands the script the graph's own output tensors, no clone; checked free at the next replay):
 # the hook's GPU tests (with the new one: outputs lent, views and .detach() kept), then a same-tree
