@@ -73,6 +73,8 @@ class GraphWorker:
         return self.np_out.copy()
 
     # -- the ablation: what the script's own calls around such a graph cost (--variant) ---------
+    # (each variant spelled out in full, no shared helper: what a query times is exactly its lines;
+    # the client loop and checksum below are the script's own, copied so that both time the same work)
     def score_from_numpy(self, dense, ids):
         """``np``, plus the script's three ``torch.from_numpy`` tensors made and dropped."""
         a, b, c = torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(self.offsets_np)
