@@ -36,7 +36,7 @@ class GraphWorker:
     """One client thread's stream, pinned buffers and captured graph."""
 
     def __init__(self, model, batch, offsets_np, variant="np"):
-        self.variant, self.offsets_np = variant, offsets_np
+        self.offsets_np = offsets_np  # (the script's offsets: its from_numpy calls, in the variants)
         self.stream = torch.cuda.Stream()
         self.h_dense = torch.zeros((batch, dlrm.N_DENSE), dtype=torch.float32).pin_memory()
         self.h_ids = torch.zeros((dlrm.N_SPARSE, batch), dtype=torch.int64).pin_memory()  # zeros: valid ids for the warm-up
