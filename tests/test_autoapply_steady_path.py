@@ -2,7 +2,8 @@
 
 * a thread graph's :class:`ReadMark`: before a query writes the thread's slots again, the count the
   last replay copied to host memory says whether its copies have read them (no event query); a count
-  not there yet is waited for, sleeping, and past :data:`MARK_WAIT_S` the device is synchronized;
+  not there yet is waited for, sleeping, and past :data:`MARK_WAIT_S` the device is synchronized; a
+  mark whose count after the capture is not the eager run's one refuses the thread graph;
 * :func:`slots_read` takes the mark after a replay of the thread graph and an event otherwise;
 * :func:`matches_positional` says what :func:`matches` says for every skeleton that has a
   :func:`positional` form;
@@ -85,6 +86,25 @@ def test_without_a_mark_the_event_is_asked_and_waited_for_if_not_done(done):
     ev = Event(done=done)
     pf.slots_free(torch, _st(event=ev))
     assert ev.waited is (not done)
+
+
+@pytest.mark.parametrize("left", [0, -(2**62) + 1, 2**40, 5])
+def test_a_mark_that_did_not_count_its_eager_run_from_zero_refuses_the_thread_graph(left):
+    """After the capture the mark must show the capture's one eager run. Where its counter was
+    not zeroed before that run (session 27: the zeroing queued behind another thread's replays on
+    the group stream, the eager run counting on from what the memory held), its base is garbage,
+    and a negative one let the thread rewrite its slots before its replays read them: wrong
+    outputs. Any count but 1 refuses the thread graph (raised: the thread keeps the group's path)."""
+    mark = pf.ReadMark.__new__(pf.ReadMark)
+    mark.seen = np.array([left], dtype=np.int64)
+    with pytest.raises(RuntimeError, match="read mark counted"):
+        mark.captured()
+    mark.seen = np.array([1], dtype=np.int64)
+    mark.captured()
+    assert mark.base == 1
+    mark.seen = np.array([3], dtype=np.int64)
+    mark.captured(counted=3)
+    assert mark.base == 3
 
 
 def _tg(n_src, replays, base=1):

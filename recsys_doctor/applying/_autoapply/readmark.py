@@ -41,9 +41,14 @@ class ReadMark:
         if int(err) != 0:
             raise RuntimeError(f"cudaMemcpyAsync: {err}")
 
-    def captured(self) -> None:
-        """After the capture (its stream synchronized): the count the replays start from."""
+    def captured(self, counted: int = 1) -> None:
+        """After the capture (its stream synchronized), where the counter was zeroed before it and
+        counted ``counted`` times since (the capture's eager run): the count the replays start from.
+        Any other count means the counter was not zeroed first, or written by something else: no
+        replay could be known done by it, so the thread graph is refused (raised)."""
         self.base = int(self.seen[0])
+        if self.base != counted:
+            raise RuntimeError(f"the read mark counted {self.base} for {counted} run(s): its counter was not zeroed first")
 
 
 #: how long a query waits on a thread graph's :class:`ReadMark` (sleeping, the GIL given up)

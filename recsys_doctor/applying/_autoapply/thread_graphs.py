@@ -285,10 +285,17 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     # stream: the group's capture (under the group's lock, not this thread's) may be
     # synchronizing that stream when this capture begins on it
     stream = g.streams.side_stream()
-    g.stream.synchronize()
-
     with normal_tensors(torch):
         mark = ReadMark(torch, tin[0].device) if tin else None
+    # the mark's counter is zeroed by a kernel on the current stream (the group's, which other
+    # threads' replays may keep busy) and counted on the capture stream next: the zeroing must be
+    # done first. With the group stream synchronized before the mark was made, the failing thread
+    # graphs of session 27 had marks whose counters had lost the capture's eager count and whose
+    # bases were garbage: a negative one let the thread write its slots while its replays had yet
+    # to read them (wrong outputs; bench/apply/results/session27_h200/2_race_marks). ReadMark.captured
+    # refuses any such mark as well
+    g.stream.synchronize()
+    torch.cuda.current_stream().synchronize()  # (where the script set its own stream)
 
     def run() -> Any:  # the copies, their mark, then the model
         for d, s_ in zip(tin, src):
