@@ -780,6 +780,65 @@ def test_thread_graph_outputs_kept_and_used_on_the_gpu_while_inputs_change(tmp_p
     assert st["thread_graphs"] == threads and st["thread_replays"] >= threads * (rounds - 8), st
 
 
+def test_thread_graph_outputs_are_lent_and_what_the_script_keeps_stays_its_own(tmp_path):
+    """Thread graphs lend their static outputs to the script instead of cloning them
+    (:mod:`._autoapply.lentout`): threads that keep nothing of an output get the same object back
+    every query once they replay (``outputs_lent`` counts those replays), with each query's
+    values; a thread that keeps a view of every output (``out[:, 0]``) and one that keeps
+    ``.detach()`` of some still read each query's values at the end (a replay waits while such a
+    view lives), and every ``.cpu()`` equals eager's for that query's input."""
+    torch = pytest.importorskip("torch")
+    model, host_query = _wdl()
+    threads, rounds = 4, 30
+    qs, variants, ref = [], [], []
+    for k in range(threads):
+        torch.manual_seed(190 + k)
+        q = host_query(32, 1000)
+        vs = [torch.rand_like(q[0]) for _ in range(3)]
+        with torch.no_grad():
+            ref.append([model(v.cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for v in vs])
+        qs.append(q)
+        variants.append(vs)
+    got: dict = {}
+
+    def client(k: int) -> None:
+        import weakref
+
+        dense, idx, offs = qs[k]
+        same, last, views = 0, None, []
+        with torch.no_grad():
+            for r in range(rounds):
+                dense.copy_(variants[k][r % 3])  # (the last query's .cpu() waited for its copies)
+                out = model(dense.to("cuda", non_blocking=True), [t.to("cuda", non_blocking=True) for t in idx],
+                            offs.to("cuda", non_blocking=True))
+                got[k, r] = out.cpu()
+                if k == 1:
+                    views.append((r, out[:, 0]))
+                elif k == 2 and r % 7 == 3:
+                    views.append((r, out.detach()))
+                else:  # the last query's output still alive (a weak reference holds nothing) and this one
+                    same += last is not None and last() is out
+                    last = weakref.ref(out)
+                del out
+        got[k, "views"] = [(r, v.cpu()) for r, v in views]
+        got[k, "same"] = same
+
+    st = _run_hooked(tmp_path, 2, threads, client)
+    for k in range(threads):
+        for r in range(rounds):
+            want = ref[k][r % 3]
+            assert torch.allclose(got[k, r], want, atol=1e-6, rtol=1e-5), (k, r, (got[k, r] - want).abs().max())
+    assert [r for r, _ in got[1, "views"]] == list(range(rounds)) and len(got[2, "views"]) == 4
+    for k in (1, 2):
+        for r, v in got[k, "views"]:
+            want = ref[k][r % 3][:, 0] if k == 1 else ref[k][r % 3]
+            assert torch.allclose(v, want, atol=1e-6, rtol=1e-5), (k, r)
+    # the threads that kept nothing: one object for every replayed query (a clone is a new one, and the
+    # last one is gone by the next query)
+    assert got[0, "same"] >= rounds - 10 and got[3, "same"] >= rounds - 10, (got[0, "same"], got[3, "same"])
+    assert st["outputs_lent"] >= 2 * (rounds - 10), st
+
+
 def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
     """The DLRM script's pattern: every query builds new numpy arrays and moves each with
     ``torch.from_numpy(a).cuda()`` or ``.to("cuda")`` (blocking copies from pageable memory).
@@ -831,16 +890,13 @@ def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
     assert st["pageable_fast"] >= threads * (rounds - 12) * copies, st
 
 
-def test_copies_made_while_the_last_replay_still_runs_wait_for_its_mark(tmp_path):
-    """A thread that does not read its outputs before its next query (each one kept on the GPU and
-    read at the end), its model busy on the GPU ~1 ms a call: the next query's pageable copies come
-    while the thread's last replay may still be queued, so their bytes go into the slots only once
-    that replay's mark (:class:`ReadMark`: the count its graph copies to host memory after its input
-    copies) shows them read; such waits are counted in ``mark_waits``. Every output equals eager's
-    for its own query's arrays."""
+def _slow_queries(torch, threads: int, rounds: int, seed: int, salt: int):
+    """A model busy on the GPU ~1 ms a call (24 matmuls of 2048), queried from numpy arrays with
+    ``torch.from_numpy(a).cuda()``: eager's outputs ``ref[k, r]``, the dict ``got`` the client
+    fills, and ``client(k)``, which keeps every output on the GPU and reads them all at the end (its
+    host runs ahead of the GPU: the next query's copies come while its last replay may be queued)."""
     import numpy as np
 
-    torch = pytest.importorskip("torch")
     nn = torch.nn
 
     class Slow(nn.Module):
@@ -856,17 +912,14 @@ def test_copies_made_while_the_last_replay_still_runs_wait_for_its_mark(tmp_path
                 h = torch.tanh(h @ self.w)
             return h[:, :4]
 
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     model = Slow().cuda().eval()
-    threads, rounds, rows = 2, 30, 256
-
-    def arrays(k: int, r: int):
-        rng = np.random.default_rng([k, r, 25])
-        return (rng.random((rows, 16), dtype=np.float32), rng.integers(0, 1000, rows * 4, dtype=np.int64),
-                np.arange(0, rows * 4, 4, dtype=np.int64))
+    rows = 256
 
     def call(k: int, r: int):
-        dense, idx, offs = arrays(k, r)
+        rng = np.random.default_rng([k, r, salt])
+        dense, idx = rng.random((rows, 16), dtype=np.float32), rng.integers(0, 1000, rows * 4, dtype=np.int64)
+        offs = np.arange(0, rows * 4, 4, dtype=np.int64)
         with torch.no_grad():
             return model(torch.from_numpy(dense).cuda(), torch.from_numpy(idx).cuda(), torch.from_numpy(offs).cuda())
 
@@ -878,6 +931,19 @@ def test_copies_made_while_the_last_replay_still_runs_wait_for_its_mark(tmp_path
         for r, out in enumerate(kept):
             got[k, r] = out.cpu()
 
+    return ref, got, client
+
+
+def test_copies_made_while_the_last_replay_still_runs_wait_for_its_mark(tmp_path):
+    """A thread that does not read its outputs before its next query (each one kept on the GPU and
+    read at the end), its model busy on the GPU ~1 ms a call: the next query's pageable copies come
+    while the thread's last replay may still be queued, so their bytes go into the slots only once
+    that replay's mark (:class:`ReadMark`: the count its graph copies to host memory after its input
+    copies) shows them read; such waits are counted in ``mark_waits``. Every output equals eager's
+    for its own query's arrays."""
+    torch = pytest.importorskip("torch")
+    threads, rounds = 2, 30
+    ref, got, client = _slow_queries(torch, threads, rounds, seed=3, salt=25)
     st = _run_hooked(tmp_path, 1, threads, client)
     for key, want in ref.items():
         assert torch.allclose(got[key], want, atol=1e-5, rtol=1e-4), (key, (got[key] - want).abs().max())

@@ -31,7 +31,10 @@ for q in range(5):
         views = [xs[0], *xs[1], xs[2]]
         assert all(v.data_ptr() == b.data_ptr() for v, b in zip(views, tg.tin)), "a copy was not the buffer's view"
         out = model(*xs)
-    assert torch.equal(out, tg.static_out) and out.data_ptr() != tg.static_out.data_ptr()
+    # the graph's output lent to the script (the same memory: .lentout), the last one dropped first
+    assert torch.equal(out, tg.static_out) and (out.data_ptr() == tg.static_out.data_ptr()) == (tg.lent is not None)
+    del out
+assert tg.lent is not None and _state["outputs_lent"] == 5, _state["outputs_lent"]
 assert _state["thread_replays"] == 5, _state["thread_replays"]
 rows = {r["kind"]: r for r in accounting.sites()}
 assert rows["model"]["taken_over"] == 5 and rows["model"]["fallback"] == 0, rows

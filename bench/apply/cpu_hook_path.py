@@ -63,6 +63,7 @@ def setup(n_inputs: int, pageable_: bool = False):
     from recsys_doctor.applying._autoapply._common import _state, _tls
     from recsys_doctor.applying._autoapply.argtree import skeleton
     from recsys_doctor.applying._autoapply.groups import _Gate, _Group
+    from recsys_doctor.applying._autoapply.lentout import lend
     from recsys_doctor.applying._autoapply.pageable_fast import Learned
     from recsys_doctor.applying._autoapply.staging import _ThreadCopies, _ThreadGraph
 
@@ -73,6 +74,8 @@ def setup(n_inputs: int, pageable_: bool = False):
     for k, v in {"gate": _Gate(), "thread_replays": 0, "materialized": 0}.items():
         _state.setdefault(k, v)
     model = Model().eval()
+    with torch.inference_mode():  # (the graph's output, captured inside the queries' inference mode)
+        out0 = torch.randn(256)
     src = [torch.randn(256, 13)] + [torch.randint(0, 1000, (256,)) for _ in range(n_inputs - 2)] + \
           [torch.arange(256)]
     tin = [s.clone() for s in src]  # the thread's device buffers
@@ -81,7 +84,7 @@ def setup(n_inputs: int, pageable_: bool = False):
     move = pageable.Move(torch.device("cuda", 0), None, True, False, None)
     here = f"{__file__}:0"
     if pageable_copies:  # the sources are the thread's pinned slots; the script's arrays are copied into them
-        tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), torch.randn(256), 0)
+        tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), out0, 0)
         orig_cuda = _state["orig_tensor_methods"]["cuda"]
         blocking = pageable.Move(torch.device("cuda", 0), None, False, False, None)
         raw = pageable.raw_call(torch, orig_cuda, (), {}, blocking)
@@ -92,9 +95,11 @@ def setup(n_inputs: int, pageable_: bool = False):
             torch._C._cuda_getDevice = lambda: 0
         _state.setdefault("pageable_fast", 0)
     else:
-        tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), torch.randn(256), 0,
+        tg = _ThreadGraph(model, _Graph(), src, tin, skeleton((args, {}), torch.Tensor), out0, 0,
                           [move] * len(src), [here] * len(src))
         tg.raw = [pageable.raw_call(torch, orig_to, ("cuda:0",), {"non_blocking": True}, move)] * len(src)
+    tg.lent = lend(torch, tg.static_out)  # (its output lent, as a captured thread graph's is)
+    _state.setdefault("outputs_lent", 0)
     g = _Group(0, _Stream())
     _tls.group, _tls.depth = g, 0
     _tls.copies = st = _ThreadCopies(g.stream)
@@ -149,7 +154,8 @@ def main() -> None:
     rounds = [(per_query(query, a.queries // 5), per_query(least, a.queries // 5)) for _ in range(5)]
     hooked, hand = min(r[0] for r in rounds), min(r[1] for r in rounds)
     print(f"{a.inputs} inputs: the hook's path {hooked:.1f} us a query, a hand-written server's {hand:.1f} us, "
-          f"the hook's cost {hooked - hand:.1f} us ({(hooked - hand) / a.inputs:.2f} us an input)")
+          f"the hook's cost {hooked - hand:.1f} us ({(hooked - hand) / a.inputs:.2f} us an input); "
+          f"outputs lent {_state['outputs_lent']} of {_state['thread_replays'] - before} replays")
     if a.profile:
         import cProfile
         import pstats

@@ -91,7 +91,7 @@ class _ThreadCopies:
 
 class _ThreadGraph:
     __slots__ = ("module_ref", "version", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
-                 "static_out", "device", "tag", "raw", "learned", "copy_sites", "mark", "replays", "form")
+                 "static_out", "device", "tag", "raw", "learned", "copy_sites", "mark", "replays", "form", "lent")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None, lines: list[str] | None = None) -> None:
@@ -135,6 +135,7 @@ class _ThreadGraph:
         self.copy_sites = tuple(n.items())
         self.mark: ReadMark | None = None  #: its replays' mark that their copies are done (captured with them)
         self.replays = 0  #: replays launched since the capture
+        self.lent: Any = None  #: its outputs lent instead of cloned (:mod:`.lentout`), or None
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:

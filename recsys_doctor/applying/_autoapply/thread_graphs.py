@@ -13,6 +13,7 @@ from .argtree import matches, matches_positional, remake, skeleton
 from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
+from .lentout import lend
 from .groups import _Group, _run_shared
 from .modstate import fresh, stale
 from .deferred import _materialize, settle
@@ -140,7 +141,8 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     if (tg is not None and st.pending and n == len(tg.src) and fresh(tg, module) and not trains(module)
             and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
             and (matches_positional(tg.form, args, kwargs, tg.handed) if tg.form is not None
-                 else matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed)))):
+                 else matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed)))
+            and (tg.lent is None or tg.lent.ready())):
         try:
             out = _run_shared(_thread_replay, tg)
             st.replayed = tg  # (its mark says when the slots it read are free: .staging.slots_read)
@@ -308,6 +310,7 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device(),
                       moves, lines)
     tg.tag = getattr(orig_call, "key_tag", None)
+    tg.lent = lend(torch, tg.static_out)
     if mark is not None:
         mark.captured()
         tg.mark = mark
@@ -318,4 +321,8 @@ def _thread_replay(tg: _ThreadGraph) -> Any:
     tg.graph.replay()
     tg.replays += 1
     _state["thread_replays"] += 1
+    lent = tg.lent
+    if lent is not None and lent.usable():
+        _state["outputs_lent"] += 1
+        return lent.handout()
     return _clone_out(tg.static_out)
