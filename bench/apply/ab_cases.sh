@@ -78,6 +78,10 @@ ab_case() {
     early2s) RECSYS_DOCTOR_PLACE=start _ab_run 2 examples/heldout/early_pool_serve.py --threads 4 --queries 3000;;
     train0) _ab_run 0 examples/heldout/amp_accum_train.py --epochs 2;;
     train2) _ab_run 2 examples/heldout/amp_accum_train.py --epochs 2;;
+    dfm0) _ab_run 0 examples/scripts/deepfm_serve.py --threads 4 --queries 3000;;
+    dfm4) _ab_run 4 examples/scripts/deepfm_serve.py --threads 4 --queries 3000;;
+    hdlrm) _ab_run 0 bench/apply/handwritten/dlrm_graph_serve.py --threads 4 --queries 3000;;
+    hmmoe) _ab_run 0 bench/apply/handwritten/mmoe_graph_ranker.py --threads 4 --queries 3000;;
     *) echo "unknown case $3";;
   esac
 }
