@@ -732,6 +732,21 @@ def test_copies_into_a_batched_call_are_served_by_the_runtime(tmp_path):
     assert not [f for f in st["fallbacks"] if "not served" in f], st["fallbacks"]
 
 
+def _variant_queries(torch, model, host_query, threads: int, seed: int):
+    """Per thread ``k``: a pinned query of the wide&deep (seeded ``seed + k``), 3 variants of its
+    dense input, and eager's output for each variant."""
+    qs, variants, ref = [], [], []
+    for k in range(threads):
+        torch.manual_seed(seed + k)
+        q = host_query(32, 1000)
+        vs = [torch.rand_like(q[0]) for _ in range(3)]
+        with torch.no_grad():
+            ref.append([model(v.cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for v in vs])
+        qs.append(q)
+        variants.append(vs)
+    return qs, variants, ref
+
+
 def test_thread_graph_outputs_kept_and_used_on_the_gpu_while_inputs_change(tmp_path):
     """Thread graphs with the script's pinned dense input rewritten in place every query (3
     variants in turn, so each query's values differ from the last one's): ``.cpu()``, ``.item()``
@@ -740,15 +755,7 @@ def test_thread_graph_outputs_kept_and_used_on_the_gpu_while_inputs_change(tmp_p
     torch = pytest.importorskip("torch")
     model, host_query = _wdl()
     threads, rounds = 4, 30
-    qs, variants, ref = [], [], []
-    for k in range(threads):
-        torch.manual_seed(90 + k)
-        q = host_query(32, 1000)
-        vs = [torch.rand_like(q[0]) for _ in range(3)]
-        with torch.no_grad():
-            ref.append([model(v.cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for v in vs])
-        qs.append(q)
-        variants.append(vs)
+    qs, variants, ref = _variant_queries(torch, model, host_query, threads, seed=90)
     got: dict = {}
 
     def client(k: int) -> None:
@@ -790,15 +797,7 @@ def test_thread_graph_outputs_are_lent_and_what_the_script_keeps_stays_its_own(t
     torch = pytest.importorskip("torch")
     model, host_query = _wdl()
     threads, rounds = 4, 30
-    qs, variants, ref = [], [], []
-    for k in range(threads):
-        torch.manual_seed(190 + k)
-        q = host_query(32, 1000)
-        vs = [torch.rand_like(q[0]) for _ in range(3)]
-        with torch.no_grad():
-            ref.append([model(v.cuda(), [t.cuda() for t in q[1]], q[2].cuda()).cpu() for v in vs])
-        qs.append(q)
-        variants.append(vs)
+    qs, variants, ref = _variant_queries(torch, model, host_query, threads, seed=190)
     got: dict = {}
 
     def client(k: int) -> None:
@@ -890,13 +889,10 @@ def test_pageable_numpy_copies_are_known_again_and_stay_exact(tmp_path):
     assert st["pageable_fast"] >= threads * (rounds - 12) * copies, st
 
 
-def _slow_queries(torch, threads: int, rounds: int, seed: int, salt: int):
-    """A model busy on the GPU ~1 ms a call (24 matmuls of 2048), queried from numpy arrays with
-    ``torch.from_numpy(a).cuda()``: eager's outputs ``ref[k, r]``, the dict ``got`` the client
-    fills, and ``client(k)``, which keeps every output on the GPU and reads them all at the end (its
-    host runs ahead of the GPU: the next query's copies come while its last replay may be queued)."""
-    import numpy as np
-
+def _slow_model(torch, seed: int):
+    """A model busy on the GPU ~1 ms a call at 256 rows (24 matmuls of 2048), seeded, on the GPU,
+    in eval mode: ``model(dense [n, 16], idx [4n], offs [n])`` -> ``[n, 4]`` (a view of its last
+    activation)."""
     nn = torch.nn
 
     class Slow(nn.Module):
@@ -913,7 +909,17 @@ def _slow_queries(torch, threads: int, rounds: int, seed: int, salt: int):
             return h[:, :4]
 
     torch.manual_seed(seed)
-    model = Slow().cuda().eval()
+    return Slow().cuda().eval()
+
+
+def _slow_queries(torch, threads: int, rounds: int, seed: int, salt: int):
+    """A model busy on the GPU ~1 ms a call (24 matmuls of 2048), queried from numpy arrays with
+    ``torch.from_numpy(a).cuda()``: eager's outputs ``ref[k, r]``, the dict ``got`` the client
+    fills, and ``client(k)``, which keeps every output on the GPU and reads them all at the end (its
+    host runs ahead of the GPU: the next query's copies come while its last replay may be queued)."""
+    import numpy as np
+
+    model = _slow_model(torch, seed)
     rows = 256
 
     def call(k: int, r: int):

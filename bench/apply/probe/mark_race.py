@@ -24,24 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-class Slow(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.EmbeddingBag(1000, 64, mode="sum")
-        self.proj = nn.Linear(16 + 64, 2048)
-        self.w = nn.Parameter(torch.randn(2048, 2048) / 48)
-
-    def forward(self, dense, idx, offs):
-        h = self.proj(torch.cat([dense, self.emb(idx, offs)], 1))
-        for _ in range(24):
-            h = torch.tanh(h @ self.w)
-        return h[:, :4]
 
 
 def main() -> None:
@@ -55,8 +40,9 @@ def main() -> None:
     from recsys_doctor.applying.script_hook import activate_in_process
     from recsys_doctor.planning.whatif import Candidate
 
-    torch.manual_seed(3)
-    model = Slow().cuda().eval()
+    from test_autoapply_gpu import _slow_model  # (the read-mark GPU test's model)
+
+    model = _slow_model(torch, 3)
     rows = 256
 
     def arrays(k: int, r: int):
