@@ -100,6 +100,29 @@ def test_a_kept_view_holds_the_replays_back_until_it_is_gone(derive):
     assert replayed and (out if single else out[0]).eq(_want(5)).all() and not tg.lent.off
 
 
+@pytest.mark.parametrize("export", ["to_dlpack", "__dlpack__"])
+def test_a_dlpack_export_holds_the_replays_back_like_a_view(export):
+    """A DLPack export holds the alias's tensor, not a new reference to its memory (its storage's
+    use count does not move): the tensor's own use count must show it, or the next replay would
+    overwrite what the consumer (CuPy, JAX) reads."""
+    from torch.utils import dlpack
+
+    tg = _tg([torch.zeros(4, 3)])
+    out, replayed = _query(tg)
+    assert replayed
+    cap = dlpack.to_dlpack(out) if export == "to_dlpack" else out.__dlpack__()
+    del out  # (the script keeps only the export)
+    for n in range(2, 4):
+        got, replayed = _query(tg)
+        assert not replayed and got.eq(_want(n)).all()
+        del got
+    held = torch.from_dlpack(cap)  # the consumer's array: still the first query's values
+    assert held.eq(_want(1)).all()
+    del cap, held
+    out, replayed = _query(tg)  # the export gone: lent again
+    assert replayed and out.eq(_want(4)).all() and not tg.lent.off
+
+
 def test_tuple_outputs_are_lent_together_and_any_kept_one_is_moved():
     tg = _tg([torch.zeros(2, 2), torch.zeros(3)], single=False)
     a, b = _query(tg)[0]

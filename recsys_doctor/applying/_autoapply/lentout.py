@@ -19,7 +19,14 @@ the thread graph hands out clones from then on. Where a view or ``.detach()`` of
 the memory cannot be taken from under it: the call is not replayed (:meth:`Lent.ready` is false; it
 runs on the group's path, a miss of the thread graph) until that view is gone. Outputs that are not
 one tensor or a plain tuple of tensors, and a call in another inference mode than the capture's,
-get clones as before. ``RECSYS_DOCTOR_LEND_OUTPUTS=0`` turns lending off."""
+get clones as before. ``RECSYS_DOCTOR_LEND_OUTPUTS=0`` turns lending off.
+
+A DLPack export of an alias (``torch.utils.dlpack.to_dlpack``, ``__dlpack__``: CuPy's, JAX's
+``from_dlpack``) holds the alias's tensor itself, not a new reference to its memory: its tensor's use
+count shows it, and it holds the replays back as a view does. Not seen: memory reached by its address
+alone. An array made from ``__cuda_array_interface__`` (CuPy, Numba) or a raw ``data_ptr()`` kept past
+the next call would read the next query's values where the script kept the tensor too (its values
+moved, the address not). A script that does that needs lending off."""
 
 from __future__ import annotations
 
@@ -31,13 +38,16 @@ from typing import Any
 LEND = os.environ.get("RECSYS_DOCTOR_LEND_OUTPUTS", "1") != "0"
 
 
-def _held(torch: Any, aliases: tuple[Any, ...]) -> list[tuple[int, int]]:
-    """Each alias's reference count and its memory's use count, measured the same way every time
-    (the loop's own reference included)."""
+def _held(torch: Any, aliases: tuple[Any, ...]) -> list[tuple[int, int, int]]:
+    """Each alias's reference count, its memory's use count and its tensor's own use count (a
+    DLPack export holds the tensor, not a new reference to its memory: ``Tensor._use_count``, 0
+    where this PyTorch lacks it), measured the same way every time (the loop's own reference
+    included)."""
     uses = torch._C._storage_Use_Count
+    impl = getattr(torch.Tensor, "_use_count", None)
     out = []
     for a in aliases:
-        out.append((sys.getrefcount(a), uses(a.untyped_storage()._cdata)))
+        out.append((sys.getrefcount(a), uses(a.untyped_storage()._cdata), impl(a) if impl is not None else 0))
     return out
 
 
@@ -82,17 +92,19 @@ class Lent:
 
     def free(self) -> bool:
         """Whether the script holds none of the aliases, nor anything of their memory."""
-        return all(r <= r0 and u <= u0 for (r, u), (r0, u0) in zip(_held(self.torch, self.aliases), self.rest))
+        return all(r <= r0 and u <= u0 and i <= i0
+                   for (r, u, i), (r0, u0, i0) in zip(_held(self.torch, self.aliases), self.rest))
 
     def reclaim(self) -> bool:
         """Before a replay where :meth:`free` is false: give each alias the script still holds its own
         memory (its values copied), so that the replay cannot change it. False, nothing done, where a
-        view or ``.detach()`` of one is alive (its memory cannot be moved under it)."""
+        view or ``.detach()`` of one is alive, or a DLPack export of one (their memory cannot be moved
+        under them)."""
         now = _held(self.torch, self.aliases)
-        if any(u > u0 for (_, u), (_, u0) in zip(now, self.rest)):
+        if any(u > u0 or i > i0 for (_, u, i), (_, u0, i0) in zip(now, self.rest)):
             return False
         torch = self.torch
-        for a, (r, _), (r0, _) in zip(self.aliases, now, self.rest):
+        for a, (r, _, _), (r0, _, _) in zip(self.aliases, now, self.rest):
             if r > r0:
                 with torch.inference_mode(a.is_inference()), torch.no_grad():
                     c = a.clone()
