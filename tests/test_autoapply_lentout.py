@@ -123,6 +123,41 @@ def test_a_dlpack_export_holds_the_replays_back_like_a_view(export):
     assert replayed and out.eq(_want(4)).all() and not tg.lent.off
 
 
+def test_an_output_read_by_address_is_not_moved_while_the_script_holds_it():
+    """An array made from ``__cuda_array_interface__`` (CuPy's ``asarray``) keeps the tensor and reads
+    its memory by address: a lent output whose interface was read, still held at the next call, holds
+    the replays back (its memory is not moved from under that address). The property marks the tensor
+    (here on the CPU it then raises, as PyTorch's does for a CPU tensor)."""
+    prop = lentout.exported_property(torch.Tensor.__dict__["__cuda_array_interface__"])
+    tg = _tg([torch.zeros(4, 3)])
+    out, replayed = _query(tg)
+    assert replayed
+    with pytest.raises((TypeError, AttributeError, RuntimeError)):
+        prop.__get__(out, torch.Tensor)
+    ptr = out.data_ptr()
+    for n in range(2, 4):
+        got, replayed = _query(tg)
+        assert not replayed and got.eq(_want(n)).all() and out.data_ptr() == ptr and out.eq(_want(1)).all()
+        del got
+    del out
+    out, replayed = _query(tg)
+    assert replayed and out.eq(_want(4)).all()
+
+
+def test_the_hook_patches_the_interface_property_and_puts_it_back():
+    from recsys_doctor.applying import _autoapply as hook
+    from recsys_doctor.applying._autoapply import interception
+
+    orig = torch.Tensor.__dict__["__cuda_array_interface__"]
+    hook.activate({"runtime": {"groups": 1, "cuda_graphs": True}})
+    try:
+        interception._patch_thread_copies(torch)
+        assert torch.Tensor.__dict__["__cuda_array_interface__"] is not orig
+    finally:
+        hook.deactivate()
+    assert torch.Tensor.__dict__["__cuda_array_interface__"] is orig
+
+
 def test_tuple_outputs_are_lent_together_and_any_kept_one_is_moved():
     tg = _tg([torch.zeros(2, 2), torch.zeros(3)], single=False)
     a, b = _query(tg)[0]

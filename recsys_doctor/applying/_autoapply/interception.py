@@ -10,7 +10,7 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import counted_here, script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
-from . import copyinto, meter, modstate, trainers
+from . import copyinto, lentout, meter, modstate, trainers
 from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
 from .host_args import make_host_type, take
@@ -394,5 +394,9 @@ def _patch_thread_copies(torch: Any) -> None:
     _state["orig_tensor_methods"]["copy_"] = torch.Tensor.copy_  # (restored with the others)
     torch.Tensor.copy_ = copyinto.counted(torch, torch.Tensor.copy_)  # counted at the script's lines only
     origs = _state["orig_tensor_methods"]
+    cai = torch.Tensor.__dict__.get("__cuda_array_interface__")
+    if isinstance(cai, property):  # (a lent output read by address: .lentout)
+        origs["__cuda_array_interface__"] = cai
+        torch.Tensor.__cuda_array_interface__ = lentout.exported_property(cai)
     _state["host_type"] = make_host_type(torch, lambda a, k: to_args(torch, a, k), lambda a, k: cuda_args(torch, a, k),
                                          origs["to"], origs["cuda"])

@@ -23,10 +23,12 @@ get clones as before. ``RECSYS_DOCTOR_LEND_OUTPUTS=0`` turns lending off.
 
 A DLPack export of an alias (``torch.utils.dlpack.to_dlpack``, ``__dlpack__``: CuPy's, JAX's
 ``from_dlpack``) holds the alias's tensor itself, not a new reference to its memory: its tensor's use
-count shows it, and it holds the replays back as a view does. Not seen: memory reached by its address
-alone. An array made from ``__cuda_array_interface__`` (CuPy, Numba) or a raw ``data_ptr()`` kept past
-the next call would read the next query's values where the script kept the tensor too (its values
-moved, the address not). A script that does that needs lending off."""
+count shows it, and it holds the replays back as a view does. So does a lent tensor whose
+``__cuda_array_interface__`` was read (CuPy's ``asarray``, Numba's ``as_cuda_array``: the array keeps
+the tensor and its address), once the script still holds it at the next call: its memory is not
+moved from under that address (:func:`exported_property` marks it). Not seen: a raw ``data_ptr()``
+kept past the next call, where the script kept the tensor too (its values moved, the address not).
+A script that does that needs lending off."""
 
 from __future__ import annotations
 
@@ -36,6 +38,19 @@ from typing import Any
 
 #: whether thread graphs lend their outputs (``RECSYS_DOCTOR_LEND_OUTPUTS=0``: clones)
 LEND = os.environ.get("RECSYS_DOCTOR_LEND_OUTPUTS", "1") != "0"
+#: the attribute :func:`exported_property` sets on a tensor whose ``__cuda_array_interface__`` was read
+EXPORTED = "_rd_address_out"
+
+
+def exported_property(orig: Any) -> property:
+    """``Tensor.__cuda_array_interface__`` (``orig``, the property) marking the tensor first: an
+    array made from it keeps the tensor and reads its memory by address (:meth:`Lent.reclaim`)."""
+
+    def get(self: Any) -> Any:
+        setattr(self, EXPORTED, True)
+        return orig.__get__(self, type(self))
+
+    return property(get, doc=orig.__doc__)
 
 
 def _held(torch: Any, aliases: tuple[Any, ...]) -> list[tuple[int, int, int]]:
@@ -103,6 +118,8 @@ class Lent:
         now = _held(self.torch, self.aliases)
         if any(u > u0 or i > i0 for (_, u, i), (_, u0, i0) in zip(now, self.rest)):
             return False
+        if any(r > r0 and getattr(a, EXPORTED, False) for a, (r, _, _), (r0, _, _) in zip(self.aliases, now, self.rest)):
+            return False  # (its address went to an array made from __cuda_array_interface__)
         torch = self.torch
         for a, (r, _, _), (r0, _, _) in zip(self.aliases, now, self.rest):
             if r > r0:
