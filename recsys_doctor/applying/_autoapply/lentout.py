@@ -47,7 +47,10 @@ def exported_property(orig: Any) -> property:
     array made from it keeps the tensor and reads its memory by address (:meth:`Lent.reclaim`)."""
 
     def get(self: Any) -> Any:
-        setattr(self, EXPORTED, True)
+        try:
+            setattr(self, EXPORTED, True)
+        except (AttributeError, TypeError):  # (a subclass that takes no attributes: never a lent output)
+            pass
         return orig.__get__(self, type(self))
 
     return property(get, doc=orig.__doc__)
