@@ -82,6 +82,7 @@ ab_case() {
     dfm4) _ab_run 4 examples/scripts/deepfm_serve.py --threads 4 --queries 3000;;
     hdlrm) _ab_run 0 bench/apply/handwritten/dlrm_graph_serve.py --threads 4 --queries 3000;;
     hmmoe) _ab_run 0 bench/apply/handwritten/mmoe_graph_ranker.py --threads 4 --queries 3000;;
+    hdfm) _ab_run 0 bench/apply/handwritten/deepfm_graph_serve.py --threads 4 --queries 3000;;
     *) echo "unknown case $3";;
   esac
 }
