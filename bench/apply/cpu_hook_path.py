@@ -8,14 +8,14 @@ dlrm_numpy_serve.py`` does, ``torch.from_numpy(a).cuda()`` of numpy arrays (thei
 the thread's pinned slots, the slots being the thread graph's sources). In the hook's steady state each copy hands out
 a view of the thread's device buffer and the model call replays the thread's graph, which makes the
 copies and runs the model; what is left on the host is the hook's Python (the patched
-``Tensor.to`` and ``nn.Module.__call__``, its checks and counts) around one replay and one clone of
-the output. Here the thread graph is built by hand (CPU tensors stand in for the pinned sources and
+``Tensor.to`` and ``nn.Module.__call__``, its checks and counts) around one replay, whose output is
+lent to the script (:mod:`.lentout`: checked free before the replay, no clone). Here the thread graph is built by hand (CPU tensors stand in for the pinned sources and
 the device buffers; the graph's ``replay`` does nothing), so every line of the hook's path runs as on
 the GPU but for the CUDA calls themselves. Printed: microseconds a query for that path, and for the
-least a hand-written CUDA-graph server does on the host (the replay and the clone), their
-difference being the hook's cost; ``--profile``: the hook's functions by own time.
+least a hand-written CUDA-graph server does on the host (the replay; it reads the scores from the
+graph's own copy in pinned memory, ``bench/apply/handwritten/``), their difference being the hook's cost; ``--profile``: the hook's functions by own time.
 
-Not a GPU measurement: a host's speed differs, and on the GPU each replay and clone is a CUDA call
+Not a GPU measurement: a host's speed differs, and on the GPU each replay is a CUDA call
 (bench/apply/results/hostprof_h100 has py-spy's view of the same path there)."""
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def main() -> None:
     if a.pageable:
         query = query_pageable  # noqa: F811
 
-    def least():  # a hand-written graph server's host work a query: the replay, the output's clone
+    def least():  # a hand-written graph server's host work a query for the model: the replay
         tg.graph.replay()
-        return tg.static_out.clone()
+        return tg.static_out
 
     from recsys_doctor.applying._autoapply._common import _state
     before = _state["thread_replays"]
