@@ -395,7 +395,7 @@ def _patch_thread_copies(torch: Any) -> None:
     torch.Tensor.copy_ = copyinto.counted(torch, torch.Tensor.copy_)  # counted at the script's lines only
     origs = _state["orig_tensor_methods"]
     cai = torch.Tensor.__dict__.get("__cuda_array_interface__")
-    if isinstance(cai, property):  # (a lent output read by address: .lentout)
+    if lentout.LEND and _state.get("thread_graphs") and isinstance(cai, property):  # (a lent output read by address)
         origs["__cuda_array_interface__"] = cai
         torch.Tensor.__cuda_array_interface__ = lentout.exported_property(cai)
     _state["host_type"] = make_host_type(torch, lambda a, k: to_args(torch, a, k), lambda a, k: cuda_args(torch, a, k),

@@ -56,17 +56,19 @@ def exported_property(orig: Any) -> property:
     return property(get, doc=orig.__doc__)
 
 
-def _held(torch: Any, aliases: tuple[Any, ...]) -> list[tuple[int, int, int]]:
-    """Each alias's reference count, its memory's use count and its tensor's own use count (a
-    DLPack export holds the tensor, not a new reference to its memory: ``Tensor._use_count``, 0
-    where this PyTorch lacks it), measured the same way every time (the loop's own reference
-    included)."""
-    uses = torch._C._storage_Use_Count
+def _counters(torch: Any) -> tuple[Any, Any]:
+    """The use counts :func:`_held` reads: a storage's (``torch._C._storage_Use_Count``) and a
+    tensor's own (``Tensor._use_count``; where this PyTorch lacks it, always 0)."""
     impl = getattr(torch.Tensor, "_use_count", None)
-    out = []
-    for a in aliases:
-        out.append((sys.getrefcount(a), uses(a.untyped_storage()._cdata), impl(a) if impl is not None else 0))
-    return out
+    return torch._C._storage_Use_Count, impl if impl is not None else (lambda a: 0)
+
+
+def _held(counters: tuple[Any, Any], aliases: tuple[Any, ...]) -> list[tuple[int, int, int]]:
+    """Each alias's reference count, its memory's use count and its tensor's own use count (a
+    DLPack export holds the tensor, not a new reference to its memory), measured the same way every
+    time (the loop's own reference included)."""
+    uses, impl = counters
+    return [(sys.getrefcount(a), uses(a.untyped_storage()._cdata), impl(a)) for a in aliases]
 
 
 def _alias(torch: Any, t: Any) -> Any:
@@ -80,14 +82,15 @@ def _alias(torch: Any, t: Any) -> Any:
 class Lent:
     """The aliases a thread graph lends for its static outputs (see the module docstring)."""
 
-    __slots__ = ("torch", "aliases", "single", "rest", "inference", "off")
+    __slots__ = ("torch", "counters", "aliases", "single", "rest", "inference", "off")
 
     def __init__(self, torch: Any, outs: tuple[Any, ...], single: bool) -> None:
         self.torch = torch
         self.aliases = tuple(_alias(torch, t) for t in outs)
         self.single = single
         self.inference = outs[0].is_inference()
-        self.rest = _held(torch, self.aliases)  # what the hook alone holds
+        self.counters = _counters(torch)  # (bound once: read before every replay)
+        self.rest = _held(self.counters, self.aliases)  # what the hook alone holds
         self.off = False  #: the script kept one: clones from then on
 
     def ready(self) -> bool:
@@ -111,14 +114,14 @@ class Lent:
     def free(self) -> bool:
         """Whether the script holds none of the aliases, nor anything of their memory."""
         return all(r <= r0 and u <= u0 and i <= i0
-                   for (r, u, i), (r0, u0, i0) in zip(_held(self.torch, self.aliases), self.rest))
+                   for (r, u, i), (r0, u0, i0) in zip(_held(self.counters, self.aliases), self.rest))
 
     def reclaim(self) -> bool:
         """Before a replay where :meth:`free` is false: give each alias the script still holds its own
         memory (its values copied), so that the replay cannot change it. False, nothing done, where a
         view or ``.detach()`` of one is alive, or a DLPack export of one (their memory cannot be moved
         under them)."""
-        now = _held(self.torch, self.aliases)
+        now = _held(self.counters, self.aliases)
         if any(u > u0 or i > i0 for (_, u, i), (_, u0, i0) in zip(now, self.rest)):
             return False
         if any(r > r0 and getattr(a, EXPORTED, False) for a, (r, _, _), (r0, _, _) in zip(self.aliases, now, self.rest)):
