@@ -16,9 +16,9 @@ checksum equals the script's for the same ``--queries`` and ``--seed``. CUDA onl
 """
 
 import argparse
-import importlib.util
 import json
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,10 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-_SRC = Path(__file__).resolve().parents[3] / "examples" / "scripts" / "dlrm_numpy_serve.py"
-_spec = importlib.util.spec_from_file_location("dlrm_numpy_serve", _SRC)
-dlrm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dlrm)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples" / "scripts"))
+import dlrm_numpy_serve as dlrm  # noqa: E402 - the script this server stands for (its main() is not run)
 
 
 class GraphWorker:
