@@ -5,15 +5,17 @@ the CPU, where no GPU is lent: ``python bench/apply/cpu_hook_path.py [--inputs 2
 A query as ``examples/plain_serving_script.py`` makes it: ``x.to("cuda", non_blocking=True)`` of each
 of ``--inputs`` pinned tensors, then one model call; with ``--pageable`` as ``examples/scripts/
 dlrm_numpy_serve.py`` does, ``torch.from_numpy(a).cuda()`` of numpy arrays (their bytes written into
-the thread's pinned slots, the slots being the thread graph's sources). In the hook's steady state each copy hands out
-a view of the thread's device buffer and the model call replays the thread's graph, which makes the
-copies and runs the model; what is left on the host is the hook's Python (the patched
-``Tensor.to`` and ``nn.Module.__call__``, its checks and counts) around one replay, whose output is
-lent to the script (:mod:`.lentout`: checked free before the replay, no clone). Here the thread graph is built by hand (CPU tensors stand in for the pinned sources and
-the device buffers; the graph's ``replay`` does nothing), so every line of the hook's path runs as on
-the GPU but for the CUDA calls themselves. Printed: microseconds a query for that path, and for the
-least a hand-written CUDA-graph server does on the host (the replay; it reads the scores from the
-graph's own copy in pinned memory, ``bench/apply/handwritten/``), their difference being the hook's cost; ``--profile``: the hook's functions by own time.
+the thread's pinned slots, the slots being the thread graph's sources). In the hook's steady state
+each copy hands out a view of the thread's device buffer and the model call replays the thread's
+graph, which makes the copies and runs the model; what is left on the host is the hook's Python (the
+patched ``Tensor.to`` and ``nn.Module.__call__``, its checks and counts) around one replay, whose
+output is lent to the script (:mod:`.lentout`: checked free before the replay, no clone). Here the
+thread graph is built by hand (CPU tensors stand in for the pinned sources and the device buffers;
+the graph's ``replay`` does nothing), so every line of the hook's path runs as on the GPU but for the
+CUDA calls themselves. Printed: microseconds a query for that path, and for the least a hand-written
+CUDA-graph server does on the host (the replay; it reads the scores from the graph's own copy in
+pinned memory, ``bench/apply/handwritten/``), their difference being the hook's cost;
+``--profile``: the hook's functions by own time.
 
 Not a GPU measurement: a host's speed differs, and on the GPU each replay is a CUDA call
 (bench/apply/results/hostprof_h100 has py-spy's view of the same path there)."""
