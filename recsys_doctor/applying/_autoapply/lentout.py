@@ -112,9 +112,17 @@ class Lent:
         return self.aliases[0] if self.single else tuple(self.aliases)
 
     def free(self) -> bool:
-        """Whether the script holds none of the aliases, nor anything of their memory."""
-        return all(r <= r0 and u <= u0 and i <= i0
-                   for (r, u, i), (r0, u0, i0) in zip(_held(self.counters, self.aliases), self.rest))
+        """Whether the script holds none of the aliases, nor anything of their memory: :func:`_held`'s
+        counts, read alias by alias with the same references held (the tuple, one name, the
+        argument) and no list made (it runs before every replay)."""
+        uses, impl = self.counters
+        aliases, rest = self.aliases, self.rest
+        for j in range(len(aliases)):
+            a = aliases[j]
+            r0, u0, i0 = rest[j]
+            if sys.getrefcount(a) > r0 or uses(a.untyped_storage()._cdata) > u0 or impl(a) > i0:
+                return False
+        return True
 
     def reclaim(self) -> bool:
         """Before a replay where :meth:`free` is false: give each alias the script still holds its own

@@ -361,7 +361,8 @@ def called_again(torch: Any, raw: Any, orig: Any, args: tuple[Any, ...], kwargs:
     """Whether ``orig(*args, **kwargs)`` is the copy :func:`raw_call` remembered as ``raw``: the
     same method, the same plain arguments (:func:`same_call`), and where the call named no
     device index, the same current device."""
-    return (raw is not None and raw[0] is orig and same_call(raw, args, kwargs)
+    return (raw is not None and raw[0] is orig
+            and ((not args and not kwargs and not raw[1] and not raw[2]) or same_call(raw, args, kwargs))
             and (raw[3] is None or raw[3] == torch._C._cuda_getDevice()))
 
 
