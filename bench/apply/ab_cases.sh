@@ -81,6 +81,8 @@ ab_case() {
     dfm0) _ab_run 0 examples/scripts/deepfm_serve.py --threads 4 --queries 3000;;
     dfm4) _ab_run 4 examples/scripts/deepfm_serve.py --threads 4 --queries 3000;;
     hdlrm) _ab_run 0 bench/apply/handwritten/dlrm_graph_serve.py --threads 4 --queries 3000;;
+    hdlrm_fn) _ab_run 0 bench/apply/handwritten/dlrm_graph_serve.py --threads 4 --queries 3000 --variant from_numpy;;
+    hdlrm_cpu) _ab_run 0 bench/apply/handwritten/dlrm_graph_serve.py --threads 4 --queries 3000 --variant cpu_only;;
     hmmoe) _ab_run 0 bench/apply/handwritten/mmoe_graph_ranker.py --threads 4 --queries 3000;;
     hdfm) _ab_run 0 bench/apply/handwritten/deepfm_graph_serve.py --threads 4 --queries 3000;;
     *) echo "unknown case $3";;
