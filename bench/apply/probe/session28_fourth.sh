@@ -13,12 +13,8 @@ cat $OUT/cc_hooked_1.txt | grep -v "^  py" | head -150 | cut -c1-150
 grep "^  py" $OUT/cc_hooked_1.txt | head -20
 grep -v "^  py" $OUT/cc_hand_1.txt | head -60 | cut -c1-150
 echo "[${SECONDS}s]"
-O=/tmp/bt; mkdir -p $O
-python3 -c "from recsys_doctor.planning.io import write_plan; from recsys_doctor.planning.whatif import Candidate; write_plan('$O/g4.json', {}, Candidate(4, True, False, True))"
-NS="nsys profile -t osrt --sample=none --cpuctxsw=none --osrt-threshold=5000 --osrt-backtrace-threshold=5000 --backtrace=dwarf -f true"
-bt() { local w=$1; shift
-  timeout 200 "$@" > $O/$w.log 2>&1; echo "$w rc $? $(grep '^{' $O/$w.log | tail -1 | cut -c1-200)"
-  nsys export --type sqlite -o $O/$w.sqlite $O/$w.nsys-rep >> $O/$w.log 2>&1
+. bench/apply/probe/nsys_osrt.sh
+bt() { local w=$1; osrt_run "$@"
   python3 bench/apply/probe/osrt_stacks.py $O/$w.sqlite 10 > $OUT/$w.stacks.txt 2>&1; head -70 $OUT/$w.stacks.txt | cut -c1-160
   rm -f $O/$w.nsys-rep $O/$w.sqlite; }
 bt hooked python3 -m recsys_doctor apply $O/g4.json -- $NS -o $O/hooked python3 examples/scripts/dlrm_numpy_serve.py --threads 4 --queries 1500
