@@ -13,8 +13,9 @@ from ._streams import StreamGroup
 
 __all__ = ["Request"]
 
-#: ``memmove`` that keeps the GIL (PYFUNCTYPE): copies of tens of kB take microseconds
-_memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+#: ``memmove`` that keeps the GIL (PYFUNCTYPE): copies of tens of kB take microseconds; no result
+#: (a ``c_void_p`` result is a Python object made at every call)
+_memmove = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes._memmove_addr)  # type: ignore[attr-defined]
 
 

@@ -31,8 +31,9 @@ from .readmark import slots_free
 #: memcpy); a larger one releases it while it copies
 HOLD_GIL_BYTES = 128 << 10
 
-#: ``memmove`` called holding the GIL (ctypes' own ``memmove`` releases it)
-_memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+#: ``memmove`` called holding the GIL (ctypes' own ``memmove`` releases it); no result (a ``c_void_p``
+#: result made a Python object of the address at every call: ~0.4 us of a ~1.4 us call)
+_memmove_gil = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value or 0)
 
 
