@@ -1,4 +1,4 @@
-# One H200, session 28, eighth call (the device time left, ~240 s): the hook's and apply's GPU
+# NOT RUN (the session's device time ran out: 244 s left, too little to start a machine). One H200, session 28, eighth call: the hook's and apply's GPU
 # tests on a9d8cdf (accounting keyed by the call's instruction, memmove without a result object),
 # then DLRM g4 against e7bcfb8 (old_tree), 2 rounds, order alternating, while time is left.
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
