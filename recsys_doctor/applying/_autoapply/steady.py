@@ -43,7 +43,7 @@ def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: 
     * a pageable copy learned into the thread's slot (:func:`.pageable_fast.write_again`'s checks:
       the same call, dtype and shape, a plain source, the group's stream current): its bytes are
       written into the slot now (after the last replay that read the slots), counted as taken
-      over at the script's line (as :func:`counted_fast` counts, without its call)."""
+      over at the script's line."""
     st = getattr(_tls, "copies", None)
     if st is None:
         return None
@@ -65,8 +65,7 @@ def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: 
         if (st.reason is not None or k is None
                 or not write_again(torch, st, k, src, orig, args, kwargs, _state["stream_now"](tg.device))):
             return None
-        _state["pageable_fast"] += 1
-        taken_over_here("h2d", 3)  # (3: the script's frame, past this function and the hook's Tensor.to)
+        counted_fast(3)  # (3: the script's frame, past this function and the hook's Tensor.to)
     st.n = i + 1
     st.pending = True
     return view

@@ -15,7 +15,7 @@ from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failur
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .lentout import lend
 from .groups import _Group, _run_shared
-from .modstate import stale
+from .modstate import fresh, stale
 from .deferred import _materialize, settle
 from .readmark import ReadMark
 from .staging import _ThreadCopies, _ThreadGraph
@@ -138,9 +138,7 @@ def _copies_call(st: _ThreadCopies, orig_call: Any, module: Any, args: tuple[Any
     st.n = 0
     # (pending: no operation has touched this query's views, so none was written to since
     # its copy: the replay's own copies give the model exactly what the script handed it)
-    # (past drop_stale, a thread graph of this module is of its current version: fresh(tg, module) is
-    # that it is this module's, asked without the version's lookup again)
-    if (tg is not None and st.pending and n == len(tg.src) and tg.module_ref() is module and not trains(module)
+    if (tg is not None and st.pending and n == len(tg.src) and fresh(tg, module) and not trains(module)
             and not torch.is_grad_enabled() and getattr(orig_call, "key_tag", None) == tg.tag
             and (matches_positional(tg.form, args, kwargs, tg.handed) if tg.form is not None
                  else matches(tg.template, (args, kwargs), torch.Tensor, iter(tg.handed)))
