@@ -62,8 +62,7 @@ class DriverFastPath:
     """Hot-path driver calls taking and returning plain integers (handles as ``int``).
 
     ``launch(graph_exec, stream)``, ``record(event, stream)``,
-    ``htod(dst_ptr, src_ptr, nbytes, stream)``, ``dtoh(...)`` keep the GIL; ``wait(event)`` and
-    ``sync(stream)`` release it;
+    ``htod(dst_ptr, src_ptr, nbytes, stream)``, ``dtoh(...)`` keep the GIL; ``wait(event)`` releases it;
     ``ready(event)`` is a non-blocking query (True when the event has completed).
     ``source`` says which path is in use: ``"ctypes"`` or ``"cuda.bindings"``.
     """
@@ -90,7 +89,6 @@ class DriverFastPath:
         self._htod = self._fn(keep, "cuMemcpyHtoDAsync_v2", (i64, vp, sz, vp))
         self._dtoh = self._fn(keep, "cuMemcpyDtoHAsync_v2", (vp, i64, sz, vp))
         self._wait = self._fn(release, "cuEventSynchronize", (vp,))
-        self._ssync = self._fn(release, "cuStreamSynchronize", (vp,))
 
     @staticmethod
     def _fn(lib: Any, name: str, argtypes: tuple[Any, ...]) -> Callable[..., int]:
@@ -124,12 +122,6 @@ class DriverFastPath:
         if rc:
             _raise(rc, "cuEventSynchronize")
 
-    def sync(self, stream: int) -> None:
-        """Wait for all work queued on a raw stream (the GIL released)."""
-        rc = self._ssync(stream)
-        if rc:
-            _raise(rc, "cuStreamSynchronize")
-
     def ready(self, event: int) -> bool:
         rc = self._query(event)
         if rc == 0:
@@ -158,7 +150,6 @@ class _BindingsFastPath(DriverFastPath):
         self._htod = lambda dst, src, n, s: rc(d.cuMemcpyHtoDAsync(dst, src, n, d.CUstream(s)))
         self._dtoh = lambda dst, src, n, s: rc(d.cuMemcpyDtoHAsync(dst, src, n, d.CUstream(s)))
         self._wait = lambda e: rc(d.cuEventSynchronize(d.CUevent(e)))
-        self._ssync = lambda s: rc(d.cuStreamSynchronize(d.CUstream(s)))
 
 
 _lock = threading.Lock()

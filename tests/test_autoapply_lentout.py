@@ -32,7 +32,7 @@ class _Graph:
 
 def _tg(outs, single=True):
     static = outs[0] if single else tuple(outs)
-    tg = SimpleNamespace(graph=_Graph(outs), replays=0, static_out=static, lent=lentout.lend(torch, static), reads=None)
+    tg = SimpleNamespace(graph=_Graph(outs), replays=0, static_out=static, lent=lentout.lend(torch, static))
     return tg
 
 

@@ -40,7 +40,7 @@ def main() -> None:
         res, _ = run_script(argv, env=env, log=log, timeout_s=300)
         st = read_hook_stats(d / "stats.json") or {}  # (worker processes' stats merged in)
         row["hook"] = {k: st.get(k) for k in ("replays", "thread_graphs", "thread_replays", "materialized",
-                                               "staged_copies", "captured", "served_calls", "pageable_fast", "mark_waits", "outputs_lent", "host_reads",
+                                               "staged_copies", "captured", "served_calls", "pageable_fast", "mark_waits", "outputs_lent",
                                                "served_batch_sizes", "processes", "threads", "late_threads",
                                                "ended_threads", "short_lived_threads", "training_thread_count",
                                                "module_changes")}

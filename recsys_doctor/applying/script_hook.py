@@ -170,7 +170,7 @@ def _read_json(p: Path) -> dict[str, Any] | None:
 
 #: the hook's counters that add up over processes
 _SUMMED = ("threads", "late_threads", "captured", "replays", "thread_graphs", "thread_replays", "materialized", "pageable_fast",
-           "mark_waits", "outputs_lent", "host_reads", "served_calls", "staged_copies", "batches", "batched_calls", "module_changes", "thread_error_count",
+           "mark_waits", "outputs_lent", "served_calls", "staged_copies", "batches", "batched_calls", "module_changes", "thread_error_count",
            "copy_only_count", "ended_threads", "short_lived_threads", "training_thread_count")
 
 

@@ -149,7 +149,7 @@ def activate(plan: dict[str, Any] | str | os.PathLike[str] | None = None) -> dic
         _state.update(active=True, n_groups=rt["groups"], graphs=rt["cuda_graphs"], groups={}, started=0,
                       batching=rt["batching"], max_batch=rt["max_batch"], batch_specs={}, batch_lock=threading.Lock(), batch_refusals_said=set(),
                       patched_module=False, captured=0, replays=0, fallbacks=[], gate=_Gate(),
-                      thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0, pageable_fast=0, mark_waits=0, outputs_lent=0, host_reads=0, host_reads_on=False,
+                      thread_graphs=os.environ.get(ENV_THREAD_GRAPHS, "1") != "0", thread_captured=0, pageable_fast=0, mark_waits=0, outputs_lent=0,
                       thread_replays=0, materialized=0, streams=None, streams_by_dev={}, streams_failed=None, graph_bytes=0,
                       stage_pageable=os.environ.get(ENV_STAGE_PAGEABLE, "0") == "1", host_use={},
                       activation=_state.get("activation", 0) + 1, late_threads=0, patched_copies=False,

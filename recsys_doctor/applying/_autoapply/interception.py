@@ -10,7 +10,7 @@ from ._common import _lock, _state, _tls, _torch
 from .accounting import counted_here, script_site
 from .amp import amp_call, autocast_dtype
 from .batching import _batched_call
-from . import copyinto, hostread, lentout, meter, modstate, trainers
+from . import copyinto, lentout, meter, modstate, trainers
 from .graphs import _eager, _graphed_call
 from .groups import _Group, _run_shared, _streams
 from .host_args import make_host_type, take
@@ -398,7 +398,5 @@ def _patch_thread_copies(torch: Any) -> None:
     if lentout.LEND and _state.get("thread_graphs") and isinstance(cai, property):  # (a lent output read by address)
         origs["__cuda_array_interface__"] = cai
         torch.Tensor.__cuda_array_interface__ = lentout.exported_property(cai)
-    if lentout.LEND and _state.get("thread_graphs"):  # (a lent output read back: .hostread)
-        hostread.install(torch, origs)
     _state["host_type"] = make_host_type(torch, lambda a, k: to_args(torch, a, k), lambda a, k: cuda_args(torch, a, k),
                                          origs["to"], origs["cuda"])

@@ -50,7 +50,7 @@ def stats() -> dict[str, Any]:
             "ended_threads": _state.get("ended_threads", 0), "short_lived_threads": _state.get("short_lived_threads", 0),
             "materialized": _state.get("materialized", 0), "pageable_fast": _state.get("pageable_fast", 0),
             "mark_waits": _state.get("mark_waits", 0),
-            "outputs_lent": _state.get("outputs_lent", 0), "host_reads": _state.get("host_reads", 0),
+            "outputs_lent": _state.get("outputs_lent", 0),
             "served_calls": _state.get("served_calls", 0),
             "module_changes": _state.get("module_changes", 0),
             "thread_errors": list(_state.get("thread_errors", [])),

@@ -63,8 +63,7 @@ class _ThreadCopies:
     """The copy state of one hooked thread."""
 
     __slots__ = ("stream", "recent", "tg", "n", "pending", "reason", "lock", "slots", "slot_n", "slot_event",
-                 "slot_mark", "replayed", "slot_churn", "learn_tries", "unkeyed", "routed", "tg_calls", "tg_hits",
-                 "host_spec")
+                 "slot_mark", "replayed", "slot_churn", "learn_tries", "unkeyed", "routed", "tg_calls", "tg_hits")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -88,14 +87,11 @@ class _ThreadCopies:
         self.routed = False  # the last model call went to the runtime's batching: its views unwritten (.served)
         self.tg_calls = 0  # top-level model calls since the thread graph was captured (.thread_graphs._judge)
         self.tg_hits = 0  # those of them its replay served
-        #: the outputs its thread graphs copy to the host (:func:`.hostread.host_spec`), once learned
-        self.host_spec: list[Any] | None = None
 
 
 class _ThreadGraph:
     __slots__ = ("module_ref", "version", "graph", "src", "src_ptr", "src_shape", "moves", "tin", "handed", "template",
-                 "static_out", "device", "tag", "raw", "learned", "copy_sites", "mark", "replays", "form", "lent",
-                 "reads", "want_host")
+                 "static_out", "device", "tag", "raw", "learned", "copy_sites", "mark", "replays", "form", "lent")
 
     def __init__(self, module: Any, graph: Any, src: list[Any], tin: list[Any], template: Any, out: Any,
                  device: int, moves: list[Move | None] | None = None, lines: list[str] | None = None) -> None:
@@ -140,8 +136,6 @@ class _ThreadGraph:
         self.mark: ReadMark | None = None  #: its replays' mark that their copies are done (captured with them)
         self.replays = 0  #: replays launched since the capture
         self.lent: Any = None  #: its outputs lent instead of cloned (:mod:`.lentout`), or None
-        self.reads: Any = None  #: its lent outputs watched for ``.cpu()`` (:mod:`.hostread`), or None
-        self.want_host = [False]  #: whether the script reads them back: captured again with host copies
 
 
 def _copy_source(torch: Any, src: Any, out: Any) -> bool:

@@ -14,7 +14,6 @@ from .buckets import call_rows
 from .fallback import _debug_traceback, _fall_back, _synchronize_quietly, failure_reason
 from .graphs import _clone_out, _graph_of, _graphed_call, _key, _static_out
 from .lentout import lend
-from . import hostread
 from .groups import _Group, _run_shared
 from .modstate import fresh, stale
 from .deferred import _materialize, settle
@@ -183,7 +182,6 @@ def _judge(torch: Any, st: _ThreadCopies, module: Any, site: str) -> None:
     if not window or st.tg_calls < window or 4 * st.tg_hits >= st.tg_calls:
         return
     torch.cuda.current_stream().synchronize()  # (its last replay read its buffers: done before they go)
-    hostread.forget(st.tg)
     st.tg, st.reason = None, RARELY_REPLAYED  # (the query's copies are not learned: _copies_call asks reason)
     _fall_back(f"{type(module).__name__} ({site}): {RARELY_REPLAYED} ({st.tg_hits} of {st.tg_calls})",
                RARELY_REPLAYED)
@@ -201,23 +199,14 @@ def flush(torch: Any, st: _ThreadCopies) -> None:
 
 def drop_stale(torch: Any, st: _ThreadCopies, module: Any) -> None:
     """Before a call of ``module``: drop the thread's graph where its model was freed or
-    changed since (:func:`.modstate.stale`), or where the script reads its outputs back
-    (:mod:`.hostread`: captured again with their copies to the host): the copies it deferred
-    are made first, its last replay is waited for, and the thread learns its copies again."""
-    tg = st.tg
-    if tg is None or not (tg.want_host[0] or stale(tg, module)):
+    changed since (:func:`.modstate.stale`): the copies it deferred are made first, its last
+    replay is waited for, and the thread learns its copies again."""
+    if st.tg is None or not stale(st.tg, module):
         return
-    if tg.want_host[0] and not stale(tg, module):
-        spec = hostread.host_spec(tg)
-        if spec is None:  # (no output it can copy: kept as it is, its reads no longer counted)
-            hostread.stop_learning(tg)
-            return
-        st.host_spec = spec
     if st.pending:
         _materialize(torch, st)
     st.n = 0
     torch.cuda.current_stream().synchronize()
-    hostread.forget(tg)
     st.tg, st.reason, st.learn_tries, st.unkeyed = None, None, 0, 0
 
 
@@ -259,7 +248,7 @@ def _learn(torch: Any, st: _ThreadCopies, orig_call: Any, module: Any, args: tup
         return
     src, moves, raws, lines = found
     try:
-        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves, lines, st.host_spec)
+        st.tg = _capture_thread(torch, g, orig_call, module, args, kwargs, kt[1], src, moves, lines)
         st.tg.raw = raws
         st.tg_calls = st.tg_hits = 0
         _state["thread_captured"] += 1
@@ -279,24 +268,17 @@ def _padded(g: _Group, module: Any, tensors: list[Any]) -> bool:
 def _h2d(dst: Any, src: Any, stream: Any) -> None:
     """One host-to-device cudaMemcpyAsync of ``src`` (pinned) into ``dst`` on ``stream``:
     in a capture, a memcpy node reading the pinned tensor at every replay."""
-    _copy(dst, src, stream, True)
-
-
-def _copy(dst: Any, src: Any, stream: Any, to_device: bool) -> None:
-    """One cudaMemcpyAsync of ``src``'s bytes into ``dst`` on ``stream``, host to device or device to
-    host (the host side pinned): in a capture, a memcpy node made at every replay."""
     from cuda.bindings import runtime as cudart
 
-    kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice if to_device else cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-    err, = cudart.cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(), kind,
-                                  stream.cuda_stream)
+    err, = cudart.cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(),
+                                  cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream.cuda_stream)
     if int(err) != 0:
         raise RuntimeError(f"cudaMemcpyAsync: {err}")
 
 
 def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: Any, kwargs: Any,
                     tensors: list[Any], src: list[Any], moves: list[Any] | None = None,
-                    lines: list[str] | None = None, host_spec: list[Any] | None = None) -> _ThreadGraph:
+                    lines: list[str] | None = None) -> _ThreadGraph:
     with normal_tensors(torch):
         tin = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     s_args, s_kwargs = remake((args, kwargs), torch.Tensor, iter(tin))
@@ -317,29 +299,18 @@ def _capture_thread(torch: Any, g: _Group, orig_call: Any, module: Any, args: An
     g.stream.synchronize()
     torch.cuda.current_stream().synchronize()  # (where the script set its own stream)
 
-    hosts = hostread.host_buffers(torch, host_spec)  # (pinned, made before the capture)
-
-    def run() -> Any:  # the copies, their mark, the model, then its outputs the script reads back
+    def run() -> Any:  # the copies, their mark, then the model
         for d, s_ in zip(tin, src):
             _h2d(d, s_, stream)
         if mark is not None:
             mark.record(torch, stream)
-        out = orig_call(module, *s_args, **s_kwargs)
-        if hosts:
-            outs = out if type(out) is tuple else (out,)
-            for j, h in enumerate(hosts):
-                if j < len(outs) and hostread.takes(torch, h, outs[j]):
-                    _copy(h, outs[j], stream, False)
-                else:
-                    hosts[j] = None
-        return out
+        return orig_call(module, *s_args, **s_kwargs)
 
     graph, out = _graph_of(torch, stream, run)
     tg = _ThreadGraph(module, graph, list(src), tin, template, _static_out(torch, out), tensors[0].get_device(),
                       moves, lines)
     tg.tag = getattr(orig_call, "key_tag", None)
     tg.lent = lend(torch, tg.static_out)
-    hostread.register(tg, hosts)
     if mark is not None:
         mark.captured()
         tg.mark = mark
@@ -353,9 +324,5 @@ def _thread_replay(tg: _ThreadGraph) -> Any:
     lent = tg.lent
     if lent is not None and lent.usable():
         _state["outputs_lent"] += 1
-        if tg.reads is not None:
-            hostread.handed(tg, True)
         return lent.handout()
-    if tg.reads is not None:
-        hostread.handed(tg, False)
     return _clone_out(tg.static_out)
