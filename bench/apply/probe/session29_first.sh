@@ -1,4 +1,4 @@
-# One H200, session 29, first call (was session 28's eighth, which could not start): the hook's and apply's GPU
+# One H200, session 29, first call (session 28's eighth, which could not start, renamed): the hook's and apply's GPU
 # tests on 2f09cc8 (a9d8cdf + review) (accounting keyed by the call's instruction, memmove without a result object),
 # then DLRM g4 against e7bcfb8 (old_tree), 2 rounds, order alternating, while time is left.
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
