@@ -99,33 +99,25 @@ def learn(torch: Any, st: Any, tg: Any, src: Any, out: Any, m: Move, call: tuple
 def same_copy(torch: Any, st: Any, tg: Any, src: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               stream_now: Any) -> Learned | None:
     """The :class:`Learned` copy of ``tg``'s next position where ``src.<orig>(*args,
-    **kwargs)`` is that copy again, its bytes now written into the slot (:func:`write_again`);
-    else None (nothing done)."""
+    **kwargs)`` is that copy again (the same call, dtype and shape, a plain source, and
+    ``stream_now(device_index)`` - the current raw CUDA stream there, or None: no group's - the
+    group's), its bytes now written into the slot; else None (nothing done). The caller has made
+    sure the thread is not capturing a graph of its own (the patched ``Tensor.to``/``.cuda`` asks
+    :func:`capture_probe` first). The slots are written once the last model call that read them
+    has (:func:`.readmark.slots_free`)."""
     i = st.n
     if not 0 <= i < len(tg.learned):
         return None
     k = tg.learned[i]
-    if k is None or not write_again(torch, st, k, src, orig, args, kwargs, stream_now(tg.device)):
+    if (k is None or st.slot_n != k.slot_i or src.dtype is not k.dtype or src.shape != k.shape
+            or stream_now(tg.device) != k.stream or not called_again(torch, k.raw, orig, args, kwargs)
+            or not _plain_for(torch)(src)):
         return None
-    return k
-
-
-def write_again(torch: Any, st: Any, k: Learned, src: Any, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                stream: Any) -> bool:
-    """Whether ``src.<orig>(*args, **kwargs)`` is the learned copy ``k`` again (the same call,
-    dtype and shape, a plain source, ``stream`` - the current raw CUDA stream on the copy's device,
-    or None: no group's - the group's); if so its bytes are written into the slot now. The caller
-    has made sure the thread is not capturing a graph of its own (the patched ``Tensor.to``/``.cuda``
-    asks :func:`capture_probe` first). The slots are written once the last model call that read
-    them has (:func:`.readmark.slots_free`)."""
-    if (st.slot_n != k.slot_i or src.dtype is not k.dtype or src.shape != k.shape or stream != k.stream
-            or not called_again(torch, k.raw, orig, args, kwargs) or not _plain_for(torch)(src)):
-        return False
     if k.slot_i == 0 and (st.slot_mark is not None or st.slot_event is not None):
         slots_free(torch, st)  # (the last model call's graph may still read the slots)
     (_memmove_gil if k.nbytes <= HOLD_GIL_BYTES else ctypes.memmove)(k.slot_ptr, src.data_ptr(), k.nbytes)
     st.slot_n = k.slot_i + 1
-    return True
+    return k
 
 
 def capture_probe(torch: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 from ._common import _state, _tls
 from .accounting import taken_over_here
 from .pageable import called_again
-from .pageable_fast import write_again
+from .pageable_fast import same_copy
 
 
 def same_source(tg: Any, i: int, src: Any) -> bool:
@@ -40,7 +40,7 @@ def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: 
 
     * the pinned tensor the graph copies from, copied by the same call as when it was learned
       (:func:`.pageable.called_again`) and as it was then (memory, shape, dtype, contiguous);
-    * a pageable copy learned into the thread's slot (:func:`.pageable_fast.write_again`'s checks:
+    * a pageable copy learned into the thread's slot (:func:`.pageable_fast.same_copy`'s checks:
       the same call, dtype and shape, a plain source, the group's stream current): its bytes are
       written into the slot now (after the last replay that read the slots), counted as taken
       over at the script's line."""
@@ -61,9 +61,7 @@ def steady_copy(torch: Any, orig: Any, src: Any, args: tuple[Any, ...], kwargs: 
         if not (called_again(torch, tg.raw[i], orig, args, kwargs) and same_source(tg, i, src)):
             return None
     else:
-        k = tg.learned[i]
-        if (st.reason is not None or k is None
-                or not write_again(torch, st, k, src, orig, args, kwargs, _state["stream_now"](tg.device))):
+        if st.reason is not None or same_copy(torch, st, tg, src, orig, args, kwargs, _state["stream_now"]) is None:
             return None
         counted_fast(3)  # (3: the script's frame, past this function and the hook's Tensor.to)
     st.n = i + 1
