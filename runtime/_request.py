@@ -14,9 +14,12 @@ from ._streams import StreamGroup
 __all__ = ["Request"]
 
 #: ``memmove`` that keeps the GIL (PYFUNCTYPE): copies of tens of kB take microseconds; no result
-#: (a ``c_void_p`` result is a Python object made at every call)
+#: (a ``c_void_p`` result is a Python object made at every call). The address is read from
+#: ctypes' public ``memmove`` (which releases the GIL), as the script hook's
+#: ``pageable_fast._memmove_gil`` reads it: the hook is loaded by path at interpreter start and
+#: imports nothing of the package, so the two stay two lines rather than one shared module.
 _memmove = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
-    ctypes._memmove_addr)  # type: ignore[attr-defined]
+    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value or 0)
 
 
 class Request:
