@@ -17,7 +17,12 @@ Configs:
   runtime_batched_async   serve(batching=True): Q coroutines on one loop, await served.infer
   runtime_batched_call_g8 runtime_batched_call with 8 groups instead of 4 (any ``_g<N>``: N groups;
                           any ``_b<N>``: serve(branch_streams=N), ``_b1`` captures on one stream)
-  runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2)
+  runtime_batched_call_si runtime_batched_call with serve(switch_interval_ms=0.2) (not in the default list)
+  <any config>_si<MS>     that config under a GIL switch interval of MS milliseconds (``_si`` alone: 0.2):
+                          serve(switch_interval_ms=MS) for the runtime, sys.setswitchinterval before
+                          the clients start for the others (e.g. handroll_prepacked_si0.2); without
+                          it, serve's default (batching: 0.5 ms) and Python's 5 ms for the rest;
+                          runtime_batched_call_si5 is the batched call at Python's 5 ms
   runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
   runtime_batched_call_dr2, _dr4, _g8dr4  runtime_batched_call with 2 / 4 driver threads
                           (4 groups; 8 groups and 4 drivers) (not in the default list)
@@ -50,7 +55,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 CONFIGS = ["eager", "handroll_prepacked", "runtime_call", "runtime_request", "runtime_batched_call",
-           "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si"]
+           "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si5",
+           "handroll_prepacked_si0.5"]
 QS = [1, 4, 8, 16, 32, 64, 128]
 
 
@@ -111,6 +117,14 @@ def _make(config: str, model, queries, served):
     raise SystemExit(f"unknown config {config}")
 
 
+def _switch_interval(config: str) -> tuple[str, float | None]:
+    """``config`` without its ``_si<MS>`` suffix, and MS (None: no suffix)."""
+    m = re.search(r"_si([0-9.]*)$", config)
+    if not m:
+        return config, None
+    return config[:m.start()], float(m.group(1) or 0.2)
+
+
 def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
     import torch
     from serve_anchors import VOCAB, _client_loop, _queries
@@ -123,6 +137,10 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         ref = [model(a[0].cuda(), [t.cuda() for t in a[1]], a[2].cuda()).cpu() for a in queries]
     torch.cuda.synchronize()
     served = None
+    label, si_ms = config, None
+    config, si_ms = _switch_interval(config)
+    if si_ms is not None and not config.startswith("runtime"):
+        sys.setswitchinterval(si_ms / 1e3)  # the whole process: the clients' threads start below
     if config.startswith("runtime") or config == "proto_cdriver":
         from recsys_doctor.runtime import serve
 
@@ -133,7 +151,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         served = serve(model, queries[0], groups=int(g.group(1)) if g else 4 if batched else 8, merge=True, graphs=True, slots_per_group=2,
                        drivers=int(drivers.group(1)) if drivers else 1,
                        batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
-                       switch_interval_ms=0.2 if config.endswith("_si") else None,
+                       **({} if si_ms is None else {"switch_interval_ms": si_ms}),  # (no suffix: serve's default)
                        max_delay_ms=0.5 if config.endswith("_d") else 0.0,
                        branch_streams=int(b.group(1)) if b else 4)
     nv, h = _nvml()
@@ -149,7 +167,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         else:
             lat, outs, errors, wall = _client_loop(q, dur, fns[:q], warmup=3, keep_all=True)
         util = nv.nvmlDeviceGetUtilizationRates(h).gpu / 100 if nv else None
-        row = {"config": config, "Q": q, "errors": errors[:3], "gpu_busy_share": util}
+        row = {"config": label, "Q": q, "errors": errors[:3], "gpu_busy_share": util}
         all_l = sorted(x for r in lat for x in r)
         n = len(all_l)
         if n:
@@ -170,7 +188,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         rows.append(row)
         print("ROW " + json.dumps(row), flush=True)
     if served is not None:
-        info = {"config": config, "bucket_gpu_us": bucket_us, "stats": served.stats()["batching"]}
+        info = {"config": label, "bucket_gpu_us": bucket_us, "stats": served.stats()["batching"]}
         print("INFO " + json.dumps(info, default=str), flush=True)
         served.close()
     return rows
