@@ -5,6 +5,8 @@ either gives the served model a :class:`~._batcher.Batcher` over one
 
 from __future__ import annotations
 
+import sys
+import threading
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -15,7 +17,8 @@ from ._batched import BatchSetup, buckets_for
 from ._batcher import Batcher
 from ._batchspec import SpecRefused
 
-__all__ = ["BatchingOptions", "start_batching", "BatchedCalls"]
+__all__ = ["BatchingOptions", "start_batching", "BatchedCalls", "DEFAULT_SWITCH_INTERVAL_MS", "hold_switch_interval",
+           "release_switch_interval"]
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,10 @@ class BatchingOptions:
     (``rows``, ``indices``, ``offsets``, ``offsets_total``, ``jagged_values``,
     ``jagged_lengths``, ``jagged_offsets``: :mod:`._batchspec`) when it cannot be inferred;
     ``switch_interval_ms``: the interpreter's thread switch interval while the model is
-    served (``sys.setswitchinterval``, process-wide, restored by ``close()``; None: left
-    alone). A thread that waits for the GIL forces the holder to drop it only after this
-    interval (5 ms by default), which many client threads turn into queueing;
+    served (``sys.setswitchinterval``, process-wide: :func:`hold_switch_interval`; default
+    :data:`DEFAULT_SWITCH_INTERVAL_MS`; None: left alone). A thread that waits for the GIL
+    forces the holder to drop it only after this interval (Python's default is 5 ms), which
+    many client threads turn into queueing behind the driver;
     ``drivers``: driver threads sharing the queue and the groups (1 to the group count):
     while one waits to get the GIL back from a staging copy, another can start a batch."""
 
@@ -41,7 +45,7 @@ class BatchingOptions:
     max_queue: int = 256
     timeout_s: float = 30.0
     batch_spec: tuple[str, ...] | None = None
-    switch_interval_ms: float | None = None
+    switch_interval_ms: float | None = None  # (serve() passes DEFAULT_SWITCH_INTERVAL_MS)
     drivers: int = 1
 
     def __post_init__(self) -> None:
@@ -52,6 +56,41 @@ class BatchingOptions:
         if self.max_delay_ms < 0 or self.timeout_s <= 0 or self.max_queue < self.max_batch:
             raise BadInputError(f"bad batching settings: max_delay_ms={self.max_delay_ms} "
                                 f"timeout_s={self.timeout_s} max_queue={self.max_queue}")
+        if self.switch_interval_ms is not None and not self.switch_interval_ms > 0:
+            raise BadInputError(f"switch_interval_ms must be above 0 (or None: left alone), got {self.switch_interval_ms!r}")
+
+
+#: the GIL switch interval a batching served model sets while it serves (milliseconds). With
+#: many client threads the one driver thread waits to get the GIL back after each call that
+#: gives it up (the staging copy, the waits); at Python's 5 ms the clients hold it off. Against
+#: 5 ms in the same H200 call, 0.5 ms served 1.14-1.63x the queries a second at 8-128 clients
+#: (p99 about halved from 32 up) and 0.97-1.04x at 1-4; 0.2 ms measured alike
+#: (bench/apply/results/session30_h200/; docs/runtime.md).
+DEFAULT_SWITCH_INTERVAL_MS = 0.5
+
+_switch_lock = threading.Lock()
+_switch_held: dict[int, float] = {}  # token -> seconds, of every served model holding one
+_switch_before: list[float] = []  # the process's interval before the first hold
+
+
+def hold_switch_interval(ms: float) -> int:
+    """Set the process's switch interval to ``ms`` (the shortest of all held) until
+    :func:`release_switch_interval`; the interval from before the first hold comes back
+    when the last is released, whatever order served models close in."""
+    with _switch_lock:
+        if not _switch_held:
+            _switch_before[:] = [sys.getswitchinterval()]
+        token = max(_switch_held, default=0) + 1
+        _switch_held[token] = ms / 1e3
+        sys.setswitchinterval(min(_switch_held.values()))
+        return token
+
+
+def release_switch_interval(token: int) -> None:
+    with _switch_lock:
+        if _switch_held.pop(token, None) is None:
+            return
+        sys.setswitchinterval(min(_switch_held.values()) if _switch_held else _switch_before[0])
 
 
 def start_batching(sm: Any, args: tuple[Any, ...], opts: BatchingOptions) -> tuple[Batcher | None, list[Any], str | None]:

@@ -14,7 +14,6 @@ staging itself. How a slot is prepared and captured: :mod:`._serve_entry`.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import asdict
@@ -31,7 +30,8 @@ from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED, graph_copies_inside, has_mem_pool, prepare
 from ._hostvalues import host_values_off
-from ._serve_batching import BatchedCalls, BatchingOptions, batching_stats, start_batching
+from ._serve_batching import (DEFAULT_SWITCH_INTERVAL_MS, BatchedCalls, BatchingOptions, batching_stats,
+                              hold_switch_interval, release_switch_interval, start_batching)
 from ._streams import StreamGroup, StreamManager
 
 __all__ = ["serve", "ServedModel", "Request"]
@@ -105,7 +105,7 @@ class ServedModel(BatchedCalls):
         self.closed = False
         self._batcher: Any = None
         self._bnumel = 0
-        self._old_switch: float | None = None
+        self._switch_token: int | None = None
         self._bworkers: list[Any] = []
         #: why batching was refused (None: on, or not asked for)
         self.batching_refused: str | None = None
@@ -144,8 +144,7 @@ class ServedModel(BatchedCalls):
         leaves, _, sig = self._example
         self._batcher, self._bworkers, self.batching_refused = start_batching(self, args, batching)
         if self._batcher is not None and batching.switch_interval_ms:
-            self._old_switch = sys.getswitchinterval()
-            sys.setswitchinterval(batching.switch_interval_ms / 1e3)
+            self._switch_token = hold_switch_interval(batching.switch_interval_ms)
         self._bsig = sig
         self._btensors = [k for k, x in enumerate(leaves) if isinstance(x, self.torch.Tensor)]
         self._ball = len(self._btensors) == len(leaves)
@@ -370,8 +369,8 @@ class ServedModel(BatchedCalls):
         self.closed = True
         if self._batcher is not None:
             self._batcher.close()  # fails the queued requests, finishes the running batches
-        if self._old_switch is not None:
-            sys.setswitchinterval(self._old_switch)
+        if self._switch_token is not None:
+            release_switch_interval(self._switch_token)
         for w in self._bworkers:
             w.close()
         self._bworkers = []
@@ -408,7 +407,7 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
           pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool | None = None,
           max_batch: int | None = None, buckets: Sequence[int] | None = None, max_delay_ms: float | None = None,
           max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
-          switch_interval_ms: float | None = None, drivers: int = 1,
+          switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS, drivers: int = 1,
           branch_streams: int = DEFAULT_BRANCH_STREAMS) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
@@ -426,7 +425,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     offsets, with or without a trailing total) or given by ``batch_spec`` (also
     KeyedJaggedTensor-style ``jagged_values`` and ``jagged_lengths``/``jagged_offsets``), and checked against the eager model; when it does
     not hold, a warning says why and queries are served unbatched (``batching_refused``).
-    ``switch_interval_ms`` sets the interpreter's thread switch interval while served and
+    ``switch_interval_ms`` sets the interpreter's thread switch interval while a batching
+    model is served (default 0.5 ms; None leaves it alone; restored once every such model is closed) and
     ``drivers`` the number of batch driver threads (see :class:`~._serve_batching.BatchingOptions`).
     ``branch_streams``: each graph is captured with the forward's independent operations
     spread over this many streams, so its branches (embedding lookups, experts) run side

@@ -276,6 +276,23 @@ def test_other_signature_served_unbatched_and_switch_interval_restored(wdl):
     assert sys.getswitchinterval() == before
 
 
+def test_switch_interval_by_default_and_left_alone_on_request(wdl):
+    from recsys_doctor.runtime._serve_batching import DEFAULT_SWITCH_INTERVAL_MS
+
+    q = make_query(402)
+    before = sys.getswitchinterval()
+    a = serve(wdl, q)
+    b = serve(wdl, q, switch_interval_ms=1.0)
+    assert abs(sys.getswitchinterval() - DEFAULT_SWITCH_INTERVAL_MS / 1e3) < 1e-9  # the shortest held
+    a.close()  # the first closed first: the other's interval, then the one from before
+    assert abs(sys.getswitchinterval() - 0.001) < 1e-9
+    b.close()
+    assert sys.getswitchinterval() == before
+    with serve(wdl, q, switch_interval_ms=None) as s:
+        assert sys.getswitchinterval() == before
+        assert (s(*q) - reference(wdl, q)).abs().max() <= 1e-5
+
+
 # ---------------------------------------------------------------------- include_last_offset and jagged features
 
 
