@@ -68,7 +68,7 @@ class BatchingOptions:
 #: (bench/apply/results/session30_h200/; docs/runtime.md).
 DEFAULT_SWITCH_INTERVAL_MS = 0.5
 
-_switch_lock = threading.Lock()
+_switch_lock = threading.RLock()  # (re-entrant: a served model's finalizer may release while this thread holds)
 _switch_held: dict[int, float] = {}  # token -> seconds, of every served model holding one
 _switch_before: list[float] = []  # the process's interval before the first hold
 
