@@ -3,34 +3,17 @@
 # the working tree's experiment), 3 rounds, order alternating; (2) serving_sweep.py, Q = 1..128, each of the
 # hand-roll, request() and the batched call and coroutines at 5 ms and at 0.2 ms (the hand-roll and request()
 # set it for the whole process, as a user could), the batched call at 0.5 ms too.
+# (The summaries below were inline Python when the call ran; bench/apply/ab_means.py and
+# bench/serving/sweep_table.py print the same tables from the same files.)
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 . bench/gpu/gpu_setup.sh >/dev/null 2>&1
 CASES="dlrm4 mmoe8 plain4 tt4" KNOBS="- RECSYS_DOCTOR_SWITCH_INTERVAL_MS=0.2 RECSYS_DOCTOR_SWITCH_INTERVAL_MS=1" AB_PIN="taskset -c 0-7" \
   timeout 330 bash bench/apply/knob_ab.sh 3 2>&1 | grep -v "^setup\|^NVIDIA" | cut -c1-100 > $OUT/knob_ab.txt
-python3 - <<'PY'
-import json, os, collections
-by = collections.defaultdict(list)
-for l in open(os.environ["OUT"] + "/knob_ab.jsonl"):
-    r = json.loads(l)
-    by[(r["script"], r["label"])].append((r.get("qps"), r.get("checksum")))
-for k, v in sorted(by.items()):
-    q = [x[0] for x in v if x[0]]
-    print(k[0][:14], k[1][-6:], "mean", round(sum(q) / max(1, len(q)), 1), [x[0] for x in v], len({x[1] for x in v}), "checksum(s)")
-PY
+python3 bench/apply/ab_means.py $OUT/knob_ab.jsonl
 echo "knob_ab done [${SECONDS}s]"
 OUT=$OUT NAME=serving_sweep_si_h200.json QS=1,4,8,16,32,64,128 DUR=1 CONFIG_TIMEOUT=100 \
   CONFIGS=handroll_prepacked,handroll_prepacked_si0.2,runtime_request,runtime_request_si0.2,runtime_batched_call,runtime_batched_call_si0.2,runtime_batched_call_si0.5,runtime_batched_async,runtime_batched_async_si0.2 \
   timeout $((585 - SECONDS)) python3 bench/serving/serving_sweep.py 2>&1 | grep '^#' | tr '\n' ' '; echo
-python3 - <<'PY'
-import json, os
-rows = json.load(open(os.environ["OUT"] + "/serving_sweep_si_h200.json"))
-rows = rows if isinstance(rows, list) else rows["rows"]
-qs = sorted({r["Q"] for r in rows if r.get("Q")})
-by = {(r["config"], r["Q"]): r for r in rows if r.get("Q")}
-for c in dict.fromkeys(r["config"] for r in rows):
-    print(f"{c:28s} " + " ".join(f"{by[(c, q)]['qps']:7.0f}" if (c, q) in by and by[(c, q)].get("qps") else "      -" for q in qs))
-for r in rows:
-    if r.get("errors") or (r.get("max_abs_err") or 0) > 1e-5: print("BAD", r["config"], r["Q"], r.get("max_abs_err"), r.get("errors"))
-PY
+python3 bench/serving/sweep_table.py $OUT/serving_sweep_si_h200.json
 echo "done [${SECONDS}s]"
 (cd $OUT && tar czf logs.tgz $(ls | grep -E '\.log$') && rm -f $(ls | grep -E '\.log$'); ls)
