@@ -56,7 +56,8 @@ class BatchingOptions:
         if self.max_delay_ms < 0 or self.timeout_s <= 0 or self.max_queue < self.max_batch:
             raise BadInputError(f"bad batching settings: max_delay_ms={self.max_delay_ms} "
                                 f"timeout_s={self.timeout_s} max_queue={self.max_queue}")
-        if self.switch_interval_ms is not None and not self.switch_interval_ms > 0:
+        si = self.switch_interval_ms
+        if si is not None and (isinstance(si, bool) or not isinstance(si, (int, float)) or not si > 0):
             raise BadInputError(f"switch_interval_ms must be above 0 (or None: left alone), got {self.switch_interval_ms!r}")
 
 

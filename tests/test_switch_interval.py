@@ -51,6 +51,6 @@ def test_a_change_made_between_holds_is_what_comes_back(interval):
 def test_settings():
     assert 0 < DEFAULT_SWITCH_INTERVAL_MS < 5  # shorter than Python's own 5 ms, or it changes nothing
     assert BatchingOptions(switch_interval_ms=None).switch_interval_ms is None
-    for bad in (0, -1.0):
+    for bad in (0, -1.0, "0.5", True, float("nan")):
         with pytest.raises(BadInputError, match="switch_interval_ms"):
             BatchingOptions(switch_interval_ms=bad)
