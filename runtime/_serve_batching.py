@@ -21,6 +21,15 @@ __all__ = ["BatchingOptions", "start_batching", "BatchedCalls", "DEFAULT_SWITCH_
            "release_switch_interval"]
 
 
+#: the GIL switch interval a batching served model sets while it serves (milliseconds). With
+#: many client threads the one driver thread waits to get the GIL back after each call that
+#: gives it up (the staging copy, the waits); at Python's 5 ms the clients hold it off. Against
+#: 5 ms in the same H200 call, 0.5 ms served 1.14-1.63x the queries a second at 8-128 clients
+#: (p99 about halved from 32 up) and 0.97-1.04x at 1-4; 0.2 ms measured alike
+#: (bench/apply/results/session30_h200/; docs/runtime.md).
+DEFAULT_SWITCH_INTERVAL_MS = 0.5
+
+
 @dataclass(frozen=True)
 class BatchingOptions:
     """``max_batch``: the largest batch; ``buckets``: batch sizes a graph is captured for
@@ -45,7 +54,7 @@ class BatchingOptions:
     max_queue: int = 256
     timeout_s: float = 30.0
     batch_spec: tuple[str, ...] | None = None
-    switch_interval_ms: float | None = None  # (serve() passes DEFAULT_SWITCH_INTERVAL_MS)
+    switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS
     drivers: int = 1
 
     def __post_init__(self) -> None:
@@ -60,14 +69,6 @@ class BatchingOptions:
         if si is not None and (isinstance(si, bool) or not isinstance(si, (int, float)) or not si > 0):
             raise BadInputError(f"switch_interval_ms must be above 0 (or None: left alone), got {self.switch_interval_ms!r}")
 
-
-#: the GIL switch interval a batching served model sets while it serves (milliseconds). With
-#: many client threads the one driver thread waits to get the GIL back after each call that
-#: gives it up (the staging copy, the waits); at Python's 5 ms the clients hold it off. Against
-#: 5 ms in the same H200 call, 0.5 ms served 1.14-1.63x the queries a second at 8-128 clients
-#: (p99 about halved from 32 up) and 0.97-1.04x at 1-4; 0.2 ms measured alike
-#: (bench/apply/results/session30_h200/; docs/runtime.md).
-DEFAULT_SWITCH_INTERVAL_MS = 0.5
 
 _switch_lock = threading.RLock()  # (re-entrant: a served model's finalizer may release while this thread holds)
 _switch_held: dict[int, float] = {}  # token -> seconds, of every served model holding one

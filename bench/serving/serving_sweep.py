@@ -137,7 +137,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         ref = [model(a[0].cuda(), [t.cuda() for t in a[1]], a[2].cuda()).cpu() for a in queries]
     torch.cuda.synchronize()
     served = None
-    label, si_ms = config, None
+    label = config
     config, si_ms = _switch_interval(config)
     if si_ms is not None and not config.startswith("runtime"):
         sys.setswitchinterval(si_ms / 1e3)  # the whole process: the clients' threads start below

@@ -15,7 +15,8 @@ def main(paths: list[str]) -> None:
     for p in paths:
         if p.endswith("_info.json"):
             continue
-        rows = json.load(open(p))
+        with open(p) as fh:
+            rows = json.load(fh)
         for r in rows if isinstance(rows, list) else rows["rows"]:
             if r.get("qps"):
                 by[(r["config"], r["Q"])].append(r["qps"])
