@@ -22,8 +22,9 @@ batch in flight made batches of 14-26 queries and served 7.3-8.3k (p99 6-8 ms, f
 * otherwise sleep until a request comes.
 
 ``drivers=N`` runs N such driver threads over the same queue and groups (while one waits
-to get the GIL back, another can start a batch; measured in
-``bench/serving/results/batching/drivers_h100/``: a gain at 64 clients, a loss at 8).
+to get the GIL back, another can start a batch; ``serve`` runs two by default: on an H200,
+1.09x / 1.19x one driver's queries a second at 64 / 128 client threads, 0.96-1.04x at 1-32,
+``bench/apply/results/session31_h200/``).
 
 A synchronous caller that finds nothing queued and nothing in flight runs its request on
 a free group itself (no thread hand-off: a lone client costs what a hand-written loop

@@ -17,8 +17,8 @@ from ._batched import BatchSetup, buckets_for
 from ._batcher import Batcher
 from ._batchspec import SpecRefused
 
-__all__ = ["BatchingOptions", "start_batching", "BatchedCalls", "DEFAULT_SWITCH_INTERVAL_MS", "hold_switch_interval",
-           "release_switch_interval"]
+__all__ = ["BatchingOptions", "start_batching", "BatchedCalls", "DEFAULT_SWITCH_INTERVAL_MS", "DEFAULT_DRIVERS",
+           "hold_switch_interval", "release_switch_interval"]
 
 
 #: the GIL switch interval a batching served model sets while it serves (milliseconds). With
@@ -28,6 +28,14 @@ __all__ = ["BatchingOptions", "start_batching", "BatchedCalls", "DEFAULT_SWITCH_
 #: (p99 about halved from 32 up) and 0.97-1.04x at 1-4; 0.2 ms measured alike
 #: (bench/apply/results/session30_h200/; docs/runtime.md).
 DEFAULT_SWITCH_INTERVAL_MS = 0.5
+
+#: batch driver threads sharing the queue and the groups (at most the group count). While one
+#: waits to get the GIL back after its staging copy, the other can start a batch. At the 0.5 ms
+#: switch interval, on an H200 (session 31, 7 rounds over 3 device calls, against 1 driver in
+#: the same call): 1.04-1.28x the queries a second at 64-128 client threads, 1.02-1.90x for as
+#: many coroutines, 0.89-1.26x at 1-32 clients (within the calls' spread)
+#: (bench/apply/results/session31_h200/; docs/runtime.md).
+DEFAULT_DRIVERS = 2
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,9 @@ class BatchingOptions:
     :data:`DEFAULT_SWITCH_INTERVAL_MS`; None: left alone). A thread that waits for the GIL
     forces the holder to drop it only after this interval (Python's default is 5 ms), which
     many client threads turn into queueing behind the driver;
-    ``drivers``: driver threads sharing the queue and the groups (1 to the group count):
-    while one waits to get the GIL back from a staging copy, another can start a batch."""
+    ``drivers``: driver threads sharing the queue and the groups (1 to the group count;
+    default :data:`DEFAULT_DRIVERS`, fewer where there are fewer groups): while one waits to
+    get the GIL back from a staging copy, another can start a batch."""
 
     max_batch: int = 32
     buckets: tuple[int, ...] | None = None
@@ -55,7 +64,7 @@ class BatchingOptions:
     timeout_s: float = 30.0
     batch_spec: tuple[str, ...] | None = None
     switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS
-    drivers: int = 1
+    drivers: int = DEFAULT_DRIVERS
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:

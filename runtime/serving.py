@@ -30,8 +30,8 @@ from ._serve_entry import Entry as _Entry
 from ._request import Request
 from ._serve_entry import STAGED as _STAGED, graph_copies_inside, has_mem_pool, prepare
 from ._hostvalues import host_values_off
-from ._serve_batching import (DEFAULT_SWITCH_INTERVAL_MS, BatchedCalls, BatchingOptions, batching_stats,
-                              hold_switch_interval, release_switch_interval, start_batching)
+from ._serve_batching import (DEFAULT_DRIVERS, DEFAULT_SWITCH_INTERVAL_MS, BatchedCalls, BatchingOptions,
+                              batching_stats, hold_switch_interval, release_switch_interval, start_batching)
 from ._streams import StreamGroup, StreamManager
 
 __all__ = ["serve", "ServedModel", "Request"]
@@ -407,7 +407,7 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
           pool_limit_bytes: int | None = None, max_signatures: int = 16, batching: bool | None = None,
           max_batch: int | None = None, buckets: Sequence[int] | None = None, max_delay_ms: float | None = None,
           max_queue: int = 256, timeout_s: float = 30.0, batch_spec: Sequence[str] | None = None,
-          switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS, drivers: int = 1,
+          switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS, drivers: int = DEFAULT_DRIVERS,
           branch_streams: int = DEFAULT_BRANCH_STREAMS) -> ServedModel:
     """Serve ``model`` through stream groups; returns a thread-safe :class:`ServedModel`.
 
@@ -426,8 +426,8 @@ def serve(model: Any, example_inputs: Any, groups: int | None = None, merge: boo
     KeyedJaggedTensor-style ``jagged_values`` and ``jagged_lengths``/``jagged_offsets``), and checked against the eager model; when it does
     not hold, a warning says why and queries are served unbatched (``batching_refused``).
     ``switch_interval_ms`` sets the interpreter's thread switch interval while a batching
-    model is served (default 0.5 ms; None leaves it alone; restored once every such model is closed) and
-    ``drivers`` the number of batch driver threads (see :class:`~._serve_batching.BatchingOptions`).
+    model is served (default 0.5 ms; None leaves it alone; restored once every such model is closed),
+    ``drivers`` the batch driver threads (default 2, at most one per group; :class:`~._serve_batching.BatchingOptions`).
     ``branch_streams``: each graph is captured with the forward's independent operations
     spread over this many streams, so its branches (embedding lookups, experts) run side
     by side when it is replayed (:mod:`._branches`; 1: one stream, as PyTorch captures).

@@ -249,6 +249,17 @@ def test_128_clients_with_default_settings(wdl):
     assert max(float((o - ref[k]).abs().max()) for k, o in res) <= 1e-5
 
 
+def test_two_driver_threads_by_default_at_most_one_per_group(wdl):
+    q = make_query(403)
+    ref = reference(wdl, q)
+    for groups, kw, want in ((2, {}, 2), (1, {}, 1), (2, {"drivers": 1}, 1)):
+        with serve(wdl, q, groups=groups, **kw) as s:
+            assert len(s._batcher._threads) == want
+            assert all(t.is_alive() for t in s._batcher._threads)
+            assert (s(*q) - ref).abs().max() <= 1e-5
+        assert not any(t.is_alive() for t in s._batcher._threads)
+
+
 def test_refused_batching_serves_unbatched():
     class Total(nn.Module):
         def forward(self, x):

@@ -54,3 +54,18 @@ def test_settings():
     for bad in (0, -1.0, "0.5", True, float("nan")):
         with pytest.raises(BadInputError, match="switch_interval_ms"):
             BatchingOptions(switch_interval_ms=bad)
+
+
+def test_driver_threads_default_is_the_same_in_serve_and_the_options():
+    """serve()'s own default and BatchingOptions' are the one constant (two drivers), and a
+    count that is not a positive integer is refused in one line."""
+    import inspect
+
+    from recsys_doctor.runtime._serve_batching import DEFAULT_DRIVERS
+    from recsys_doctor.runtime.serving import serve
+
+    assert DEFAULT_DRIVERS == 2
+    assert inspect.signature(serve).parameters["drivers"].default == BatchingOptions().drivers == DEFAULT_DRIVERS
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(BadInputError, match="drivers"):
+            BatchingOptions(drivers=bad)

@@ -24,8 +24,9 @@ Configs:
                           it, serve's default (batching: 0.5 ms) and Python's 5 ms for the rest;
                           runtime_batched_call_si5 is the batched call at Python's 5 ms
   runtime_batched_async_d runtime_batched_async with serve(max_delay_ms=0.5) (not in the default list)
-  runtime_batched_call_dr2, _dr4, _g8dr4  runtime_batched_call with 2 / 4 driver threads
-                          (4 groups; 8 groups and 4 drivers) (not in the default list)
+  runtime_batched_call_dr1, _dr2, _dr4, _g8dr4  runtime_batched_call with 1 / 2 / 4 driver threads
+                          (4 groups; 8 groups and 4 drivers); any config ``_dr<N>``: N drivers, without
+                          it serve's default (2) (not in the default list)
   proto_cdriver           the batcher with its driver in C (bench/serving/cdriver/, an experiment,
                           not the runtime; build it first with bench/serving/cdriver/build.sh)
 
@@ -56,7 +57,7 @@ sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 CONFIGS = ["eager", "handroll_prepacked", "runtime_call", "runtime_request", "runtime_batched_call",
            "runtime_batched_submit", "runtime_batched_async", "runtime_batched_call_g8", "runtime_batched_call_si5",
-           "handroll_prepacked_si0.5"]
+           "handroll_prepacked_si0.5", "runtime_batched_call_dr1", "runtime_batched_async_dr1"]
 QS = [1, 4, 8, 16, 32, 64, 128]
 
 
@@ -149,7 +150,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         g = re.search(r"_g(\d+)", config)
         b = re.search(r"_b(\d+)", config)
         served = serve(model, queries[0], groups=int(g.group(1)) if g else 4 if batched else 8, merge=True, graphs=True, slots_per_group=2,
-                       drivers=int(drivers.group(1)) if drivers else 1,
+                       **({} if drivers is None else {"drivers": int(drivers.group(1))}),  # (none: serve's default)
                        batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
                        **({} if si_ms is None else {"switch_interval_ms": si_ms}),  # (no suffix: serve's default)
                        max_delay_ms=0.5 if config.endswith("_d") else 0.0,

@@ -144,10 +144,11 @@ def _make(torch: Any, r: _Route, module: Any, host_args: tuple[Any, ...]) -> Any
             gate = _state["gate"]
             gate.acquire_exclusive()
             try:
-                # the switch interval left as the script has it: the hook keeps its served models
-                # for the script's life, and a shorter one was measured for the runtime's own clients only
+                # the switch interval left as the script has it and one driver thread: the hook keeps
+                # its served models for the script's life, and a shorter interval and a second driver
+                # were measured for the runtime's own clients only
                 sm = serve(module, host_args, groups=_state["n_groups"], merge=True, graphs=True,
-                           batching=True, max_batch=_state["max_batch"], switch_interval_ms=None)
+                           batching=True, max_batch=_state["max_batch"], switch_interval_ms=None, drivers=1)
             finally:
                 gate.release_exclusive()
             _state.setdefault("served_models", []).append(sm)
