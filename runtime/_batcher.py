@@ -1,5 +1,5 @@
 """The dynamic batcher: requests from any number of callers coalesce into batches that
-ONE driver thread runs over every stream group. No CUDA, no torch here: a worker (one per
+one driver thread (or a few, ``drivers``: ``serve`` runs two) runs over every stream group. No CUDA, no torch here: a worker (one per
 group) is an object with ``start(requests) -> the requests that run`` (stage the inputs,
 launch, return at once) and ``finish(requests) -> one output per request`` (wait, split);
 a plain callable ``run(requests) -> outputs`` works too. The CUDA worker is
