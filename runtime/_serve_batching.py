@@ -31,9 +31,10 @@ DEFAULT_SWITCH_INTERVAL_MS = 0.5
 
 #: batch driver threads sharing the queue and the groups (at most the group count). While one
 #: waits to get the GIL back after its staging copy, the other can start a batch. At the 0.5 ms
-#: switch interval, on an H200 (session 31, 7 rounds over 3 device calls, against 1 driver in
-#: the same call): 1.04-1.28x the queries a second at 64-128 client threads, 1.02-1.90x for as
-#: many coroutines, 0.89-1.26x at 1-32 clients (within the calls' spread)
+#: switch interval, on H200s (session 31, against 1 driver in the same call; 9 rounds of client
+#: threads over 4 device calls, 7 of coroutines over 3): means 1.09x / 1.19x the queries a second
+#: at 64 / 128 threads, 1.30x / 1.63x for as many coroutines, 0.96-1.04x at 1-32 threads (0.81-1.26x
+#: by round; one machine lost at 16-32 threads in both its rounds)
 #: (bench/apply/results/session31_h200/; docs/runtime.md).
 DEFAULT_DRIVERS = 2
 
