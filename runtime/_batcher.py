@@ -44,11 +44,13 @@ from __future__ import annotations
 import _thread
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from ..errors import RuntimeCudaError
+from ._deadlines import Deadlines, get_running_loop
 
 __all__ = ["Batcher", "Pending", "QueueFullError", "RequestTimeoutError", "BatchStats"]
 
@@ -140,6 +142,8 @@ class Batcher:
         self._inflight = 0  # batches in flight, all drivers
         self._lent = 0
         self.closed = False
+        self._deadlines: Deadlines | None = None  # the last event loop's (see infer)
+        self._deadlines_by_loop: weakref.WeakKeyDictionary[Any, Deadlines] = weakref.WeakKeyDictionary()
         self.stats = BatchStats(len(workers))
         self._threads = [threading.Thread(target=self._drive, name=f"{name}-driver{'' if d == 0 else d}", daemon=True)
                          for d in range(drivers)]
@@ -196,8 +200,7 @@ class Batcher:
         if w >= 0:
             return self._run_lent(w, r)
         if not r.lock.acquire(timeout=self.timeout_s):
-            r.err = RequestTimeoutError(f"no result within timeout_s={self.timeout_s:g} s "
-                                        f"({len(self._q)} requests queued): raise timeout_s or add groups")
+            r.err = self._timed_out()
         if r.err is not None:
             raise r.err
         return r.out
@@ -220,18 +223,27 @@ class Batcher:
                     self._cv.notify()
         return out
 
+    def _timed_out(self) -> RequestTimeoutError:
+        return RequestTimeoutError(f"no result within timeout_s={self.timeout_s:g} s ({len(self._q)} requests queued): "
+                                   "raise timeout_s or add groups")
+
     def submit(self, leaves: Sequence[Any]) -> Future:
         fut: Future = Future()
         self.put(Pending(leaves, future=fut))
         return fut
 
     async def infer(self, leaves: Sequence[Any]) -> Any:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
+        """One request from a coroutine; its future fails with :class:`RequestTimeoutError` past
+        ``timeout_s`` through its loop's :class:`~._deadlines.Deadlines` (one timer a loop, not an
+        ``asyncio.wait_for`` a request: see there)."""
+        loop = get_running_loop()
         fut = loop.create_future()
         self.put(Pending(leaves, future=fut, loop=loop))
-        return await asyncio.wait_for(fut, self.timeout_s)
+        d = self._deadlines
+        if d is None or d.loop_ref() is not loop:
+            d = self._deadlines = Deadlines.of(loop, self)
+        d.add(loop, fut)
+        return await fut
 
     # -- the driver ------------------------------------------------------------------
     def _next(self, inflight: deque) -> tuple[int, list[Pending]] | None:

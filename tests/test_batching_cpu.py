@@ -465,3 +465,115 @@ def test_more_drivers_than_groups_refused(wdl):
     s = BatchSetup(wdl, query(0), "cpu")
     with pytest.raises(RuntimeCudaError, match="drivers=3"):
         Batcher([CpuWorker(s, 8), CpuWorker(s, 8)], max_batch=8, drivers=3)
+
+
+# ---------------------------------------------------------------------- asyncio timeouts (one timer a loop)
+
+def test_asyncio_timeout_names_the_setting_and_a_late_result_is_dropped(wdl):
+    """A coroutine's request held past timeout_s fails with RequestTimeoutError (not a bare
+    TimeoutError); the batch's late result is dropped without an error on the loop, and the
+    next request is served."""
+    s = BatchSetup(wdl, query(0), "cpu")
+    gates = []
+    b = batcher(s, max_batch=2, timeout_s=0.3, wrap=lambda w: gates.append(Gate(w)) or gates[-1])
+    loop_errors = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: loop_errors.append(ctx))
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeoutError, match="no result within timeout_s=0.3"):
+            await b.infer(tensors(query(5)))
+        waited = time.monotonic() - t0
+        gates[0].open.set()
+        await asyncio.sleep(0.2)  # the held batch ends: its result reaches a future already failed
+        out = await b.infer(tensors(query(6)))
+        return waited, out
+
+    waited, out = asyncio.run(main())
+    b.close()
+    assert 0.25 <= waited < 2.0
+    assert loop_errors == []
+    with torch.no_grad():
+        assert torch.allclose(out, wdl(*query(6)), atol=1e-6)
+
+
+def test_asyncio_deadlines_stay_small_and_cancelled_callers_are_dropped(wdl):
+    """64 coroutines, 20 requests each, every result right; what the loop keeps for the
+    timeouts never holds more than the requests still waiting (plus those answered since the
+    last request came), and a coroutine cancelled while waiting leaves nothing behind."""
+    s = BatchSetup(wdl, query(0), "cpu")
+    b = batcher(s, workers=2, max_batch=8, max_queue=128, timeout_s=5.0)
+    qs = [query(500 + k) for k in range(8)]
+    with torch.no_grad():
+        ref = [wdl(*q) for q in qs]
+    worst = [0]
+
+    async def client(k):
+        errs = []
+        for i in range(20):
+            o = await b.infer(tensors(qs[(k + i) % 8]))
+            errs.append(float((o - ref[(k + i) % 8]).abs().max()))
+            worst[0] = max(worst[0], len(b._deadlines.waiting))
+        return max(errs)
+
+    async def main():
+        errs = await asyncio.gather(*[client(k) for k in range(64)])
+        gone = asyncio.ensure_future(b.infer(tensors(qs[0])))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0.05)
+        await b.infer(tensors(qs[1]))  # (drops the done and cancelled futures from the front)
+        return errs, len(b._deadlines.waiting)
+
+    errs, left = asyncio.run(main())
+    b.close()
+    assert max(errs) <= 1e-5
+    assert worst[0] <= 2 * 64 and left <= 1
+
+
+def test_asyncio_loops_in_two_threads_share_one_batcher(wdl):
+    s = BatchSetup(wdl, query(0), "cpu")
+    b = batcher(s, workers=2, max_batch=8, timeout_s=5.0)
+    outs: dict[int, list] = {}
+
+    def loop_thread(t):
+        async def main():
+            return await asyncio.gather(*[b.infer(tensors(query(700 + 10 * t + k))) for k in range(10)])
+        outs[t] = asyncio.run(main())
+
+    ths = [threading.Thread(target=loop_thread, args=(t,)) for t in range(2)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(30)
+    b.close()
+    assert len(b._deadlines_by_loop) <= 2
+    with torch.no_grad():
+        for t in range(2):
+            for k, o in enumerate(outs[t]):
+                assert torch.allclose(o, wdl(*query(700 + 10 * t + k)), atol=1e-6)
+
+
+def test_asyncio_loops_that_are_gone_leave_nothing_in_the_batcher(wdl):
+    """Three asyncio.run() in a row, each with requests (one timed out and one cancelled among
+    them): once the loops are gone, the batcher keeps no deadlines of theirs."""
+    import gc
+
+    s = BatchSetup(wdl, query(0), "cpu")
+    b = batcher(s, workers=2, max_batch=8, timeout_s=5.0)
+
+    async def main(k):
+        outs = await asyncio.gather(*[b.infer(tensors(query(900 + k * 8 + j))) for j in range(8)])
+        gone = asyncio.ensure_future(b.infer(tensors(query(1))))
+        await asyncio.sleep(0)
+        gone.cancel()
+        return outs
+
+    for k in range(3):
+        outs = asyncio.run(main(k))
+        with torch.no_grad():
+            for j, o in enumerate(outs):
+                assert torch.allclose(o, wdl(*query(900 + k * 8 + j)), atol=1e-6)
+    b.close()
+    gc.collect()
+    assert len(b._deadlines_by_loop) == 0
