@@ -1,7 +1,8 @@
 """The dynamic batcher: requests from any number of callers coalesce into batches that
-one driver thread (or a few, ``drivers``: ``serve`` runs two) runs over every stream group. No CUDA, no torch here: a worker (one per
-group) is an object with ``start(requests) -> the requests that run`` (stage the inputs,
-launch, return at once) and ``finish(requests) -> one output per request`` (wait, split);
+one driver thread (or a few, ``drivers``: ``serve`` runs two) runs over every stream group.
+No CUDA, no torch here: a worker (one per group) is an object with ``start(requests) -> the
+requests that run`` (stage the inputs, launch, return at once) and ``finish(requests) -> one
+output per request`` (wait, split);
 a plain callable ``run(requests) -> outputs`` works too. The CUDA worker is
 :mod:`._batched_cuda`; the CPU one, for tests and CPU models, :class:`~._batched.CpuWorker`.
 
@@ -50,7 +51,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from ..errors import RuntimeCudaError
-from ._deadlines import Deadlines, get_running_loop
+from ._deadlines import Deadlines
 
 __all__ = ["Batcher", "Pending", "QueueFullError", "RequestTimeoutError", "BatchStats"]
 
@@ -236,12 +237,17 @@ class Batcher:
         """One request from a coroutine; its future fails with :class:`RequestTimeoutError` past
         ``timeout_s`` through its loop's :class:`~._deadlines.Deadlines` (one timer a loop, not an
         ``asyncio.wait_for`` a request: see there)."""
-        loop = get_running_loop()
+        import asyncio
+
+        loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.put(Pending(leaves, future=fut, loop=loop))
         d = self._deadlines
-        if d is None or d.loop_ref() is not loop:
-            d = self._deadlines = Deadlines.of(loop, self)
+        if d is None or d.loop_ref() is not loop:  # (not the last loop's: looked up, or made on its first request)
+            d = self._deadlines_by_loop.get(loop)
+            if d is None:
+                d = self._deadlines_by_loop[loop] = Deadlines(loop, self)
+            self._deadlines = d
         d.add(loop, fut)
         return await fut
 

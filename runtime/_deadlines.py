@@ -7,13 +7,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-__all__ = ["Deadlines", "get_running_loop"]
-
-
-def get_running_loop() -> Any:
-    import asyncio
-
-    return asyncio.get_running_loop()
+__all__ = ["Deadlines"]
 
 
 class Deadlines:
@@ -37,15 +31,6 @@ class Deadlines:
         self.loop_ref, self.batcher = weakref.ref(loop), batcher
         self.waiting: deque[tuple[float, Any]] = deque()  # (deadline, weakref to the future)
         self.armed = False  # a timer is set (its handle, which holds the loop, is not kept)
-
-    @staticmethod
-    def of(loop: Any, batcher: Any) -> "Deadlines":
-        """The batcher's deadlines on ``loop`` (made on its first request there)."""
-        by = batcher._deadlines_by_loop
-        d = by.get(loop)
-        if d is None:
-            d = by[loop] = Deadlines(loop, batcher)
-        return d
 
     def add(self, loop: Any, fut: Any) -> None:
         """Watch ``fut`` (a request's, on ``loop``: the running loop, whose deadlines these are)."""
