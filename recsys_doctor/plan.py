@@ -26,7 +26,16 @@ except ImportError:  # loaded by file path by the script hook, outside the packa
     class BadInputError(ValueError):  # type: ignore[no-redef]
         """A plan that cannot be used (the package's own class where there is a package)."""
 
-__all__ = ["PLAN_VERSION", "PATHS", "RuntimeSettings", "Plan"]
+__all__ = ["PLAN_VERSION", "PATHS", "DEFAULT_MAX_BATCH", "RuntimeSettings", "Plan"]
+
+#: the largest dynamic batch when a plan or ``serve`` does not say. With up to 32, a free group took
+#: all of 32 coroutines' queries into one batch, so one batch was in flight while their event loop
+#: waited for it. Against 32 on H200s (thirty-second session, wide&deep, 4 groups, 2 drivers; 3
+#: calls, 7 rounds; bench/apply/results/session32_h200/; docs/runtime.md): coroutines 1.77x /
+#: 1.19x / 1.13x the queries a second at 32 / 64 / 128 (1.62-1.99x, 1.06-1.30x, 1.08-1.17x by
+#: call); client threads 0.94x / 1.05x / 1.03x, as close to 1 as at 8 / 16 threads (0.94x /
+#: 1.12x), where no batch can be larger than 16 either way.
+DEFAULT_MAX_BATCH = 16
 
 #: the plan JSON's ``schema`` (planner schema 1)
 PLAN_VERSION = 1
@@ -78,7 +87,7 @@ class RuntimeSettings:
     batching: bool = False
     #: the largest batch, and how long a free group waits for company (0: never; scripts: the
     #: hook never waits for company, it combines the calls that queue while the group is busy)
-    max_batch: int = 32
+    max_batch: int = DEFAULT_MAX_BATCH
     max_delay_ms: float = 0.0
 
     def __post_init__(self) -> None:

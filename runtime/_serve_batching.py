@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import BadInputError, RuntimeCudaError, first_line
+from ..plan import DEFAULT_MAX_BATCH
 from ._batched import BatchSetup, buckets_for
 from ._batcher import Batcher
 from ._batchspec import SpecRefused
@@ -58,7 +59,7 @@ class BatchingOptions:
     default :data:`DEFAULT_DRIVERS`, fewer where there are fewer groups): while one waits to
     get the GIL back from a staging copy, another can start a batch."""
 
-    max_batch: int = 32
+    max_batch: int = DEFAULT_MAX_BATCH
     buckets: tuple[int, ...] | None = None
     max_delay_ms: float = 0.0
     max_queue: int = 256

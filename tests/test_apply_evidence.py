@@ -428,7 +428,7 @@ def test_an_unpriced_batching_candidate_is_reported_as_measured_only():
     from recsys_doctor.reports.html import render_compare_html
 
     a = advise_trace(load(demo_trace_path()))
-    cand = Candidate(2, True, False, True, batching=True)
+    cand = Candidate(2, True, False, True, batching=True, max_batch=32)
     pred = estimate(trace_stats(a.trace), cand, clients=8, script=True)
     r = CandidateResult(pred, measured={"qps": 4200.0, "p99_ms": 3.5})
     res = ApplyResult(kind="script", target="serve.py", chosen=cand, before={"qps": 1000.0},

@@ -25,7 +25,7 @@ def _res(cand: Candidate, qps: float | None, p99: float | None) -> CandidateResu
 
 
 RESULTS = [_res(Candidate(1), 3_000.0, 2.0), _res(Candidate(4), 9_000.0, 12.0),
-           _res(Candidate(4, batching=True), 8_000.0, 6.0), _res(Candidate(8, batching=True), 7_000.0, 7.5),
+           _res(Candidate(4, batching=True, max_batch=32), 8_000.0, 6.0), _res(Candidate(8, batching=True, max_batch=32), 7_000.0, 7.5),
            _res(Candidate(2), None, None)]
 
 
@@ -41,7 +41,7 @@ def test_pareto_front_by_hand():
 def test_budget_keeps_the_most_throughput_within_it():
     notes: list[str] = []
     best = _keep_best(RESULTS, "serve", 8.0, notes)
-    assert best.prediction.candidate == Candidate(4, batching=True)  # 8k q/s at 6 ms; 9k is at 12 ms
+    assert best.prediction.candidate == Candidate(4, batching=True, max_batch=32)  # 8k q/s at 6 ms; 9k is at 12 ms
     assert notes == ["kept the most queries/s among the 3 measured plans with p99 <= 8 ms"]
     assert _keep_best(RESULTS, "serve").prediction.candidate == Candidate(4)  # no budget: most q/s
     notes.clear()

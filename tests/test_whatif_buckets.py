@@ -97,7 +97,7 @@ def test_the_bucket_is_the_one_the_runtime_runs():
     st = trace_stats(_trace())
     costs = WhatIfCosts(**{**HAND, "batch_fill": 1.0}, bucket_gpu_ns={b: float(b) for b in sizes})
     for n in range(1, 33):
-        p = estimate(st, Candidate(1, batching=True), clients=n, costs=costs)
+        p = estimate(st, Candidate(1, batching=True, max_batch=32), clients=n, costs=costs)
         assert f"mean batch {n} of {n} clients, bucket {table[n]}:" in p.notes[0]
         assert p.gpu_ns == pytest.approx(88 * table[n] / 1 / n)
 
@@ -202,7 +202,7 @@ def test_whatif_command_prices_batching_from_the_file_by_hand(tmp_path):
     x_meas = min(1e9 / 49_550, 1e9 * 2 / measured, 8e9 / (49_550 + measured))
     x_const = min(1e9 / 49_550, 1e9 * 2 / constant, 8e9 / (49_550 + constant))
     assert x_meas == pytest.approx(1e9 * 2 / measured) and x_meas < x_const  # GPU-bound, and slower
-    label = "g1 merged own-pool graphs batched<=32"
+    label = "g1 merged own-pool graphs batched<=16"
     runs = {}
     for name, extra in (("constant", []), ("measured", ["--bucket-costs", str(costs)])):
         r = CliRunner(env={"COLUMNS": "300"}).invoke(main, ["whatif", str(DEMO), "--clients", "8", *extra])

@@ -36,6 +36,7 @@ bucket's measured GPU time / wall), and per-bucket GPU time (``bucket_gpu_us``).
 
     python bench/serving/serving_sweep.py                          # bench/results/serving_sweep_h100.json
     OUT=dir QS=1,32 CONFIGS=runtime_batched_call DUR=1 python bench/serving/serving_sweep.py
+    MAX_BATCH=32 ... python bench/serving/serving_sweep.py         # serve(max_batch=32) (unset: serve's default)
     python bench/serving/serving_sweep.py --plot results.json out.png
 """
 
@@ -151,7 +152,7 @@ def run_config(config: str, qs: list[int], dur: float) -> list[dict]:
         b = re.search(r"_b(\d+)", config)
         served = serve(model, queries[0], groups=int(g.group(1)) if g else 4 if batched else 8, merge=True, graphs=True, slots_per_group=2,
                        **({} if drivers is None else {"drivers": int(drivers.group(1))}),  # (none: serve's default)
-                       batching=batched, max_batch=int(os.environ.get("MAX_BATCH", 32)),
+                       batching=batched, **({"max_batch": int(os.environ["MAX_BATCH"])} if "MAX_BATCH" in os.environ else {}),
                        **({} if si_ms is None else {"switch_interval_ms": si_ms}),  # (no suffix: serve's default)
                        max_delay_ms=0.5 if config.endswith("_d") else 0.0,
                        branch_streams=int(b.group(1)) if b else 4)

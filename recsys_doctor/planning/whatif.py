@@ -62,7 +62,7 @@ from ..analyzers._util import merge_intervals, union_length
 from ..analyzers.no_gpu_activity import reason as no_gpu_reason
 from ..errors import BadInputError
 from ..model import Trace
-from ..plan import Plan
+from ..plan import DEFAULT_MAX_BATCH, Plan
 
 __all__ = ["TraceStats", "Candidate", "Prediction", "WhatIfCosts", "trace_stats", "estimate", "rank",
            "union_ns", "host_busy_ns"]
@@ -196,7 +196,7 @@ class Candidate:
     cuda_graphs: bool = True
     #: dynamic batching of concurrent queries (serving), up to ``max_batch`` a batch
     batching: bool = False
-    max_batch: int = 32
+    max_batch: int = DEFAULT_MAX_BATCH
 
     @property
     def label(self) -> str:
