@@ -24,6 +24,7 @@ from recsys_doctor.errors import RuntimeCudaError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from wdl_serving import WideDeep  # noqa: E402
+from _threads import run_threads  # noqa: E402
 
 B, HOT, NS, VOCAB = 8, 3, 4, 50
 
@@ -145,11 +146,7 @@ def test_many_threads_every_result_matches_eager(wdl):
         for _ in range(10):
             errs.append(float((b.call(tensors(qs[k])) - ref[k]).abs().max()))
 
-    ths = [threading.Thread(target=client, args=(k,)) for k in range(12)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(30)
+    assert run_threads(client, 12, timeout_s=30) == []
     b.close()
     assert len(errs) == 120 and max(errs) <= 1e-5
     sizes = b.stats.sizes()
@@ -541,11 +538,7 @@ def test_asyncio_loops_in_two_threads_share_one_batcher(wdl):
             return await asyncio.gather(*[b.infer(tensors(query(700 + 10 * t + k))) for k in range(10)])
         outs[t] = asyncio.run(main())
 
-    ths = [threading.Thread(target=loop_thread, args=(t,)) for t in range(2)]
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join(30)
+    assert run_threads(loop_thread, 2, timeout_s=30) == []
     b.close()
     assert len(b._deadlines_by_loop) <= 2
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """Coroutines through the batcher on the CPU (no GPU, no torch): what a request's timeout costs
 the event loop. ``Batcher.infer`` keeps one timer a loop for its requests' timeouts
-(``runtime/_batcher.py``'s ``_Deadlines``); before the thirty-first session it wrapped every
+(``runtime/_deadlines.py``'s ``Deadlines``); before the thirty-first session it wrapped every
 request in ``asyncio.wait_for``. Both, and a request with no timeout at all (the floor), run Q
 coroutines on one loop in closed loop against 4 workers whose batch "runs" ``GPU_US``
 microseconds (a sleep in ``finish``, the GIL released as a GPU wait releases it), 2 driver
